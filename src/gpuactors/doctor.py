@@ -1,0 +1,626 @@
+"""``gpuactors doctor``: what this machine offers gpuactors, and what is missing.
+
+Two layers, so the verdicts can be tested without a GPU:
+
+* :func:`gather_facts` probes the machine (Python, CuPy, NVRTC, the CUDA driver,
+  the devices, the kernel cache, ``CUDA_MODULE_LOADING``). Every probe catches its
+  own failures and records them as text: a machine without CuPy, a driver or a
+  device yields facts, never an exception.
+* :func:`checks_from_facts` turns :class:`Facts` into a list of :class:`Check`
+  (name, verdict, detail, hint). It is pure.
+
+:func:`run_doctor` does both. The CLI (:mod:`gpuactors.cli`) renders the result.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, TypeVar
+
+import platformdirs
+
+import gpuactors
+
+CACHE_DIR_ENV = "GPUACTORS_CACHE_DIR"
+MODULE_LOADING_ENV = "CUDA_MODULE_LOADING"
+MIN_PYTHON = (3, 10)
+NO_DRIVER_LIBRARY = "libcuda not found: no NVIDIA driver is installed"
+_MIB = 1024 * 1024
+_T = TypeVar("_T")
+_TEST_KERNEL = b'extern "C" __global__ void gpuactors_doctor(int* p) { p[threadIdx.x] = 1; }'
+
+
+class Verdict(str, Enum):
+    """How a check came out. Only FAIL makes ``gpuactors doctor`` exit non-zero."""
+
+    OK = "OK"
+    WARN = "WARN"
+    FAIL = "FAIL"
+    INFO = "INFO"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One line of the doctor's report; ``hint`` explains or says what to do."""
+
+    name: str
+    verdict: Verdict
+    detail: str
+    hint: str = ""
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """A CUDA device as the doctor sees it."""
+
+    index: int
+    name: str
+    compute_capability: tuple[int, int]
+    sm_count: int
+    total_memory: int  # bytes
+
+    @property
+    def arch(self) -> str:
+        major, minor = self.compute_capability
+        return f"sm_{major}{minor}"
+
+
+@dataclass(frozen=True)
+class Facts:
+    """Everything the probes found. ``*_error`` fields hold why a probe failed."""
+
+    python_version: tuple[int, int, int]
+    python_executable: str
+    gpuactors_version: str
+    gpuactors_location: str
+    cupy_version: str | None = None
+    cupy_error: str | None = None  # set when CuPy is installed but failed to import
+    nvrtc_version: tuple[int, int] | None = None
+    nvrtc_error: str | None = None
+    nvrtc_test: str | None = None  # what the test compile did, when it worked
+    nvrtc_test_error: str | None = None
+    driver_version: int | None = None  # CUDA's encoding: 1000 * major + 10 * minor
+    driver_source: str = ""  # "cupy" or "cuda.bindings"
+    driver_error: str | None = None
+    devices: tuple[DeviceInfo, ...] = ()
+    devices_error: str | None = None
+    cache_dir: str = ""
+    cache_dir_from_env: bool = False
+    cache_exists: bool = False
+    cache_files: int = 0
+    cache_bytes: int = 0
+    cache_error: str | None = None
+    cuda_module_loading: str | None = None
+
+
+@dataclass(frozen=True)
+class Report:
+    """The doctor's result: the raw facts and the verdicts drawn from them."""
+
+    facts: Facts
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        return any(c.verdict is Verdict.FAIL for c in self.checks)
+
+
+# ------------------------------------------------------------------ helpers
+def cuda_version_tuple(encoded: int) -> tuple[int, int]:
+    """CUDA's integer version (e.g. 13000) as ``(major, minor)`` (e.g. ``(13, 0)``)."""
+    return encoded // 1000, (encoded % 1000) // 10
+
+
+def format_bytes(n: int) -> str:
+    """``n`` bytes, with MiB (or GiB) alongside when that says more."""
+    if n >= 1024 * _MIB:
+        return f"{n} bytes ({n / (1024 * _MIB):.1f} GiB)"
+    return f"{n} bytes ({n / _MIB:.2f} MiB)"
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else ""
+    if type(exc) is RuntimeError and first:  # the probes' own messages
+        return first
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def _result_name(code: Any) -> str:
+    return str(getattr(code, "name", code))
+
+
+def kernel_cache_dir(environ: Mapping[str, str] | None = None) -> tuple[Path, bool]:
+    """The kernel cache directory and whether ``GPUACTORS_CACHE_DIR`` chose it."""
+    env = os.environ if environ is None else environ
+    override = env.get(CACHE_DIR_ENV, "").strip()
+    if override:
+        return Path(override).expanduser(), True
+    return Path(platformdirs.user_cache_dir("gpuactors")) / "kernels", False
+
+
+def directory_usage(path: Path) -> tuple[int, int]:
+    """``(file count, total bytes)`` below ``path``; ``(0, 0)`` when it is missing."""
+    files = total = 0
+    if not path.is_dir():
+        return 0, 0
+    for root, _dirs, names in os.walk(path):
+        for name in names:
+            try:
+                total += (Path(root) / name).stat().st_size
+            except OSError:
+                continue
+            files += 1
+    return files, total
+
+
+# ------------------------------------------------------------------- probes
+def _import_cupy() -> Any:
+    return importlib.import_module("cupy")
+
+
+def probe_cupy(importer: Callable[[], Any] = _import_cupy) -> tuple[str | None, str | None]:
+    """``(version, error)``: ``(None, None)`` when CuPy is simply not installed."""
+    try:
+        cupy = importer()
+    except ModuleNotFoundError as exc:
+        if exc.name == "cupy":
+            return None, None
+        return None, _describe(exc)
+    except Exception as exc:  # a broken CuPy install can raise anything
+        return None, _describe(exc)
+    return str(getattr(cupy, "__version__", "unknown")), None
+
+
+def probe_nvrtc() -> tuple[tuple[int, int] | None, str | None]:
+    """NVRTC's ``(major, minor)`` via cuda-bindings, or why it could not be loaded."""
+    try:
+        from cuda.bindings import nvrtc
+
+        err, major, minor = nvrtc.nvrtcVersion()
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            return None, f"nvrtcVersion returned {_result_name(err)}"
+        return (int(major), int(minor)), None
+    except Exception as exc:
+        return None, _describe(exc)
+
+
+def _nvrtc_supported_archs(nvrtc: Any) -> list[int]:
+    err, archs = nvrtc.nvrtcGetSupportedArchs()
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        return []
+    return [int(a) for a in archs]
+
+
+def probe_nvrtc_compile(devices: Sequence[DeviceInfo]) -> tuple[str | None, str | None]:
+    """Compile a tiny kernel to CUBIN (for the first device's arch if there is one)."""
+    try:
+        from cuda.bindings import nvrtc
+
+        ok = nvrtc.nvrtcResult.NVRTC_SUCCESS
+        if devices:
+            major, minor = devices[0].compute_capability
+            arch = major * 10 + minor
+        else:
+            supported = _nvrtc_supported_archs(nvrtc)
+            arch = min(supported) if supported else 75
+        start = time.perf_counter()
+        err, prog = nvrtc.nvrtcCreateProgram(_TEST_KERNEL, b"gpuactors_doctor.cu", 0, [], [])
+        if err != ok:
+            return None, f"nvrtcCreateProgram returned {_result_name(err)}"
+        try:
+            (err,) = nvrtc.nvrtcCompileProgram(prog, 1, [f"--gpu-architecture=sm_{arch}".encode()])
+            if err != ok:
+                log = ""
+                lerr, size = nvrtc.nvrtcGetProgramLogSize(prog)
+                if lerr == ok and size > 1:
+                    buf = b" " * size
+                    nvrtc.nvrtcGetProgramLog(prog, buf)
+                    log = buf.rstrip(b"\x00 ").decode(errors="replace").strip()
+                return None, f"compile for sm_{arch} returned {_result_name(err)}" + (
+                    f": {log}" if log else ""
+                )
+            err, size = nvrtc.nvrtcGetCUBINSize(prog)
+            if err != ok or size <= 0:
+                return None, f"nvrtcGetCUBINSize returned {_result_name(err)}"
+        finally:
+            nvrtc.nvrtcDestroyProgram(prog)
+        ms = (time.perf_counter() - start) * 1000
+        return (
+            f"compiled a test kernel to CUBIN for sm_{arch} ({int(size)} bytes, {ms:.0f} ms)",
+            None,
+        )
+    except Exception as exc:
+        return None, _describe(exc)
+
+
+def _cupy_driver_version(cupy: Any) -> int:
+    version = int(cupy.cuda.runtime.driverGetVersion())
+    if version <= 0:
+        raise RuntimeError("no NVIDIA driver installed (driverGetVersion returned 0)")
+    return version
+
+
+def _bindings_driver() -> tuple[Any, bool]:
+    """``(cuda.bindings.driver, has_device)`` after ``cuInit(0)``; raises if unusable.
+
+    ``CUDA_ERROR_NO_DEVICE`` is not an error here: the driver is present and can
+    still report its version; :func:`probe_devices` reports the missing device.
+    """
+    from cuda.bindings import driver
+
+    try:
+        (err,) = driver.cuInit(0)
+    except Exception as exc:
+        # cuda-pathfinder's DynamicLibNotFoundError: libcuda is not on this machine.
+        if type(exc).__name__ == "DynamicLibNotFoundError":
+            raise RuntimeError(NO_DRIVER_LIBRARY) from exc
+        raise
+    if err == driver.CUresult.CUDA_ERROR_NO_DEVICE:
+        return driver, False
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuInit returned {_result_name(err)}")
+    return driver, True
+
+
+def _bindings_call(fn: Callable[..., Any], *args: Any) -> Any:
+    """Call a cuda.bindings.driver function; return its value or raise on an error code."""
+    from cuda.bindings import driver
+
+    err, value = fn(*args)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"{getattr(fn, '__name__', fn)} returned {_result_name(err)}")
+    return value
+
+
+def _bindings_driver_version() -> int:
+    driver, _ = _bindings_driver()
+    return int(_bindings_call(driver.cuDriverGetVersion))
+
+
+def _cupy_then_bindings(
+    cupy_available: bool, from_cupy: Callable[[Any], _T], from_bindings: Callable[[], _T]
+) -> tuple[_T | None, str, str | None]:
+    """``(value, source, error)`` from CuPy if it imports, else from cuda-bindings."""
+    errors: list[str] = []
+    if cupy_available:
+        try:
+            return from_cupy(_import_cupy()), "cupy", None
+        except Exception as exc:
+            errors.append(f"cupy: {_describe(exc)}")
+    try:
+        return from_bindings(), "cuda.bindings", None
+    except Exception as exc:
+        errors.append(f"cuda.bindings: {_describe(exc)}")
+    return None, "", "; ".join(errors)
+
+
+def probe_driver(cupy_available: bool) -> tuple[int | None, str, str | None]:
+    """``(version, source, error)``: via CuPy when it imports, else cuda-bindings."""
+    return _cupy_then_bindings(cupy_available, _cupy_driver_version, _bindings_driver_version)
+
+
+def _decode_name(raw: Any) -> str:
+    if isinstance(raw, bytes):
+        return raw.split(b"\x00", 1)[0].decode(errors="replace").strip()
+    return str(raw)
+
+
+def _cupy_devices(cupy: Any) -> tuple[DeviceInfo, ...]:
+    runtime = cupy.cuda.runtime
+    try:
+        count = int(runtime.getDeviceCount())
+    except Exception as exc:
+        if "NoDevice" in str(exc) or "no CUDA-capable device" in str(exc):
+            return ()
+        raise
+    devices = []
+    for i in range(count):
+        props = runtime.getDeviceProperties(i)
+        devices.append(
+            DeviceInfo(
+                index=i,
+                name=_decode_name(props["name"]),
+                compute_capability=(int(props["major"]), int(props["minor"])),
+                sm_count=int(props["multiProcessorCount"]),
+                total_memory=int(props["totalGlobalMem"]),
+            )
+        )
+    return tuple(devices)
+
+
+def _bindings_devices() -> tuple[DeviceInfo, ...]:
+    driver, has_device = _bindings_driver()
+    if not has_device:
+        return ()
+    attr = driver.CUdevice_attribute
+
+    def attribute(which: Any, dev: Any) -> int:
+        return int(_bindings_call(driver.cuDeviceGetAttribute, which, dev))
+
+    devices = []
+    for i in range(int(_bindings_call(driver.cuDeviceGetCount))):
+        dev = _bindings_call(driver.cuDeviceGet, i)
+        devices.append(
+            DeviceInfo(
+                index=i,
+                name=_decode_name(_bindings_call(driver.cuDeviceGetName, 256, dev)),
+                compute_capability=(
+                    attribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev),
+                    attribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev),
+                ),
+                sm_count=attribute(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
+                total_memory=int(_bindings_call(driver.cuDeviceTotalMem, dev)),
+            )
+        )
+    return tuple(devices)
+
+
+def probe_devices(cupy_available: bool) -> tuple[tuple[DeviceInfo, ...], str | None]:
+    """The CUDA devices, or ``((), why)`` when they can't be listed."""
+    devices, _source, error = _cupy_then_bindings(cupy_available, _cupy_devices, _bindings_devices)
+    return (devices or ()), error
+
+
+def cuda_device_count() -> int:
+    """How many CUDA devices this process can see; 0 on any failure. Never raises."""
+    try:
+        cupy_version, _ = probe_cupy()
+        devices, _ = probe_devices(cupy_available=cupy_version is not None)
+    except Exception:
+        return 0
+    return len(devices)
+
+
+def gather_facts(environ: Mapping[str, str] | None = None) -> Facts:
+    """Probe this machine. Never raises for a missing CuPy, driver or device."""
+    env = os.environ if environ is None else environ
+    cupy_version, cupy_error = probe_cupy()
+    cupy_ok = cupy_version is not None
+    nvrtc_version, nvrtc_error = probe_nvrtc()
+    driver_version, driver_source, driver_error = probe_driver(cupy_ok)
+    devices, devices_error = probe_devices(cupy_ok)
+    nvrtc_test, nvrtc_test_error = (None, None)
+    if nvrtc_version is not None:
+        nvrtc_test, nvrtc_test_error = probe_nvrtc_compile(devices)
+    cache_dir, from_env = kernel_cache_dir(env)
+    cache_error = None
+    try:
+        exists = cache_dir.is_dir()
+        files, size = directory_usage(cache_dir)
+        if cache_dir.exists() and not exists:
+            cache_error = "exists but is not a directory"
+    except OSError as exc:
+        exists, files, size, cache_error = False, 0, 0, _describe(exc)
+    v = sys.version_info
+    return Facts(
+        python_version=(v.major, v.minor, v.micro),
+        python_executable=sys.executable,
+        gpuactors_version=gpuactors.__version__,
+        gpuactors_location=str(Path(gpuactors.__file__).resolve().parent),
+        cupy_version=cupy_version,
+        cupy_error=cupy_error,
+        nvrtc_version=nvrtc_version,
+        nvrtc_error=nvrtc_error,
+        nvrtc_test=nvrtc_test,
+        nvrtc_test_error=nvrtc_test_error,
+        driver_version=driver_version,
+        driver_source=driver_source,
+        driver_error=driver_error,
+        devices=devices,
+        devices_error=devices_error,
+        cache_dir=str(cache_dir),
+        cache_dir_from_env=from_env,
+        cache_exists=exists,
+        cache_files=files,
+        cache_bytes=size,
+        cache_error=cache_error,
+        cuda_module_loading=env.get(MODULE_LOADING_ENV),
+    )
+
+
+# ------------------------------------------------------------------- checks
+def check_python(f: Facts) -> Check:
+    version = ".".join(map(str, f.python_version))
+    detail = f"{version} ({f.python_executable})"
+    if f.python_version[:2] < MIN_PYTHON:
+        return Check("python", Verdict.FAIL, detail, "gpuactors needs Python 3.10 or newer")
+    return Check("python", Verdict.OK, detail)
+
+
+def check_gpuactors(f: Facts) -> Check:
+    return Check("gpuactors", Verdict.OK, f"{f.gpuactors_version} ({f.gpuactors_location})")
+
+
+def _cupy_extra(f: Facts) -> str:
+    if f.driver_version is not None and cuda_version_tuple(f.driver_version)[0] == 12:
+        return "cuda12"
+    return "cuda13"
+
+
+def check_cupy(f: Facts) -> Check:
+    if f.cupy_version is not None:
+        return Check("cupy", Verdict.OK, f.cupy_version)
+    install = f"pip install 'gpuactors[{_cupy_extra(f)}]'"
+    if f.cupy_error is not None:
+        return Check(
+            "cupy",
+            Verdict.FAIL,
+            f"installed but failed to import: {f.cupy_error}",
+            f"reinstall it: {install}",
+        )
+    return Check(
+        "cupy",
+        Verdict.WARN,
+        f"not installed: {install}",
+        "GPU actors need CuPy; the NVRTC compiler and the doctor work without it",
+    )
+
+
+def check_nvrtc(f: Facts) -> Check:
+    if f.nvrtc_version is None:
+        return Check(
+            "nvrtc",
+            Verdict.FAIL,
+            f"cannot load NVRTC: {f.nvrtc_error}",
+            "it comes with cuda-bindings and nvidia-cuda-nvrtc: "
+            "pip install 'cuda-bindings>=13,<14' 'nvidia-cuda-nvrtc>=13,<14'",
+        )
+    version = "{}.{}".format(*f.nvrtc_version)
+    if f.nvrtc_test_error is not None:
+        return Check("nvrtc", Verdict.FAIL, f"{version}, but not usable: {f.nvrtc_test_error}")
+    return Check("nvrtc", Verdict.OK, f"{version}, usable: {f.nvrtc_test}")
+
+
+def check_driver(f: Facts) -> Check:
+    if f.driver_version is None:
+        return Check(
+            "cuda driver",
+            Verdict.WARN,
+            f"no usable NVIDIA driver: {f.driver_error}",
+            "expected on a machine without an NVIDIA GPU; GPU actors need one",
+        )
+    version = "{}.{}".format(*cuda_version_tuple(f.driver_version))
+    return Check(
+        "cuda driver",
+        Verdict.OK,
+        f"supports CUDA {version} ({f.driver_version}, via {f.driver_source})",
+    )
+
+
+def check_compat(f: Facts) -> Check:
+    name = "driver/nvrtc"
+    if f.nvrtc_version is None or f.driver_version is None:
+        missing = "NVRTC" if f.nvrtc_version is None else "the CUDA driver"
+        return Check(name, Verdict.INFO, f"cannot tell: {missing} is not available")
+    drv = cuda_version_tuple(f.driver_version)
+    nv = f.nvrtc_version
+    drv_s, nv_s = "{}.{}".format(*drv), "{}.{}".format(*nv)
+    if nv <= drv:
+        return Check(
+            name,
+            Verdict.OK,
+            f"driver CUDA {drv_s} >= NVRTC {nv_s}: the driver loads both PTX and CUBIN",
+        )
+    if nv[0] > drv[0]:
+        return Check(
+            name,
+            Verdict.FAIL,
+            f"NVRTC {nv_s} is a newer major version than the driver (CUDA {drv_s})",
+            f"code compiled by NVRTC {nv[0]}.x needs a CUDA {nv[0]} driver; minor-version "
+            "compatibility only spans one major version. Upgrade the NVIDIA driver "
+            "(CUDA 13 needs R580 or newer)",
+        )
+    return Check(
+        name,
+        Verdict.WARN,
+        f"NVRTC {nv_s} is newer than the driver (CUDA {drv_s}): PTX would be refused, "
+        "CUBIN is used",
+        "the driver refuses PTX from a newer NVRTC (CUDA_ERROR_UNSUPPORTED_PTX_VERSION), "
+        "so gpuactors compiles to CUBIN for the device's exact sm_XX, which the driver "
+        "loads under minor-version compatibility. Nothing to do; a newer driver would "
+        "also accept PTX",
+    )
+
+
+def check_devices(f: Facts) -> list[Check]:
+    if not f.devices:
+        why = ""
+        if f.driver_version is None and f.devices_error:
+            why = " (no usable NVIDIA driver)"
+        elif f.devices_error:
+            why = f" ({f.devices_error})"
+        return [
+            Check(
+                "devices",
+                Verdict.WARN,
+                f"no CUDA device found{why}",
+                "the GPU actors, `gpuactors demo` and `gpuactors bench` need an NVIDIA GPU",
+            )
+        ]
+    checks = [Check("devices", Verdict.OK, f"{len(f.devices)} CUDA device(s)")]
+    for d in f.devices:
+        checks.append(
+            Check(
+                f"device {d.index}",
+                Verdict.INFO,
+                f"{d.name}, {d.arch}, {d.sm_count} SMs, {format_bytes(d.total_memory)}",
+            )
+        )
+    return checks
+
+
+def check_cache(f: Facts) -> Check:
+    source = (
+        f"set by {CACHE_DIR_ENV}" if f.cache_dir_from_env else f"default; {CACHE_DIR_ENV} overrides"
+    )
+    if f.cache_error is not None:
+        return Check("kernel cache", Verdict.WARN, f"{f.cache_dir} ({source}): {f.cache_error}")
+    if not f.cache_exists:
+        return Check(
+            "kernel cache",
+            Verdict.INFO,
+            f"{f.cache_dir} ({source}): not created yet, 0 files, {format_bytes(0)}",
+        )
+    return Check(
+        "kernel cache",
+        Verdict.INFO,
+        f"{f.cache_dir} ({source}): {f.cache_files} files, {format_bytes(f.cache_bytes)}",
+    )
+
+
+_LAZY_WHY = (
+    "with lazy loading a kernel's module is loaded on its first launch, and that load blocks "
+    "while a persistent engine kernel occupies the device, so the launch can stall until the "
+    "engine stops. Export CUDA_MODULE_LOADING=EAGER before the process starts (CUDA reads it "
+    "once, when it initialises) if you use PersistentEngineActor"
+)
+
+
+def check_module_loading(f: Facts) -> Check:
+    name = MODULE_LOADING_ENV
+    value = f.cuda_module_loading
+    if value is None or not value.strip():
+        return Check(
+            name, Verdict.WARN, "not set, so CUDA 12.2 and newer load modules LAZY", _LAZY_WHY
+        )
+    mode = value.strip().upper()
+    if mode == "EAGER":
+        return Check(
+            name,
+            Verdict.OK,
+            "EAGER: modules load up front, never behind a running persistent kernel",
+        )
+    if mode == "LAZY":
+        return Check(name, Verdict.WARN, "LAZY", _LAZY_WHY)
+    return Check(
+        name, Verdict.WARN, f"unrecognised value {value!r}: CUDA accepts EAGER or LAZY", _LAZY_WHY
+    )
+
+
+def checks_from_facts(f: Facts) -> list[Check]:
+    """The report's lines, in display order. Pure: no probing happens here."""
+    return [
+        check_python(f),
+        check_gpuactors(f),
+        check_cupy(f),
+        check_nvrtc(f),
+        check_driver(f),
+        check_compat(f),
+        *check_devices(f),
+        check_cache(f),
+        check_module_loading(f),
+    ]
+
+
+def run_doctor(environ: Mapping[str, str] | None = None) -> Report:
+    """Probe the machine and judge what was found."""
+    facts = gather_facts(environ)
+    return Report(facts=facts, checks=checks_from_facts(facts))
