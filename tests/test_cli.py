@@ -102,7 +102,7 @@ def test_doctor_json(tmp_path: Path) -> None:
     verdicts = {c["verdict"] for c in doc["checks"]}
     assert verdicts <= {"OK", "WARN", "FAIL", "INFO"}
     assert "FAIL" not in verdicts
-    assert doc["facts"]["cache_dir"] == str(tmp_path / "kernel-cache")
+    assert doc["facts"]["cache_dir"] == str(tmp_path / "kernel-cache" / "kernels")
     assert doc["facts"]["nvrtc_version"] is not None
     devices = next(c for c in doc["checks"] if c["name"] == "devices")
     if HAS_DEVICE:
@@ -377,7 +377,7 @@ def test_checks_from_facts_order_and_failed_flag() -> None:
 # -------------------------------------------------------------- probes/helpers
 def test_kernel_cache_dir(tmp_path: Path) -> None:
     path, from_env = doctor.kernel_cache_dir({doctor.CACHE_DIR_ENV: str(tmp_path)})
-    assert (path, from_env) == (tmp_path, True)
+    assert (path, from_env) == (tmp_path / "kernels", True)
     default, from_env = doctor.kernel_cache_dir({})
     assert not from_env and default.name == "kernels" and "gpuactors" in str(default)
     assert doctor.kernel_cache_dir({doctor.CACHE_DIR_ENV: "  "}) == (default, False)
@@ -392,10 +392,11 @@ def test_directory_usage(tmp_path: Path) -> None:
 
 
 def test_gather_facts_reads_cache_and_env(tmp_path: Path) -> None:
-    (tmp_path / "k.cubin").write_bytes(b"z" * 100)
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "k.cubin").write_bytes(b"z" * 100)
     env = {doctor.CACHE_DIR_ENV: str(tmp_path), doctor.MODULE_LOADING_ENV: "EAGER"}
     facts = doctor.gather_facts(env)
-    assert facts.cache_dir == str(tmp_path) and facts.cache_dir_from_env
+    assert facts.cache_dir == str(tmp_path / "kernels") and facts.cache_dir_from_env
     assert (facts.cache_exists, facts.cache_files, facts.cache_bytes) == (True, 1, 100)
     assert facts.cuda_module_loading == "EAGER"
     assert facts.nvrtc_version is not None, facts.nvrtc_error
@@ -404,9 +405,8 @@ def test_gather_facts_reads_cache_and_env(tmp_path: Path) -> None:
 
 
 def test_gather_facts_cache_path_is_a_file(tmp_path: Path) -> None:
-    file = tmp_path / "not-a-dir"
-    file.write_text("x")
-    facts = doctor.gather_facts({doctor.CACHE_DIR_ENV: str(file)})
+    (tmp_path / "kernels").write_text("x")
+    facts = doctor.gather_facts({doctor.CACHE_DIR_ENV: str(tmp_path)})
     assert facts.cache_error == "exists but is not a directory"
     assert doctor.check_cache(facts).verdict is Verdict.WARN
 

@@ -138,12 +138,16 @@ def _result_name(code: Any) -> str:
 
 
 def kernel_cache_dir(environ: Mapping[str, str] | None = None) -> tuple[Path, bool]:
-    """The kernel cache directory and whether ``GPUACTORS_CACHE_DIR`` chose it."""
+    """The kernel cache directory and whether ``GPUACTORS_CACHE_DIR`` chose it.
+
+    ``$GPUACTORS_CACHE_DIR/kernels`` if that is set, else
+    ``platformdirs.user_cache_dir("gpuactors")/kernels``: the same rule as the
+    NVRTC disk cache's default directory.
+    """
     env = os.environ if environ is None else environ
-    override = env.get(CACHE_DIR_ENV, "").strip()
-    if override:
-        return Path(override).expanduser(), True
-    return Path(platformdirs.user_cache_dir("gpuactors")) / "kernels", False
+    root = env.get(CACHE_DIR_ENV, "").strip()
+    base = Path(root).expanduser() if root else Path(platformdirs.user_cache_dir("gpuactors"))
+    return base / "kernels", bool(root)
 
 
 def directory_usage(path: Path) -> tuple[int, int]:
