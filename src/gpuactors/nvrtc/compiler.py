@@ -1,0 +1,317 @@
+"""Compile CUDA C++ with NVRTC (through ``cuda.bindings.nvrtc``).
+
+:func:`compile_source` is the one place that talks to NVRTC. It is blocking and
+thread-safe; cuda-bindings releases the GIL inside ``nvrtcCompileProgram``, so a
+compile in a worker thread leaves an event loop running.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.metadata
+import os
+import re
+import time
+from collections.abc import Mapping
+from types import ModuleType
+from typing import Any
+
+from ..errors import CompileError, InvalidArgument, NvrtcUnavailable
+from ..logs import get_logger
+from .keys import module_cache_key
+from .module import CompiledModule
+from .options import NvrtcOpts, arch_number
+
+_INSTALL_HINT = (
+    "install NVRTC with: pip install 'cuda-bindings>=13,<14' 'nvidia-cuda-nvrtc>=13,<14' "
+    "(or: pip install 'gpuactors')"
+)
+_ERROR_LINE = re.compile(
+    r"^(?P<file>.+?)\((?P<line>\d+)\): (?:catastrophic )?error\b(?P<message>.*)$", re.MULTILINE
+)
+_WARNING_LINE = re.compile(r"^(?:.+?\(\d+\): warning\b.*|nvrtc: warning\b.*)$", re.MULTILINE)
+_MAX_FAILING_LINES = 20
+_EMPTY: Mapping[str, str] = {}
+
+_log = get_logger(component="nvrtc")
+
+
+# --------------------------------------------------------------------- loading
+@functools.cache
+def _nvrtc() -> ModuleType:
+    """The ``cuda.bindings.nvrtc`` module, with its shared library actually loaded."""
+    try:
+        nvrtc = importlib.import_module("cuda.bindings.nvrtc")
+    except ImportError as exc:
+        raise NvrtcUnavailable(f"cuda-bindings is not importable ({exc}); {_INSTALL_HINT}") from exc
+    try:
+        result, _major, _minor = nvrtc.nvrtcVersion()
+    except Exception as exc:  # the bindings load libnvrtc lazily: a missing library shows here
+        raise NvrtcUnavailable(
+            f"the NVRTC library could not be loaded ({exc}); {_INSTALL_HINT}"
+        ) from exc
+    if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise NvrtcUnavailable(f"nvrtcVersion failed ({result!r}); {_INSTALL_HINT}")
+    module: ModuleType = nvrtc
+    return module
+
+
+@functools.cache
+def nvrtc_version() -> tuple[int, int]:
+    """The (major, minor) version of the loaded NVRTC library."""
+    _result, major, minor = _nvrtc().nvrtcVersion()
+    return int(major), int(minor)
+
+
+@functools.cache
+def nvrtc_build() -> str:
+    """The installed ``nvidia-cuda-nvrtc`` wheel version ("" if NVRTC comes from elsewhere).
+
+    Part of the cache key, so a patch release of the wheel (same major.minor) still
+    invalidates old binaries.
+    """
+    try:
+        return importlib.metadata.version("nvidia-cuda-nvrtc")
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+@functools.cache
+def supported_archs() -> tuple[int, ...]:
+    """The real architectures the loaded NVRTC can target, e.g. ``(75, 80, ..., 120)``."""
+    nvrtc = _nvrtc()
+    result, archs = nvrtc.nvrtcGetSupportedArchs()
+    _check(result, "nvrtcGetSupportedArchs")
+    return tuple(int(a) for a in archs)
+
+
+def _check(result: Any, what: str) -> None:
+    if result != _nvrtc().nvrtcResult.NVRTC_SUCCESS:
+        raise CompileError(f"{what} failed: {_error_string(result)}")
+
+
+def _error_string(result: Any) -> str:
+    try:
+        _r, text = _nvrtc().nvrtcGetErrorString(result)
+        return bytes(text).decode("utf-8", "replace")
+    except Exception:  # pragma: no cover - only for an unknown result code
+        return repr(result)
+
+
+# ------------------------------------------------------------------------ keys
+def cache_key(
+    source: str,
+    *,
+    name: str = "kernel.cu",
+    opts: NvrtcOpts,
+    arch: str | None = None,
+    headers: Mapping[str, str] = _EMPTY,
+) -> str:
+    """The full cache key :func:`compile_source` would give this compile (see ``keys``)."""
+    target = opts.resolve_arch(arch)
+    return module_cache_key(
+        source,
+        name=name,
+        rendered_options=opts.render(target),
+        arch=target,
+        output=opts.output,
+        nvrtc_version=nvrtc_version(),
+        nvrtc_build=nvrtc_build(),
+        name_expressions=opts.name_expressions,
+        headers=headers,
+        include_paths=opts.include_paths,
+    )
+
+
+def _check_supported(arch: str) -> None:
+    supported = supported_archs()
+    if arch_number(arch) not in supported:
+        major, minor = nvrtc_version()
+        raise InvalidArgument(
+            f"NVRTC {major}.{minor} cannot target {arch}; it supports "
+            + ", ".join(f"sm_{a}" for a in supported)
+        )
+
+
+# ---------------------------------------------------------------------- logs
+def _program_log(nvrtc: Any, prog: Any) -> str:
+    result, size = nvrtc.nvrtcGetProgramLogSize(prog)
+    if result != nvrtc.nvrtcResult.NVRTC_SUCCESS or size <= 1:
+        return ""
+    buffer = bytearray(size)
+    (result,) = nvrtc.nvrtcGetProgramLog(prog, buffer)
+    if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        return ""
+    return bytes(buffer).rstrip(b"\0").decode("utf-8", "replace")
+
+
+def parse_warnings(log: str) -> tuple[str, ...]:
+    """The warning lines of an NVRTC log (``file(line): warning #...: message``)."""
+    return tuple(m.group(0).rstrip() for m in _WARNING_LINE.finditer(log))
+
+
+def failing_lines(
+    log: str, *, source: str, name: str, headers: Mapping[str, str] = _EMPTY
+) -> tuple[str, ...]:
+    """Quote the lines an NVRTC log blames (``name(LINE): error: ...``) as ``name(LINE): text``.
+
+    Lines are looked up in the source, the in-memory headers, or files on disk.
+    """
+    texts: dict[str, list[str] | None] = {name: source.splitlines()}
+    quoted: list[str] = []
+    for match in _ERROR_LINE.finditer(log):
+        file, line = match.group("file"), int(match.group("line"))
+        if file not in texts:
+            texts[file] = _lines_of(file, headers)
+        lines = texts[file]
+        text = lines[line - 1] if lines is not None and 0 < line <= len(lines) else "<unavailable>"
+        entry = f"{file}({line}): {text}"
+        if entry not in quoted:
+            quoted.append(entry)
+        if len(quoted) >= _MAX_FAILING_LINES:
+            break
+    return tuple(quoted)
+
+
+def _lines_of(file: str, headers: Mapping[str, str]) -> list[str] | None:
+    if file in headers:
+        return headers[file].splitlines()
+    try:
+        with open(file, encoding="utf-8", errors="replace") as handle:
+            return handle.read().splitlines()
+    except OSError:
+        return None
+
+
+# --------------------------------------------------------------------- compile
+_OUTPUT_GETTERS = {
+    "cubin": ("nvrtcGetCUBINSize", "nvrtcGetCUBIN"),
+    "ptx": ("nvrtcGetPTXSize", "nvrtcGetPTX"),
+    "ltoir": ("nvrtcGetLTOIRSize", "nvrtcGetLTOIR"),
+}
+
+
+def compile_source(
+    source: str,
+    *,
+    name: str = "kernel.cu",
+    opts: NvrtcOpts,
+    arch: str | None = None,
+    headers: Mapping[str, str] = _EMPTY,
+) -> CompiledModule:
+    """Compile ``source`` with NVRTC and return the image ``opts.output`` asks for.
+
+    ``arch`` is the device's own architecture, used when ``opts.arch`` is None
+    (``opts.arch`` wins when set). ``headers`` maps include names to their text.
+    Raises :class:`CompileError` (with NVRTC's full log and the failing lines) when
+    NVRTC rejects the source, :class:`InvalidArgument` for an unusable target, and
+    :class:`NvrtcUnavailable` when NVRTC cannot be loaded. Blocking; thread-safe.
+    """
+    if not isinstance(source, str):
+        raise InvalidArgument(f"source must be str, not {type(source).__name__}")
+    target = opts.resolve_arch(arch)
+    key = cache_key(source, name=name, opts=opts, arch=target, headers=headers)
+    return compile_keyed(source, name=name, opts=opts, arch=target, headers=headers, key=key)
+
+
+def compile_keyed(
+    source: str,
+    *,
+    name: str,
+    opts: NvrtcOpts,
+    arch: str | None,
+    headers: Mapping[str, str],
+    key: str,
+) -> CompiledModule:
+    """:func:`compile_source` for a caller that has already computed the cache ``key``."""
+    nvrtc = _nvrtc()
+    target = opts.resolve_arch(arch)
+    options = opts.render(target)
+    _check_supported(target)
+    started = time.perf_counter()
+    header_names = sorted(headers)
+    result, prog = nvrtc.nvrtcCreateProgram(
+        source.encode("utf-8"),
+        name.encode("utf-8"),
+        len(header_names),
+        [headers[h].encode("utf-8") for h in header_names],
+        [h.encode("utf-8") for h in header_names],
+    )
+    _check(result, "nvrtcCreateProgram")
+    try:
+        for expr in opts.name_expressions:
+            (result,) = nvrtc.nvrtcAddNameExpression(prog, expr.encode("utf-8"))
+            _check(result, f"nvrtcAddNameExpression({expr!r})")
+        encoded = [o.encode("utf-8") for o in options]
+        (result,) = nvrtc.nvrtcCompileProgram(prog, len(encoded), encoded)
+        log = _program_log(nvrtc, prog)
+        if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            _raise_compile_error(
+                result, log, source=source, name=name, arch=target, headers=headers
+            )
+        lowered: dict[str, str] = {}
+        for expr in opts.name_expressions:
+            result, mangled = nvrtc.nvrtcGetLoweredName(prog, expr.encode("utf-8"))
+            _check(result, f"nvrtcGetLoweredName({expr!r})")
+            lowered[expr] = bytes(mangled).decode("utf-8")
+        image = _output(nvrtc, prog, opts.output)
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    seconds = time.perf_counter() - started
+    module = CompiledModule(
+        image=image,
+        kind=opts.output,
+        lowered_names=lowered,
+        log=log,
+        warnings=parse_warnings(log),
+        arch=target,
+        nvrtc_version=nvrtc_version(),
+        compile_seconds=seconds,
+        cache_key=key,
+        source_name=name,
+        options=options,
+    )
+    _log.debug(
+        "nvrtc_compiled",
+        source=name,
+        arch=target,
+        kind=opts.output,
+        seconds=round(seconds, 4),
+        size=len(image),
+        warnings=len(module.warnings),
+        pid=os.getpid(),
+    )
+    return module
+
+
+def _output(nvrtc: Any, prog: Any, kind: str) -> bytes:
+    size_fn, get_fn = _OUTPUT_GETTERS[kind]
+    result, size = getattr(nvrtc, size_fn)(prog)
+    _check(result, size_fn)
+    # NVRTC reports a size of 0 (or 1 for an empty PTX string) for outputs it did not make.
+    if size <= 1:
+        raise CompileError(f"NVRTC produced no {kind} output")
+    buffer = bytearray(size)  # a fresh writable buffer (never write into a bytes object)
+    (result,) = getattr(nvrtc, get_fn)(prog, buffer)
+    _check(result, get_fn)
+    return bytes(buffer)
+
+
+def _raise_compile_error(
+    result: Any, log: str, *, source: str, name: str, arch: str, headers: Mapping[str, str]
+) -> None:
+    quoted = failing_lines(log, source=source, name=name, headers=headers)
+    first = _ERROR_LINE.search(log)
+    summary = (
+        f"{first.group('file')}({first.group('line')}): error{first.group('message')}"
+        if first
+        else (log.strip().splitlines() or [_error_string(result)])[0]
+    )
+    _log.debug("nvrtc_compile_failed", source=name, arch=arch, errors=len(quoted))
+    raise CompileError(
+        f"NVRTC could not compile {name!r} for {arch} ({_error_string(result)}): {summary}",
+        log=log,
+        source_name=name,
+        failing_lines=quoted,
+    )

@@ -1,0 +1,47 @@
+"""Shared CUDA sources and helpers for the NVRTC tests (this file holds no tests)."""
+
+from __future__ import annotations
+
+import struct
+
+SAXPY = r"""
+extern "C" __global__ void saxpy(float a, const float* x, float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = a * x[i] + y[i];
+}
+"""
+
+TEMPLATED = r"""
+template <typename T>
+__global__ void scale(T* x, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = x[i] * T(2);
+}
+"""
+
+EM_CUDA = 190
+
+
+def elf_sm(image: bytes) -> int:
+    """The SM number a CUBIN was built for (bits 8-15 of the ELF e_flags)."""
+    assert image[:4] == b"\x7fELF", image[:8]
+    (machine,) = struct.unpack_from("<H", image, 18)
+    assert machine == EM_CUDA
+    (flags,) = struct.unpack_from("<I", image, 48)
+    return (flags >> 8) & 0xFF
+
+
+def heavy_source(unroll: int = 48, depth: int = 16, salt: int = 0) -> str:
+    """A kernel whose compile takes a few tenths of a second (deep templates, unrolled)."""
+    return (
+        "template <int N> struct Poly {\n"
+        "  __device__ static float f(float x) { return Poly<N - 1>::f(x) * 1.0001f + float(N); }\n"
+        "};\n"
+        "template <> struct Poly<0> { __device__ static float f(float x) { return x; } };\n"
+        f'extern "C" __global__ void heavy{salt}(float* x) {{\n'
+        "  float v = x[threadIdx.x];\n"
+        "#pragma unroll\n"
+        f"  for (int i = 0; i < {unroll}; ++i) v = Poly<{depth}>::f(v) + sinf(v * i);\n"
+        "  x[threadIdx.x] = v;\n"
+        "}\n"
+    )
