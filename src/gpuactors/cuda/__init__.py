@@ -1,0 +1,1 @@
+"""Thin, typed access to CUDA through CuPy (optional dependency)."""

@@ -1,0 +1,158 @@
+"""NumPy mirror of the task-record ABI in ``kernels/abi.cuh``.
+
+The dtypes here and the C++ structs there describe the same bytes. A CPU test
+compiles :func:`layout_check_source` with NVRTC: every offset and size below
+becomes a ``static_assert`` against the header, so the two cannot drift.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import numpy as np
+
+MAX_ARGS = 10
+
+TASK_RECORD = np.dtype(
+    {
+        "names": ["seq", "op", "blocks", "n", "deadline_ns", "args", "tag", "reserved"],
+        "formats": [
+            np.uint64,
+            np.uint32,
+            np.uint32,
+            np.uint64,
+            np.uint64,
+            (np.uint64, (MAX_ARGS,)),
+            np.uint64,
+            np.uint64,
+        ],
+        "offsets": [0, 8, 12, 16, 24, 32, 112, 120],
+        "itemsize": 128,
+        "aligned": True,
+    }
+)
+
+COMPLETION = np.dtype(
+    {
+        "names": ["seq", "status", "units", "t_start_ns", "t_end_ns"],
+        "formats": [np.uint64, np.int32, np.uint32, np.uint64, np.uint64],
+        "offsets": [0, 8, 12, 16, 24],
+        "itemsize": 32,
+        "aligned": True,
+    }
+)
+
+HOST_CONTROL = np.dtype(
+    {
+        "names": [
+            "park_request",
+            "parked_epoch",
+            "launched_epoch",
+            "consumed",
+            "heartbeat_ns",
+            "exit_reason",
+            "reserved0",
+            "reserved1",
+        ],
+        "formats": [np.uint64] * 8,
+        "offsets": [0, 8, 16, 24, 32, 40, 48, 56],
+        "itemsize": 64,
+        "aligned": True,
+    }
+)
+
+# Device-memory structs of kernels/engine.cuh (host allocates them, only the device reads).
+ENGINE_PARAMS = np.dtype(
+    {
+        "names": [
+            "ring",
+            "completions",
+            "control",
+            "state",
+            "tasks",
+            "units_left",
+            "task_status",
+            "t_start",
+            "units",
+            "capacity",
+            "unit_capacity",
+            "idle_ns",
+            "max_residency_ns",
+            "max_units_per_task",
+            "persistent",
+        ],
+        "formats": [np.uint64] * 13 + [np.uint32, np.uint32],
+        "offsets": [0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 108],
+        "itemsize": 112,
+    }
+)
+DEVICE_STATE = np.dtype(
+    {
+        "names": ["tail", "unit_head", "unit_claim", "unit_done", "stop", "exited", "exit_reason"],
+        "formats": [np.uint64] * 4 + [np.uint32, np.uint32, np.uint64],
+        "offsets": [0, 8, 16, 24, 32, 36, 40],
+        "itemsize": 48,
+    }
+)
+UNIT_BYTES = 16
+
+# Engine status codes (Completion.status). Ops return 0 or a positive code.
+STATUS_OK = 0
+STATUS_UNKNOWN_OP = -1
+STATUS_DEADLINE = -2
+
+# Why a kernel instance exited (HostControl.exit_reason).
+EXIT_IDLE = 1
+EXIT_PARK_REQUEST = 2
+EXIT_RESIDENCY = 3
+EXIT_DRAINED = 4
+
+_CPP_STRUCTS = {
+    "TaskRecord": TASK_RECORD,
+    "Completion": COMPLETION,
+    "HostControl": HOST_CONTROL,
+    "EngineParams": ENGINE_PARAMS,
+    "DeviceState": DEVICE_STATE,
+}
+_CPP_CONSTANTS = {
+    "kMaxArgs": MAX_ARGS,
+    "kStatusOk": STATUS_OK,
+    "kStatusUnknownOp": STATUS_UNKNOWN_OP,
+    "kStatusDeadline": STATUS_DEADLINE,
+    "kExitIdle": EXIT_IDLE,
+    "kExitParkRequest": EXIT_PARK_REQUEST,
+    "kExitResidency": EXIT_RESIDENCY,
+    "kExitDrained": EXIT_DRAINED,
+}
+
+
+def kernel_header(name: str) -> str:
+    """The text of a CUDA header shipped in ``gpuactors/kernels``."""
+    return resources.files("gpuactors.kernels").joinpath(name).read_text(encoding="utf-8")
+
+
+def kernel_headers() -> dict[str, str]:
+    """Every shipped header, keyed by the name engine sources include it by."""
+    return {name: kernel_header(name) for name in ("abi.cuh", "task.cuh", "engine.cuh")}
+
+
+def layout_check_source() -> str:
+    """C++ that fails to compile if ``abi.cuh`` and these dtypes disagree."""
+    lines = [
+        '#include "abi.cuh"',
+        '#include "task.cuh"',
+        "namespace gpa { __device__ int dispatch(const TaskCtx&) { return 0; } }",
+        '#include "engine.cuh"',
+        f'static_assert(sizeof(gpa::Unit) == {UNIT_BYTES}, "Unit size");',
+    ]
+    for struct, dtype in _CPP_STRUCTS.items():
+        lines.append(f'static_assert(sizeof(gpa::{struct}) == {dtype.itemsize}, "{struct} size");')
+        assert dtype.fields is not None
+        for field, (_, offset, *_rest) in dtype.fields.items():
+            lines.append(
+                f"static_assert(__builtin_offsetof(gpa::{struct}, {field}) == {offset}, "
+                f'"{struct}.{field} offset");'
+            )
+    for name, value in _CPP_CONSTANTS.items():
+        lines.append(f'static_assert(gpa::{name} == {value}, "{name}");')
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,99 @@
+"""Generate the source of an engine module from a set of ops.
+
+Device function pointers do not work across modules, so every op the engine
+can run is compiled into ONE module and dispatched by a ``switch`` on the
+physical op id. Installing an op means generating and compiling a new module
+and handing the ring over to it (see runtime.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpuactors.engine.abi import kernel_headers
+from gpuactors.engine.ops import ArrayParam, OpSpec
+from gpuactors.nvrtc import CompiledModule, KernelCompiler, NvrtcOpts, default_compiler
+
+ENGINE_KERNEL_NAME = "gpa_engine"
+ENGINE_OPTS = NvrtcOpts(std="c++17")
+
+
+@dataclass(frozen=True)
+class EngineSource:
+    """A generated engine module: its source and the op-id table it was built with."""
+
+    source: str
+    op_ids: dict[str, int]  # physical key "name@version" -> op id in this module
+    block_threads: int
+
+
+def physical_key(op: OpSpec) -> str:
+    return f"{op.name}@{op.version}"
+
+
+def _wrapper(op: OpSpec) -> str:
+    params = ", ".join(
+        ["const gpa::TaskCtx& ctx", "gpa::u64 n", *(p.c_declaration() for p in op.params)]
+    )
+    return (
+        f"__device__ __forceinline__ int {op.c_name}({params}) {{\n"
+        f"    (void)ctx; (void)n;\n"
+        f'#line 1 "op:{op.name}@{op.version}"\n'
+        f"{op.body}\n"
+        f"}}\n"
+    )
+
+
+def _call(op: OpSpec) -> str:
+    args = ["ctx", "ctx.n()"]
+    for index, param in enumerate(op.params):
+        accessor = "ptr" if isinstance(param, ArrayParam) else "scalar"
+        args.append(f"ctx.{accessor}<{param.c_type}>({index})")
+    return f"{op.c_name}({', '.join(args)})"
+
+
+def render_engine_source(ops: Sequence[OpSpec], *, block_threads: int = 256) -> EngineSource:
+    """One module holding every op in ``ops`` (each name@version once) and the engine kernel."""
+    seen: dict[str, OpSpec] = {}
+    for op in ops:
+        seen.setdefault(physical_key(op), op)
+    op_ids = {key: index for index, key in enumerate(seen)}
+    parts = [
+        f"#define GPA_BLOCK_THREADS {block_threads}",
+        '#include "abi.cuh"',
+        '#include "task.cuh"',
+        "",
+    ]
+    parts += [_wrapper(op) for op in seen.values()]
+    cases = "\n".join(
+        f"        case {op_ids[key]}: return {_call(op)};" for key, op in seen.items()
+    )
+    parts.append(
+        "namespace gpa {\n"
+        "__device__ __forceinline__ int dispatch(const TaskCtx& ctx) {\n"
+        "    switch (ctx.rec->op) {\n"
+        f"{cases}\n"
+        "        default: return kStatusUnknownOp;\n"
+        "    }\n"
+        "}\n"
+        "}  // namespace gpa\n"
+    )
+    parts.append('#include "engine.cuh"')
+    return EngineSource(source="\n".join(parts) + "\n", op_ids=op_ids, block_threads=block_threads)
+
+
+def build_engine_module(
+    ops: Sequence[OpSpec],
+    *,
+    arch: str,
+    compiler: KernelCompiler | None = None,
+    block_threads: int = 256,
+) -> tuple[CompiledModule, EngineSource]:
+    """Generate and compile (through the caches) the engine module for ``ops``."""
+    engine = render_engine_source(ops, block_threads=block_threads)
+    compiler = compiler or default_compiler()
+    module, _origin = compiler.get_or_compile(
+        engine.source, name="gpa_engine.cu", opts=ENGINE_OPTS, arch=arch, headers=kernel_headers()
+    )
+    return module, engine

@@ -1,0 +1,201 @@
+"""The host side of the task ring: a bounded ring with per-slot sequence numbers.
+
+Protocol (the device side in ``kernels/engine.cuh`` does the same steps):
+
+* Slot ``p & mask`` is free for the producer at ring position ``p`` while its
+  ``seq == p``. The producer writes the record body, then ``seq = p + 1``
+  (on x86-64 stores become visible in program order, so the body is visible
+  before the sequence number; the device reads ``seq`` with acquire).
+* The consumer at position ``t`` takes the slot when ``seq == t + 1``.
+* When the task has completed, the consumer writes the completion marker
+  (status first, then ``completion.seq = t + 1``, release) and hands the slot
+  to the next lap: ``seq = t + capacity``. Only then may the producer reuse it,
+  so the device copy and the completion marker of a live task are never
+  overwritten, and a marker is recognised by its sequence number (no ABA).
+
+The ring works on any writable buffers (pinned host memory on the GPU path,
+plain NumPy arrays in CPU tests). :class:`HostConsumer` drives the consumer
+side on the CPU so the protocol is tested without a GPU.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpuactors.engine.abi import COMPLETION, MAX_ARGS, TASK_RECORD
+from gpuactors.errors import InvalidArgument
+
+_BODY = struct.Struct(f"<IIQQ{MAX_ARGS}QQQ")  # record bytes 8..128 (everything after seq)
+_RECORD_WORDS = TASK_RECORD.itemsize // 8
+_COMPLETION_WORDS = COMPLETION.itemsize // 8
+
+
+def check_capacity(capacity: int) -> int:
+    """Ring sizes are powers of two, at least 64 (the device reads 32 slots at a time)."""
+    if not isinstance(capacity, int) or capacity < 64 or capacity & (capacity - 1):
+        raise InvalidArgument(f"ring capacity must be a power of two >= 64, got {capacity!r}")
+    return capacity
+
+
+@dataclass(frozen=True)
+class CompletionView:
+    """A finished task's marker, read from the completion slot."""
+
+    seq: int
+    status: int
+    units: int
+    t_start_ns: int
+    t_end_ns: int
+
+    @property
+    def device_ns(self) -> int:
+        return max(0, self.t_end_ns - self.t_start_ns)
+
+
+def reset_ring(records: np.ndarray, completions: np.ndarray) -> None:
+    """Put freshly allocated ring memory into the empty state (slot i free at position i)."""
+    records[...] = np.zeros((), dtype=TASK_RECORD)
+    records["seq"] = np.arange(len(records), dtype=np.uint64)
+    completions[...] = np.zeros((), dtype=COMPLETION)
+
+
+class HostRing:
+    """The producer side: publishes records and reads completion markers."""
+
+    def __init__(self, records: np.ndarray, completions: np.ndarray) -> None:
+        if records.dtype != TASK_RECORD or completions.dtype != COMPLETION:
+            raise InvalidArgument("ring buffers must use the TASK_RECORD and COMPLETION dtypes")
+        if len(records) != len(completions):
+            raise InvalidArgument("records and completions must have the same length")
+        self.capacity = check_capacity(len(records))
+        self.mask = self.capacity - 1
+        self.records = records
+        self.completions = completions
+        self._bytes = memoryview(records.view(np.uint8).reshape(-1).data)
+        self._words = records.view(np.uint64).reshape(-1)
+        self._done_words = completions.view(np.uint64).reshape(-1)
+        self.published = 0  # next ring position to produce
+
+    # ------------------------------------------------------------- producer
+    def slot_free(self, pos: int) -> bool:
+        return int(self._words[(pos & self.mask) * _RECORD_WORDS]) == pos
+
+    def try_publish(
+        self,
+        op: int,
+        n: int,
+        args: Sequence[int],
+        *,
+        blocks: int = 1,
+        deadline_ns: int = 0,
+        tag: int = 0,
+    ) -> int | None:
+        """Publish one task; its sequence number, or None when the ring is full."""
+        pos = self.published
+        slot = pos & self.mask
+        word = slot * _RECORD_WORDS
+        if int(self._words[word]) != pos:
+            return None
+        padded = list(args) + [0] * (MAX_ARGS - len(args))
+        offset = slot * TASK_RECORD.itemsize
+        self._bytes[offset + 8 : offset + TASK_RECORD.itemsize] = _BODY.pack(
+            op, blocks, n, deadline_ns, *padded, tag, 0
+        )
+        self._words[word] = pos + 1  # publish last
+        self.published = pos + 1
+        return pos + 1
+
+    def free_count(self) -> int:
+        """How many consecutive positions from ``published`` are free right now."""
+        count = 0
+        while count < self.capacity and self.slot_free(self.published + count):
+            count += 1
+        return count
+
+    def publish_batch(self, batch: np.ndarray) -> range:
+        """Publish records (TASK_RECORD array, ``seq`` ignored) with vectorised stores.
+
+        The caller checks room first (``free_count() >= len(batch)``). Bodies are
+        written for the whole batch, then the sequence numbers, in ring order.
+        """
+        count = len(batch)
+        if count > self.free_count():
+            raise InvalidArgument(f"batch of {count} does not fit in the ring's free slots")
+        first = self.published
+        positions = np.arange(first, first + count, dtype=np.uint64)
+        slots = (positions & np.uint64(self.mask)).astype(np.intp)
+        body = batch.copy()
+        body["seq"] = self.records["seq"][slots]  # keep "free" until the bodies are in place
+        self.records[slots] = body
+        self.records["seq"][slots] = positions + np.uint64(1)
+        self.published = first + count
+        return range(first + 1, first + count + 1)
+
+    # ----------------------------------------------------------- completions
+    def is_done(self, seq: int) -> bool:
+        return int(self._done_words[((seq - 1) & self.mask) * _COMPLETION_WORDS]) == seq
+
+    def completion(self, seq: int) -> CompletionView | None:
+        """The marker of task ``seq`` if it has completed, else None."""
+        slot = (seq - 1) & self.mask
+        if int(self._done_words[slot * _COMPLETION_WORDS]) != seq:
+            return None
+        entry = self.completions[slot]
+        return CompletionView(
+            seq=seq,
+            status=int(entry["status"]),
+            units=int(entry["units"]),
+            t_start_ns=int(entry["t_start_ns"]),
+            t_end_ns=int(entry["t_end_ns"]),
+        )
+
+
+class HostConsumer:
+    """A CPU stand-in for the device dispatcher, for protocol tests.
+
+    ``take()`` claims the ready prefix like the device's poller; ``complete()``
+    writes the marker and hands the slot back, in the device's order.
+    """
+
+    def __init__(self, records: np.ndarray, completions: np.ndarray) -> None:
+        self.records = records
+        self.completions = completions
+        self.capacity = check_capacity(len(records))
+        self.mask = self.capacity - 1
+        self.tail = 0
+
+    def take(self, limit: int = 32) -> list[tuple[int, np.void]]:
+        """Claim up to ``limit`` consecutive ready tasks: (seq, copy of record)."""
+        taken: list[tuple[int, np.void]] = []
+        while len(taken) < limit:
+            pos = self.tail
+            record = self.records[pos & self.mask]
+            if int(record["seq"]) != pos + 1:
+                break
+            taken.append((pos + 1, record.copy()))
+            self.tail = pos + 1
+        return taken
+
+    def complete(self, seq: int, status: int = 0, *, units: int = 1, t_ns: int = 0) -> None:
+        slot = (seq - 1) & self.mask
+        entry = self.completions[slot : slot + 1]
+        entry["status"] = status
+        entry["units"] = units
+        entry["t_start_ns"] = t_ns
+        entry["t_end_ns"] = t_ns
+        entry["seq"] = seq  # marker last
+        self.records["seq"][slot] = seq - 1 + self.capacity  # slot to the next lap
+
+
+def run_to_completion(consumer: HostConsumer, execute: Callable[[int, np.void], int]) -> int:
+    """Consume and complete everything ready now; returns how many tasks ran."""
+    ran = 0
+    while batch := consumer.take():
+        for seq, record in batch:
+            consumer.complete(seq, execute(seq, record))
+            ran += 1
+    return ran

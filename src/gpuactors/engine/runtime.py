@@ -1,0 +1,264 @@
+"""The GPU side of an engine: memory, the kernel instance, parking and relaunch.
+
+This layer is synchronous and knows nothing about asyncio or actors; the
+engine actor drives it. It owns:
+
+* the ring, completion markers and control block in pinned host memory,
+* the engine state in device memory (survives relaunches and module swaps),
+* the loaded engine module and its kernel,
+* the kernel's lifecycle: launch on demand, park on request, swap modules
+  while parked (the ring and every accepted task stay where they are).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gpuactors.cuda.loader import MODULE_LOADS, ModuleLoadGate
+from gpuactors.engine.abi import (
+    COMPLETION,
+    DEVICE_STATE,
+    ENGINE_PARAMS,
+    HOST_CONTROL,
+    TASK_RECORD,
+    UNIT_BYTES,
+)
+from gpuactors.engine.codegen import ENGINE_KERNEL_NAME
+from gpuactors.engine.ring import HostRing, check_capacity, reset_ring
+from gpuactors.errors import DeviceFault, EngineError, EngineModeError, InvalidArgument
+from gpuactors.logs import get_logger
+
+_log = get_logger(component="engine-runtime")
+
+# Word indexes into the HostControl block.
+_PARK_REQUEST, _PARKED_EPOCH, _LAUNCHED_EPOCH, _CONSUMED, _HEARTBEAT, _EXIT_REASON = range(6)
+
+
+class PersistentThreadMode(str, enum.Enum):
+    """How the engine runs its kernel.
+
+    AUTO: persistent when the whole grid can be resident at once, else one
+    launch per batch. FORCE: persistent or :class:`EngineModeError`. DISABLE:
+    one ordinary launch per batch of ready tasks, same ops, same results.
+    """
+
+    AUTO = "auto"
+    FORCE = "force"
+    DISABLE = "disable"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Sizes and timings of one engine. Defaults suit many small tasks."""
+
+    capacity: int = 4096
+    grid_blocks: int | None = None  # None: one block per SM (block 0 dispatches)
+    block_threads: int = 256
+    idle_park_ms: float = 2.0
+    max_residency_ms: float = 100.0  # 0: never park for residency
+    max_units_per_task: int = 128
+    mode: PersistentThreadMode = PersistentThreadMode.AUTO
+
+    def __post_init__(self) -> None:
+        check_capacity(self.capacity)
+        if self.block_threads not in (64, 128, 256, 512, 1024):
+            raise InvalidArgument(
+                f"block_threads must be 64..1024, a power of two: {self.block_threads}"
+            )
+        if self.grid_blocks is not None and self.grid_blocks < 2:
+            raise InvalidArgument("grid_blocks must be >= 2 (block 0 dispatches, the rest work)")
+        if self.idle_park_ms < 0 or self.max_residency_ms < 0:
+            raise InvalidArgument("idle_park_ms and max_residency_ms must be >= 0")
+        if not 1 <= self.max_units_per_task <= 65536:
+            raise InvalidArgument("max_units_per_task must be in 1..65536")
+
+    @property
+    def unit_capacity(self) -> int:
+        """Unit queue entries: room for a full warp's worth of maximal tasks, power of two."""
+        need = max(self.capacity, 32 * self.max_units_per_task)
+        return 1 << (need - 1).bit_length()
+
+
+def _pinned(cupy: Any, dtype: np.dtype[Any], count: int) -> tuple[Any, np.ndarray]:
+    memory = cupy.cuda.alloc_pinned_memory(dtype.itemsize * count)
+    return memory, np.frombuffer(memory, dtype=dtype, count=count)
+
+
+class EngineRuntime:
+    """One engine's GPU resources and kernel lifecycle (not thread-safe: one owner)."""
+
+    def __init__(
+        self,
+        image: bytes,
+        config: EngineConfig,
+        *,
+        gate: ModuleLoadGate = MODULE_LOADS,
+        device_id: int = 0,
+    ) -> None:
+        import cupy
+
+        self._cupy = cupy
+        self.config = config
+        self._gate = gate
+        self.device_id = device_id
+        with cupy.cuda.Device(device_id):
+            props = cupy.cuda.runtime.getDeviceProperties(device_id)
+            self.sm_count = int(props["multiProcessorCount"])
+            self.grid = config.grid_blocks or self.sm_count
+            self.stream = cupy.cuda.Stream(non_blocking=True)
+
+            cap = config.capacity
+            self._ring_mem, records = _pinned(cupy, TASK_RECORD, cap)
+            self._done_mem, completions = _pinned(cupy, COMPLETION, cap)
+            self._ctrl_mem, control = _pinned(cupy, HOST_CONTROL, 1)
+            reset_ring(records, completions)
+            control[...] = np.zeros((), dtype=HOST_CONTROL)
+            self.ring = HostRing(records, completions)
+            self.control = control.view(np.uint64)
+
+            ucap = config.unit_capacity
+            self._state = cupy.zeros(DEVICE_STATE.itemsize, dtype=cupy.uint8)
+            self._tasks = cupy.zeros(cap * TASK_RECORD.itemsize, dtype=cupy.uint8)
+            self._units_left = cupy.zeros(cap, dtype=cupy.uint32)
+            self._task_status = cupy.zeros(cap, dtype=cupy.int32)
+            self._t_start = cupy.zeros(cap, dtype=cupy.uint64)
+            self._units = cupy.zeros(ucap * UNIT_BYTES, dtype=cupy.uint8)
+            self._params_host = np.zeros(1, dtype=ENGINE_PARAMS)
+            self._params = cupy.zeros(ENGINE_PARAMS.itemsize, dtype=cupy.uint8)
+
+            self._module: Any = None
+            self._kernel: Any = None
+            self.launches = 0
+            self.mode_persistent = True
+            self._install(image)
+            self.mode_persistent = self._resolve_mode()
+            self._write_params()
+            cupy.cuda.runtime.deviceSynchronize()
+        gate.register(self)
+
+    # ------------------------------------------------------------ setup
+    def _install(self, image: bytes) -> None:
+        """Load an engine module (through the gate, which parks us first)."""
+        module = self._gate.load(image)
+        self._kernel = module.get_function(ENGINE_KERNEL_NAME)
+        self._module = module  # the old module is released once unreferenced (we are parked)
+
+    def _resolve_mode(self) -> bool:
+        mode = self.config.mode
+        if mode is PersistentThreadMode.DISABLE:
+            return False
+        resident = self._resident_blocks()
+        if resident >= self.grid:
+            return True
+        message = (
+            f"a persistent engine needs all {self.grid} blocks resident at once, "
+            f"the device fits {resident} of {self.config.block_threads} threads"
+        )
+        if mode is PersistentThreadMode.FORCE:
+            raise EngineModeError(message)
+        _log.warning("persistent mode unavailable, launching per batch", reason=message)
+        return False
+
+    def _resident_blocks(self) -> int:
+        driver = self._cupy.cuda.driver
+        per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(
+            self._kernel.ptr, self.config.block_threads, 0
+        )
+        return int(per_sm) * self.sm_count
+
+    def _write_params(self) -> None:
+        p = self._params_host
+        p["ring"] = self._ring_mem.ptr
+        p["completions"] = self._done_mem.ptr
+        p["control"] = self._ctrl_mem.ptr
+        p["state"] = self._state.data.ptr
+        p["tasks"] = self._tasks.data.ptr
+        p["units_left"] = self._units_left.data.ptr
+        p["task_status"] = self._task_status.data.ptr
+        p["t_start"] = self._t_start.data.ptr
+        p["units"] = self._units.data.ptr
+        p["capacity"] = self.config.capacity
+        p["unit_capacity"] = self.config.unit_capacity
+        p["idle_ns"] = int(self.config.idle_park_ms * 1e6)
+        p["max_residency_ns"] = int(self.config.max_residency_ms * 1e6)
+        p["max_units_per_task"] = self.config.max_units_per_task
+        p["persistent"] = 1 if self.mode_persistent else 0
+        self._params.set(p.view(np.uint8))
+
+    # ------------------------------------------------------------ lifecycle
+    @property
+    def running(self) -> bool:
+        """A kernel instance was launched and has not announced its exit yet."""
+        return self.launches != int(self.control[_PARKED_EPOCH])
+
+    @property
+    def consumed(self) -> int:
+        """Ring positions the device has taken (valid while parked)."""
+        return int(self.control[_CONSUMED])
+
+    @property
+    def exit_reason(self) -> int:
+        return int(self.control[_EXIT_REASON])
+
+    def pending_unconsumed(self) -> bool:
+        return self.ring.published > self.consumed
+
+    def kick(self) -> bool:
+        """Launch a kernel instance if work waits and none runs. True if it launched."""
+        if self.running or self._gate.loading or not self.pending_unconsumed():
+            return False
+        self._launch()
+        return True
+
+    def _launch(self) -> None:
+        self.control[_PARK_REQUEST] = 0
+        with self._cupy.cuda.Device(self.device_id):
+            self._kernel(
+                (self.grid,),
+                (self.config.block_threads,),
+                (np.uint64(self._params.data.ptr),),
+                stream=self.stream,
+            )
+        self.launches += 1
+
+    def check_fault(self) -> None:
+        """Raise DeviceFault if the engine's stream reports an error (sticky CUDA error)."""
+        try:
+            self.stream.done  # noqa: B018 - queries the stream, raising on a device error
+        except Exception as exc:
+            raise DeviceFault(f"the engine kernel failed: {exc}") from exc
+
+    def park_blocking(self, timeout: float = 10.0) -> None:
+        """Ask the kernel to stop at a task boundary and wait until it has exited."""
+        if not self.running:
+            return
+        self.control[_PARK_REQUEST] = 1
+        deadline = time.monotonic() + timeout
+        try:
+            while self.running:
+                if time.monotonic() > deadline:
+                    self.check_fault()
+                    raise EngineError(f"engine did not park within {timeout} s")
+                time.sleep(0)
+        finally:
+            self.control[_PARK_REQUEST] = 0
+
+    def swap_module(self, image: bytes) -> None:
+        """Hand the ring over to a new engine module (parks, loads, relaunches on demand)."""
+        self.park_blocking()
+        self._install(image)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Park for good and release the module. Pending tasks stay unrun."""
+        self._gate.unregister(self)
+        try:
+            self.park_blocking(timeout)
+            self.stream.synchronize()
+        finally:
+            self._kernel = None
+            self._module = None

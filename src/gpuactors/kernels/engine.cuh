@@ -1,0 +1,324 @@
+// The persistent engine kernel. Included LAST by a generated engine module,
+// after the ops and `gpa::dispatch(const TaskCtx&)` are defined.
+//
+// Roles inside one grid:
+//   * block 0, warp 0 is the only code that polls host memory (the ring). It
+//     copies ready records into device memory and publishes "units" (one per
+//     block a task spans) through a device-memory queue.
+//   * every other block is a worker: it claims a unit with one atomic, waits
+//     for it on device memory, runs the op and, if it is the task's last unit,
+//     publishes the completion to host memory with release semantics and hands
+//     the ring slot back to the producer.
+// The kernel parks (exits) when it has been idle for `idle_ns`, when it has
+// run for `max_residency_ns` (so a module load elsewhere in the process can
+// proceed), or when the host asks; everything it needs to resume lives in
+// DeviceState, so the next instance -- of this module or of a newly built
+// one -- carries on from the same ring position.
+#pragma once
+#include "abi.cuh"
+#include "task.cuh"
+
+#ifndef GPA_BLOCK_THREADS
+#define GPA_BLOCK_THREADS 256
+#endif
+
+namespace gpa {
+
+// One block's share of one task.
+struct Unit {
+    u32 slot;    // ring slot of the task (index into the device copies)
+    u32 rank;
+    u32 count;
+    u32 reserved;
+};
+
+// Engine state in device memory; survives kernel relaunches and module swaps.
+struct DeviceState {
+    u64 tail;          // ring positions consumed (dispatcher only)
+    u64 unit_head;     // units published (dispatcher only, release)
+    u64 unit_claim;    // units claimed by workers (atomicAdd)
+    u64 unit_done;     // units finished (atomicAdd)
+    u32 stop;          // set by the dispatcher when the instance parks
+    u32 exited;        // blocks of this instance that have exited
+    u64 exit_reason;
+};
+
+struct EngineParams {
+    TaskRecord* ring;          // pinned host
+    Completion* completions;   // pinned host
+    HostControl* control;      // pinned host
+    DeviceState* state;        // device
+    TaskRecord* tasks;         // device copies of records, one per slot
+    u32* units_left;           // per slot
+    i32* task_status;          // per slot
+    u64* t_start;              // per slot
+    Unit* units;               // unit queue
+    u64 capacity;              // ring slots, power of two
+    u64 unit_capacity;         // unit queue entries, power of two
+    u64 idle_ns;
+    u64 max_residency_ns;      // 0 = unbounded
+    u32 max_units_per_task;
+    u32 persistent;            // 0 = launch-per-batch: exit as soon as drained
+};
+
+__device__ __forceinline__ u64 now_ns() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ u64 ld_acquire_sys(const u64* p) {
+    u64 v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void st_release_sys(u64* p, u64 v) {
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ u64 ld_acquire_gpu(const u64* p) {
+    u64 v;
+    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ u32 ld_acquire_gpu32(const u32* p) {
+    u32 v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void st_release_gpu(u64* p, u64 v) {
+    asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ void st_release_gpu32(u32* p, u32 v) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// Warp 0 of block 0. All lanes run it; lane 0 owns the scalar state writes.
+__device__ void run_dispatcher(const EngineParams& P) {
+    const u32 lane = threadIdx.x & 31u;
+    const u32 full = 0xffffffffu;
+    DeviceState* S = P.state;
+    HostControl* ctrl = P.control;
+    const u64 ring_mask = P.capacity - 1;
+    const u64 unit_mask = P.unit_capacity - 1;
+
+    u64 tail = S->tail;
+    u64 unit_head = S->unit_head;
+    const u64 started = now_ns();
+    u64 last_work = started;
+    u64 reason = 0;
+    bool parking = false;
+    u32 iter = 0;
+
+    if (lane == 0) {
+        st_release_sys(&ctrl->launched_epoch, ctrl->launched_epoch + 1);
+    }
+    while (true) {
+        if (!parking && (iter++ & 15u) == 0) {
+            const u64 t = now_ns();
+            u64 request = 0;
+            if (lane == 0) {
+                request = ld_acquire_sys(&ctrl->park_request);
+                *(volatile u64*)&ctrl->heartbeat_ns = t;
+            }
+            request = __shfl_sync(full, request, 0);
+            if (request) {
+                parking = true;
+                reason = kExitParkRequest;
+            } else if (P.max_residency_ns && t - started > P.max_residency_ns) {
+                parking = true;
+                reason = kExitResidency;
+            }
+        }
+        u32 taken = 0;
+        if (!parking) {
+            // Each lane looks at one consecutive ring position: one PCIe round
+            // trip reads up to 32 records' sequence numbers.
+            const u64 pos = tail + lane;
+            const u64 slot = pos & ring_mask;
+            const bool ready = ld_acquire_sys(&P.ring[slot].seq) == pos + 1;
+            const u32 ballot = __ballot_sync(full, ready);
+            taken = (~ballot == 0u) ? 32u : (u32)(__ffs(~ballot) - 1);
+            if (taken > 0) {
+                // Copy the taken records to device memory, 16 bytes a lane (four
+                // records per warp-wide load). The ballot orders these loads after
+                // each record's acquire of its sequence number.
+                for (u32 base = 0; base < taken; base += 4) {
+                    const u32 rec = base + (lane >> 3);
+                    if (rec < taken) {
+                        const u64 s = (tail + rec) & ring_mask;
+                        const u32 part = lane & 7u;
+                        const u64* src = reinterpret_cast<const u64*>(&P.ring[s]) + 2 * part;
+                        u64* dst = reinterpret_cast<u64*>(&P.tasks[s]) + 2 * part;
+                        u64 lo, hi;
+                        asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];"
+                                     : "=l"(lo), "=l"(hi) : "l"(src) : "memory");
+                        dst[0] = lo;
+                        dst[1] = hi;
+                    }
+                }
+                __syncwarp();
+                u32 my_units = 0;
+                if (lane < taken) {
+                    const u32 asked = P.tasks[slot].blocks;
+                    my_units = asked == 0 ? 1u : (asked > P.max_units_per_task ? P.max_units_per_task : asked);
+                    P.units_left[slot] = my_units;
+                    P.task_status[slot] = 0;
+                }
+                u32 incl = my_units;
+#pragma unroll
+                for (int off = 1; off < 32; off <<= 1) {
+                    const u32 v = __shfl_up_sync(full, incl, off);
+                    if (lane >= (u32)off) incl += v;
+                }
+                const u32 total = __shfl_sync(full, incl, 31);
+                // Room in the unit queue: never overwrite a unit not yet finished.
+                while (true) {
+                    u64 done = 0;
+                    if (lane == 0) done = ld_acquire_gpu(&S->unit_done);
+                    done = __shfl_sync(full, done, 0);
+                    if (unit_head + total - done <= P.unit_capacity) break;
+                    __nanosleep(64);
+                }
+                const u32 excl = incl - my_units;
+                for (u32 r = 0; r < my_units; ++r) {
+                    Unit u;
+                    u.slot = (u32)slot;
+                    u.rank = r;
+                    u.count = my_units;
+                    u.reserved = 0;
+                    P.units[(unit_head + excl + r) & unit_mask] = u;
+                }
+                __threadfence();
+                __syncwarp();
+                if (lane == 0) st_release_gpu(&S->unit_head, unit_head + total);
+                unit_head += total;
+                tail += taken;
+                last_work = now_ns();
+            }
+        }
+        if (taken == 0) {
+            u64 done = 0;
+            if (lane == 0) done = ld_acquire_gpu(&S->unit_done);
+            done = __shfl_sync(full, done, 0);
+            if (done == unit_head) {  // nothing in flight
+                if (parking) break;
+                if (!P.persistent) {
+                    reason = kExitDrained;
+                    break;
+                }
+                if (now_ns() - last_work > P.idle_ns) {
+                    reason = kExitIdle;
+                    break;
+                }
+            }
+        }
+    }
+    if (lane == 0) {
+        S->tail = tail;
+        S->exit_reason = reason;
+        __threadfence();
+        st_release_gpu32(&S->stop, 1u);
+    }
+}
+
+__device__ void run_worker(const EngineParams& P) {
+    __shared__ TaskRecord s_rec;
+    __shared__ Unit s_unit;
+    __shared__ u32 s_go;
+    __shared__ i32 s_status;
+    DeviceState* S = P.state;
+    const u64 unit_mask = P.unit_capacity - 1;
+
+    while (true) {
+        if (threadIdx.x == 0) {
+            const u64 u = atomicAdd(&S->unit_claim, 1ULL);
+            u32 go = 0;
+            u32 backoff = 32;
+            while (true) {
+                if (ld_acquire_gpu(&S->unit_head) > u) {
+                    go = 1;
+                    break;
+                }
+                if (ld_acquire_gpu32(&S->stop)) break;
+                __nanosleep(backoff);
+                if (backoff < 256) backoff <<= 1;
+            }
+            s_go = go;
+            if (go) {
+                s_unit = P.units[u & unit_mask];
+                s_status = 0;
+            }
+        }
+        __syncthreads();
+        if (!s_go) break;
+        const Unit unit = s_unit;
+        if (threadIdx.x < 16) {
+            reinterpret_cast<u64*>(&s_rec)[threadIdx.x] =
+                reinterpret_cast<const volatile u64*>(&P.tasks[unit.slot])[threadIdx.x];
+        }
+        if (threadIdx.x == 0) {
+            if (unit.rank == 0) P.t_start[unit.slot] = now_ns();
+        }
+        __syncthreads();
+        i32 rc;
+        if (s_rec.deadline_ns != 0 && now_ns() > s_rec.deadline_ns) {
+            rc = kStatusDeadline;  // the record is shared, so every thread agrees
+        } else {
+            TaskCtx ctx;
+            ctx.rec = &s_rec;
+            ctx.rank = unit.rank;
+            ctx.units = unit.count;
+            rc = dispatch(ctx);
+        }
+        if (rc != 0) s_status = rc;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            if (s_status != 0) atomicCAS(&P.task_status[unit.slot], 0, s_status);
+            __threadfence();
+            const u32 left = atomicSub(&P.units_left[unit.slot], 1u);
+            if (left == 1u) {
+                __threadfence();
+                Completion* c = &P.completions[unit.slot];
+                volatile Completion* vc = c;
+                vc->status = *(volatile i32*)&P.task_status[unit.slot];
+                vc->units = unit.count;
+                vc->t_start_ns = *(volatile u64*)&P.t_start[unit.slot];
+                vc->t_end_ns = now_ns();
+                st_release_sys(&c->seq, s_rec.seq);
+                // Hand the slot back to the producer for the next lap.
+                st_release_sys(&P.ring[unit.slot].seq, s_rec.seq - 1 + P.capacity);
+            }
+            __threadfence();
+            atomicAdd(&S->unit_done, 1ULL);
+        }
+        __syncthreads();
+    }
+}
+
+}  // namespace gpa
+
+extern "C" __global__ void __launch_bounds__(GPA_BLOCK_THREADS)
+gpa_engine(const gpa::EngineParams* params) {
+    const gpa::EngineParams P = *params;
+    if (blockIdx.x == 0) {
+        if (threadIdx.x < 32) gpa::run_dispatcher(P);
+    } else {
+        gpa::run_worker(P);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        gpa::DeviceState* S = P.state;
+        __threadfence();
+        const gpa::u32 prev = atomicAdd(&S->exited, 1u);
+        if (prev == gridDim.x - 1) {  // last block out resets the instance state
+            S->unit_claim = S->unit_head;
+            S->stop = 0;
+            S->exited = 0;
+            __threadfence();
+            volatile gpa::HostControl* ctrl = P.control;
+            ctrl->consumed = S->tail;
+            ctrl->exit_reason = S->exit_reason;
+            __threadfence_system();
+            gpa::st_release_sys(&P.control->parked_epoch, P.control->parked_epoch + 1);
+        }
+    }
+}

@@ -1,0 +1,154 @@
+"""The ring protocol, driven by a host-side consumer that mirrors the device's steps."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuactors.engine.abi import COMPLETION, TASK_RECORD
+from gpuactors.engine.ring import HostConsumer, HostRing, reset_ring, run_to_completion
+from gpuactors.errors import InvalidArgument
+
+
+def make_ring(capacity: int) -> tuple[HostRing, HostConsumer]:
+    records = np.zeros(capacity, dtype=TASK_RECORD)
+    completions = np.zeros(capacity, dtype=COMPLETION)
+    reset_ring(records, completions)
+    return HostRing(records, completions), HostConsumer(records, completions)
+
+
+@pytest.mark.parametrize("capacity", [0, 1, 32, 63, 100, 1000])
+def test_capacity_must_be_power_of_two_at_least_64(capacity: int) -> None:
+    with pytest.raises(InvalidArgument):
+        make_ring(capacity)
+
+
+def test_publish_take_complete_roundtrip() -> None:
+    ring, consumer = make_ring(64)
+    seq = ring.try_publish(3, 1000, [11, 22, 33], blocks=4, deadline_ns=5, tag=99)
+    assert seq == 1
+    assert not ring.is_done(seq)
+    ((taken_seq, record),) = consumer.take()
+    assert taken_seq == 1
+    assert int(record["op"]) == 3 and int(record["n"]) == 1000 and int(record["blocks"]) == 4
+    assert record["args"][:3].tolist() == [11, 22, 33] and int(record["args"][3]) == 0
+    assert int(record["deadline_ns"]) == 5 and int(record["tag"]) == 99
+    consumer.complete(taken_seq, status=7, units=4, t_ns=10)
+    done = ring.completion(seq)
+    assert done is not None and done.status == 7 and done.units == 4
+
+
+def test_full_ring_refuses_until_a_task_completes() -> None:
+    ring, consumer = make_ring(64)
+    seqs = [ring.try_publish(0, 1, []) for _ in range(64)]
+    assert None not in seqs
+    assert ring.try_publish(0, 1, []) is None, "the 65th task must not overwrite a live slot"
+    taken = consumer.take(limit=64)
+    assert ring.try_publish(0, 1, []) is None, "taken is not completed: the slot stays busy"
+    consumer.complete(taken[0][0])
+    assert ring.try_publish(0, 1, []) == 65
+
+
+def test_empty_ring_gives_nothing() -> None:
+    ring, consumer = make_ring(64)
+    assert consumer.take() == []
+    assert ring.free_count() == 64
+
+
+def test_old_marker_is_not_mistaken_for_a_new_task() -> None:
+    """Markers are keyed by sequence number: slot reuse on the next lap is no ABA."""
+    ring, consumer = make_ring(64)
+    first = ring.try_publish(0, 1, [])
+    assert first is not None
+    run_to_completion(consumer, lambda seq, rec: 0)
+    for _ in range(63):
+        ring.try_publish(0, 1, [])
+    run_to_completion(consumer, lambda seq, rec: 0)
+    lap2 = ring.try_publish(0, 1, [])  # same slot as `first`
+    assert lap2 == first + 64
+    assert ring.is_done(first), "the old marker still describes the old task"
+    assert not ring.is_done(lap2), "an old marker in the same slot does not complete the new task"
+    run_to_completion(consumer, lambda seq, rec: 0)
+    assert ring.is_done(lap2)
+
+
+def test_publish_batch_vectorised() -> None:
+    ring, consumer = make_ring(128)
+    ring.try_publish(1, 1, [])
+    batch = np.zeros(100, dtype=TASK_RECORD)
+    batch["op"] = 2
+    batch["n"] = np.arange(100)
+    seqs = ring.publish_batch(batch)
+    assert list(seqs) == list(range(2, 102))
+    taken = consumer.take(limit=200)
+    assert [s for s, _ in taken] == list(range(1, 102))
+    assert [int(r["n"]) for _, r in taken[1:]] == list(range(100))
+    with pytest.raises(InvalidArgument):
+        ring.publish_batch(np.zeros(100, dtype=TASK_RECORD))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    producers=st.integers(1, 4),
+    tasks=st.integers(1, 700),
+    capacity_log2=st.integers(6, 8),
+    seed=st.integers(0, 2**32 - 1),
+    out_of_order=st.booleans(),
+)
+def test_no_loss_no_duplication_order_per_producer(
+    producers: int, tasks: int, capacity_log2: int, seed: int, out_of_order: bool
+) -> None:
+    """Random interleavings of producing, taking and (possibly out-of-order) completing.
+
+    Every task is executed exactly once, each producer's tasks are taken in the
+    order it published them, and every completion reaches the right task,
+    across many laps of a small ring.
+    """
+    rng = random.Random(seed)
+    ring, consumer = make_ring(1 << capacity_log2)
+    remaining = {
+        p: tasks // producers + (1 if p < tasks % producers else 0) for p in range(producers)
+    }
+    produced: dict[int, tuple[int, int]] = {}  # seq -> (producer, index)
+    next_index = dict.fromkeys(remaining, 0)
+    taken_order: dict[int, list[int]] = {p: [] for p in remaining}
+    executed: list[int] = []
+    running: list[int] = []
+    results: dict[int, int] = {}
+    while (
+        any(remaining.values())
+        or running
+        or consumer.take(limit=0)
+        or ring.published > consumer.tail
+    ):
+        action = rng.random()
+        if action < 0.45 and any(remaining.values()):
+            p = rng.choice([p for p, left in remaining.items() if left])
+            seq = ring.try_publish(op=p, n=next_index[p], args=[p, next_index[p]], tag=p)
+            if seq is not None:
+                produced[seq] = (p, next_index[p])
+                next_index[p] += 1
+                remaining[p] -= 1
+        elif action < 0.75:
+            for seq, record in consumer.take(limit=rng.randint(1, 40)):
+                p, index = int(record["tag"]), int(record["n"])
+                assert produced[seq] == (p, index)
+                taken_order[p].append(index)
+                executed.append(seq)
+                running.append(seq)
+        elif running:
+            pick = rng.randrange(len(running)) if out_of_order else 0
+            seq = running.pop(pick)
+            consumer.complete(seq, status=seq % 5)
+            done = ring.completion(seq)
+            assert done is not None and done.status == seq % 5
+            results[seq] = done.status
+    assert sorted(executed) == sorted(produced) == list(range(1, tasks + 1))
+    assert len(set(executed)) == len(executed)
+    for p, order in taken_order.items():
+        assert order == sorted(order), f"producer {p} reordered"
+    assert len(results) == tasks
