@@ -1,0 +1,494 @@
+"""ActorCell: the runtime behind one actor (its task, mailbox, children and lifecycle).
+
+One long-lived task per actor takes envelopes from the mailbox and calls the
+handlers one at a time, in the task itself (no task per message). The cell
+outlives the actor instances it builds: a restart swaps the instance and keeps the
+mailbox, the ref, the context and the watchers.
+
+Stopping, in order: the current message finishes; the mailbox closes (queued
+messages go to dead letters, their askers get ``ActorStopped``); children stop,
+youngest first; ``post_stop`` runs, the place to finish or fail work in flight;
+deferred replies still pending then fail with ``ActorStopped``; watchers get
+``Terminated``. A killed cell (stop timeout) goes through the same steps, its
+current handler cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from gpuactors.actors.actor import (
+    CONSTRUCTING,
+    Actor,
+    bind_handlers,
+    handled_types,
+    resolve_handler,
+)
+from gpuactors.actors.context import ActorContext
+from gpuactors.actors.dead_letters import DeadLetter, DeadLetterReason
+from gpuactors.actors.deadlines import AskDeadlines
+from gpuactors.actors.deferred import Deferred
+from gpuactors.actors.mailbox import Mailbox
+from gpuactors.actors.props import Props
+from gpuactors.actors.ref import ActorRef
+from gpuactors.actors.supervision import Directive, RestartBudget, SupervisorStrategy
+from gpuactors.actors.terminated import Terminated
+from gpuactors.errors import ActorFailed, ActorStopped, UnhandledMessage
+from gpuactors.logs import get_logger
+
+if TYPE_CHECKING:
+    from gpuactors.actors.system import ActorSystem
+
+
+def _structlog_var(key: str) -> ContextVar[Any]:
+    """structlog's own context variable for ``key``, so a plain ``set`` binds it cheaply."""
+    token = structlog.contextvars.bind_contextvars(**{key: ...})[key]
+    token.var.reset(token)
+    return token.var
+
+
+_MESSAGE_TYPE = _structlog_var("message_type")
+_CORRELATION_ID = _structlog_var("correlation_id")
+
+#: The cell whose task is running (None outside actors).
+CURRENT_CELL: ContextVar[ActorCell | None] = ContextVar("gpuactors_current_cell", default=None)
+
+_STOP = object()
+
+
+class _ChildFailed:
+    """System signal: a child escalated ``error``; the parent fails with it."""
+
+    __slots__ = ("child", "error")
+
+    def __init__(self, child: ActorCell, error: BaseException) -> None:
+        self.child = child
+        self.error = error
+
+
+class _DeferredLink:
+    """Forwards a Deferred's outcome to its asker; counted while someone still waits."""
+
+    __slots__ = ("cell", "forwarded", "future", "reply")
+
+    def __init__(
+        self, cell: ActorCell, future: asyncio.Future[Any], reply: asyncio.Future[Any] | None
+    ) -> None:
+        self.cell = cell
+        self.future = future
+        self.reply = reply
+        self.forwarded = False
+
+    def on_result(self, future: asyncio.Future[Any]) -> None:
+        self.cell.links.discard(self)
+        if not self.forwarded:
+            self.forwarded = True
+            _forward(future, self.reply, self.cell)
+
+    def on_reply_done(self, reply: asyncio.Future[Any]) -> None:
+        # The asker has its answer or is gone (timeout, cancel): nobody waits any more.
+        # ``on_result`` stays attached so the future's outcome is still consumed.
+        self.cell.links.discard(self)
+
+
+def _forward(
+    future: asyncio.Future[Any], reply: asyncio.Future[Any] | None, cell: ActorCell
+) -> None:
+    """Copy a deferred future's outcome to the asker's future (dropped if it is gone)."""
+    error: BaseException | None
+    if future.cancelled():
+        error = ActorStopped(f"{cell.path}: the deferred reply was cancelled")
+    else:
+        error = future.exception()
+    if reply is None:
+        if error is not None and not future.cancelled():
+            cell.log.warning("deferred reply of a tell failed", exc_info=error)
+    elif not reply.done():
+        if error is None:
+            reply.set_result(future.result())
+        else:
+            reply.set_exception(error)
+
+
+async def _settle_hook(result: Awaitable[None] | None) -> None:
+    if result is not None and inspect.isawaitable(result):
+        await result
+
+
+class ActorCell:
+    """Runs one actor: processing loop, supervision of its failures, stop sequence."""
+
+    def __init__(
+        self, system: ActorSystem, props: Props, name: str, parent: ActorCell | None
+    ) -> None:
+        self.system = system
+        self.props = props
+        self.name = name
+        self.parent = parent
+        self.path: str = f"{parent.path}/{name}" if parent is not None else f"/{name}"
+        self.loop = system.loop
+        self.mailbox = Mailbox(props.mailbox, self.loop)
+        self.deadlines = AskDeadlines(self.loop, self.path)
+        self.ref = ActorRef(self)
+        self.context = ActorContext(self)
+        self.log = get_logger(system=system.name, actor=self.path)
+        self.children: dict[str, ActorCell] = {}
+        self.watchers: set[ActorCell] = set()
+        self.watching: set[ActorCell] = set()
+        self.waiters: list[asyncio.Future[Terminated]] = []
+        self.links: set[_DeferredLink] = set()
+        self.restarts = RestartBudget()
+        self.terminated: asyncio.Future[None] = self.loop.create_future()
+        self.cause: BaseException | None = None
+        self.stopping = False
+        self.task: asyncio.Task[None] | None = None
+        self._killed = False
+        self._started = False
+        self._suspension: asyncio.Future[Directive] | None = None
+        self.instance: Actor = self._new_instance()
+        self.handlers = bind_handlers(self.instance)
+
+    @property
+    def pending_deferred(self) -> int:
+        """Deferred replies still owed to someone waiting (or to a tell)."""
+        return len(self.links)
+
+    def is_within(self, root: ActorCell) -> bool:
+        """True if this cell is ``root`` or one of its descendants."""
+        cell: ActorCell | None = self
+        while cell is not None:
+            if cell is root:
+                return True
+            cell = cell.parent
+        return False
+
+    # ------------------------------------------------------------------- control
+    def start(self) -> None:
+        self.task = self.loop.create_task(self._run(), name=f"actor {self.path}")
+        self.task.add_done_callback(self._on_task_done)
+
+    def request_stop(self) -> None:
+        """Stop after the current message (idempotent, never waits)."""
+        if self.stopping:
+            return
+        self.stopping = True
+        self.mailbox.signal(_STOP)
+        if self._suspension is not None and not self._suspension.done():
+            self._suspension.set_result(Directive.STOP)
+
+    def resume(self) -> None:
+        """Let a child suspended by its escalation go on (its parent resumed)."""
+        if self._suspension is not None and not self._suspension.done():
+            self._suspension.set_result(Directive.RESUME)
+
+    def kill(self) -> None:
+        """Cancel the task (shutdown timeout): the stop sequence runs without waiting."""
+        self._killed = True
+        self.stopping = True
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+    def dead_letter(self, message: Any, reason: DeadLetterReason) -> None:
+        self.system.dead_letters.publish(DeadLetter(message, self.path, reason))
+
+    def add_watcher(self, watcher: ActorCell) -> None:
+        if watcher is self:
+            return
+        if self.terminated.done():
+            watcher.mailbox.force((self._notice(), None, None))
+            return
+        self.watchers.add(watcher)
+        watcher.watching.add(self)
+
+    def remove_watcher(self, watcher: ActorCell) -> None:
+        self.watchers.discard(watcher)
+        watcher.watching.discard(self)
+
+    def watch_future(self) -> asyncio.Future[Terminated]:
+        waiter: asyncio.Future[Terminated] = self.loop.create_future()
+        if self.terminated.done():
+            waiter.set_result(self._notice())
+        else:
+            self.waiters.append(waiter)
+        return waiter
+
+    # ---------------------------------------------------------------- the task
+    async def _run(self) -> None:
+        CURRENT_CELL.set(self)
+        structlog.contextvars.bind_contextvars(system=self.system.name, actor=self.path)
+        try:
+            try:
+                if await self._start():
+                    await self._process()
+            except asyncio.CancelledError:
+                if not self._killed:
+                    raise
+                self._uncancel()
+            await self._wind_down()
+        except asyncio.CancelledError:
+            if not self._killed:
+                raise
+        finally:
+            self._finalize()
+
+    async def _start(self) -> bool:
+        try:
+            await _settle_hook(self.instance.pre_start())
+        except Exception as exc:
+            self.cause = exc
+            self.log.error("pre_start failed; stopping", exc_info=exc)
+            return False
+        self._started = True
+        self.log.debug("actor started")
+        return True
+
+    async def _process(self) -> None:
+        """Handle messages one at a time until told to stop (the hot path)."""
+        mailbox = self.mailbox
+        user = mailbox.user
+        system = mailbox.system
+        putters = mailbox.putters
+        set_type = _MESSAGE_TYPE.set
+        set_cid = _CORRELATION_ID.set
+        while True:
+            if system:
+                if await self._on_signal(system.popleft()):
+                    return
+                continue
+            if not user:
+                await mailbox.wait()
+                continue
+            message, reply, cid = user.popleft()
+            if putters:
+                mailbox.grant()
+            if reply is not None and reply.done():
+                continue  # the asker is gone (cancelled or timed out): skip the message
+            message_type = type(message)
+            handler = self.handlers.get(message_type) or resolve_handler(
+                self.handlers, message_type
+            )
+            if handler is None:
+                self._unhandled(message, reply)
+                continue
+            set_type(message_type.__name__)
+            set_cid(... if cid is None else cid)
+            method, is_async = handler
+            try:
+                result = method(message)
+                if is_async:
+                    result = await result
+            except Exception as exc:
+                if await self._handler_failed(exc, message, reply):
+                    return
+                continue
+            except asyncio.CancelledError as exc:
+                if self._killed:
+                    raise
+                failure = ActorFailed(
+                    f"{self.path}: handler of {message_type.__name__} was cancelled"
+                )
+                failure.__cause__ = exc
+                if await self._handler_failed(failure, message, reply):
+                    return
+                continue
+            if isinstance(result, Deferred):
+                self._defer(result.future, reply)
+            elif reply is not None and not reply.done():
+                reply.set_result(result)
+
+    async def _handler_failed(
+        self, exc: Exception, message: Any, reply: asyncio.Future[Any] | None
+    ) -> bool:
+        if reply is not None and not reply.done():
+            reply.set_exception(exc)
+        return await self._on_failure(exc, message)
+
+    def _unhandled(self, message: Any, reply: asyncio.Future[Any] | None) -> None:
+        handled = ", ".join(handled_types(self.instance)) or "nothing"
+        self.dead_letter(message, "unhandled")
+        self.log.warning("unhandled message", message_type=type(message).__name__)
+        if reply is not None and not reply.done():
+            reply.set_exception(
+                UnhandledMessage(
+                    f"{type(self.instance).__name__} at {self.path} has no handler for "
+                    f"{type(message).__name__} (it handles: {handled})"
+                )
+            )
+
+    def _defer(self, future: asyncio.Future[Any], reply: asyncio.Future[Any] | None) -> None:
+        if future.done():
+            _forward(future, reply, self)
+            return
+        link = _DeferredLink(self, future, reply)
+        self.links.add(link)
+        future.add_done_callback(link.on_result)
+        if reply is not None:
+            reply.add_done_callback(link.on_reply_done)
+
+    async def _on_signal(self, signal: object) -> bool:
+        """Handle a runtime signal; True when the actor must stop."""
+        if signal is _STOP:
+            return True
+        if isinstance(signal, _ChildFailed):
+            child = signal.child
+            if self.children.get(child.name) is child and not child.stopping:
+                return await self._on_failure(signal.error, None, failed_child=child)
+        return False
+
+    # ------------------------------------------------------------- supervision
+    def _strategy(self) -> SupervisorStrategy:
+        if self.props.supervisor is not None:
+            return self.props.supervisor
+        if self.parent is None:
+            return self.system.guardian_strategy
+        return self.parent.instance.supervisor_strategy
+
+    async def _on_failure(
+        self, exc: BaseException, message: Any, failed_child: ActorCell | None = None
+    ) -> bool:
+        """Apply the supervisor's directive for ``exc``; True when the actor must stop."""
+        strategy = self._strategy()
+        try:
+            directive = strategy.decider(exc)
+        except Exception as err:
+            self.log.error("supervisor decider raised; stopping", exc_info=err)
+            directive = Directive.STOP
+        self.log.warning("actor failed", directive=directive.value, exc_info=exc)
+        if directive is Directive.ESCALATE:
+            directive = await self._escalate(exc)
+        if directive is Directive.RESUME:
+            if failed_child is not None:
+                failed_child.resume()
+            return False
+        if directive is Directive.RESTART:
+            if self.restarts.try_spend(strategy, self.loop.time()):
+                return not await self._restart(exc, message)
+            self.cause = ActorFailed(
+                f"{self.path}: restart budget exhausted ({strategy.max_restarts} restarts "
+                f"within {strategy.within}s)"
+            )
+            self.cause.__cause__ = exc
+            self.log.error("restart budget exhausted; stopping", exc_info=exc)
+            return True
+        self.cause = exc
+        return True
+
+    async def _escalate(self, exc: BaseException) -> Directive:
+        """Fail the parent with ``exc`` and wait for its fate; at the top, stop."""
+        parent = self.parent
+        if parent is None or parent.stopping:
+            self.log.error("failure escalated to the guardian; stopping", exc_info=exc)
+            return Directive.STOP
+        self._suspension = self.loop.create_future()
+        parent.mailbox.signal(_ChildFailed(self, exc))
+        try:
+            return await self._suspension
+        finally:
+            self._suspension = None
+
+    async def _restart(self, exc: BaseException, message: Any) -> bool:
+        """Replace the instance (mailbox kept); False if the new one failed to start."""
+        self.log.info("restarting", error=repr(exc))
+        self._started = False
+        try:
+            await _settle_hook(self.instance.pre_restart(exc, message))
+        except Exception as err:
+            self.log.error("pre_restart raised", exc_info=err)
+        await self._stop_children()
+        try:
+            self.instance = self._new_instance()
+            self.handlers = bind_handlers(self.instance)
+            await _settle_hook(self.instance.post_restart(exc))
+        except Exception as err:
+            self.cause = err
+            self.log.error("restart failed; stopping", exc_info=err)
+            return False
+        self._started = True
+        return True
+
+    def _new_instance(self) -> Actor:
+        token = CONSTRUCTING.set(self.context)
+        try:
+            return self.props.create()
+        finally:
+            CONSTRUCTING.reset(token)
+
+    # ---------------------------------------------------------------- stopping
+    async def _wind_down(self) -> None:
+        self.stopping = True
+        self._close_mailbox()
+        await self._stop_children()
+        if self._started:
+            self._started = False
+            try:
+                await _settle_hook(self.instance.post_stop())
+            except Exception as exc:
+                self.log.error("post_stop raised", exc_info=exc)
+
+    async def _stop_children(self) -> None:
+        for child in reversed(list(self.children.values())):
+            child.request_stop()
+            await asyncio.wait((child.terminated,))  # never cancels the shared future
+
+    def _close_mailbox(self) -> None:
+        for message, reply, _ in self.mailbox.close():
+            if reply is not None:
+                if reply.done():
+                    continue
+                reply.set_exception(self._stopped_error(message))
+            self.dead_letter(message, "stopped")
+
+    def _stopped_error(self, message: Any) -> ActorStopped:
+        return ActorStopped(f"{self.path} has stopped; {type(message).__name__} was not handled")
+
+    def _finalize(self) -> None:
+        """Bookkeeping that must happen however the task ended (idempotent, never waits)."""
+        if self.terminated.done():
+            return
+        self.stopping = True
+        self._close_mailbox()
+        for link in tuple(self.links):
+            if link.future.done():  # settled by post_stop: its callback has not run yet
+                link.on_result(link.future)
+            elif link.reply is not None and not link.reply.done():
+                link.reply.set_exception(
+                    ActorStopped(f"{self.path} stopped before its deferred reply")
+                )
+        self.links.clear()
+        for target in self.watching:
+            target.watchers.discard(self)
+        self.watching.clear()
+        self.system._unregister(self)
+        if self.parent is not None and self.parent.children.get(self.name) is self:
+            del self.parent.children[self.name]
+        self.terminated.set_result(None)
+        notice = self._notice()
+        for watcher in self.watchers:
+            watcher.watching.discard(self)
+            watcher.mailbox.force((notice, None, None))
+        self.watchers.clear()
+        for waiter in self.waiters:
+            if not waiter.done():
+                waiter.set_result(notice)
+        self.waiters.clear()
+        self.log.debug("actor stopped", cause=repr(self.cause) if self.cause else None)
+
+    def _notice(self) -> Terminated:
+        return Terminated(ref=self.ref, path=self.path, cause=self.cause)
+
+    def _on_task_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self.log.error("actor task crashed", exc_info=task.exception())
+        self._finalize()
+
+    def _uncancel(self) -> None:
+        task = asyncio.current_task()
+        uncancel = getattr(task, "uncancel", None)  # Python >= 3.11
+        if uncancel is not None:
+            uncancel()

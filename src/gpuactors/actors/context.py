@@ -1,0 +1,81 @@
+"""ActorContext: what an actor can do besides handling messages."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import structlog
+
+from gpuactors.actors.actor import Actor
+from gpuactors.actors.props import Props
+from gpuactors.actors.ref import ActorRef
+from gpuactors.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from gpuactors.actors.cell import ActorCell
+    from gpuactors.actors.system import ActorSystem
+
+
+class ActorContext:
+    """An actor's link to the runtime: its place in the tree, children, and watches.
+
+    The same context serves every incarnation of the actor, across restarts.
+    """
+
+    __slots__ = ("_cell",)
+
+    def __init__(self, cell: ActorCell) -> None:
+        self._cell = cell
+
+    @property
+    def self_ref(self) -> ActorRef:
+        """This actor's own ref (to give to others, or to tell itself)."""
+        return self._cell.ref
+
+    @property
+    def system(self) -> ActorSystem:
+        """The system this actor lives in."""
+        return self._cell.system
+
+    @property
+    def parent(self) -> ActorRef | None:
+        """The parent's ref; None for a top-level actor."""
+        parent = self._cell.parent
+        return None if parent is None else parent.ref
+
+    @property
+    def children(self) -> tuple[ActorRef, ...]:
+        """Live children, oldest first."""
+        return tuple(child.ref for child in self._cell.children.values())
+
+    @property
+    def log(self) -> structlog.typing.FilteringBoundLogger:
+        """A logger bound to the system and this actor's path."""
+        return self._cell.log
+
+    def spawn(self, target: type[Actor] | Props, name: str | None = None) -> ActorRef:
+        """Start a child, supervised by this actor and stopped before it."""
+        return self._cell.system._spawn(target, name, parent=self._cell)
+
+    def stop(self, ref: ActorRef) -> None:
+        """Ask this actor or one of its children to stop, after its current message.
+
+        Returns at once (a handler must not wait for itself); watch the ref to learn
+        when it has stopped.
+        """
+        target = ref._cell
+        if target is not self._cell and target.parent is not self._cell:
+            raise InvalidArgument(
+                f"{self._cell.path} can stop itself or its children, not {target.path}; "
+                "use ActorSystem.stop"
+            )
+        target.request_stop()
+
+    def watch(self, ref: ActorRef) -> ActorRef:
+        """Receive ``Terminated`` when ``ref`` stops (at once if it already has)."""
+        ref._cell.add_watcher(self._cell)
+        return ref
+
+    def unwatch(self, ref: ActorRef) -> None:
+        """Stop watching ``ref``."""
+        ref._cell.remove_watcher(self._cell)

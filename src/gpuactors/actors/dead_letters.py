@@ -1,0 +1,58 @@
+"""Dead letters: messages that reached no handler, kept where they can be inspected."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+DeadLetterReason = Literal["unhandled", "stopped"]
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """One undelivered message: what, to whom, and why (no handler, or actor gone)."""
+
+    message: Any
+    recipient: str
+    reason: DeadLetterReason
+
+
+class DeadLetters:
+    """The system's record of dead letters: the latest ``capacity`` kept, all counted.
+
+    ``subscribe`` streams each new letter to a callback (tests, metrics, alerts).
+    """
+
+    def __init__(self, capacity: int = 1000) -> None:
+        self._letters: deque[DeadLetter] = deque(maxlen=capacity)
+        self._subscribers: list[Callable[[DeadLetter], None]] = []
+        self.total = 0
+
+    def __len__(self) -> int:
+        return len(self._letters)
+
+    def __iter__(self) -> Iterator[DeadLetter]:
+        return iter(tuple(self._letters))
+
+    def publish(self, letter: DeadLetter) -> None:
+        """Record ``letter`` and pass it to every subscriber."""
+        self._letters.append(letter)
+        self.total += 1
+        for subscriber in tuple(self._subscribers):
+            subscriber(letter)
+
+    def subscribe(self, callback: Callable[[DeadLetter], None]) -> Callable[[], None]:
+        """Call ``callback`` with each new dead letter; returns the function that unsubscribes."""
+        self._subscribers.append(callback)
+
+        def unsubscribe() -> None:
+            if callback in self._subscribers:
+                self._subscribers.remove(callback)
+
+        return unsubscribe
+
+    def clear(self) -> None:
+        """Forget the kept letters (the total keeps counting)."""
+        self._letters.clear()

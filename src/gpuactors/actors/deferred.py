@@ -1,0 +1,32 @@
+"""Deferred replies: answer an ask later without holding up the mailbox."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class Deferred(Generic[T]):
+    """A reply that is not ready yet, returned by a handler instead of the reply itself.
+
+    The actor moves on to its next message at once; the ask resolves with the
+    future's result or exception when the future completes. This is how an actor
+    replies "when the GPU has finished" while it keeps accepting work. A cancelled
+    future fails the ask with :class:`~gpuactors.errors.ActorStopped`. The future's
+    failure belongs to the asker: supervision sees only what the handler raised.
+
+    When the actor stops, ``post_stop`` may still complete or fail the futures it
+    owes; those still pending after it fail their asks with ``ActorStopped``.
+    """
+
+    __slots__ = ("future",)
+
+    def __init__(self, future: asyncio.Future[T]) -> None:
+        if not isinstance(future, asyncio.Future):
+            raise TypeError(f"Deferred wraps an asyncio.Future, not {type(future).__name__}")
+        self.future = future
+
+    def __repr__(self) -> str:
+        return f"Deferred({self.future!r})"

@@ -1,0 +1,165 @@
+"""ActorRef: the handle through which everything talks to an actor."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import TYPE_CHECKING, Any, TypeVar, overload
+
+from gpuactors.actors.deadlines import expire
+from gpuactors.actors.mailbox import Backpressure, Envelope
+from gpuactors.errors import ActorStopped, AskTimeout, MailboxFull
+from gpuactors.messages import Message
+
+if TYPE_CHECKING:
+    from gpuactors.actors.cell import ActorCell
+
+R = TypeVar("R")
+
+_next_id = itertools.count(1).__next__
+
+
+def new_correlation_id() -> str:
+    """A short id, unique in this process, that follows one ask through the logs."""
+    return f"{_next_id():x}"
+
+
+class ActorRef:
+    """A stable handle to one actor: it outlives restarts, and is cheap to pass around.
+
+    ``tell`` never waits; ``tell_wait`` and ``ask`` honour the mailbox's backpressure
+    policy. Use a ref only from its system's event loop.
+    """
+
+    __slots__ = ("_cell",)
+
+    def __init__(self, cell: ActorCell) -> None:
+        self._cell = cell
+
+    @property
+    def path(self) -> str:
+        """Where the actor lives in the tree, e.g. ``/gpu0/compiler``."""
+        return self._cell.path
+
+    @property
+    def name(self) -> str:
+        """The last segment of the path; unique among siblings."""
+        return self._cell.name
+
+    @property
+    def is_alive(self) -> bool:
+        """False once the actor has fully stopped."""
+        return not self._cell.terminated.done()
+
+    def __repr__(self) -> str:
+        return f"ActorRef({self._cell.path!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ActorRef) and other._cell is self._cell
+
+    def __hash__(self) -> int:
+        return hash(self._cell.path)
+
+    # -------------------------------------------------------------------- sends
+    def tell(self, message: Message) -> None:
+        """Queue ``message`` without waiting for a reply.
+
+        Raises :class:`MailboxFull` if the mailbox has no room (whatever its policy:
+        ``tell`` cannot wait; use :meth:`tell_wait`). A stopped actor's messages go to
+        dead letters.
+        """
+        cell = self._cell
+        if cell.mailbox.offer((message, None, None)):
+            return
+        if cell.mailbox.closed:
+            cell.dead_letter(message, "stopped")
+            return
+        raise MailboxFull(f"{cell.path}: mailbox full ({cell.mailbox.capacity} messages)")
+
+    async def tell_wait(self, message: Message, timeout: float | None = None) -> None:
+        """Queue ``message``, waiting for room under the ``WAIT`` policy.
+
+        Raises :class:`MailboxFull` under ``FAIL``, or if still full after ``timeout``.
+        """
+        envelope: Envelope = (message, None, None)
+        if not self._cell.mailbox.offer(envelope):
+            await self._send_slow(envelope, timeout)
+
+    @overload
+    async def ask(self, message: Message, timeout: float | None = None) -> Any: ...
+
+    @overload
+    async def ask(
+        self, message: Message, timeout: float | None = None, *, expect: type[R]
+    ) -> R: ...
+
+    async def ask(
+        self, message: Message, timeout: float | None = None, *, expect: type[Any] | None = None
+    ) -> Any:
+        """Send ``message`` and return the handler's reply (or raise its exception).
+
+        ``timeout`` (seconds, None for no limit) covers waiting for mailbox room and
+        the reply: :class:`AskTimeout` when it runs out. ``expect`` checks and types
+        the reply. Cancelling the caller leaves nothing behind: an unhandled message
+        is skipped, a late reply dropped.
+        """
+        cell = self._cell
+        loop = cell.loop
+        reply: asyncio.Future[Any] = loop.create_future()
+        envelope: Envelope = (message, reply, new_correlation_id())
+        timer: asyncio.TimerHandle | None = None
+        if cell.mailbox.offer(envelope):
+            if timeout is not None:
+                cell.deadlines.add(reply, envelope, timeout)
+        else:
+            timer = await self._send_slow(envelope, timeout)
+        try:
+            result = await reply
+        except BaseException:
+            if not reply.done():
+                reply.cancel()
+            elif not reply.cancelled():
+                reply.exception()  # mark retrieved: the caller went away
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+        if expect is not None and not isinstance(result, expect):
+            raise TypeError(
+                f"{cell.path} replied {type(result).__name__} to {type(message).__name__}, "
+                f"expected {expect.__name__}"
+            )
+        return result
+
+    async def _send_slow(
+        self, envelope: Envelope, timeout: float | None
+    ) -> asyncio.TimerHandle | None:
+        """The mailbox is full or closed: wait for room, fail fast or dead-letter.
+
+        For an ask, returns the timer that enforces what is left of its timeout (a
+        one-off timer: the shared per-timeout queues need asks in deadline order).
+        """
+        cell = self._cell
+        mailbox = cell.mailbox
+        message, reply, cid = envelope
+        if not mailbox.closed:
+            if mailbox.policy is Backpressure.FAIL:
+                raise MailboxFull(f"{cell.path}: mailbox full ({mailbox.capacity} messages)")
+            loop = cell.loop
+            started = loop.time()
+            on_timeout: Exception = (
+                MailboxFull(f"{cell.path}: mailbox still full after {timeout}s")
+                if reply is None
+                else AskTimeout(
+                    f"{cell.path}: no room for {type(message).__name__} within {timeout}s "
+                    f"(correlation id {cid})"
+                )
+            )
+            if await mailbox.put(envelope, timeout, on_timeout):
+                if reply is None or timeout is None:
+                    return None
+                return loop.call_at(started + timeout, expire, reply, cell.path, envelope, timeout)
+        cell.dead_letter(message, "stopped")
+        if reply is None:
+            return None
+        raise ActorStopped(f"{cell.path} has stopped; {type(message).__name__} was not handled")
