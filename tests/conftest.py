@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import gc
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -23,3 +25,14 @@ def captured_logs() -> Iterator[list[dict[str, Any]]]:
         yield capture.entries
     finally:
         processors[:] = saved
+
+
+@pytest.fixture
+async def no_loop_errors() -> AsyncIterator[list[dict[str, Any]]]:
+    """Fail the test if the loop reports anything (e.g. 'Future exception was never
+    retrieved', raised when a leaked future is collected)."""
+    errors: list[dict[str, Any]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda loop, ctx: errors.append(ctx))
+    yield errors
+    gc.collect()
+    assert errors == []

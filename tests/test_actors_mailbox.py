@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -19,7 +20,7 @@ from gpuactors.actors import (
 from gpuactors.errors import ActorStopped, AskTimeout, InvalidArgument, MailboxFull
 from gpuactors.messages import Message
 
-pytestmark = pytest.mark.usefixtures("captured_logs")
+pytestmark = pytest.mark.usefixtures("captured_logs", "no_loop_errors")
 
 
 class Item(Message):
@@ -66,6 +67,20 @@ async def blocked_sink(
     await asyncio.sleep(0)
     assert len(ref._cell.mailbox) == 0
     return ref
+
+
+async def full_with_waiters(
+    system: ActorSystem, gate: asyncio.Event
+) -> tuple[ActorRef, asyncio.Future[None], asyncio.Future[Any]]:
+    """A blocked WAIT sink of capacity 1 holding Item 0, with a tell_wait of Item 1 and
+    an ask of Item 2 parked behind it."""
+    ref = await blocked_sink(system, gate, 1, Backpressure.WAIT)
+    ref.tell(Item(n=0))
+    teller = asyncio.ensure_future(ref.tell_wait(Item(n=1)))
+    asker = asyncio.ensure_future(ref.ask(Item(n=2)))
+    await asyncio.sleep(0)
+    assert ref._cell.mailbox.waiting_senders == 2
+    return ref, teller, asker
 
 
 async def test_fail_policy_refuses_every_send_when_full() -> None:
@@ -124,16 +139,12 @@ async def test_wait_policy_ask_times_out_while_waiting_for_room() -> None:
 async def test_a_cancelled_waiting_sender_passes_its_slot_on() -> None:
     gate = asyncio.Event()
     async with ActorSystem() as system:
-        ref = await blocked_sink(system, gate, 1, Backpressure.WAIT)
-        ref.tell(Item(n=0))
-        first = asyncio.ensure_future(ref.tell_wait(Item(n=1)))
-        second = asyncio.ensure_future(ref.ask(Item(n=2)))
-        await asyncio.sleep(0)
-        first.cancel()
-        await asyncio.gather(first, return_exceptions=True)
+        ref, teller, asker = await full_with_waiters(system, gate)
+        teller.cancel()
+        await asyncio.gather(teller, return_exceptions=True)
         assert ref._cell.mailbox.waiting_senders == 1
         gate.set()
-        assert await asyncio.wait_for(second, 1.0) == 2
+        assert await asyncio.wait_for(asker, 1.0) == 2
         assert await ref.ask(Drain()) == [0, 2]
         assert ref._cell.mailbox._reserved == 0
 
@@ -141,11 +152,7 @@ async def test_a_cancelled_waiting_sender_passes_its_slot_on() -> None:
 async def test_senders_waiting_for_room_learn_that_the_actor_stopped() -> None:
     gate = asyncio.Event()
     async with ActorSystem() as system:
-        ref = await blocked_sink(system, gate, 1, Backpressure.WAIT)
-        ref.tell(Item(n=0))
-        teller = asyncio.ensure_future(ref.tell_wait(Item(n=1)))
-        asker = asyncio.ensure_future(ref.ask(Item(n=2)))
-        await asyncio.sleep(0)
+        ref, teller, asker = await full_with_waiters(system, gate)
         stopping = asyncio.ensure_future(system.stop(ref))
         await asyncio.sleep(0.01)  # the stop is requested while Block is still running
         gate.set()
