@@ -109,7 +109,8 @@ class Actor:
         return None
 
     def pre_restart(self, exc: BaseException, message: Message | None) -> Awaitable[None] | None:
-        """Called on the failed instance before it is replaced; defaults to ``post_stop``."""
+        """Called on the failed instance, its children stopped, before it is replaced;
+        defaults to ``post_stop``."""
         return self.post_stop()
 
     def post_restart(self, exc: BaseException) -> Awaitable[None] | None:

@@ -396,11 +396,11 @@ class ActorCell:
         """Replace the instance (mailbox kept); False if the new one failed to start."""
         self.log.info("restarting", error=repr(exc))
         self._started = False
+        await self._stop_children()  # children first, as when stopping
         try:
             await _settle_hook(self.instance.pre_restart(exc, message))
         except Exception as err:
             self.log.error("pre_restart raised", exc_info=err)
-        await self._stop_children()
         try:
             self.instance = self._new_instance()
             self.handlers = bind_handlers(self.instance)
