@@ -86,6 +86,22 @@ def supported_archs() -> tuple[int, ...]:
     return tuple(int(a) for a in archs)
 
 
+def load_nvrtc() -> tuple[int, int]:
+    """Load NVRTC and everything a cache key needs from it; returns its version.
+
+    The first call loads a large shared library and reads package metadata
+    (milliseconds): an event loop should make it from a worker thread.
+    """
+    nvrtc_build()
+    supported_archs()
+    return nvrtc_version()
+
+
+def nvrtc_loaded() -> bool:
+    """Whether :func:`load_nvrtc` has run (cache keys are then cheap to compute)."""
+    return all(f.cache_info().currsize for f in (nvrtc_version, nvrtc_build, supported_archs))
+
+
 def _check(result: Any, what: str) -> None:
     if result != _nvrtc().nvrtcResult.NVRTC_SUCCESS:
         raise CompileError(f"{what} failed: {_error_string(result)}")

@@ -1,0 +1,355 @@
+"""The two module caches: in process memory (LRU by entries) and on disk (LRU by bytes).
+
+Both are keyed on the full cache key (:func:`gpuactors.nvrtc.compiler.cache_key`) and
+are thread-safe. The disk cache is also safe across processes: entries are written to
+a unique temporary file and renamed into place, so a reader sees either no entry or a
+whole one, and every entry is verified (magic, length, SHA-256, key) before use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import stat
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+
+from ..errors import InvalidArgument
+from ..logs import get_logger
+from .entry import FORMAT_VERSION, CorruptEntry, decode_entry, encode_entry
+from .module import CompiledModule
+
+#: Root of gpuactors' caches; the kernel cache lives in its ``kernels`` folder.
+CACHE_DIR_ENV = "GPUACTORS_CACHE_DIR"
+DEFAULT_MAX_ENTRIES = 256
+DEFAULT_MAX_BYTES = 512 * 1024 * 1024
+ENTRY_SUFFIX = ".mod"
+_TEMP_SUFFIX = ".tmp"
+_STALE_TEMP_SECONDS = 3600.0
+_KEY = re.compile(r"^[0-9a-f]{64}$")
+
+_log = get_logger(component="nvrtc.cache")
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """A snapshot of a cache's counters."""
+
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+    corrupt: int = 0
+    writes: int = 0
+    entries: int = 0
+
+
+def _check_key(key: str) -> str:
+    if not isinstance(key, str) or not _KEY.match(key):
+        raise InvalidArgument(f"not a cache key (64 lowercase hex digits): {key!r}")
+    return key
+
+
+# ---------------------------------------------------------------------- memory
+class MemoryModuleCache:
+    """An in-process LRU of compiled modules, capped at ``max_entries``. Thread-safe."""
+
+    def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
+        if max_entries < 1:
+            raise InvalidArgument(f"max_entries must be >= 1, got {max_entries}")
+        self.max_entries = max_entries
+        self._entries: OrderedDict[str, CompiledModule] = OrderedDict()
+        self._lock = threading.Lock()
+        self._hits = self._misses = self._evictions = self._writes = 0
+
+    def get(self, key: str) -> CompiledModule | None:
+        """The module stored under ``key`` (marking it most recently used), or None."""
+        with self._lock:
+            module = self._entries.get(key)
+            if module is None:
+                self._misses += 1
+                return None
+            self._entries.move_to_end(key)
+            self._hits += 1
+            return module
+
+    def peek(self, key: str) -> CompiledModule | None:
+        """Like :meth:`get` but touches neither the LRU order nor the counters."""
+        with self._lock:
+            return self._entries.get(key)
+
+    def put(self, key: str, module: CompiledModule) -> None:
+        """Store ``module`` under ``key``, evicting the least recently used beyond the cap."""
+        with self._lock:
+            self._entries[key] = module
+            self._entries.move_to_end(key)
+            self._writes += 1
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+                self._evictions += 1
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        with self._lock:
+            return key in self._entries
+
+    def stats(self) -> CacheStats:
+        with self._lock:
+            return CacheStats(
+                hits=self._hits,
+                misses=self._misses,
+                evictions=self._evictions,
+                writes=self._writes,
+                entries=len(self._entries),
+            )
+
+
+# ------------------------------------------------------------------------ disk
+def default_cache_dir() -> Path:
+    """``$GPUACTORS_CACHE_DIR/kernels`` if that is set, else the platform's user cache
+    folder for gpuactors (``platformdirs.user_cache_dir("gpuactors")``) + ``/kernels``."""
+    root = os.environ.get(CACHE_DIR_ENV, "").strip()
+    base = Path(root).expanduser() if root else Path(platformdirs.user_cache_dir("gpuactors"))
+    return base / "kernels"
+
+
+def _unlink_quietly(path: str | Path) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def _make_private_dirs(path: Path) -> None:
+    """Create ``path`` and any missing parents as user-only (0o700) folders."""
+    missing: list[Path] = []
+    probe = path
+    while not probe.exists():
+        missing.append(probe)
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
+            continue  # another process made it first: leave its mode alone
+        os.chmod(folder, 0o700)  # the umask may have taken bits away; never adds any
+
+
+class DiskModuleCache:
+    """A content-addressed folder of verified module entries, LRU-capped at ``max_bytes``.
+
+    ``directory`` defaults to :func:`default_cache_dir`. Folders it creates are 0o700 and
+    entries 0o600. Writes are atomic (unique temp file + ``os.replace``; ``fsync=True``
+    also flushes file and folder). Reads verify each entry; a corrupt, truncated or
+    tampered one is deleted and counted as ``corrupt`` (and a miss). A hit touches the
+    entry's mtime, and after each write the oldest entries are evicted until the folder
+    is under ``max_bytes`` (``None``: no cap). I/O errors never escape: a failed read
+    is a miss, a failed write is logged and skipped.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str] | None = None,
+        *,
+        max_bytes: int | None = DEFAULT_MAX_BYTES,
+        fsync: bool = False,
+    ) -> None:
+        if max_bytes is not None and max_bytes < 1:
+            raise InvalidArgument(f"max_bytes must be >= 1 or None, got {max_bytes}")
+        self.directory = Path(directory).expanduser() if directory else default_cache_dir()
+        self.max_bytes = max_bytes
+        self.fsync = fsync
+        self._lock = threading.Lock()
+        self._counters = dict.fromkeys(("hits", "misses", "evictions", "corrupt", "writes"), 0)
+        self._dir_ready = False
+
+    # ------------------------------------------------------------------ paths
+    def path_for(self, key: str) -> Path:
+        """Where the entry for ``key`` lives (the format version is in the name)."""
+        return self.directory / f"{_check_key(key)}.v{FORMAT_VERSION}{ENTRY_SUFFIX}"
+
+    def _count(self, **deltas: int) -> None:
+        with self._lock:
+            for name, delta in deltas.items():
+                self._counters[name] += delta
+
+    # ------------------------------------------------------------------- read
+    def get(self, key: str) -> CompiledModule | None:
+        """The verified module stored under ``key``, or None (missing or discarded)."""
+        path = self.path_for(key)
+        try:
+            fd = os.open(
+                path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
+            )
+        except FileNotFoundError:
+            self._count(misses=1)
+            return None
+        except OSError as exc:
+            _log.warning("nvrtc_cache_read_failed", path=str(path), error=str(exc))
+            self._count(misses=1)
+            return None
+        try:
+            with os.fdopen(fd, "rb") as handle:
+                info = os.fstat(handle.fileno())
+                data = handle.read() if stat.S_ISREG(info.st_mode) else b""
+        except OSError as exc:
+            _log.warning("nvrtc_cache_read_failed", path=str(path), error=str(exc))
+            self._count(misses=1)
+            return None
+        try:
+            module = decode_entry(data, expected_key=key)
+        except CorruptEntry as exc:
+            self._discard(path, info, exc.reason)
+            self._count(misses=1, corrupt=1)
+            return None
+        self._touch(path)
+        self._count(hits=1)
+        return module
+
+    def _discard(self, path: Path, seen: os.stat_result, reason: str) -> None:
+        """Delete a bad entry, unless another process has replaced it since we read it."""
+        _log.warning("nvrtc_cache_entry_discarded", path=str(path), reason=reason)
+        try:
+            now = os.stat(path, follow_symlinks=False)
+            if (now.st_ino, now.st_dev) == (seen.st_ino, seen.st_dev):
+                os.unlink(path)
+        except OSError:
+            pass
+
+    @staticmethod
+    def _touch(path: Path) -> None:
+        now = time.time_ns()
+        with contextlib.suppress(OSError):  # evicted or replaced meanwhile: harmless
+            os.utime(path, ns=(now, now))
+
+    # ------------------------------------------------------------------ write
+    def put(self, module: CompiledModule) -> bool:
+        """Store ``module`` under its ``cache_key``; True if an entry was written."""
+        path = self.path_for(module.cache_key)
+        data = encode_entry(module)
+        if self.max_bytes is not None and len(data) > self.max_bytes:
+            _log.warning("nvrtc_cache_entry_too_big", size=len(data), max_bytes=self.max_bytes)
+            return False
+        try:
+            self._ensure_dir()
+            fd, temp = tempfile.mkstemp(
+                prefix=f".{module.cache_key[:16]}.", suffix=_TEMP_SUFFIX, dir=self.directory
+            )  # mkstemp makes the file 0o600, with a name no other writer can pick
+            try:
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(data)
+                    if self.fsync:
+                        handle.flush()
+                        os.fsync(handle.fileno())
+                os.replace(temp, path)
+            except BaseException:
+                _unlink_quietly(temp)
+                raise
+            if self.fsync:
+                self._fsync_dir()
+        except OSError as exc:
+            _log.warning("nvrtc_cache_write_failed", path=str(path), error=str(exc))
+            self._dir_ready = False  # the folder may have been removed: recreate it next time
+            return False
+        self._count(writes=1)
+        self._enforce_cap(keep=path)
+        return True
+
+    def _ensure_dir(self) -> None:
+        if self._dir_ready:
+            return
+        _make_private_dirs(self.directory)
+        info = os.stat(self.directory)
+        getuid = getattr(os, "getuid", None)
+        if info.st_mode & 0o022 or (getuid is not None and info.st_uid != getuid()):
+            _log.warning(
+                "nvrtc_cache_dir_not_private",
+                path=str(self.directory),
+                mode=oct(stat.S_IMODE(info.st_mode)),
+                hint="others could plant entries; use a folder only you can write",
+            )
+        self._dir_ready = True
+
+    def _fsync_dir(self) -> None:
+        if not hasattr(os, "O_DIRECTORY"):
+            return
+        fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    # --------------------------------------------------------------- eviction
+    def _scan(self) -> list[tuple[int, str, int, Path]]:
+        """``(mtime_ns, name, size, path)`` of every entry; deletes stale temp files."""
+        found: list[tuple[int, str, int, Path]] = []
+        stale_before = time.time() - _STALE_TEMP_SECONDS
+        try:
+            listing = list(os.scandir(self.directory))
+        except OSError:
+            return found
+        for item in listing:
+            try:
+                info = item.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if not stat.S_ISREG(info.st_mode):
+                continue
+            if item.name.endswith(ENTRY_SUFFIX):
+                found.append((info.st_mtime_ns, item.name, info.st_size, Path(item.path)))
+            elif item.name.endswith(_TEMP_SUFFIX) and info.st_mtime < stale_before:
+                _unlink_quietly(item.path)  # left behind by a writer that died mid-write
+        return found
+
+    def total_bytes(self) -> int:
+        """Bytes held by entries in the folder now."""
+        return sum(size for _mtime, _name, size, _path in self._scan())
+
+    def _enforce_cap(self, keep: Path | None = None) -> None:
+        if self.max_bytes is None:
+            return
+        entries = self._scan()
+        total = sum(size for _mtime, _name, size, _path in entries)
+        if total <= self.max_bytes:
+            return
+        for _mtime, _name, size, path in sorted(entries):
+            if total <= self.max_bytes:
+                break
+            if path == keep:
+                continue
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                total -= size  # another process evicted it
+                continue
+            except OSError:
+                continue
+            total -= size
+            self._count(evictions=1)
+            _log.debug("nvrtc_cache_evicted", path=str(path), size=size)
+
+    def clear(self) -> None:
+        """Delete every entry (not the folder)."""
+        for _mtime, _name, _size, path in self._scan():
+            _unlink_quietly(path)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and bool(_KEY.match(key)) and self.path_for(key).exists()
+
+    def stats(self) -> CacheStats:
+        entries = len(self._scan())
+        with self._lock:
+            return CacheStats(**self._counters, entries=entries)

@@ -1,0 +1,168 @@
+"""KernelCompiler: memory -> disk -> compile, once per key, from threads and asyncio."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from gpuactors.errors import CompileError
+from gpuactors.nvrtc import (
+    DiskModuleCache,
+    KernelCompiler,
+    MemoryModuleCache,
+    NvrtcOpts,
+    load_nvrtc,
+)
+from test_nvrtc_support import SAXPY, TEMPLATED, heavy_source
+
+OPTS = NvrtcOpts(name_expressions=("scale<float>",))
+BROKEN = 'extern "C" __global__ void k(float* x) { x[0] = nope; }\n'
+
+
+@pytest.fixture
+def compiler(tmp_path: Path) -> KernelCompiler:
+    return KernelCompiler(disk=DiskModuleCache(tmp_path / "kernels"))
+
+
+def test_compiled_then_memory_then_disk(compiler: KernelCompiler) -> None:
+    first, origin = compiler.get_or_compile(TEMPLATED, name="scale.cu", opts=OPTS, arch="sm_90")
+    assert origin == "compiled" and first.symbol("scale<float>").startswith("_Z")
+    second, origin = compiler.get_or_compile(TEMPLATED, name="scale.cu", opts=OPTS, arch="sm_90")
+    assert origin == "memory" and second is first
+    assert compiler.disk is not None
+    fresh = KernelCompiler(memory=MemoryModuleCache(), disk=compiler.disk)  # a "new process"
+    third, origin = fresh.get_or_compile(TEMPLATED, name="scale.cu", opts=OPTS, arch="sm_90")
+    assert origin == "disk" and third == first and third.lowered_names == first.lowered_names
+    assert fresh.get_or_compile(TEMPLATED, name="scale.cu", opts=OPTS, arch="sm_90")[1] == "memory"
+    assert compiler.compiles == 1 and fresh.compiles == 0
+
+
+def test_changed_inputs_miss(compiler: KernelCompiler) -> None:
+    compiler.get_or_compile(SAXPY, opts=NvrtcOpts(), arch="sm_90")
+    assert compiler.get_or_compile(SAXPY, opts=NvrtcOpts(), arch="sm_80")[1] == "compiled"
+    ptx = NvrtcOpts(output="ptx")
+    assert compiler.get_or_compile(SAXPY, opts=ptx, arch="sm_90")[1] == "compiled"
+    header = '#include "cfg.h"\n' + SAXPY
+    for value in ("1", "2"):
+        _module, origin = compiler.get_or_compile(
+            header, opts=NvrtcOpts(), arch="sm_90", headers={"cfg.h": f"#define V {value}\n"}
+        )
+        assert origin == "compiled"
+    assert compiler.compiles == 5
+
+
+def test_memory_only_compiler() -> None:
+    compiler = KernelCompiler(disk=False)
+    assert compiler.disk is None
+    assert compiler.get_or_compile(SAXPY, opts=NvrtcOpts(), arch="sm_90")[1] == "compiled"
+    assert compiler.get_or_compile(SAXPY, opts=NvrtcOpts(), arch="sm_90")[1] == "memory"
+
+
+def test_concurrent_identical_thread_requests_compile_once(compiler: KernelCompiler) -> None:
+    source = heavy_source(unroll=16, depth=8, salt=1)
+    start = threading.Barrier(8)
+
+    def request() -> tuple[object, str]:
+        start.wait()
+        return compiler.get_or_compile(source, opts=NvrtcOpts(), arch="sm_90")
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _: request(), range(8)))
+    assert compiler.compiles == 1
+    assert sorted(origin for _m, origin in results).count("compiled") == 1
+    assert len({id(module) for module, _o in results}) == 1
+
+
+async def test_concurrent_identical_async_requests_compile_once(compiler: KernelCompiler) -> None:
+    source = heavy_source(unroll=16, depth=8, salt=2)
+    results = await asyncio.gather(
+        *(compiler.get_or_compile_async(source, opts=NvrtcOpts(), arch="sm_90") for _ in range(16))
+    )
+    assert compiler.compiles == 1
+    assert [origin for _m, origin in results].count("compiled") == 1
+    assert len({id(module) for module, _o in results}) == 1
+    # the same request later: memory, no compile
+    assert (await compiler.get_or_compile_async(source, opts=NvrtcOpts(), arch="sm_90"))[1] == (
+        "memory"
+    )
+    assert compiler.compiles == 1
+
+
+async def test_sync_and_async_requests_share_one_compile(compiler: KernelCompiler) -> None:
+    source, opts = heavy_source(unroll=16, depth=8, salt=3), NvrtcOpts()
+    leader = asyncio.create_task(compiler.get_or_compile_async(source, opts=opts, arch="sm_90"))
+    await asyncio.sleep(0.02)  # the compile is running in a worker now
+    sync = await asyncio.to_thread(compiler.get_or_compile, source, opts=opts, arch="sm_90")
+    module, origin = await leader
+    assert origin == "compiled" and sync == (module, "memory") and compiler.compiles == 1
+
+
+async def test_a_failed_compile_reaches_every_waiter_and_is_not_cached(
+    compiler: KernelCompiler,
+) -> None:
+    outcomes = await asyncio.gather(
+        *(compiler.get_or_compile_async(BROKEN, opts=NvrtcOpts(), arch="sm_90") for _ in range(4)),
+        return_exceptions=True,
+    )
+    assert all(isinstance(o, CompileError) and "nope" in o.log for o in outcomes)
+    assert compiler.compiles == 1
+    with pytest.raises(CompileError):
+        compiler.get_or_compile(BROKEN, opts=NvrtcOpts(), arch="sm_90")
+    assert compiler.compiles == 2
+
+
+async def test_cancelling_the_leader_does_not_strand_followers(compiler: KernelCompiler) -> None:
+    source, opts = heavy_source(unroll=16, depth=8, salt=4), NvrtcOpts()
+    leader = asyncio.create_task(compiler.get_or_compile_async(source, opts=opts, arch="sm_90"))
+    await asyncio.sleep(0.01)
+    follower = asyncio.create_task(compiler.get_or_compile_async(source, opts=opts, arch="sm_90"))
+    await asyncio.sleep(0.01)
+    leader.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await leader
+    module, origin = await follower
+    assert origin == "memory" and module.image and compiler.compiles == 1
+
+
+async def _max_loop_lag_during_compile(compiler: KernelCompiler, salt: int) -> float:
+    """Compile a >= 0.2 s kernel through the async path while a 1 ms ticker measures
+    how late the event loop wakes it; returns the worst lag in seconds."""
+    loop = asyncio.get_running_loop()
+    lags: list[float] = []
+    done = False
+
+    async def ticker() -> None:
+        while not done:
+            before = loop.time()
+            await asyncio.sleep(0.001)
+            lags.append(loop.time() - before - 0.001)
+
+    ticking = asyncio.create_task(ticker())
+    await asyncio.sleep(0.01)
+    module, origin = await compiler.get_or_compile_async(
+        heavy_source(unroll=32, depth=16, salt=salt), opts=NvrtcOpts(), arch="sm_90"
+    )
+    done = True
+    await ticking
+    assert origin == "compiled"
+    assert module.compile_seconds >= 0.2, "the heavy source must really take >= 0.2 s"
+    assert len(lags) >= 100
+    return max(lags)
+
+
+async def test_compile_async_keeps_the_loop_responsive(tmp_path: Path) -> None:
+    compiler = KernelCompiler(disk=DiskModuleCache(tmp_path / "kernels"))
+    load_nvrtc()  # measured here: the compile, not loading the library on first use
+    # A compile that held the GIL or ran on the loop would lag it by >= 200 ms every
+    # time. This 2-vCPU VM alone sometimes stalls a thread by 4-10 ms (an idle loop
+    # shows it too), so a run may be retried twice; the worst lag must be <= 5 ms.
+    worst: list[float] = []
+    for attempt in range(3):
+        worst.append(await _max_loop_lag_during_compile(compiler, salt=100 + attempt))
+        if worst[-1] <= 0.005:
+            break
+    assert worst[-1] <= 0.005, f"max event-loop lag per run (ms): {[w * 1e3 for w in worst]}"
