@@ -1,0 +1,216 @@
+"""NVRTC compile and kernel-cache benchmarks (no GPU needed for the "compile" section).
+
+Section "compile": a cold compile (empty caches: key, disk miss, NVRTC, disk write)
+against a disk-cache hit (fresh memory cache, warm disk cache) and a memory-cache hit,
+for a realistic kernel: a tiled SGEMM and a block reduction, templated, with three
+named instantiations and an in-memory header. Reports medians over repeats.
+
+Run: ``PYTHONPATH=src python benchmarks/bench_nvrtc.py [--sections compile] [--repeats N]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuactors.nvrtc import (
+    CompiledModule,
+    DiskModuleCache,
+    KernelCompiler,
+    MemoryModuleCache,
+    NvrtcOpts,
+    load_nvrtc,
+)
+
+DISK_MIN_SPEEDUP = 100.0
+MEMORY_HIT_MAX_US = 50.0
+
+TILE_HEADER = """
+#pragma once
+#ifndef TILE
+#define TILE 16
+#endif
+template <typename T> __device__ __forceinline__ T fma_(T a, T b, T c) { return a * b + c; }
+"""
+
+KERNEL_SOURCE = r"""
+#include "tile.cuh"
+
+template <typename T>
+__global__ void sgemm_tiled(const T* __restrict__ A, const T* __restrict__ B,
+                            T* __restrict__ C, int M, int N, int K, T alpha, T beta) {
+    __shared__ T As[TILE][TILE + 1];
+    __shared__ T Bs[TILE][TILE + 1];
+    int row = blockIdx.y * TILE + threadIdx.y;
+    int col = blockIdx.x * TILE + threadIdx.x;
+    T acc = T(0);
+    for (int t = 0; t < (K + TILE - 1) / TILE; ++t) {
+        int a_col = t * TILE + threadIdx.x;
+        int b_row = t * TILE + threadIdx.y;
+        As[threadIdx.y][threadIdx.x] = (row < M && a_col < K) ? A[row * K + a_col] : T(0);
+        Bs[threadIdx.y][threadIdx.x] = (b_row < K && col < N) ? B[b_row * N + col] : T(0);
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < TILE; ++k) acc = fma_(As[threadIdx.y][k], Bs[k][threadIdx.x], acc);
+        __syncthreads();
+    }
+    if (row < M && col < N) C[row * N + col] = alpha * acc + beta * C[row * N + col];
+}
+
+template <typename T, int BLOCK>
+__global__ void block_sum(const T* __restrict__ x, T* __restrict__ out, int n) {
+    __shared__ T partial[BLOCK];
+    T v = T(0);
+    for (int i = blockIdx.x * BLOCK + threadIdx.x; i < n; i += gridDim.x * BLOCK) v += x[i];
+    partial[threadIdx.x] = v;
+    __syncthreads();
+#pragma unroll
+    for (int s = BLOCK / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) partial[threadIdx.x] += partial[threadIdx.x + s];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) atomicAdd(out, partial[0]);
+}
+"""
+
+NAMES = ("sgemm_tiled<float>", "sgemm_tiled<double>", "block_sum<float, 256>")
+
+
+@dataclass(frozen=True)
+class Check:
+    """One target: what it is, whether it was met, and the measured value."""
+
+    name: str
+    met: bool
+    value: str
+
+
+def median_us(samples_ns: list[int]) -> float:
+    return statistics.median(samples_ns) / 1000.0
+
+
+def percentile_us(samples_ns: list[int], q: float) -> float:
+    ordered = sorted(samples_ns)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1000.0
+
+
+# --------------------------------------------------------------------- compile
+def bench_compile(args: argparse.Namespace) -> list[Check]:
+    """Cold compile vs disk-cache hit vs memory-cache hit for one realistic kernel."""
+    arch = args.arch
+    opts = NvrtcOpts(name_expressions=NAMES, defines={"TILE": "16"}, std="c++17")
+    headers = {"tile.cuh": TILE_HEADER}
+    major, minor = load_nvrtc()  # load the library once, outside every measurement
+    clock = time.perf_counter_ns
+
+    def request(compiler: KernelCompiler, expect: str) -> tuple[int, CompiledModule]:
+        start = clock()
+        module, origin = compiler.get_or_compile(
+            KERNEL_SOURCE, name="gemm_reduce.cu", opts=opts, arch=arch, headers=headers
+        )
+        elapsed = clock() - start
+        assert origin == expect, (origin, expect)
+        assert set(module.lowered_names) == set(NAMES)
+        return elapsed, module
+
+    cold: list[int] = []
+    nvrtc_only: list[float] = []
+    disk_hits: list[int] = []
+    with tempfile.TemporaryDirectory(prefix="gpuactors-bench-") as tmp:
+        for i in range(args.cold_repeats):  # a fresh, empty disk cache every time
+            elapsed, module = request(
+                KernelCompiler(disk=DiskModuleCache(Path(tmp) / f"cold{i}")), "compiled"
+            )
+            cold.append(elapsed)
+            nvrtc_only.append(module.compile_seconds)
+        warm = DiskModuleCache(Path(tmp) / "warm")
+        request(KernelCompiler(disk=warm), "compiled")
+        for _ in range(args.repeats):  # a fresh process's view: empty memory, warm disk
+            fresh = KernelCompiler(memory=MemoryModuleCache(), disk=warm)
+            disk_hits.append(request(fresh, "disk")[0])
+        hot = KernelCompiler(disk=warm)
+        request(hot, "disk")
+        gc.disable()
+        try:
+            memory_hits = [request(hot, "memory")[0] for _ in range(args.memory_repeats)]
+        finally:
+            gc.enable()
+
+    cold_us, disk_us, mem_us = median_us(cold), median_us(disk_hits), median_us(memory_hits)
+    print(
+        f"section compile: NVRTC {major}.{minor}, arch {arch}, kernel gemm_reduce.cu "
+        f"({len(KERNEL_SOURCE)} chars, {len(NAMES)} instantiations)"
+    )
+    print(f"{'':36}{'median':>12}{'p90':>12}{'n':>7}{'vs cold':>10}")
+    rows = [
+        ("cold compile (empty caches)", cold, args.cold_repeats),
+        ("disk-cache hit (fresh memory)", disk_hits, args.repeats),
+        ("memory-cache hit", memory_hits, args.memory_repeats),
+    ]
+    for label, samples, n in rows:
+        med = median_us(samples)
+        print(
+            f"{label:36}{_fmt_us(med):>12}{_fmt_us(percentile_us(samples, 0.9)):>12}"
+            f"{n:>7}{cold_us / med:>9.0f}x"
+        )
+    nvrtc_us = statistics.median(nvrtc_only) * 1e6
+    print(f"{'  of which the NVRTC compile':36}{_fmt_us(nvrtc_us):>12}")
+    print()
+    return [
+        Check(
+            f"disk hit >= {DISK_MIN_SPEEDUP:.0f}x faster than cold",
+            cold_us / disk_us >= DISK_MIN_SPEEDUP,
+            f"{cold_us / disk_us:.0f}x",
+        ),
+        Check(
+            f"memory hit <= {MEMORY_HIT_MAX_US:.0f} us",
+            mem_us <= MEMORY_HIT_MAX_US,
+            f"{mem_us:.1f} us",
+        ),
+    ]
+
+
+def _fmt_us(us: float) -> str:
+    return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.1f} us"
+
+
+# ------------------------------------------------------------------------ main
+SECTIONS: dict[str, Callable[[argparse.Namespace], list[Check]]] = {
+    "compile": bench_compile,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--sections", default=",".join(SECTIONS), help=f"comma-separated, of: {', '.join(SECTIONS)}"
+    )
+    parser.add_argument("--arch", default="sm_90", help="target architecture (default sm_90)")
+    parser.add_argument("--repeats", type=int, default=50, help="disk-hit repeats")
+    parser.add_argument("--cold-repeats", type=int, default=7, help="cold-compile repeats")
+    parser.add_argument("--memory-repeats", type=int, default=5000, help="memory-hit repeats")
+    args = parser.parse_args(argv)
+    chosen = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = [s for s in chosen if s not in SECTIONS]
+    if unknown:
+        parser.error(f"unknown sections {unknown}; known: {list(SECTIONS)}")
+
+    print(f"gpuactors NVRTC benchmark: Python {platform.python_version()}, {platform.machine()}\n")
+    checks: list[Check] = []
+    for section in chosen:
+        checks.extend(SECTIONS[section](args))
+    for check in checks:
+        print(f"target {check.name:40} {'MET' if check.met else 'NOT MET':8} ({check.value})")
+    return 0 if all(check.met for check in checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
