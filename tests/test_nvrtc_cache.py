@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 import gpuactors
 from gpuactors.nvrtc import (
@@ -157,8 +158,11 @@ def test_corrupt_entries_are_discarded_and_recompiled(
     disk.put(module)
     path = disk.path_for(module.cache_key)
     path.write_bytes(CORRUPTIONS[corruption](path.read_bytes()))
-    assert disk.get(module.cache_key) is None
+    with capture_logs() as logs:
+        assert disk.get(module.cache_key) is None
     assert not path.exists()  # discarded, never loaded
+    assert [e["event"] for e in logs] == ["nvrtc_cache_entry_discarded"]
+    assert logs[0]["log_level"] == "warning" and logs[0]["path"] == str(path)
     stats = disk.stats()
     assert (stats.corrupt, stats.misses, stats.hits) == (1, 1, 0)
     # through the compiler: a miss that recompiles and rewrites a valid entry

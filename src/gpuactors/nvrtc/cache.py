@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import platformdirs
+from structlog.typing import FilteringBoundLogger
 
 from ..errors import InvalidArgument
 from ..logs import get_logger
@@ -35,7 +36,10 @@ _TEMP_SUFFIX = ".tmp"
 _STALE_TEMP_SECONDS = 3600.0
 _KEY = re.compile(r"^[0-9a-f]{64}$")
 
-_log = get_logger(component="nvrtc.cache")
+
+def _log() -> FilteringBoundLogger:
+    # Looked up per use, so configure_logging() after import still applies.
+    return get_logger(component="nvrtc.cache")
 
 
 @dataclass(frozen=True)
@@ -198,7 +202,7 @@ class DiskModuleCache:
             self._count(misses=1)
             return None
         except OSError as exc:
-            _log.warning("nvrtc_cache_read_failed", path=str(path), error=str(exc))
+            _log().warning("nvrtc_cache_read_failed", path=str(path), error=str(exc))
             self._count(misses=1)
             return None
         try:
@@ -206,7 +210,7 @@ class DiskModuleCache:
                 info = os.fstat(handle.fileno())
                 data = handle.read() if stat.S_ISREG(info.st_mode) else b""
         except OSError as exc:
-            _log.warning("nvrtc_cache_read_failed", path=str(path), error=str(exc))
+            _log().warning("nvrtc_cache_read_failed", path=str(path), error=str(exc))
             self._count(misses=1)
             return None
         try:
@@ -221,7 +225,7 @@ class DiskModuleCache:
 
     def _discard(self, path: Path, seen: os.stat_result, reason: str) -> None:
         """Delete a bad entry, unless another process has replaced it since we read it."""
-        _log.warning("nvrtc_cache_entry_discarded", path=str(path), reason=reason)
+        _log().warning("nvrtc_cache_entry_discarded", path=str(path), reason=reason)
         try:
             now = os.stat(path, follow_symlinks=False)
             if (now.st_ino, now.st_dev) == (seen.st_ino, seen.st_dev):
@@ -241,7 +245,7 @@ class DiskModuleCache:
         path = self.path_for(module.cache_key)
         data = encode_entry(module)
         if self.max_bytes is not None and len(data) > self.max_bytes:
-            _log.warning("nvrtc_cache_entry_too_big", size=len(data), max_bytes=self.max_bytes)
+            _log().warning("nvrtc_cache_entry_too_big", size=len(data), max_bytes=self.max_bytes)
             return False
         try:
             self._ensure_dir()
@@ -261,7 +265,7 @@ class DiskModuleCache:
             if self.fsync:
                 self._fsync_dir()
         except OSError as exc:
-            _log.warning("nvrtc_cache_write_failed", path=str(path), error=str(exc))
+            _log().warning("nvrtc_cache_write_failed", path=str(path), error=str(exc))
             self._dir_ready = False  # the folder may have been removed: recreate it next time
             return False
         self._count(writes=1)
@@ -275,7 +279,7 @@ class DiskModuleCache:
         info = os.stat(self.directory)
         getuid = getattr(os, "getuid", None)
         if info.st_mode & 0o022 or (getuid is not None and info.st_uid != getuid()):
-            _log.warning(
+            _log().warning(
                 "nvrtc_cache_dir_not_private",
                 path=str(self.directory),
                 mode=oct(stat.S_IMODE(info.st_mode)),
@@ -339,7 +343,7 @@ class DiskModuleCache:
                 continue
             total -= size
             self._count(evictions=1)
-            _log.debug("nvrtc_cache_evicted", path=str(path), size=size)
+            _log().debug("nvrtc_cache_evicted", path=str(path), size=size)
 
     def clear(self) -> None:
         """Delete every entry (not the folder)."""

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
+from structlog.typing import FilteringBoundLogger
+
 from ..errors import CompileError, InvalidArgument, NvrtcUnavailable
 from ..logs import get_logger
 from .keys import module_cache_key
@@ -34,7 +36,10 @@ _WARNING_LINE = re.compile(r"^(?:.+?\(\d+\): warning\b.*|nvrtc: warning\b.*)$", 
 _MAX_FAILING_LINES = 20
 _EMPTY: Mapping[str, str] = {}
 
-_log = get_logger(component="nvrtc")
+
+def _log() -> FilteringBoundLogger:
+    # Looked up per use, so configure_logging() after import still applies.
+    return get_logger(component="nvrtc")
 
 
 # --------------------------------------------------------------------- loading
@@ -288,7 +293,7 @@ def compile_keyed(
         source_name=name,
         options=options,
     )
-    _log.debug(
+    _log().debug(
         "nvrtc_compiled",
         source=name,
         arch=target,
@@ -324,7 +329,7 @@ def _raise_compile_error(
         if first
         else (log.strip().splitlines() or [_error_string(result)])[0]
     )
-    _log.debug("nvrtc_compile_failed", source=name, arch=arch, errors=len(quoted))
+    _log().debug("nvrtc_compile_failed", source=name, arch=arch, errors=len(quoted))
     raise CompileError(
         f"NVRTC could not compile {name!r} for {arch} ({_error_string(result)}): {summary}",
         log=log,

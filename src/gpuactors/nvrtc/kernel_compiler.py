@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from concurrent.futures import Future
 from typing import Literal
 
+from structlog.typing import FilteringBoundLogger
+
 from ..errors import InvalidArgument
 from ..logs import get_logger
 from .cache import DiskModuleCache, MemoryModuleCache
@@ -27,7 +29,10 @@ Origin = Literal["memory", "disk", "compiled"]
 _Result = tuple[CompiledModule, Origin]
 _EMPTY: Mapping[str, str] = {}
 
-_log = get_logger(component="nvrtc.compiler")
+
+def _log() -> FilteringBoundLogger:
+    # Looked up per use, so configure_logging() after import still applies.
+    return get_logger(component="nvrtc.compiler")
 
 
 class KernelCompiler:
@@ -192,7 +197,7 @@ class KernelCompiler:
             module = compile_keyed(
                 source, name=name, opts=opts, arch=arch, headers=headers, key=key
             )
-        _log.debug("nvrtc_cache_filled", key=key[:16], source=name, arch=module.arch)
+        _log().debug("nvrtc_cache_filled", key=key[:16], source=name, arch=module.arch)
         if self.disk is not None:
             self.disk.put(module)
         return module, "compiled"

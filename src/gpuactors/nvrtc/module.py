@@ -13,7 +13,8 @@ class CompiledModule:
 
     ``lowered_names`` maps each requested name expression (``"k<float>"``) to the
     mangled symbol NVRTC reported for it (``"_Z1kIfEvPT_i"``): look kernels up with
-    :meth:`symbol`. ``log`` is NVRTC's full log, kept on success so warnings are not
+    :meth:`symbol` (a cached module is shared: treat the mapping as read-only).
+    ``log`` is NVRTC's full log, kept on success so warnings are not
     lost; ``warnings`` are its warning lines. ``image`` is exactly what NVRTC returned
     (PTX keeps its terminating NUL).
     """
