@@ -116,6 +116,15 @@ def _forward(
             reply.set_exception(error)
 
 
+def _task_is_cancelled() -> bool:
+    """Was the current task cancelled (rather than a handler raising CancelledError)?
+
+    Python 3.10 cannot tell the two apart: there, assume the task was cancelled.
+    """
+    cancelling = getattr(asyncio.current_task(), "cancelling", None)
+    return cancelling is None or bool(cancelling())
+
+
 async def _settle_hook(result: Awaitable[None] | None) -> None:
     if result is not None and inspect.isawaitable(result):
         await result
@@ -288,7 +297,9 @@ class ActorCell:
                     return
                 continue
             except asyncio.CancelledError as exc:
-                if self._killed:
+                if self._killed or _task_is_cancelled():
+                    if reply is not None and not reply.done():
+                        reply.set_exception(self._stopped_error(message))
                     raise
                 failure = ActorFailed(
                     f"{self.path}: handler of {message_type.__name__} was cancelled"
