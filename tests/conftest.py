@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, MutableMapping
 from typing import Any
 
 import pytest
@@ -12,7 +12,7 @@ import structlog
 
 
 @pytest.fixture
-def captured_logs() -> Iterator[list[dict[str, Any]]]:
+def captured_logs() -> Iterator[list[MutableMapping[str, Any]]]:
     """The test's structlog events, captured (with context variables) instead of printed."""
     capture = structlog.testing.LogCapture()
     processors = structlog.get_config()["processors"]

@@ -179,6 +179,21 @@ async def test_unbounded_only_when_asked_for() -> None:
     assert MailboxConfig.unbounded().capacity is None
 
 
+async def test_a_long_queue_does_not_starve_other_tasks() -> None:
+    gate = asyncio.Event()
+    async with ActorSystem() as system:
+        ref = await blocked_sink(system, gate, None, Backpressure.WAIT)
+        for n in range(5000):
+            ref.tell(Item(n=n))
+        gate.set()
+        sink = ref._cell.instance
+        assert isinstance(sink, Sink)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert 0 < len(sink.items) < 5000  # the test task ran in the middle of the burst
+        assert len(await ref.ask(Drain())) == 5000
+
+
 def test_mailbox_config_is_small_frozen_and_checked() -> None:
     config = MailboxConfig(capacity=8, policy=Backpressure.FAIL)
     with pytest.raises(dataclasses.FrozenInstanceError):

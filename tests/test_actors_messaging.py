@@ -232,7 +232,7 @@ class Context(Message):
 
 class ContextReporter(Actor):
     @handles(Context)
-    def context(self, msg: Context) -> dict[str, Any]:
+    def report(self, msg: Context) -> dict[str, Any]:
         return structlog.contextvars.get_contextvars()
 
     @handles(Fail)
@@ -273,3 +273,9 @@ def test_handler_declarations_are_checked() -> None:
 
     with pytest.raises(TypeError, match="Message subclass"):
         handles(int)  # type: ignore[arg-type]
+
+    with pytest.raises(TypeError, match="'context' is reserved"):
+
+        class Shadowing(Actor):
+            @handles(Context)
+            def context(self, msg: Context) -> None: ...  # type: ignore[override]

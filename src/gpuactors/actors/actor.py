@@ -23,6 +23,9 @@ Handler = tuple[Callable[[Any], Any], bool]
 
 _HANDLES_ATTR = "__gpuactors_handles__"
 
+#: Actor attributes the runtime relies on; a subclass must not shadow them.
+_RESERVED = ("context", "log", "_context")
+
 #: The context of the actor being constructed, read by ``Actor.__new__``.
 CONSTRUCTING: ContextVar[ActorContext | None] = ContextVar("gpuactors_constructing", default=None)
 
@@ -62,6 +65,12 @@ class Actor:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        for reserved in _RESERVED:
+            if reserved in vars(cls):
+                raise TypeError(
+                    f"{cls.__qualname__}.{reserved}: {reserved!r} is reserved by Actor; "
+                    "name the method otherwise"
+                )
         table: dict[type[Message], str] = {}
         for base in reversed(cls.__mro__[1:]):
             table.update(getattr(base, "_handler_names", {}))

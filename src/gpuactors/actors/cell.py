@@ -61,6 +61,9 @@ CURRENT_CELL: ContextVar[ActorCell | None] = ContextVar("gpuactors_current_cell"
 
 _STOP = object()
 
+#: Messages handled back to back before the actor lets other tasks run.
+_FAIR_BURST = 256
+
 
 class _ChildFailed:
     """System signal: a child escalated ``error``; the parent fails with it."""
@@ -265,14 +268,21 @@ class ActorCell:
         putters = mailbox.putters
         set_type = _MESSAGE_TYPE.set
         set_cid = _CORRELATION_ID.set
+        burst = 0
         while True:
             if system:
                 if await self._on_signal(system.popleft()):
                     return
                 continue
             if not user:
+                burst = 0
                 await mailbox.wait()
                 continue
+            if burst == _FAIR_BURST:  # a long queue must not starve the other tasks
+                burst = 0
+                await asyncio.sleep(0)
+                continue
+            burst += 1
             message, reply, cid = user.popleft()
             if putters:
                 mailbox.grant()
