@@ -50,6 +50,8 @@ def test_full_ring_refuses_until_a_task_completes() -> None:
     taken = consumer.take(limit=64)
     assert ring.try_publish(0, 1, []) is None, "taken is not completed: the slot stays busy"
     consumer.complete(taken[0][0])
+    assert ring.try_publish(0, 1, []) is None, "completed but not retired: the marker is unread"
+    ring.retire(taken[0][0])
     assert ring.try_publish(0, 1, []) == 65
 
 
@@ -65,6 +67,8 @@ def test_old_marker_is_not_mistaken_for_a_new_task() -> None:
     first = ring.try_publish(0, 1, [])
     assert first is not None
     run_to_completion(consumer, lambda seq, rec: 0)
+    assert ring.is_done(first)
+    ring.retire(first)
     for _ in range(63):
         ring.try_publish(0, 1, [])
     run_to_completion(consumer, lambda seq, rec: 0)
@@ -74,6 +78,18 @@ def test_old_marker_is_not_mistaken_for_a_new_task() -> None:
     assert not ring.is_done(lap2), "an old marker in the same slot does not complete the new task"
     run_to_completion(consumer, lambda seq, rec: 0)
     assert ring.is_done(lap2)
+
+
+def test_unread_marker_blocks_slot_reuse() -> None:
+    """A fast device must not overwrite a marker the host has not read yet."""
+    ring, consumer = make_ring(64)
+    seqs = [ring.try_publish(0, 1, []) for _ in range(64)]
+    run_to_completion(consumer, lambda seq, rec: 0)
+    assert ring.free_count() == 0
+    for seq in seqs[:10]:
+        assert seq is not None
+        ring.retire(seq)
+    assert ring.free_count() == 10
 
 
 def test_publish_batch_vectorised() -> None:
@@ -146,6 +162,7 @@ def test_no_loss_no_duplication_order_per_producer(
             consumer.complete(seq, status=seq % 5)
             done = ring.completion(seq)
             assert done is not None and done.status == seq % 5
+            ring.retire(seq)
             results[seq] = done.status
     assert sorted(executed) == sorted(produced) == list(range(1, tasks + 1))
     assert len(set(executed)) == len(executed)

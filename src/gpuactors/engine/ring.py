@@ -9,9 +9,11 @@ Protocol (the device side in ``kernels/engine.cuh`` does the same steps):
 * The consumer at position ``t`` takes the slot when ``seq == t + 1``.
 * When the task has completed, the consumer writes the completion marker
   (status first, then ``completion.seq = t + 1``, release) and hands the slot
-  to the next lap: ``seq = t + capacity``. Only then may the producer reuse it,
-  so the device copy and the completion marker of a live task are never
-  overwritten, and a marker is recognised by its sequence number (no ABA).
+  to the next lap: ``seq = t + capacity``.
+* The producer reuses a slot only when the device has handed it back AND the
+  host has read ("retired") the previous task's marker, so neither the device
+  copy nor the completion marker of a task can be overwritten before its
+  owner has seen it; a marker is recognised by its sequence number (no ABA).
 
 The ring works on any writable buffers (pinned host memory on the GPU path,
 plain NumPy arrays in CPU tests). :class:`HostConsumer` drives the consumer
@@ -75,14 +77,18 @@ class HostRing:
         self.mask = self.capacity - 1
         self.records = records
         self.completions = completions
+        # Word views as memoryviews: indexing gives Python ints without NumPy scalars
+        # (this is the per-task hot path), and each access is one aligned 8-byte load/store.
         self._bytes = memoryview(records.view(np.uint8).reshape(-1).data)
-        self._words = records.view(np.uint64).reshape(-1)
-        self._done_words = completions.view(np.uint64).reshape(-1)
+        self._words = self._bytes.cast("Q")
+        self._done_words = memoryview(completions.view(np.uint8).reshape(-1).data).cast("Q")
         self.published = 0  # next ring position to produce
+        self._unretired = bytearray(self.capacity)  # 1: marker not read yet
 
     # ------------------------------------------------------------- producer
     def slot_free(self, pos: int) -> bool:
-        return int(self._words[(pos & self.mask) * _RECORD_WORDS]) == pos
+        slot = pos & self.mask
+        return self._words[slot * _RECORD_WORDS] == pos and not self._unretired[slot]
 
     def try_publish(
         self,
@@ -98,7 +104,7 @@ class HostRing:
         pos = self.published
         slot = pos & self.mask
         word = slot * _RECORD_WORDS
-        if int(self._words[word]) != pos:
+        if self._words[word] != pos or self._unretired[slot]:
             return None
         padded = list(args) + [0] * (MAX_ARGS - len(args))
         offset = slot * TASK_RECORD.itemsize
@@ -106,6 +112,7 @@ class HostRing:
             op, blocks, n, deadline_ns, *padded, tag, 0
         )
         self._words[word] = pos + 1  # publish last
+        self._unretired[slot] = 1
         self.published = pos + 1
         return pos + 1
 
@@ -132,25 +139,33 @@ class HostRing:
         body["seq"] = self.records["seq"][slots]  # keep "free" until the bodies are in place
         self.records[slots] = body
         self.records["seq"][slots] = positions + np.uint64(1)
+        for slot in slots.tolist():
+            self._unretired[slot] = 1
         self.published = first + count
         return range(first + 1, first + count + 1)
 
     # ----------------------------------------------------------- completions
     def is_done(self, seq: int) -> bool:
-        return int(self._done_words[((seq - 1) & self.mask) * _COMPLETION_WORDS]) == seq
+        return self._done_words[((seq - 1) & self.mask) * _COMPLETION_WORDS] == seq
+
+    def retire(self, seq: int) -> None:
+        """The host has read task ``seq``'s marker: its slot may take the next lap."""
+        self._unretired[(seq - 1) & self.mask] = 0
 
     def completion(self, seq: int) -> CompletionView | None:
-        """The marker of task ``seq`` if it has completed, else None."""
-        slot = (seq - 1) & self.mask
-        if int(self._done_words[slot * _COMPLETION_WORDS]) != seq:
+        """The marker of task ``seq`` if it has completed, else None (call retire after)."""
+        base = ((seq - 1) & self.mask) * _COMPLETION_WORDS
+        words = self._done_words
+        if words[base] != seq:  # read the marker first: the rest was written before it
             return None
-        entry = self.completions[slot]
+        status_units = words[base + 1]
+        status = status_units & 0xFFFFFFFF
         return CompletionView(
             seq=seq,
-            status=int(entry["status"]),
-            units=int(entry["units"]),
-            t_start_ns=int(entry["t_start_ns"]),
-            t_end_ns=int(entry["t_end_ns"]),
+            status=status - (1 << 32) if status & 0x80000000 else status,
+            units=status_units >> 32,
+            t_start_ns=words[base + 2],
+            t_end_ns=words[base + 3],
         )
 
 

@@ -134,6 +134,7 @@ class EngineRuntime:
             self._module: Any = None
             self._kernel: Any = None
             self.launches = 0
+            self.hold = False  # while True, kick() never relaunches (parked on demand)
             self.mode_persistent = True
             self._install(image)
             self.mode_persistent = self._resolve_mode()
@@ -210,7 +211,7 @@ class EngineRuntime:
 
     def kick(self) -> bool:
         """Launch a kernel instance if work waits and none runs. True if it launched."""
-        if self.running or self._gate.loading or not self.pending_unconsumed():
+        if self.hold or self.running or self._gate.loading or not self.pending_unconsumed():
             return False
         self._launch()
         return True
@@ -232,6 +233,11 @@ class EngineRuntime:
             self.stream.done  # noqa: B018 - queries the stream, raising on a device error
         except Exception as exc:
             raise DeviceFault(f"the engine kernel failed: {exc}") from exc
+
+    def request_park(self) -> None:
+        """Ask a running kernel to exit at the next task boundary (does not wait)."""
+        if self.running:
+            self.control[_PARK_REQUEST] = 1
 
     def park_blocking(self, timeout: float = 10.0) -> None:
         """Ask the kernel to stop at a task boundary and wait until it has exited."""

@@ -1,0 +1,196 @@
+"""Engine latency and throughput against CuPy baselines measured in the same run.
+
+Run on a GPU machine:  python benchmarks/bench_engine.py [--quick]
+
+Sections (each prints medians, p99 and the ratio to its baseline):
+  1. ring round trip without asyncio: publish a record, spin on its marker
+     vs. CuPy RawKernel launch + stream.synchronize() of the same op.
+  2. ``await engine.ask(Enqueue(...))`` from one client vs. the same CuPy baseline.
+  3. many concurrent clients: tasks/s vs. CuPy back-to-back launches/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+
+AXPY_SOURCE = r"""
+extern "C" __global__ void axpy(float* y, const float* x, float a, unsigned long long n) {
+    unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+    if (i < n) y[i] = a * x[i] + y[i];
+}
+"""
+N = 1024
+
+
+def percentiles(samples_s: list[float]) -> tuple[float, float]:
+    us = np.asarray(samples_s) * 1e6
+    return float(np.percentile(us, 50)), float(np.percentile(us, 99))
+
+
+def report(
+    name: str,
+    ours: list[float],
+    base: list[float],
+    target_p50: float | None,
+    target_p99: float | None = None,
+) -> None:
+    p50, p99 = percentiles(ours)
+    b50, b99 = percentiles(base)
+    ratio50, ratio99 = p50 / b50, p99 / b50
+    print(
+        f"{name}: p50 {p50:.2f} us, p99 {p99:.2f} us | CuPy launch+sync p50 {b50:.2f} us, "
+        f"p99 {b99:.2f} us | ratio p50 {ratio50:.2f}x, p99/base-p50 {ratio99:.2f}x"
+    )
+    if target_p50 is not None:
+        verdict = "MET" if ratio50 <= target_p50 else "NOT MET"
+        print(f"  target p50 <= {target_p50}x CuPy: {verdict}")
+    if target_p99 is not None:
+        verdict = "MET" if ratio99 <= target_p99 else "NOT MET"
+        print(f"  target p99 <= {target_p99}x CuPy p50: {verdict}")
+
+
+def cupy_launch_sync(repeats: int) -> tuple[list[float], Callable[[], float]]:
+    import cupy as cp
+
+    kernel = cp.RawKernel(AXPY_SOURCE, "axpy")
+    x = cp.random.random(N, dtype=cp.float32)
+    y = cp.zeros(N, dtype=cp.float32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    args = (y, x, np.float32(1.0), np.uint64(N))
+    samples = []
+    for _ in range(repeats + 200):
+        start = time.perf_counter()
+        kernel((N // 256,), (256,), args, stream=stream)
+        stream.synchronize()
+        samples.append(time.perf_counter() - start)
+
+    def back_to_back_rate(count: int = 20_000) -> float:
+        stream.synchronize()
+        start = time.perf_counter()
+        for _ in range(count):
+            kernel((N // 256,), (256,), args, stream=stream)
+        stream.synchronize()
+        return count / (time.perf_counter() - start)
+
+    return samples[200:], back_to_back_rate
+
+
+def ring_round_trip(repeats: int) -> list[float]:
+    """Section 1: the engine runtime driven directly (no actors, no asyncio)."""
+    import cupy as cp
+
+    from gpuactors.engine.codegen import build_engine_module
+    from gpuactors.engine.ops import BUILTIN_OPS, ScalarParam
+    from gpuactors.engine.runtime import EngineConfig, EngineRuntime
+
+    cc = cp.cuda.Device(0).compute_capability
+    module, engine = build_engine_module(BUILTIN_OPS, arch=f"sm_{cc}")
+    runtime = EngineRuntime(module.image, EngineConfig(idle_park_ms=50.0))
+    ring = runtime.ring
+    axpy = engine.op_ids["axpy@1"]
+    x = cp.random.random(N, dtype=cp.float32)
+    y = cp.zeros(N, dtype=cp.float32)
+    cp.cuda.runtime.deviceSynchronize()
+    words = [y.data.ptr, x.data.ptr, ScalarParam(name="a", dtype="float32").to_bits(1.0)]
+    samples = []
+    try:
+        for _ in range(repeats + 200):
+            start = time.perf_counter()
+            seq = ring.try_publish(axpy, N, words, blocks=1)
+            assert seq is not None
+            runtime.kick()
+            while not ring.is_done(seq):
+                if not runtime.running:
+                    runtime.kick()
+            samples.append(time.perf_counter() - start)
+            ring.retire(seq)
+    finally:
+        runtime.close()
+    return samples[200:]
+
+
+async def engine_ask(repeats: int, clients: int, per_client: int) -> tuple[list[float], float, Any]:
+    """Sections 2 and 3: through the actor, one client, then many concurrent clients."""
+    import cupy as cp
+
+    from gpuactors.actors import ActorSystem
+    from gpuactors.engine import Engine, EngineConfig, Enqueue
+
+    async with ActorSystem("bench") as system:
+        engine = await Engine.start(system, config=EngineConfig(idle_park_ms=50.0))
+        x = cp.random.random(N, dtype=cp.float32)
+        y = cp.zeros(N, dtype=cp.float32)
+        cp.cuda.runtime.deviceSynchronize()
+        message = Enqueue(op="axpy", args=(y, x, 1.0), n=N, after="none")
+        ref = engine.ref
+        samples = []
+        for _ in range(repeats + 200):
+            start = time.perf_counter()
+            await ref.ask(message)
+            samples.append(time.perf_counter() - start)
+
+        acc = cp.zeros(clients, dtype=cp.float32)
+        one = cp.ones(1, dtype=cp.float32)
+        cp.cuda.runtime.deviceSynchronize()
+
+        async def client(k: int) -> None:
+            msg = Enqueue(op="axpy", args=(acc[k : k + 1], one, 1.0), n=1, after="none")
+            for _ in range(per_client):
+                await ref.ask(msg)
+
+        start = time.perf_counter()
+        await asyncio.gather(*(client(k) for k in range(clients)))
+        rate = clients * per_client / (time.perf_counter() - start)
+        assert bool((acc == per_client).all()), "lost or duplicated increments"
+        stats = await engine.stats()
+        await engine.shutdown(timeout=60)
+    return samples[200:], rate, stats
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer repeats")
+    parser.add_argument("--clients", type=int, default=1000)
+    args = parser.parse_args(argv)
+    import cupy as cp
+
+    repeats = 1000 if args.quick else 5000
+    per_client = 50 if args.quick else 200
+    props = cp.cuda.runtime.getDeviceProperties(0)
+    when = datetime.now(timezone.utc)
+    print(
+        f"bench_engine on {props['name'].decode()} ({when:%Y-%m-%d %H:%M} UTC), "
+        f"CuPy {cp.__version__}, Python {sys.version.split()[0]}, op axpy n={N}"
+    )
+
+    base, back_to_back = cupy_launch_sync(repeats)
+    ring = ring_round_trip(repeats)
+    report("1. ring round trip (no asyncio)", ring, base, target_p50=0.5)
+    asked, rate, stats = asyncio.run(engine_ask(repeats, args.clients, per_client))
+    report(
+        "2. await engine.ask(Enqueue) single client", asked, base, target_p50=1.0, target_p99=2.0
+    )
+    base_rate = back_to_back()
+    print(
+        f"3. {args.clients} concurrent clients: {rate:,.0f} tasks/s | CuPy back-to-back "
+        f"{base_rate:,.0f} launches/s | ratio {rate / base_rate:.2f}x (target >= 3x: "
+        f"{'MET' if rate >= 3 * base_rate else 'NOT MET'})"
+    )
+    print(
+        f"   engine stats: mode={stats.mode} launches={stats.launches} parks={stats.park_reasons}"
+    )
+    print(f"   (medians of the baseline: {statistics.median(base) * 1e6:.2f} us)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,113 @@
+"""Describe device arrays from any library without copying them.
+
+Accepts CuPy arrays, anything with ``__cuda_array_interface__`` (PyTorch CUDA
+tensors, Numba arrays) and DLPack producers. Host arrays are refused with a
+clear error: nothing is copied behind the caller's back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gpuactors.errors import InvalidArgument, WrongDevice
+
+
+@dataclass(frozen=True)
+class DeviceArrayInfo:
+    """What a kernel needs to know about one array argument."""
+
+    ptr: int
+    dtype: np.dtype[Any]
+    size: int
+    contiguous: bool
+    readonly: bool
+    device_id: int
+
+
+def _c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...] | None, itemsize: int) -> bool:
+    if strides is None:
+        return True
+    expected = itemsize
+    for extent, stride in zip(reversed(shape), reversed(strides), strict=True):
+        if extent > 1 and stride != expected:
+            return False
+        expected *= extent
+    return True
+
+
+def _device_of_pointer(ptr: int) -> int:
+    import cupy
+
+    attributes = cupy.cuda.runtime.pointerGetAttributes(ptr)
+    if int(attributes.type) not in (2, 3):  # cudaMemoryTypeDevice, cudaMemoryTypeManaged
+        raise InvalidArgument(f"pointer {ptr:#x} is not device memory")
+    return int(attributes.device)
+
+
+def _cupy_ndarray_type() -> Any:
+    try:
+        import cupy
+    except ImportError:
+        return None
+    return cupy.ndarray
+
+
+CUPY_NDARRAY = _cupy_ndarray_type()  # None where CuPy is not installed
+
+
+def describe_array(value: Any, what: str = "argument") -> DeviceArrayInfo:
+    """Describe a device array, or raise InvalidArgument saying what is wrong with it."""
+    if CUPY_NDARRAY is not None and type(value) is CUPY_NDARRAY:
+        # Fast path: plain attribute reads, no interface dict (this runs per task).
+        return DeviceArrayInfo(
+            ptr=value.data.ptr,
+            dtype=value.dtype,
+            size=value.size,
+            contiguous=value.flags.c_contiguous,
+            readonly=False,
+            device_id=value.device.id,
+        )
+    if isinstance(value, np.ndarray):
+        raise InvalidArgument(f"{what} is a NumPy (host) array: copy it to the device first")
+    cupy_device = getattr(getattr(value, "device", None), "id", None)
+    interface = getattr(value, "__cuda_array_interface__", None)
+    if interface is None and hasattr(value, "__dlpack__"):
+        import cupy
+
+        value = cupy.from_dlpack(value)
+        cupy_device = value.device.id
+        interface = value.__cuda_array_interface__
+    if interface is None:
+        raise InvalidArgument(
+            f"{what} must be a device array (CuPy, __cuda_array_interface__ or DLPack), "
+            f"not {type(value).__name__}"
+        )
+    ptr, readonly = interface["data"]
+    shape = tuple(int(extent) for extent in interface["shape"])
+    dtype = np.dtype(interface["typestr"])
+    strides = interface.get("strides")
+    size = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if isinstance(cupy_device, int):
+        device_id = cupy_device
+    else:
+        torch_device = getattr(value, "device", None)
+        index = getattr(torch_device, "index", None)
+        device_id = int(index) if isinstance(index, int) else _device_of_pointer(int(ptr))
+    return DeviceArrayInfo(
+        ptr=int(ptr),
+        dtype=dtype,
+        size=size,
+        contiguous=_c_contiguous(shape, tuple(strides) if strides else None, dtype.itemsize),
+        readonly=bool(readonly),
+        device_id=device_id,
+    )
+
+
+def check_device(info: DeviceArrayInfo, device_id: int, what: str) -> None:
+    if info.device_id != device_id:
+        raise WrongDevice(
+            f"{what} lives on device {info.device_id}, this actor owns device {device_id}"
+        )

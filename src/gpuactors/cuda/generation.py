@@ -1,0 +1,68 @@
+"""Device generations: a counter per device that moves whenever its context is rebuilt.
+
+Everything tied to a context (kernel handles, engine instances, buffers we
+hand out) records the generation it was made in. :func:`check_current` turns
+use of an older one into :class:`~gpuactors.errors.GpuRefStale` before anything
+reaches the GPU. Observers can await the next change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from gpuactors.errors import GpuRefStale
+
+
+class GenerationRegistry:
+    """Process-wide generation counters, one per device ordinal."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._generations: dict[int, int] = {}
+        self._waiters: dict[int, list[tuple[asyncio.AbstractEventLoop, asyncio.Future[int]]]] = {}
+
+    def current(self, device_id: int) -> int:
+        with self._lock:
+            return self._generations.get(device_id, 1)
+
+    def bump(self, device_id: int) -> int:
+        """Start a new generation (after a context rebuild); wakes every waiter."""
+        with self._lock:
+            generation = self._generations.get(device_id, 1) + 1
+            self._generations[device_id] = generation
+            waiters = self._waiters.pop(device_id, [])
+        for loop, future in waiters:
+            loop.call_soon_threadsafe(_settle, future, generation)
+        return generation
+
+    async def next_change(self, device_id: int, after: int | None = None) -> int:
+        """Wait until the generation of ``device_id`` is newer than ``after`` (default: now)."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            now = self._generations.get(device_id, 1)
+            if after is not None and now > after:
+                return now
+            future: asyncio.Future[int] = loop.create_future()
+            self._waiters.setdefault(device_id, []).append((loop, future))
+        try:
+            return await future
+        finally:
+            with self._lock:
+                waiters = self._waiters.get(device_id, [])
+                if (loop, future) in waiters:
+                    waiters.remove((loop, future))
+
+    def check_current(self, what: str, device_id: int, made_in: int) -> None:
+        """Raise GpuRefStale if ``made_in`` is not the device's current generation."""
+        now = self.current(device_id)
+        if made_in != now:
+            raise GpuRefStale(what, made_in, now)
+
+
+def _settle(future: asyncio.Future[int], generation: int) -> None:
+    if not future.done():
+        future.set_result(generation)
+
+
+GENERATIONS = GenerationRegistry()

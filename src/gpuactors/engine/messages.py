@@ -1,0 +1,93 @@
+"""Messages a PersistentEngineActor understands, and its replies."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from gpuactors.messages import Message, Reply
+
+
+class Enqueue(Message):
+    """Run op ``op`` on ``args`` over ``n`` elements; the reply comes when the GPU is done.
+
+    ``args`` follow the op's signature: device arrays (CuPy, anything with
+    ``__cuda_array_interface__`` or DLPack) and scalars. ``blocks`` lets a large
+    task span several blocks. ``timeout`` (seconds) becomes a device-side
+    deadline: a task not started by then fails with ``TaskTimeout``.
+    ``after="current_stream"`` (default) holds the task until work already queued
+    on CuPy's current stream (e.g. the kernel that filled an input) has finished;
+    ``"none"`` publishes at once (the caller guarantees the inputs are ready).
+    """
+
+    op: str
+    args: tuple[Any, ...] = ()
+    n: int = Field(ge=0, lt=2**62)
+    blocks: int = Field(default=1, ge=1)
+    timeout: float | None = Field(default=None, gt=0)
+    after: Literal["current_stream", "none"] = "current_stream"
+
+
+class Completion(Reply):
+    """A task finished successfully on the GPU."""
+
+    seq: int
+    op: str
+    status: int
+    units: int
+    device_ns: int
+
+
+class Stats(Message):
+    """Ask for the engine's counters."""
+
+
+class EngineStats(Reply):
+    mode: Literal["persistent", "launch-per-batch"]
+    generation: int
+    processed: int
+    failed: int
+    in_flight: int
+    queue_depth: int
+    launches: int
+    parks: int
+    park_reasons: dict[str, int]
+    latency_p50_us: float | None
+    latency_p99_us: float | None
+    ops: tuple[str, ...]
+
+
+class Drain(Message):
+    """Reply once every task accepted so far (and any accepted meanwhile) has finished."""
+
+
+class Drained(Reply):
+    processed: int
+
+
+class Shutdown(Message):
+    """Stop the engine. By default drains first: nothing accepted is lost.
+
+    ``force=True`` parks the kernel at a task boundary and fails every task that
+    has not started with ``EngineStopped``; tasks already running finish.
+    """
+
+    force: bool = False
+
+
+class ShutdownReport(Reply):
+    completed: int
+    cancelled: int
+
+
+class Park(Message):
+    """Park the kernel now and keep it parked until ``Resume`` (tasks wait in the ring)."""
+
+
+class Parked(Reply):
+    launches: int
+
+
+class Resume(Message):
+    """End a ``Park``: the kernel relaunches on the next task."""

@@ -1,0 +1,351 @@
+"""The persistent engine on a real GPU: correctness, parking, modes, drain and shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gpuactors.actors import ActorSystem
+from gpuactors.cuda import no_device_reason
+from gpuactors.engine import (
+    ArrayParam,
+    Engine,
+    EngineConfig,
+    Enqueue,
+    OpSpec,
+    PersistentThreadMode,
+    ScalarParam,
+)
+from gpuactors.errors import EngineStopped, InvalidArgument, TaskFailed, UnknownOp, WrongDevice
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(no_device_reason() is not None, reason=str(no_device_reason())),
+]
+
+HIST = OpSpec(
+    name="byte_hist",
+    params=(
+        ArrayParam(name="out", dtype="uint32", direction="inout", length=256),
+        ArrayParam(name="data", dtype="uint8"),
+    ),
+    body=(
+        "__shared__ unsigned int h[256];\n"
+        "for (int b = threadIdx.x; b < 256; b += blockDim.x) h[b] = 0;\n"
+        "__syncthreads();\n"
+        "GPA_FOR_EACH(i) { atomicAdd(&h[data[i]], 1u); }\n"
+        "__syncthreads();\n"
+        "for (int b = threadIdx.x; b < 256; b += blockDim.x) if (h[b]) atomicAdd(&out[b], h[b]);\n"
+        "return 0;"
+    ),
+)
+SCALE64 = OpSpec(
+    name="scale64",
+    params=(
+        ArrayParam(name="y", dtype="float64", direction="out"),
+        ArrayParam(name="x", dtype="float64"),
+        ScalarParam(name="k", dtype="float64"),
+    ),
+    body="GPA_FOR_EACH(i) { y[i] = k * x[i]; }\nreturn 0;",
+)
+FAIL_IF_NEG = OpSpec(
+    name="fail_if_negative",
+    params=(ScalarParam(name="v", dtype="int32"),),
+    body="return v < 0 ? 42 : 0;",
+)
+USER_OPS = (HIST, SCALE64, FAIL_IF_NEG)
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[Engine]:
+    async with ActorSystem("gpu-test") as system:
+        engine = await Engine.start(system, ops=USER_OPS, config=EngineConfig(idle_park_ms=5.0))
+        yield engine
+        await engine.shutdown(timeout=30)
+
+
+def _rng() -> np.random.Generator:
+    return np.random.default_rng(int(time.time_ns() % 2**32))
+
+
+async def _check_all_ops(engine: Engine) -> dict[str, Any]:
+    """Run every built-in op and the user ops on fresh random data; compare with NumPy."""
+    import cupy as cp
+
+    rng = _rng()
+    n = int(rng.integers(1000, 50_000))
+    x_h = rng.standard_normal(n).astype(np.float32)
+    y_h = rng.standard_normal(n).astype(np.float32)
+    x, y = cp.asarray(x_h), cp.asarray(y_h)
+    out = cp.full(n, np.nan, dtype=cp.float32)
+    results: dict[str, Any] = {}
+
+    await engine.enqueue("fill", out, 2.5, n=n, blocks=4)
+    results["fill"] = cp.asnumpy(out)
+    np.testing.assert_array_equal(results["fill"], np.full(n, 2.5, np.float32))
+
+    out.fill(np.nan)
+    await engine.enqueue("copy", out, x, n=n, blocks=3)
+    results["copy"] = cp.asnumpy(out)
+    np.testing.assert_array_equal(results["copy"], x_h)
+
+    await engine.enqueue("axpy", y, x, 1.5, n=n, blocks=2)
+    results["axpy"] = cp.asnumpy(y)
+    np.testing.assert_allclose(results["axpy"], 1.5 * x_h + y_h, rtol=1e-5, atol=1e-6)  # FMA
+
+    total = cp.full(1, np.nan, dtype=cp.float32)
+    await engine.enqueue("sum", total, x, n=n)
+    results["sum"] = float(total[0])
+    assert results["sum"] == pytest.approx(float(x_h.astype(np.float64).sum()), rel=1e-4, abs=1e-2)
+
+    data_h = rng.integers(0, 256, n * 4, dtype=np.uint8)
+    hist = cp.zeros(256, dtype=cp.uint32)
+    await engine.enqueue("byte_hist", hist, cp.asarray(data_h), n=n * 4, blocks=5)
+    results["byte_hist"] = cp.asnumpy(hist)
+    np.testing.assert_array_equal(results["byte_hist"], np.bincount(data_h, minlength=256))
+
+    x64 = rng.standard_normal(n)
+    y64 = cp.full(n, np.nan)
+    await engine.enqueue("scale64", y64, cp.asarray(x64), -3.25, n=n)
+    results["scale64"] = cp.asnumpy(y64)
+    np.testing.assert_allclose(results["scale64"], -3.25 * x64)
+    return results
+
+
+async def test_every_op_matches_numpy(engine: Engine) -> None:
+    await _check_all_ops(engine)
+    stats = await engine.stats()
+    assert stats.processed == 6 and stats.failed == 0
+
+
+async def test_op_failure_code_becomes_task_failed(engine: Engine) -> None:
+    with pytest.raises(TaskFailed) as info:
+        await engine.enqueue("fail_if_negative", -1, n=1)
+    assert info.value.code == 42 and info.value.op == "fail_if_negative"
+    done = await engine.enqueue("fail_if_negative", 1, n=1)
+    assert done.status == 0
+
+
+async def test_bad_arguments_are_refused_before_the_ring(engine: Engine) -> None:
+    import cupy as cp
+
+    x = cp.zeros(100, dtype=cp.float32)
+    cases: list[tuple[type[Exception], Enqueue]] = [
+        (UnknownOp, Enqueue(op="nope", args=(), n=1)),
+        (InvalidArgument, Enqueue(op="fill", args=(x,), n=100)),  # arity
+        (InvalidArgument, Enqueue(op="fill", args=(x.astype(cp.float64), 1.0), n=100)),  # dtype
+        (InvalidArgument, Enqueue(op="fill", args=(x, 1.0), n=101)),  # too small
+        (InvalidArgument, Enqueue(op="fill", args=(np.zeros(100, np.float32), 1.0), n=10)),  # host
+        (InvalidArgument, Enqueue(op="fill", args=(x[::2], 1.0), n=10)),  # not contiguous
+        (InvalidArgument, Enqueue(op="fill", args=(x, float("nan")), n=10)),  # NaN scalar
+        (InvalidArgument, Enqueue(op="fill", args=(x, "1.0"), n=10)),  # wrong scalar type
+        (InvalidArgument, Enqueue(op="sum", args=(x, x), n=10, blocks=2)),  # single-block op
+        (InvalidArgument, Enqueue(op="fail_if_negative", args=(2**40,), n=1)),  # int32 range
+    ]
+    for error, message in cases:
+        with pytest.raises(error):
+            await engine.ref.ask(message, timeout=10)
+    stats = await engine.stats()
+    assert stats.in_flight == 0 and stats.queue_depth == 0
+    await engine.enqueue("fill", x, 7.0, n=100)  # the engine still serves
+    assert bool((x == 7.0).all())
+    if cp.cuda.runtime.getDeviceCount() > 1:  # pragma: no cover - multi-GPU hosts only
+        with cp.cuda.Device(1):
+            other = cp.zeros(100, dtype=cp.float32)
+        with pytest.raises(WrongDevice):
+            await engine.enqueue("fill", other, 1.0, n=100)
+
+
+async def test_many_concurrent_clients_checksum(engine: Engine) -> None:
+    """100 clients x 2,000 single-element axpy tasks: every increment lands exactly once."""
+    import cupy as cp
+
+    clients, per_client = 100, 2_000
+    acc = cp.zeros(clients, dtype=cp.float32)
+    one = cp.ones(1, dtype=cp.float32)
+    cp.cuda.get_current_stream().synchronize()
+
+    async def client(k: int) -> None:
+        target = acc[k : k + 1]
+        for _ in range(per_client):
+            await engine.ref.ask(Enqueue(op="axpy", args=(target, one, 1.0), n=1, after="none"))
+
+    await asyncio.gather(*(client(k) for k in range(clients)))
+    np.testing.assert_array_equal(cp.asnumpy(acc), np.full(clients, per_client, np.float32))
+
+
+async def test_idle_park_and_relaunch(engine: Engine) -> None:
+    import cupy as cp
+
+    x = cp.zeros(10, dtype=cp.float32)
+    await engine.enqueue("fill", x, 1.0, n=10)
+    await asyncio.sleep(0.1)  # idle_park_ms=5: the kernel has parked by itself
+    before = await engine.stats()
+    assert before.park_reasons.get("idle", 0) >= 1
+    await engine.enqueue("fill", x, 2.0, n=10)
+    after = await engine.stats()
+    assert after.launches == before.launches + 1
+    assert bool((x == 2.0).all())
+
+
+async def test_on_demand_park_holds_tasks_until_resume(engine: Engine) -> None:
+    import cupy as cp
+
+    x = cp.zeros(10, dtype=cp.float32)
+    async with engine.parked():
+        pending = asyncio.ensure_future(engine.enqueue("fill", x, 3.0, n=10))
+        await asyncio.sleep(0.05)
+        assert not pending.done(), "a parked engine must not run tasks"
+        # A module load is safe while parked: a brand-new CuPy kernel loads and runs.
+        cp.ElementwiseKernel("float32 a", "float32 b", "b = a + 1.5f", "gpa_test_parked")(x)
+    await asyncio.wait_for(pending, 10)
+    assert bool((x == 3.0).all())
+
+
+async def test_foreign_cupy_module_load_while_engine_runs() -> None:
+    """User code that loads a brand-new kernel while traffic flows must complete."""
+    import cupy as cp
+
+    config = EngineConfig(idle_park_ms=1000.0, max_residency_ms=50.0)
+    async with ActorSystem("foreign-load") as system:
+        engine = await Engine.start(system, config=config)
+        acc = cp.zeros(1, dtype=cp.float32)
+        one = cp.ones(1, dtype=cp.float32)
+        stop = asyncio.Event()
+        sent = 0
+
+        async def traffic() -> None:
+            nonlocal sent
+            while not stop.is_set():
+                await engine.enqueue("axpy", acc, one, 1.0, n=1)
+                sent += 1
+
+        flow = asyncio.ensure_future(traffic())
+        await asyncio.sleep(0.05)
+        outcome: dict[str, Any] = {}
+
+        def load_new_kernel() -> None:
+            kernel = cp.RawKernel(
+                r'extern "C" __global__ void gpa_foreign(float* x) { x[0] = 42.0f; }', "gpa_foreign"
+            )
+            y = cp.zeros(1, dtype=cp.float32)
+            with cp.cuda.Stream(non_blocking=True) as stream:
+                kernel((1,), (1,), (y,))
+                stream.synchronize()
+            outcome["value"] = float(y[0])
+
+        started = time.perf_counter()
+        thread = threading.Thread(target=load_new_kernel, daemon=True)
+        thread.start()
+        await asyncio.to_thread(thread.join, 20)
+        elapsed = time.perf_counter() - started
+        stop.set()
+        await flow
+        assert not thread.is_alive(), "the foreign module load deadlocked with the engine"
+        assert outcome["value"] == 42.0
+        assert elapsed < 5.0
+        await engine.drain(timeout=30)
+        assert float(acc[0]) == sent
+        await engine.shutdown(timeout=30)
+
+
+async def test_drain_and_shutdown_lose_nothing() -> None:
+    import cupy as cp
+
+    async with ActorSystem("drain") as system:
+        engine = await Engine.start(system, config=EngineConfig(capacity=64))
+        count = 5_000
+        acc = cp.zeros(count, dtype=cp.float32)
+        one = cp.ones(1, dtype=cp.float32)
+        cp.cuda.get_current_stream().synchronize()
+        replies = [
+            engine.ref.ask(Enqueue(op="axpy", args=(acc[k : k + 1], one, 1.0), n=1, after="none"))
+            for k in range(count)
+        ]  # far more than the ring holds: the rest waits in the backlog
+        futures = [asyncio.ensure_future(r) for r in replies]
+        await asyncio.sleep(0)
+        drained = await engine.drain(timeout=60)
+        assert drained.processed == count
+        report = await engine.shutdown(timeout=60)
+        assert report.cancelled == 0
+        await asyncio.gather(*futures)
+        np.testing.assert_array_equal(cp.asnumpy(acc), np.ones(count, np.float32))
+        with pytest.raises(Exception):  # noqa: B017 - the actor is gone or refuses
+            await engine.ref.ask(Enqueue(op="axpy", args=(acc, one, 1.0), n=1), timeout=5)
+
+
+async def test_forced_shutdown_fails_queued_tasks_clearly() -> None:
+    import cupy as cp
+
+    async with ActorSystem("force") as system:
+        engine = await Engine.start(system, config=EngineConfig(capacity=64))
+        count = 200
+        acc = cp.zeros(count, dtype=cp.float32)
+        one = cp.ones(1, dtype=cp.float32)
+        async with engine.parked():
+            futures = [
+                asyncio.ensure_future(engine.enqueue("axpy", acc[k : k + 1], one, 1.0, n=1))
+                for k in range(count)
+            ]
+            await asyncio.sleep(0.05)
+        report = await engine.shutdown(force=True, timeout=30)
+        outcomes = await asyncio.gather(*futures, return_exceptions=True)
+        stopped = {k for k, o in enumerate(outcomes) if isinstance(o, EngineStopped)}
+        done = {k for k, o in enumerate(outcomes) if not isinstance(o, BaseException)}
+        assert len(stopped) + len(done) == count
+        assert report.cancelled == len(stopped)
+        ran = set(np.flatnonzero(cp.asnumpy(acc)).tolist())
+        assert ran == done, "every task reported done ran, and no cancelled task ran"
+
+
+@pytest.mark.parametrize("mode", list(PersistentThreadMode))
+async def test_all_modes_give_identical_results(mode: PersistentThreadMode) -> None:
+    import cupy as cp
+
+    rng = np.random.default_rng(7)
+    x_h = rng.standard_normal(4096).astype(np.float32)
+    async with ActorSystem(f"mode-{mode.value}") as system:
+        engine = await Engine.start(system, config=EngineConfig(mode=mode))
+        stats = await engine.stats()
+        expected = "launch-per-batch" if mode is PersistentThreadMode.DISABLE else "persistent"
+        assert stats.mode == expected
+        x = cp.asarray(x_h)
+        y = cp.zeros_like(x)
+        total = cp.zeros(1, dtype=cp.float32)
+        await engine.enqueue("axpy", y, x, 2.0, n=4096, blocks=4)
+        await engine.enqueue("sum", total, y, n=4096)
+        assert float(total[0]) == pytest.approx(float((2 * x_h.astype(np.float64)).sum()), abs=1e-2)
+        np.testing.assert_allclose(cp.asnumpy(y), 2 * x_h, rtol=1e-6, atol=1e-6)
+        await engine.shutdown(timeout=30)
+
+
+async def test_million_tasks_checksum() -> None:
+    """1,000,000 tasks through the actor, 500 concurrent clients; checksum of every increment."""
+    import cupy as cp
+
+    clients, per_client = 500, 2_000
+    async with ActorSystem("million") as system:
+        engine = await Engine.start(system, config=EngineConfig(capacity=4096))
+        acc = cp.zeros(clients, dtype=cp.float32)
+        one = cp.ones(1, dtype=cp.float32)
+        cp.cuda.get_current_stream().synchronize()
+
+        async def client(k: int) -> None:
+            target = acc[k : k + 1]
+            for _ in range(per_client):
+                await engine.ref.ask(Enqueue(op="axpy", args=(target, one, 1.0), n=1, after="none"))
+
+        started = time.perf_counter()
+        await asyncio.gather(*(client(k) for k in range(clients)))
+        elapsed = time.perf_counter() - started
+        np.testing.assert_array_equal(cp.asnumpy(acc), np.full(clients, per_client, np.float32))
+        stats = await engine.stats()
+        assert stats.processed == clients * per_client
+        print(f"1,000,000 tasks in {elapsed:.2f} s ({clients * per_client / elapsed:,.0f} tasks/s)")
+        await engine.shutdown(timeout=60)
