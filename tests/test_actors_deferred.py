@@ -152,6 +152,17 @@ async def test_asker_cancelled_while_deferred_leaves_nothing_behind() -> None:
         assert await ref.ask(Quick(n=3), timeout=1.0) == 3
 
 
+async def test_asks_answered_around_a_pending_deferred_one_are_compacted_away() -> None:
+    async with ActorSystem() as system:
+        ref, actor = launcher(system)
+        slow = await asking(ref, Launch(key="slow"), timeout=30.0)
+        for n in range(2000):
+            await ref.ask(Quick(n=n), timeout=30.0)  # answered while "slow" heads the queue
+        assert ref._cell.deadlines.tracked <= 2 * 1 + 256 + 1
+        actor.owed["slow"].set_result("done")
+        assert await slow == "done"
+
+
 async def test_stop_fails_pending_deferred_asks_but_keeps_what_post_stop_settled() -> None:
     async with ActorSystem() as system:
         ref, _ = launcher(system)

@@ -149,6 +149,32 @@ async def test_ask_timeout_raises_and_the_late_message_is_skipped() -> None:
         assert len(ref._cell.mailbox) == 0
 
 
+async def test_each_ask_expires_at_its_own_deadline_whatever_the_mix_of_timeouts() -> None:
+    gate = asyncio.Event()
+    async with ActorSystem() as system:
+        ref = recorder(system, gate)
+        ref.tell(Hold())
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        slow = asyncio.ensure_future(ref.ask(Put(sender=0, seq=0), timeout=0.3))
+        fast = asyncio.ensure_future(ref.ask(Put(sender=0, seq=1), timeout=0.05))
+        with pytest.raises(AskTimeout):
+            await fast
+        assert loop.time() - started < 0.25 and not slow.done()
+        with pytest.raises(AskTimeout):
+            await slow
+        assert loop.time() - started >= 0.3
+        gate.set()
+
+
+async def test_answered_asks_do_not_pile_up_behind_their_timeouts() -> None:
+    async with ActorSystem() as system:
+        ref = recorder(system)
+        for seq in range(2000):
+            await ref.ask(Put(sender=0, seq=seq), timeout=30.0)
+        assert ref._cell.deadlines.tracked <= 1  # answered in order: dropped as they go
+
+
 async def test_cancelled_askers_leave_no_futures_behind() -> None:
     gate = asyncio.Event()
     async with ActorSystem() as system:
