@@ -349,3 +349,80 @@ async def test_million_tasks_checksum() -> None:
         assert stats.processed == clients * per_client
         print(f"1,000,000 tasks in {elapsed:.2f} s ({clients * per_client / elapsed:,.0f} tasks/s)")
         await engine.shutdown(timeout=60)
+
+
+@pytest.mark.parametrize("count", [1, 1_000, 100_000, 1_000_000])
+async def test_enqueue_batch_sizes(engine: Engine, count: int) -> None:
+    """One EnqueueBatch of `count` one-element fills, each writing its own index."""
+    import cupy as cp
+
+    from gpuactors.engine import EnqueueBatch
+
+    out = cp.full(count, -1.0, dtype=cp.float32)
+    index = np.arange(count)
+    reply = await engine.ref.ask(
+        EnqueueBatch(
+            op="fill",
+            args=(out, 0.0),
+            n=1,
+            offsets={"out": index},
+            scalars={"value": index.astype(np.float32)},
+        ),
+        timeout=120,
+    )
+    assert reply.count == count and reply.failed == 0
+    np.testing.assert_array_equal(cp.asnumpy(out), index.astype(np.float32))
+
+
+async def test_enqueue_batch_multi_block_scan_jobs(engine: Engine) -> None:
+    """Byte histograms of variable-size jobs, some spanning several blocks, vs NumPy."""
+    import cupy as cp
+
+    from gpuactors.engine import EnqueueBatch
+
+    rng = _rng()
+    sizes = rng.integers(1, 300_000, 64)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    data_h = rng.integers(0, 256, int(sizes.sum()), dtype=np.uint8)
+    hist = cp.zeros(64 * 256, dtype=cp.uint32)
+    reply = await engine.ref.ask(
+        EnqueueBatch(
+            op="byte_hist",
+            args=(hist, cp.asarray(data_h)),
+            n=sizes,
+            offsets={"out": np.arange(64) * 256, "data": starts},
+            blocks=6,
+        ),
+        timeout=60,
+    )
+    assert reply.failed == 0
+    got = cp.asnumpy(hist).reshape(64, 256)
+    for job in range(64):
+        chunk = data_h[starts[job] : starts[job] + sizes[job]]
+        np.testing.assert_array_equal(got[job], np.bincount(chunk, minlength=256))
+
+
+async def test_enqueue_batch_per_task_statuses_and_validation(engine: Engine) -> None:
+    import cupy as cp
+
+    from gpuactors.engine import EnqueueBatch
+
+    values = np.array([3, -1, 0, -7, 5], dtype=np.int32)
+    reply = await engine.ref.ask(
+        EnqueueBatch(op="fail_if_negative", args=(0,), scalars={"v": values}, per_task=True)
+    )
+    assert reply.failed == 2
+    assert reply.statuses.tolist() == [0, 42, 0, 42, 0]
+    out = cp.zeros(10, dtype=cp.float32)
+    bad = [
+        EnqueueBatch(op="fill", args=(out, 1.0), n=1, offsets={"out": np.array([0, 10])}),
+        EnqueueBatch(op="fill", args=(out, 1.0), n=np.array([1, 1]), offsets={"out": [0, 1, 2]}),
+        EnqueueBatch(op="fill", args=(out, 1.0), n=1, offsets={"value": np.array([0])}),
+        EnqueueBatch(op="fill", args=(out, 1.0), n=1, scalars={"value": np.array([np.inf])}),
+        EnqueueBatch(op="fill", args=(out, 1.0), n=1, offsets={"out": np.array([-1])}),
+        EnqueueBatch(op="sum", args=(out, out), n=1, count=2, blocks=2),
+    ]
+    for message in bad:
+        with pytest.raises(InvalidArgument):
+            await engine.ref.ask(message, timeout=10)
+    assert float(out.sum()) == 0.0, "a rejected batch must not run any task"

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from gpuactors.engine.actor import Engine, PersistentEngineActor
 from gpuactors.engine.messages import (
+    BatchCompletion,
     Completion,
     Drain,
     Drained,
     EngineStats,
     Enqueue,
+    EnqueueBatch,
     Park,
     Parked,
     Resume,
@@ -22,6 +24,7 @@ from gpuactors.engine.runtime import EngineConfig, PersistentThreadMode
 __all__ = [
     "BUILTIN_OPS",
     "ArrayParam",
+    "BatchCompletion",
     "Completion",
     "Drain",
     "Drained",
@@ -29,6 +32,7 @@ __all__ = [
     "EngineConfig",
     "EngineStats",
     "Enqueue",
+    "EnqueueBatch",
     "OpSpec",
     "Park",
     "Parked",

@@ -23,14 +23,16 @@ import numpy as np
 from gpuactors.actors import Actor, ActorRef, ActorSystem, Deferred, MailboxConfig, Props, handles
 from gpuactors.cuda.generation import GENERATIONS
 from gpuactors.engine import abi
-from gpuactors.engine.args import ArgEncoder, check_count
+from gpuactors.engine.args import ArgEncoder, check_count, encode_batch
 from gpuactors.engine.codegen import build_engine_module, physical_key
 from gpuactors.engine.messages import (
+    BatchCompletion,
     Completion,
     Drain,
     Drained,
     EngineStats,
     Enqueue,
+    EnqueueBatch,
     Park,
     Parked,
     Resume,
@@ -65,7 +67,7 @@ _EXIT_REASONS = {
 }
 
 
-@dataclass
+@dataclass(slots=True)
 class _Task:
     """A task the engine accepted: its reply future and what keeps its buffers alive."""
 
@@ -77,8 +79,30 @@ class _Task:
     blocks: int
     deadline_ns: int
     keepalive: tuple[Any, ...]
-    accepted_at: float = field(default_factory=time.perf_counter)
+    accepted_at: float
     ready_event: Any = None  # a CuPy event the inputs wait on, if any
+
+
+@dataclass(slots=True)
+class _Batch:
+    """An EnqueueBatch in progress: its records, how far it is published and finished."""
+
+    future: asyncio.Future[BatchCompletion]
+    op: OpSpec
+    records: np.ndarray
+    per_task: bool
+    keepalive: tuple[Any, ...]
+    ready_event: Any = None
+    first_seq: int = 0  # seq of records[0] (a batch is published contiguously)
+    published: int = 0
+    done: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.bool_))
+    statuses: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    finished: int = 0
+    low: int = 0  # every task before this index has finished
+
+    @property
+    def count(self) -> int:
+        return len(self.records)
 
 
 class PersistentEngineActor(Actor):
@@ -111,7 +135,8 @@ class PersistentEngineActor(Actor):
         self._op_ids: dict[str, int] = {}
         self._generation = 0
         self._pending: dict[int, _Task] = {}
-        self._backlog: deque[_Task] = deque()
+        self._backlog: deque[_Task | _Batch] = deque()  # FIFO: waiting for inputs or room
+        self._batches: list[_Batch] = []  # batches with records in the ring
         self._drain_waiters: list[asyncio.Future[Drained]] = []
         self._latencies: deque[float] = deque(maxlen=100_000)
         self._processed = 0
@@ -177,6 +202,39 @@ class PersistentEngineActor(Actor):
             self._backlog.append(task)
         elif len(self._pending) == 1:
             self._finish_inline(seq)
+        if self._pending or self._backlog:
+            self._wake.set()
+        return Deferred(future)
+
+    @handles(EnqueueBatch)
+    def enqueue_batch(self, msg: EnqueueBatch) -> Deferred[BatchCompletion]:
+        future: asyncio.Future[BatchCompletion] = asyncio.get_running_loop().create_future()
+        try:
+            if self._closing or self._runtime is None:
+                raise EngineStopped("the engine is shutting down and accepts no new tasks")
+            GENERATIONS.check_current("this engine", self._device_id, self._generation)
+            op = self._ops.get(msg.op)
+            if op is None:
+                raise UnknownOp(
+                    f"no op {msg.op!r} in this engine (ops: {', '.join(sorted(self._ops))})"
+                )
+            records = encode_batch(op, self._op_ids[op.name], msg, self._device_id)
+        except GpuActorsError as exc:
+            future.set_exception(exc)
+            return Deferred(future)
+        batch = _Batch(
+            future,
+            op,
+            records,
+            msg.per_task,
+            msg.args,
+            done=np.zeros(len(records), dtype=np.bool_),
+            statuses=np.zeros(len(records), dtype=np.int32),
+        )
+        if msg.after == "current_stream":
+            batch.ready_event = _pending_work_event()
+        self._backlog.append(batch)
+        self._flush_backlog()
         self._wake.set()
         return Deferred(future)
 
@@ -204,7 +262,17 @@ class PersistentEngineActor(Actor):
         n, blocks = check_count(op, msg.n, msg.blocks)
         words = self._encoders[op.name].encode(msg.args, n, self._device_id)
         deadline = time.time_ns() + int(msg.timeout * 1e9) if msg.timeout else 0
-        task = _Task(future, op, self._op_ids[op.name], n, words, blocks, deadline, msg.args)
+        task = _Task(
+            future,
+            op,
+            self._op_ids[op.name],
+            n,
+            words,
+            blocks,
+            deadline,
+            msg.args,
+            time.perf_counter(),
+        )
         if msg.after == "current_stream":
             task.ready_event = _pending_work_event()
         return task
@@ -222,19 +290,76 @@ class PersistentEngineActor(Actor):
     def _flush_backlog(self) -> int:
         published = 0
         while self._backlog:
-            task = self._backlog[0]
-            if task.future.done():  # the asker gave up; drop it before it enters the ring
+            item = self._backlog[0]
+            if item.future.done():  # the asker gave up; drop it before it enters the ring
                 self._backlog.popleft()
                 continue
-            if task.ready_event is not None:
-                if not task.ready_event.done:
+            if item.ready_event is not None:
+                if not item.ready_event.done:
                     break
-                task.ready_event = None
-            if self._publish(task) is None:
+                item.ready_event = None
+            if isinstance(item, _Batch):
+                published += self._publish_batch_part(item)
+                if item.published < item.count:
+                    break
+            elif self._publish(item) is None:
                 break
             self._backlog.popleft()
             published += 1
         return published
+
+    def _publish_batch_part(self, batch: _Batch) -> int:
+        """Publish as much of ``batch`` as the ring has room for, in one vectorised store."""
+        assert self._runtime is not None
+        ring = self._runtime.ring
+        room = ring.free_count(batch.count - batch.published)
+        if room == 0:
+            return 0
+        seqs = ring.publish_batch(batch.records[batch.published : batch.published + room])
+        if batch.published == 0:
+            batch.first_seq = seqs.start
+            self._batches.append(batch)
+        batch.published += room
+        self._runtime.kick()
+        return room
+
+    def _harvest_batches(self) -> int:
+        assert self._runtime is not None
+        ring = self._runtime.ring
+        progressed = 0
+        for batch in list(self._batches):
+            window = batch.done[batch.low : batch.published]
+            open_tasks = np.flatnonzero(~window) + batch.low
+            if open_tasks.size == 0:
+                continue
+            done, status = ring.harvest_seqs(
+                open_tasks.astype(np.uint64) + np.uint64(batch.first_seq)
+            )
+            finished = open_tasks[done]
+            batch.done[finished] = True
+            batch.statuses[finished] = status[done]
+            batch.finished += int(finished.size)
+            progressed += int(finished.size)
+            still_open = open_tasks[~done]
+            batch.low = int(still_open[0]) if still_open.size else batch.published
+            if batch.finished == batch.count:
+                self._batches.remove(batch)
+                self._complete_batch(batch)
+        return progressed
+
+    def _complete_batch(self, batch: _Batch) -> None:
+        failed = int(np.count_nonzero(batch.statuses))
+        self._processed += batch.count - failed
+        self._failed += failed
+        if not batch.future.done():
+            batch.future.set_result(
+                BatchCompletion(
+                    first_seq=batch.first_seq,
+                    count=batch.count,
+                    failed=failed,
+                    statuses=batch.statuses if batch.per_task else None,
+                )
+            )
 
     # ------------------------------------------------------------------- poller
     async def _poll(self) -> None:
@@ -243,12 +368,12 @@ class PersistentEngineActor(Actor):
         idle_since: float | None = None
         try:
             while True:
-                if not self._pending and not self._backlog:
+                if not self._pending and not self._backlog and not self._batches:
                     self._resolve_drains()
                     self._wake.clear()
                     await self._wake.wait()
                     continue
-                progressed = self._harvest() + self._flush_backlog()
+                progressed = self._harvest() + self._harvest_batches() + self._flush_backlog()
                 runtime.kick()
                 self._note_parks()
                 if progressed:
@@ -289,7 +414,7 @@ class PersistentEngineActor(Actor):
         else:
             seqs = np.fromiter(self._pending, dtype=np.uint64, count=len(self._pending))
             markers = ring.completions["seq"][(seqs - np.uint64(1)) & np.uint64(ring.mask)]
-            finished = seqs[markers == seqs].tolist()
+            finished = seqs[markers == seqs].tolist()  # _finish reads and retires each
         for seq in finished:
             self._finish(seq)
         return len(finished)
@@ -297,33 +422,28 @@ class PersistentEngineActor(Actor):
     def _finish(self, seq: int) -> None:
         assert self._runtime is not None
         task = self._pending.pop(seq)
-        ring = self._runtime.ring
-        marker = ring.completion(seq)
-        assert marker is not None
-        ring.retire(seq)
+        harvested = self._runtime.ring.harvest(seq)
+        assert harvested is not None
+        status, units, device_ns = harvested
         self._latencies.append(time.perf_counter() - task.accepted_at)
         if task.future.done():
             return
-        if marker.status == abi.STATUS_OK:
+        if status == abi.STATUS_OK:
             self._processed += 1
             task.future.set_result(
                 Completion.model_construct(  # values we made ourselves: skip validation
-                    seq=seq,
-                    op=task.op.name,
-                    status=0,
-                    units=marker.units,
-                    device_ns=marker.device_ns,
+                    seq=seq, op=task.op.name, status=0, units=units, device_ns=device_ns
                 )
             )
             return
         self._failed += 1
         error: GpuActorsError
-        if marker.status == abi.STATUS_DEADLINE:
+        if status == abi.STATUS_DEADLINE:
             error = TaskTimeout(f"task {seq} of op {task.op.name!r} missed its deadline")
-        elif marker.status == abi.STATUS_UNKNOWN_OP:
+        elif status == abi.STATUS_UNKNOWN_OP:
             error = UnknownOp(f"op id {task.op_id} is not in the running engine module")
         else:
-            error = TaskFailed(task.op.name, seq, marker.status)
+            error = TaskFailed(task.op.name, seq, status)
         task.future.set_exception(error)
 
     def _note_parks(self) -> None:
@@ -335,15 +455,16 @@ class PersistentEngineActor(Actor):
             self._park_reasons[reason] += 1
 
     def _fail_all(self, error: GpuActorsError) -> None:
-        for task in [*self._pending.values(), *self._backlog]:
-            if not task.future.done():
-                task.future.set_exception(error)
+        for item in [*self._pending.values(), *self._backlog, *self._batches]:
+            if not item.future.done():
+                item.future.set_exception(error)
         self._pending.clear()
         self._backlog.clear()
+        self._batches.clear()
         self._resolve_drains()
 
     def _resolve_drains(self) -> None:
-        if self._pending or self._backlog:
+        if self._pending or self._backlog or self._batches:
             return
         for waiter in self._drain_waiters:
             if not waiter.done():
@@ -422,11 +543,13 @@ class PersistentEngineActor(Actor):
                     if not task.future.done():
                         task.future.set_exception(stopped)
                         cancelled += 1
-                for task in self._backlog:
-                    if not task.future.done():
-                        task.future.set_exception(stopped)
-                        cancelled += 1
+                self._harvest_batches()
+                for item in [*self._backlog, *self._batches]:
+                    if not item.future.done():
+                        item.future.set_exception(stopped)
+                        cancelled += 1 if isinstance(item, _Task) else item.count - item.finished
                 self._backlog.clear()  # the kernel stays held: cancelled records never run
+                self._batches.clear()
             waiter: asyncio.Future[Drained] = asyncio.get_running_loop().create_future()
             self._drain_waiters.append(waiter)
             self._wake.set()

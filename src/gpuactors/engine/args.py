@@ -8,16 +8,25 @@ reaches the GPU, and the error says which argument is wrong and why.
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from gpuactors.cuda.arrays import CUPY_NDARRAY, check_device, describe_array
+from gpuactors.engine.abi import TASK_RECORD
+from gpuactors.engine.messages import EnqueueBatch
 from gpuactors.engine.ops import ArrayParam, OpSpec, ScalarParam
 from gpuactors.errors import InvalidArgument
 
 MAX_ELEMENTS = 2**62
+# struct codes (standard sizes) per NumPy kind and itemsize
+_STRUCT_CODES = {
+    ("f", 4): "f", ("f", 8): "d",
+    ("i", 1): "b", ("i", 2): "h", ("i", 4): "i", ("i", 8): "q",
+    ("u", 1): "B", ("u", 2): "H", ("u", 4): "I", ("u", 8): "Q",
+}  # fmt: skip
 
 
 def check_count(op: OpSpec, n: object, blocks: object) -> tuple[int, int]:
@@ -75,16 +84,15 @@ class ArgEncoder:
     """:func:`encode_args` for one op, with the per-parameter work done once.
 
     CuPy arrays and Python floats/ints (the common case) take a fast path of
-    plain attribute reads; anything else goes through the general checks.
+    plain attribute reads and one struct pack; anything else, and anything the
+    fast path doubts, goes through the general checks, which also say precisely
+    what is wrong.
     """
 
     def __init__(self, op: OpSpec) -> None:
         self.op = op
         self._arity = len(op.params)
-        self._plan = [
-            (param, np.dtype(param.dtype), f"argument {param.name!r} of op {op.name!r}")
-            for param in op.params
-        ]
+        self._plan = [_ParamPlan(param, op.name) for param in op.params]
 
     def encode(self, args: Sequence[Any], n: int, device_id: int) -> list[int]:
         if len(args) != self._arity:
@@ -92,19 +100,170 @@ class ArgEncoder:
             raise InvalidArgument(
                 f"op {self.op.name!r} takes {self._arity} arguments ({names}), got {len(args)}"
             )
-        words: list[int] = []
-        for (param, dtype, where), value in zip(self._plan, args, strict=True):
-            if isinstance(param, ArrayParam):
-                if (
-                    type(value) is CUPY_NDARRAY
-                    and value.dtype == dtype
-                    and value.flags.c_contiguous
-                    and value.size >= (n if param.length == "n" else param.length)
-                    and value.device.id == device_id
-                ):
-                    words.append(value.data.ptr)
-                else:  # the general path also says precisely what is wrong
-                    words.append(_array_ptr(param, value, n, device_id, where))
-            else:
-                words.append(_scalar_bits(param, value, where))
-        return words
+        return [
+            plan.encode(value, n, device_id) for plan, value in zip(self._plan, args, strict=True)
+        ]
+
+
+class _ParamPlan:
+    """How to turn one argument into its record word, precomputed per parameter."""
+
+    __slots__ = (
+        "dtype",
+        "fixed_length",
+        "high",
+        "is_array",
+        "is_float",
+        "low",
+        "pack",
+        "param",
+        "unpack",
+        "where",
+    )
+
+    def __init__(self, param: ArrayParam | ScalarParam, op_name: str) -> None:
+        self.param = param
+        self.where = f"argument {param.name!r} of op {op_name!r}"
+        self.dtype = np.dtype(param.dtype)
+        self.is_array = isinstance(param, ArrayParam)
+        self.fixed_length = (
+            None if not isinstance(param, ArrayParam) or param.length == "n" else (param.length)
+        )
+        self.is_float = self.dtype.kind == "f"
+        if self.is_float:
+            self.low = self.high = 0
+        else:
+            info = np.iinfo(self.dtype)
+            self.low, self.high = int(info.min), int(info.max)
+        size = self.dtype.itemsize
+        code = _STRUCT_CODES[(self.dtype.kind, size)]
+        self.pack = struct.Struct("<" + code).pack
+        self.unpack = struct.Struct(
+            f"<{ {1: 'B', 2: 'H', 4: 'I', 8: 'Q'}[self.dtype.itemsize] }"
+        ).unpack
+
+    def encode(self, value: Any, n: int, device_id: int) -> int:
+        if self.is_array:
+            if (
+                type(value) is CUPY_NDARRAY
+                and value.dtype == self.dtype
+                and value.size >= (n if self.fixed_length is None else self.fixed_length)
+                and value.data.device_id == device_id
+                and value.flags.c_contiguous
+            ):
+                return int(value.data.ptr)
+            assert isinstance(self.param, ArrayParam)
+            return _array_ptr(self.param, value, n, device_id, self.where)
+        kind = type(value)
+        if self.is_float and kind is float and math.isfinite(value):
+            return int(self.unpack(self.pack(value))[0])
+        if not self.is_float and kind is int and self.low <= value <= self.high:
+            return int(self.unpack(self.pack(value))[0])
+        assert isinstance(self.param, ScalarParam)
+        return _scalar_bits(self.param, value, self.where)
+
+
+def _task_count(msg: EnqueueBatch) -> int:
+    lengths = {}
+    if not isinstance(msg.n, (int, np.integer)):
+        lengths["n"] = len(np.asarray(msg.n))
+    for kind, table in (("offsets", msg.offsets), ("scalars", msg.scalars)):
+        for name, values in table.items():
+            lengths[f"{kind}[{name!r}]"] = len(np.asarray(values))
+    if msg.count is not None:
+        lengths["count"] = msg.count
+    if not lengths:
+        raise InvalidArgument("EnqueueBatch needs per-task arrays or a count")
+    if len(set(lengths.values())) != 1:
+        raise InvalidArgument(f"EnqueueBatch arrays disagree on the number of tasks: {lengths}")
+    count = next(iter(lengths.values()))
+    if count < 1:
+        raise InvalidArgument("EnqueueBatch has no tasks")
+    return count
+
+
+def _int_array(values: Any, what: str, count: int) -> np.ndarray:
+    array = np.asarray(values)
+    if array.ndim != 1 or array.dtype.kind not in "iu":
+        raise InvalidArgument(
+            f"{what} must be a 1-D integer array, got {array.dtype} {array.shape}"
+        )
+    if array.size and (array.min() < 0 or array.max() >= MAX_ELEMENTS):
+        raise InvalidArgument(f"{what} must be in [0, 2**62)")
+    return array.astype(np.int64, copy=False)
+
+
+def _scalar_column(param: ScalarParam, values: Any, where: str) -> np.ndarray:
+    """Per-task scalar values as record words (uint64), range- and finiteness-checked."""
+    array = np.asarray(values)
+    target = np.dtype(param.dtype)
+    if array.ndim != 1 or array.dtype.kind not in ("f" if target.kind == "f" else "iu") + "iu":
+        raise InvalidArgument(f"{where} per-task values must be a 1-D numeric array")
+    if target.kind == "f":
+        if not np.isfinite(array).all():
+            raise InvalidArgument(f"{where} per-task values must be finite")
+        converted = array.astype(target)
+    else:
+        if array.dtype.kind == "f":
+            raise InvalidArgument(f"{where} per-task values must be integers ({param.dtype})")
+        info = np.iinfo(target)
+        if array.size and (array.min() < info.min or array.max() > info.max):
+            raise InvalidArgument(f"{where} per-task values do not fit {param.dtype}")
+        converted = array.astype(target)
+    unsigned = converted.view(np.dtype(f"u{target.itemsize}"))
+    return unsigned.astype(np.uint64)
+
+
+def encode_batch(op: OpSpec, op_id: int, msg: EnqueueBatch, device_id: int) -> np.ndarray:
+    """Validate a whole batch up front and build its TASK_RECORD array (vectorised)."""
+    if len(msg.args) != len(op.params):
+        raise InvalidArgument(
+            f"op {op.name!r} takes {len(op.params)} arguments, got {len(msg.args)}"
+        )
+    names = {p.name for p in op.params}
+    for table, kind in ((msg.offsets, ArrayParam), (msg.scalars, ScalarParam)):
+        for name in table:
+            if name not in names or not isinstance(
+                next(p for p in op.params if p.name == name), kind
+            ):
+                raise InvalidArgument(f"op {op.name!r} has no {kind.__name__} named {name!r}")
+    count = _task_count(msg)
+    if msg.blocks > 1 and not op.multi_block:
+        raise InvalidArgument(f"op {op.name!r} runs on one block per task (multi_block=False)")
+    if isinstance(msg.n, (int, np.integer)):
+        if not 0 <= int(msg.n) < MAX_ELEMENTS:
+            raise InvalidArgument(f"n must be in [0, 2**62), got {msg.n!r}")
+        n = np.full(count, int(msg.n), dtype=np.int64)
+    else:
+        n = _int_array(msg.n, "n", count)
+    records = np.zeros(count, dtype=TASK_RECORD)
+    records["op"] = op_id
+    records["blocks"] = msg.blocks
+    records["n"] = n
+    for index, (param, value) in enumerate(zip(op.params, msg.args, strict=True)):
+        where = f"argument {param.name!r} of op {op.name!r}"
+        if isinstance(param, ArrayParam):
+            ptr = _array_ptr(param, value, 0, device_id, where)
+            size = describe_array(value, where).size
+            offsets = (
+                _int_array(msg.offsets[param.name], f"offsets[{param.name!r}]", count)
+                if param.name in msg.offsets
+                else np.zeros(count, dtype=np.int64)
+            )
+            ends = offsets + (n if param.length == "n" else int(param.length))
+            too_far = np.flatnonzero(ends > size)
+            if too_far.size:
+                task = int(too_far[0])
+                raise InvalidArgument(
+                    f"{where}: task {task} needs elements up to {int(ends[task])}, "
+                    f"the array has {size}"
+                )
+            itemsize = np.dtype(param.dtype).itemsize
+            records["args"][:, index] = np.uint64(ptr) + offsets.astype(np.uint64) * np.uint64(
+                itemsize
+            )
+        elif param.name in msg.scalars:
+            records["args"][:, index] = _scalar_column(param, msg.scalars[param.name], where)
+        else:
+            records["args"][:, index] = _scalar_bits(param, value, where)
+    return records

@@ -39,6 +39,40 @@ class Completion(Reply):
     device_ns: int
 
 
+class EnqueueBatch(Message):
+    """Many tasks of one op in one message, described by NumPy arrays; one reply.
+
+    ``args`` has one entry per op parameter, as in :class:`Enqueue`: a device array
+    (the *base* every task indexes into) or a scalar shared by all tasks.
+    ``offsets[name]`` gives, per task, the element offset into array parameter
+    ``name``'s base (missing: every task starts at element 0). ``scalars[name]``
+    gives one value per task for scalar parameter ``name`` (overriding ``args``).
+    ``n`` is one element count for all tasks or one per task. The number of tasks
+    is the length of these arrays (they must agree), or ``count`` when all are
+    shared. Every task is validated against its base array's size up front.
+    ``per_task=True`` returns each task's status in the reply.
+    """
+
+    op: str
+    args: tuple[Any, ...] = ()
+    n: Any = 0  # int, or a 1-D integer NumPy array (one per task)
+    offsets: dict[str, Any] = Field(default_factory=dict)  # name -> 1-D int array
+    scalars: dict[str, Any] = Field(default_factory=dict)  # name -> 1-D array
+    count: int | None = Field(default=None, ge=1)
+    blocks: int = Field(default=1, ge=1)
+    per_task: bool = False
+    after: Literal["current_stream", "none"] = "current_stream"
+
+
+class BatchCompletion(Reply):
+    """Every task of an EnqueueBatch has finished (check ``failed``)."""
+
+    first_seq: int
+    count: int
+    failed: int
+    statuses: Any = None  # int32 array (one per task) when per_task=True
+
+
 class Stats(Message):
     """Ask for the engine's counters."""
 

@@ -84,6 +84,7 @@ class HostRing:
         self._done_words = memoryview(completions.view(np.uint8).reshape(-1).data).cast("Q")
         self.published = 0  # next ring position to produce
         self._unretired = bytearray(self.capacity)  # 1: marker not read yet
+        self._unretired_view = np.frombuffer(self._unretired, dtype=np.uint8)
 
     # ------------------------------------------------------------- producer
     def slot_free(self, pos: int) -> bool:
@@ -116,12 +117,14 @@ class HostRing:
         self.published = pos + 1
         return pos + 1
 
-    def free_count(self) -> int:
-        """How many consecutive positions from ``published`` are free right now."""
-        count = 0
-        while count < self.capacity and self.slot_free(self.published + count):
-            count += 1
-        return count
+    def free_count(self, limit: int | None = None) -> int:
+        """How many consecutive positions from ``published`` are free right now (vectorised)."""
+        window = self.capacity if limit is None else min(limit, self.capacity)
+        positions = np.arange(self.published, self.published + window, dtype=np.uint64)
+        slots = (positions & np.uint64(self.mask)).astype(np.intp)
+        free = (self.records["seq"][slots] == positions) & (self._unretired_view[slots] == 0)
+        blocked = np.flatnonzero(~free)
+        return int(blocked[0]) if blocked.size else window
 
     def publish_batch(self, batch: np.ndarray) -> range:
         """Publish records (TASK_RECORD array, ``seq`` ignored) with vectorised stores.
@@ -130,7 +133,7 @@ class HostRing:
         written for the whole batch, then the sequence numbers, in ring order.
         """
         count = len(batch)
-        if count > self.free_count():
+        if count > self.free_count(count):
             raise InvalidArgument(f"batch of {count} does not fit in the ring's free slots")
         first = self.published
         positions = np.arange(first, first + count, dtype=np.uint64)
@@ -139,8 +142,7 @@ class HostRing:
         body["seq"] = self.records["seq"][slots]  # keep "free" until the bodies are in place
         self.records[slots] = body
         self.records["seq"][slots] = positions + np.uint64(1)
-        for slot in slots.tolist():
-            self._unretired[slot] = 1
+        self._unretired_view[slots] = 1
         self.published = first + count
         return range(first + 1, first + count + 1)
 
@@ -148,9 +150,42 @@ class HostRing:
     def is_done(self, seq: int) -> bool:
         return self._done_words[((seq - 1) & self.mask) * _COMPLETION_WORDS] == seq
 
+    def harvest_seqs(self, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Vectorised :meth:`harvest` over ``seqs`` (uint64; none retired yet).
+
+        Returns (done mask, status per task, meaningful where done) and retires
+        the finished ones.
+        """
+        slots = ((seqs - np.uint64(1)) & np.uint64(self.mask)).astype(np.intp)
+        done = self.completions["seq"][slots] == seqs
+        # Statuses are read in a second pass, after the markers: x86 keeps loads in
+        # order, so a status read after its marker is the one written before it.
+        status = np.zeros(len(seqs), dtype=np.int32)
+        status[done] = self.completions["status"][slots[done]]
+        self._unretired_view[slots[done]] = 0
+        return done, status
+
     def retire(self, seq: int) -> None:
         """The host has read task ``seq``'s marker: its slot may take the next lap."""
         self._unretired[(seq - 1) & self.mask] = 0
+
+    def harvest(self, seq: int) -> tuple[int, int, int] | None:
+        """Read and retire task ``seq``'s marker: (status, units, device ns), or None if running.
+
+        The per-task hot path: plain word reads, no objects beyond the tuple.
+        """
+        slot = (seq - 1) & self.mask
+        base = slot * _COMPLETION_WORDS
+        words = self._done_words
+        if words[base] != seq:
+            return None
+        status_units = words[base + 1]
+        status = status_units & 0xFFFFFFFF
+        if status & 0x80000000:
+            status -= 1 << 32
+        device_ns = max(0, words[base + 3] - words[base + 2])
+        self._unretired[slot] = 0
+        return status, status_units >> 32, device_ns
 
     def completion(self, seq: int) -> CompletionView | None:
         """The marker of task ``seq`` if it has completed, else None (call retire after)."""

@@ -139,20 +139,28 @@ __device__ void run_dispatcher(const EngineParams& P) {
             taken = (~ballot == 0u) ? 32u : (u32)(__ffs(~ballot) - 1);
             if (taken > 0) {
                 // Copy the taken records to device memory, 16 bytes a lane (four
-                // records per warp-wide load). The ballot orders these loads after
-                // each record's acquire of its sequence number.
-                for (u32 base = 0; base < taken; base += 4) {
-                    const u32 rec = base + (lane >> 3);
+                // records per warp-wide load). All loads are issued before any
+                // store, so the PCIe round trips overlap. The ballot orders these
+                // loads after each record's acquire of its sequence number.
+                u64 lo[8], hi[8];
+#pragma unroll
+                for (int k = 0; k < 8; ++k) {
+                    const u32 rec = (lane >> 3) + 4u * k;
                     if (rec < taken) {
                         const u64 s = (tail + rec) & ring_mask;
-                        const u32 part = lane & 7u;
-                        const u64* src = reinterpret_cast<const u64*>(&P.ring[s]) + 2 * part;
-                        u64* dst = reinterpret_cast<u64*>(&P.tasks[s]) + 2 * part;
-                        u64 lo, hi;
+                        const u64* src = reinterpret_cast<const u64*>(&P.ring[s]) + 2 * (lane & 7u);
                         asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];"
-                                     : "=l"(lo), "=l"(hi) : "l"(src) : "memory");
-                        dst[0] = lo;
-                        dst[1] = hi;
+                                     : "=l"(lo[k]), "=l"(hi[k]) : "l"(src));
+                    }
+                }
+#pragma unroll
+                for (int k = 0; k < 8; ++k) {
+                    const u32 rec = (lane >> 3) + 4u * k;
+                    if (rec < taken) {
+                        const u64 s = (tail + rec) & ring_mask;
+                        u64* dst = reinterpret_cast<u64*>(&P.tasks[s]) + 2 * (lane & 7u);
+                        dst[0] = lo[k];
+                        dst[1] = hi[k];
                     }
                 }
                 __syncwarp();

@@ -1,0 +1,110 @@
+"""Argument validation and encoding for Enqueue / EnqueueBatch (the CPU-checkable parts)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpuactors.engine.args import ArgEncoder, check_count, encode_batch
+from gpuactors.engine.messages import EnqueueBatch
+from gpuactors.engine.ops import BUILTIN_OPS, ArrayParam, OpSpec, ScalarParam
+from gpuactors.errors import InvalidArgument
+
+SCALARS = OpSpec(
+    name="scalars",
+    params=(
+        ScalarParam(name="a", dtype="int32"),
+        ScalarParam(name="b", dtype="float64"),
+        ScalarParam(name="c", dtype="uint8"),
+    ),
+    body="return 0;",
+)
+FILL = next(op for op in BUILTIN_OPS if op.name == "fill")
+SUM = next(op for op in BUILTIN_OPS if op.name == "sum")
+
+
+def test_scalar_words_match_numpy_bits() -> None:
+    words = ArgEncoder(SCALARS).encode((-2, 1.5, 255), 1, 0)
+    assert words == [0xFFFFFFFE, np.float64(1.5).view(np.uint64).item(), 255]
+    # NumPy scalars take the general path with the same result
+    assert ArgEncoder(SCALARS).encode((np.int32(-2), np.float32(1.5), np.uint8(255)), 1, 0) == words
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        (1, 2.0),  # arity
+        (2**31, 1.0, 1),  # int32 overflow
+        (1, float("nan"), 1),  # not finite
+        (1, float("inf"), 1),
+        (1, "2.0", 1),  # wrong type
+        (True, 1.0, 1),  # bool is not an int here
+        (1.5, 1.0, 1),  # float for an int parameter
+        (1, 1.0, 256),  # uint8 overflow
+        (1, 1.0, -1),
+    ],
+)
+def test_bad_scalars_are_refused(args: tuple[object, ...]) -> None:
+    with pytest.raises(InvalidArgument):
+        ArgEncoder(SCALARS).encode(args, 1, 0)
+
+
+def test_host_arrays_and_non_arrays_are_refused_for_array_params() -> None:
+    with pytest.raises(InvalidArgument, match="host"):
+        ArgEncoder(FILL).encode((np.zeros(4, np.float32), 1.0), 4, 0)
+    with pytest.raises(InvalidArgument, match="device array"):
+        ArgEncoder(FILL).encode(([0.0] * 4, 1.0), 4, 0)
+
+
+@pytest.mark.parametrize(
+    ("n", "blocks", "op"),
+    [(-1, 1, FILL), (2**62, 1, FILL), (1.0, 1, FILL), (1, 0, FILL), (1, True, FILL), (1, 2, SUM)],
+)
+def test_counts_are_checked(n: object, blocks: object, op: OpSpec) -> None:
+    with pytest.raises(InvalidArgument):
+        check_count(op, n, blocks)
+
+
+def test_encode_batch_builds_one_record_per_task() -> None:
+    records = encode_batch(
+        SCALARS,
+        7,
+        EnqueueBatch(
+            op="scalars",
+            args=(0, 2.0, 3),
+            n=np.array([1, 2, 3]),
+            scalars={"a": np.array([-1, 0, 1])},
+        ),
+        0,
+    )
+    assert len(records) == 3
+    assert records["op"].tolist() == [7, 7, 7]
+    assert records["n"].tolist() == [1, 2, 3]
+    assert records["args"][:, 0].tolist() == [0xFFFFFFFF, 0, 1]
+    assert records["args"][:, 1].tolist() == [np.float64(2.0).view(np.uint64).item()] * 3
+    assert records["args"][:, 2].tolist() == [3, 3, 3]
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        EnqueueBatch(op="scalars", args=(0, 2.0, 3)),  # no count
+        EnqueueBatch(op="scalars", args=(0, 2.0, 3), n=np.array([1, 2]), count=3),  # disagree
+        EnqueueBatch(op="scalars", args=(0, 2.0, 3), count=2, scalars={"a": np.array([2**40, 1])}),
+        EnqueueBatch(op="scalars", args=(0, 2.0, 3), count=1, scalars={"zz": np.array([1])}),
+        EnqueueBatch(op="scalars", args=(0, 2.0, 3), count=1, offsets={"a": np.array([1])}),
+        EnqueueBatch(op="scalars", args=(0, 2.0, 3), scalars={"b": np.array([1.0, np.nan])}),
+        EnqueueBatch(op="scalars", args=(0, 2.0, 3), scalars={"a": np.array([1.5])}),
+        EnqueueBatch(op="scalars", args=(0, 2.0, 3), n=np.array([1, -1])),
+        EnqueueBatch(op="scalars", args=(0, 2.0), count=1),
+    ],
+)
+def test_bad_batches_are_refused(message: EnqueueBatch) -> None:
+    with pytest.raises(InvalidArgument):
+        encode_batch(SCALARS, 0, message, 0)
+
+
+def test_array_param_needs_offsets_within_its_array_shape() -> None:
+    param = ArrayParam(name="x", dtype="float32", length=4)
+    assert param.required_length(100) == 4
+    assert ArrayParam(name="y", dtype="float32").required_length(100) == 100
