@@ -426,3 +426,139 @@ async def test_enqueue_batch_per_task_statuses_and_validation(engine: Engine) ->
         with pytest.raises(InvalidArgument):
             await engine.ref.ask(message, timeout=10)
     assert float(out.sum()) == 0.0, "a rejected batch must not run any task"
+
+
+STAMP = OpSpec(
+    name="stamp",
+    params=(ArrayParam(name="out", dtype="int32", direction="out", length=1),),
+    body="if (threadIdx.x == 0) out[0] = 1;\nreturn 0;",
+)
+
+
+def _stamp_body(version: int) -> str:
+    return f"if (threadIdx.x == 0) out[0] = {version};\nreturn 0;"
+
+
+async def _traffic_with(
+    engine: Engine, action: Any, clients: int = 50
+) -> list[tuple[int, int, float, float]]:
+    """Clients stamp their own output slots while `action` runs.
+
+    Returns (slot, version, sent_at, replied_at) per task. Every task must report
+    the version it ran, and its slot must hold exactly that version: nothing lost,
+    duplicated or run by a half-installed op.
+    """
+    import cupy as cp
+
+    slots = 400_000
+    out = cp.zeros(slots, dtype=cp.int32)
+    cp.cuda.get_current_stream().synchronize()
+    next_slot = 0
+    results: list[tuple[int, int, float, float]] = []
+    stop = asyncio.Event()
+
+    async def client() -> None:
+        nonlocal next_slot
+        while not stop.is_set() and next_slot < slots:
+            slot = next_slot
+            next_slot += 1
+            sent = time.perf_counter()
+            done = await engine.ref.ask(
+                Enqueue(op="stamp", args=(out[slot : slot + 1],), n=1, after="none"), timeout=30
+            )
+            results.append((slot, done.version, sent, time.perf_counter()))
+
+    flows = [asyncio.ensure_future(client()) for _ in range(clients)]
+    await asyncio.sleep(0.1)
+    await action()
+    await asyncio.sleep(0.1)
+    stop.set()
+    await asyncio.gather(*flows)
+    written = cp.asnumpy(out)
+    assert len({r[0] for r in results}) == len(results)
+    wrong = [(r[0], r[1], int(written[r[0]])) for r in results if written[r[0]] != r[1]]
+    assert not wrong, f"{len(wrong)} tasks ran another version than they report: {wrong[:5]}"
+    assert int(np.count_nonzero(written)) == len(results), "a task ran that nobody accepted"
+    return results
+
+
+async def test_hot_swap_under_load_loses_nothing() -> None:
+    from gpuactors.engine import ReplaceOp
+
+    async with ActorSystem("swap") as system:
+        engine = await Engine.start(system, ops=(STAMP,))
+        times: dict[str, float] = {}
+
+        async def swap() -> None:
+            times["sent"] = time.perf_counter()
+            installed = await engine.ref.ask(
+                ReplaceOp(name="stamp", body=_stamp_body(2)), timeout=60
+            )
+            times["replied"] = time.perf_counter()
+            assert installed.version == 2 and installed.active and installed.engine_module == 2
+
+        results = await _traffic_with(engine, swap)
+        assert len(results) > 1000
+        assert all(v == 1 for _, v, sent, _ in results if sent < times["sent"])
+        assert all(v == 2 for _, v, sent, _ in results if sent > times["replied"])
+        assert {v for _, v, _, _ in results} == {1, 2}
+        stats = await engine.stats()
+        assert "stamp@2" in stats.ops
+        await engine.shutdown(timeout=30)
+
+
+async def test_alias_and_rollback_under_load() -> None:
+    import cupy as cp
+
+    from gpuactors.engine import AliasOp, InstallOp, Rollback
+
+    async with ActorSystem("alias") as system:
+        engine = await Engine.start(system, ops=(STAMP,))
+        v2 = STAMP.model_copy(update={"version": 2, "body": _stamp_body(2)})
+        installed = await engine.ref.ask(InstallOp(op=v2, activate=False), timeout=60)
+        assert installed.version == 2 and not installed.active
+        times: dict[str, float] = {}
+
+        async def switch() -> None:
+            times["alias_sent"] = time.perf_counter()
+            aliased = await engine.ref.ask(AliasOp(name="stamp", version=2))
+            times["alias_replied"] = time.perf_counter()
+            assert aliased.previous == 1
+            await asyncio.sleep(0.1)
+            times["rollback_sent"] = time.perf_counter()
+            rolled = await engine.ref.ask(Rollback(name="stamp"))
+            times["rollback_replied"] = time.perf_counter()
+            assert (rolled.version, rolled.previous) == (1, 2)
+
+        results = await _traffic_with(engine, switch)
+        # The documented rule: the version is bound when the engine accepts the task.
+        for _, version, sent, replied in results:
+            if replied < times["alias_sent"] or sent > times["rollback_replied"]:
+                assert version == 1
+            elif sent > times["alias_replied"] and replied < times["rollback_sent"]:
+                assert version == 2
+        assert {v for _, v, _, _ in results} == {1, 2}
+        out = cp.zeros(1, dtype=cp.int32)
+        done = await engine.enqueue("stamp", out, n=1)
+        assert done.version == 1 and int(out[0]) == 1
+        await engine.shutdown(timeout=30)
+
+
+async def test_failed_compile_keeps_the_running_version_serving() -> None:
+    import cupy as cp
+
+    from gpuactors.engine import ReplaceOp
+    from gpuactors.errors import CompileError
+
+    async with ActorSystem("bad-swap") as system:
+        engine = await Engine.start(system, ops=(STAMP,))
+
+        async def broken_swap() -> None:
+            with pytest.raises(CompileError, match="op:stamp@2"):
+                await engine.ref.ask(ReplaceOp(name="stamp", body="out[0] = ;"), timeout=60)
+
+        results = await _traffic_with(engine, broken_swap)
+        assert {v for _, v, _, _ in results} == {1}
+        out = cp.zeros(1, dtype=cp.int32)
+        assert (await engine.enqueue("stamp", out, n=1)).version == 1
+        await engine.shutdown(timeout=30)

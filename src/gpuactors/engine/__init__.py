@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from gpuactors.engine.actor import Engine, PersistentEngineActor
 from gpuactors.engine.messages import (
+    AliasOp,
     BatchCompletion,
     Completion,
     Drain,
@@ -11,9 +12,14 @@ from gpuactors.engine.messages import (
     EngineStats,
     Enqueue,
     EnqueueBatch,
+    InstallOp,
+    OpAliasSet,
+    OpInstalled,
     Park,
     Parked,
+    ReplaceOp,
     Resume,
+    Rollback,
     Shutdown,
     ShutdownReport,
     Stats,
@@ -23,6 +29,7 @@ from gpuactors.engine.runtime import EngineConfig, PersistentThreadMode
 
 __all__ = [
     "BUILTIN_OPS",
+    "AliasOp",
     "ArrayParam",
     "BatchCompletion",
     "Completion",
@@ -33,12 +40,17 @@ __all__ = [
     "EngineStats",
     "Enqueue",
     "EnqueueBatch",
+    "InstallOp",
+    "OpAliasSet",
+    "OpInstalled",
     "OpSpec",
     "Park",
     "Parked",
     "PersistentEngineActor",
     "PersistentThreadMode",
+    "ReplaceOp",
     "Resume",
+    "Rollback",
     "ScalarParam",
     "Shutdown",
     "ShutdownReport",

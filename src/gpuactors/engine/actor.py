@@ -23,9 +23,10 @@ import numpy as np
 from gpuactors.actors import Actor, ActorRef, ActorSystem, Deferred, MailboxConfig, Props, handles
 from gpuactors.cuda.generation import GENERATIONS
 from gpuactors.engine import abi
-from gpuactors.engine.args import ArgEncoder, check_count, encode_batch
-from gpuactors.engine.codegen import build_engine_module, physical_key
+from gpuactors.engine.args import check_count, encode_batch
+from gpuactors.engine.codegen import build_engine_module
 from gpuactors.engine.messages import (
+    AliasOp,
     BatchCompletion,
     Completion,
     Drain,
@@ -33,14 +34,20 @@ from gpuactors.engine.messages import (
     EngineStats,
     Enqueue,
     EnqueueBatch,
+    InstallOp,
+    OpAliasSet,
+    OpInstalled,
     Park,
     Parked,
+    ReplaceOp,
     Resume,
+    Rollback,
     Shutdown,
     ShutdownReport,
     Stats,
 )
 from gpuactors.engine.ops import BUILTIN_OPS, OpSpec
+from gpuactors.engine.optable import OpTable
 from gpuactors.engine.runtime import EngineConfig, EngineRuntime
 from gpuactors.errors import (
     DeviceFault,
@@ -117,22 +124,16 @@ class PersistentEngineActor(Actor):
         compiler: KernelCompiler | None = None,
         full_policy: Literal["wait", "fail"] = "wait",
     ) -> None:
-        self._ops: dict[str, OpSpec] = {}
-        for op in (*BUILTIN_OPS, *ops):
-            if (
-                op.name in self._ops
-                and op not in BUILTIN_OPS
-                and self._ops[op.name] not in BUILTIN_OPS
-            ):
-                raise InvalidArgument(f"op {op.name!r} is declared twice")
-            self._ops[op.name] = op
-        self._encoders = {name: ArgEncoder(op) for name, op in self._ops.items()}
+        user_names = {op.name for op in ops}  # a user op may take a built-in's name
+        self._ops = OpTable([*(op for op in BUILTIN_OPS if op.name not in user_names), *ops])
+        self._install_lock = asyncio.Lock()
+        self._modules_built = 0
+        self._arch = ""
         self._config = config or EngineConfig()
         self._device_id = device_id
         self._compiler = compiler
         self._full_policy = full_policy
         self._runtime: EngineRuntime | None = None
-        self._op_ids: dict[str, int] = {}
         self._generation = 0
         self._pending: dict[int, _Task] = {}
         self._backlog: deque[_Task | _Batch] = deque()  # FIFO: waiting for inputs or room
@@ -153,15 +154,16 @@ class PersistentEngineActor(Actor):
 
         with cupy.cuda.Device(self._device_id) as device:
             major, minor = device.compute_capability[:-1], device.compute_capability[-1]
-        arch = f"sm_{major}{minor}"
-        module, engine = await asyncio.to_thread(
+        arch = self._arch = f"sm_{major}{minor}"
+        module, _engine = await asyncio.to_thread(
             build_engine_module,
-            list(self._ops.values()),
+            self._ops.physical_ops(),
             arch=arch,
             compiler=self._compiler,
             block_threads=self._config.block_threads,
+            op_ids=self._ops.op_ids(),
         )
-        self._op_ids = {name: engine.op_ids[physical_key(op)] for name, op in self._ops.items()}
+        self._modules_built = 1
         self._generation = GENERATIONS.current(self._device_id)
         self._runtime = EngineRuntime(module.image, self._config, device_id=self._device_id)
         self._poller = asyncio.get_running_loop().create_task(self._poll(), name="engine-poller")
@@ -213,12 +215,9 @@ class PersistentEngineActor(Actor):
             if self._closing or self._runtime is None:
                 raise EngineStopped("the engine is shutting down and accepts no new tasks")
             GENERATIONS.check_current("this engine", self._device_id, self._generation)
-            op = self._ops.get(msg.op)
-            if op is None:
-                raise UnknownOp(
-                    f"no op {msg.op!r} in this engine (ops: {', '.join(sorted(self._ops))})"
-                )
-            records = encode_batch(op, self._op_ids[op.name], msg, self._device_id)
+            resolved = self._ops.resolve(msg.op)
+            op = resolved.spec
+            records = encode_batch(op, resolved.op_id, msg, self._device_id)
         except GpuActorsError as exc:
             future.set_exception(exc)
             return Deferred(future)
@@ -254,18 +253,15 @@ class PersistentEngineActor(Actor):
         if self._closing or self._runtime is None:
             raise EngineStopped("the engine is shutting down and accepts no new tasks")
         GENERATIONS.check_current("this engine", self._device_id, self._generation)
-        op = self._ops.get(msg.op)
-        if op is None:
-            raise UnknownOp(
-                f"no op {msg.op!r} in this engine (ops: {', '.join(sorted(self._ops))})"
-            )
+        resolved = self._ops.resolve(msg.op)  # the version is bound here, at acceptance
+        op = resolved.spec
         n, blocks = check_count(op, msg.n, msg.blocks)
-        words = self._encoders[op.name].encode(msg.args, n, self._device_id)
+        words = resolved.encoder.encode(msg.args, n, self._device_id)
         deadline = time.time_ns() + int(msg.timeout * 1e9) if msg.timeout else 0
         task = _Task(
             future,
             op,
-            self._op_ids[op.name],
+            resolved.op_id,
             n,
             words,
             blocks,
@@ -432,7 +428,12 @@ class PersistentEngineActor(Actor):
             self._processed += 1
             task.future.set_result(
                 Completion.model_construct(  # values we made ourselves: skip validation
-                    seq=seq, op=task.op.name, status=0, units=units, device_ns=device_ns
+                    seq=seq,
+                    op=task.op.name,
+                    version=task.op.version,
+                    status=0,
+                    units=units,
+                    device_ns=device_ns,
                 )
             )
             return
@@ -489,7 +490,7 @@ class PersistentEngineActor(Actor):
             park_reasons=dict(self._park_reasons),
             latency_p50_us=float(np.percentile(latencies, 50)) if latencies.size else None,
             latency_p99_us=float(np.percentile(latencies, 99)) if latencies.size else None,
-            ops=tuple(sorted(self._ops)),
+            ops=tuple(f"{name}@{self._ops.active_version(name)}" for name in self._ops.names()),
         )
 
     @handles(Drain)
@@ -516,6 +517,91 @@ class PersistentEngineActor(Actor):
         self._runtime.kick()
         self._wake.set()
         return Ack()
+
+    # ------------------------------------------------------------- live operators
+    @handles(InstallOp)
+    def install_op(self, msg: InstallOp) -> Deferred[OpInstalled]:
+        return self._start_install(msg.op, msg.activate)
+
+    @handles(ReplaceOp)
+    def replace_op(self, msg: ReplaceOp) -> Deferred[OpInstalled]:
+        future: asyncio.Future[OpInstalled] = asyncio.get_running_loop().create_future()
+        try:
+            current = self._ops.resolve(msg.name).spec
+        except GpuActorsError as exc:
+            future.set_exception(exc)
+            return Deferred(future)
+        update: dict[str, Any] = {"body": msg.body, "version": self._ops.next_version(msg.name)}
+        if msg.params is not None:
+            update["params"] = msg.params
+        if msg.multi_block is not None:
+            update["multi_block"] = msg.multi_block
+        try:
+            new = OpSpec.model_validate({**current.model_dump(), **update})
+        except ValueError as exc:
+            future.set_exception(InvalidArgument(f"invalid replacement for {msg.name!r}: {exc}"))
+            return Deferred(future)
+        return self._start_install(new, activate=True)
+
+    def _start_install(self, op: OpSpec, activate: bool) -> Deferred[OpInstalled]:
+        future: asyncio.Future[OpInstalled] = asyncio.get_running_loop().create_future()
+        if self._closing or self._runtime is None:
+            future.set_exception(EngineStopped("the engine is shutting down"))
+        else:
+            task = asyncio.get_running_loop().create_task(self._install(op, activate))
+            task.add_done_callback(lambda done: _settle_from(done, future))
+        return Deferred(future)
+
+    async def _install(self, op: OpSpec, activate: bool) -> OpInstalled:
+        """Compile a module with ``op`` added (off the mailbox; the old one keeps serving),
+        then hand the ring over: park at a task boundary, load, relaunch on demand."""
+        async with self._install_lock:
+            runtime = self._runtime
+            assert runtime is not None
+            ops, ids = self._ops.planned(op)  # raises before anything changes
+            started = time.perf_counter()
+            module, _engine = await asyncio.to_thread(
+                build_engine_module,
+                ops,
+                arch=self._arch,
+                compiler=self._compiler,
+                block_threads=self._config.block_threads,
+                op_ids=ids,
+            )
+            compiled = time.perf_counter()
+            runtime.swap_module(module.image)  # parks, loads, ring untouched
+            swapped = time.perf_counter()
+            self._ops.add(op, activate=activate)
+            self._modules_built += 1
+            self._wake.set()
+            runtime.kick()
+            self.log.info("op installed", op=op.name, version=op.version, active=activate)
+            return OpInstalled(
+                name=op.name,
+                version=op.version,
+                active=self._ops.active_version(op.name) == op.version,
+                engine_module=self._modules_built,
+                device_generation=self._generation,
+                live_at=time.time(),
+                compile_ms=(compiled - started) * 1e3,
+                swap_pause_ms=(swapped - compiled) * 1e3,
+            )
+
+    @handles(AliasOp)
+    def alias_op(self, msg: AliasOp) -> OpAliasSet | Deferred[OpAliasSet]:
+        try:
+            previous = self._ops.alias(msg.name, msg.version)
+        except GpuActorsError as exc:
+            return _failed(exc)
+        return OpAliasSet(name=msg.name, version=msg.version, previous=previous)
+
+    @handles(Rollback)
+    def rollback(self, msg: Rollback) -> OpAliasSet | Deferred[OpAliasSet]:
+        try:
+            now, was = self._ops.rollback(msg.name)
+        except GpuActorsError as exc:
+            return _failed(exc)
+        return OpAliasSet(name=msg.name, version=now, previous=was)
 
     @handles(Shutdown)
     def shutdown(self, msg: Shutdown) -> Deferred[ShutdownReport]:
@@ -561,6 +647,24 @@ class PersistentEngineActor(Actor):
         else:
             future.set_result(report)
         self.context.stop(self.context.self_ref)
+
+
+def _failed(error: BaseException) -> Deferred[Any]:
+    """A reply that is an error for the caller but not a failure of the actor."""
+    future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    future.set_exception(error)
+    return Deferred(future)
+
+
+def _settle_from(done: asyncio.Task[Any], future: asyncio.Future[Any]) -> None:
+    if future.done():
+        return
+    if done.cancelled():
+        future.set_exception(EngineStopped("the install was cancelled"))
+    elif (error := done.exception()) is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(done.result())
 
 
 async def _wait_until(condition: Any, what: str, timeout: float = 10.0) -> None:

@@ -8,7 +8,7 @@ and handing the ring over to it (see runtime.py).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuactors.engine.abi import kernel_headers
@@ -53,12 +53,24 @@ def _call(op: OpSpec) -> str:
     return f"{op.c_name}({', '.join(args)})"
 
 
-def render_engine_source(ops: Sequence[OpSpec], *, block_threads: int = 256) -> EngineSource:
-    """One module holding every op in ``ops`` (each name@version once) and the engine kernel."""
+def render_engine_source(
+    ops: Sequence[OpSpec],
+    *,
+    block_threads: int = 256,
+    op_ids: Mapping[str, int] | None = None,
+) -> EngineSource:
+    """One module holding every op in ``ops`` (each name@version once) and the engine kernel.
+
+    ``op_ids`` pins physical keys to ids. A hot swap passes the running module's ids
+    so records already in the ring keep their meaning in the new module.
+    """
     seen: dict[str, OpSpec] = {}
     for op in ops:
         seen.setdefault(physical_key(op), op)
-    op_ids = {key: index for index, key in enumerate(seen)}
+    if op_ids is None:
+        op_ids = {key: index for index, key in enumerate(seen)}
+    elif missing := set(seen) - set(op_ids):
+        raise ValueError(f"no op id for {sorted(missing)}")
     parts = [
         f"#define GPA_BLOCK_THREADS {block_threads}",
         '#include "abi.cuh"',
@@ -80,7 +92,9 @@ def render_engine_source(ops: Sequence[OpSpec], *, block_threads: int = 256) -> 
         "}  // namespace gpa\n"
     )
     parts.append('#include "engine.cuh"')
-    return EngineSource(source="\n".join(parts) + "\n", op_ids=op_ids, block_threads=block_threads)
+    return EngineSource(
+        source="\n".join(parts) + "\n", op_ids=dict(op_ids), block_threads=block_threads
+    )
 
 
 def build_engine_module(
@@ -89,9 +103,10 @@ def build_engine_module(
     arch: str,
     compiler: KernelCompiler | None = None,
     block_threads: int = 256,
+    op_ids: Mapping[str, int] | None = None,
 ) -> tuple[CompiledModule, EngineSource]:
     """Generate and compile (through the caches) the engine module for ``ops``."""
-    engine = render_engine_source(ops, block_threads=block_threads)
+    engine = render_engine_source(ops, block_threads=block_threads, op_ids=op_ids)
     compiler = compiler or default_compiler()
     module, _origin = compiler.get_or_compile(
         engine.source, name="gpa_engine.cu", opts=ENGINE_OPTS, arch=arch, headers=kernel_headers()

@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from gpuactors.engine.ops import OpSpec, Param
 from gpuactors.messages import Message, Reply
 
 
@@ -34,6 +35,7 @@ class Completion(Reply):
 
     seq: int
     op: str
+    version: int  # the op version the task ran (bound when the engine accepted it)
     status: int
     units: int
     device_ns: int
@@ -71,6 +73,63 @@ class BatchCompletion(Reply):
     count: int
     failed: int
     statuses: Any = None  # int32 array (one per task) when per_task=True
+
+
+class InstallOp(Message):
+    """Add an op (or a new version of one) while tasks flow.
+
+    Compiles off the mailbox, then hands the ring to a new engine module that
+    holds every installed version. ``activate`` points the op's name at this
+    version once it is live. A compile error leaves the running module serving.
+    """
+
+    op: OpSpec
+    activate: bool = True
+
+
+class ReplaceOp(Message):
+    """Install the next version of op ``name`` with a new body (and optionally new
+    params), and point the name at it once it is live."""
+
+    name: str
+    body: str
+    params: tuple[Param, ...] | None = None
+    multi_block: bool | None = None
+
+
+class OpInstalled(Reply):
+    name: str
+    version: int
+    active: bool
+    engine_module: int  # how many engine modules this engine has built (1 = the first)
+    device_generation: int
+    live_at: float  # time.time() when the new module took over the ring
+    compile_ms: float
+    swap_pause_ms: float  # park + load: how long the kernel was not serving
+
+
+class AliasOp(Message):
+    """Point op ``name`` at an installed ``version``: instant (no compile, no park).
+
+    The rule: a task runs the version its name pointed at when the engine
+    accepted it. Tasks accepted before this reply run the old version (even if
+    the device has not claimed them yet); tasks sent after it run the new one.
+    """
+
+    name: str
+    version: int = Field(ge=1)
+
+
+class Rollback(Message):
+    """Point op ``name`` back at the version it pointed at before the last switch."""
+
+    name: str
+
+
+class OpAliasSet(Reply):
+    name: str
+    version: int
+    previous: int | None
 
 
 class Stats(Message):
