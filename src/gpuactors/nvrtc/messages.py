@@ -1,0 +1,195 @@
+"""Messages an :class:`~gpuactors.nvrtc.actor.NvrtcActor` understands, and its replies.
+
+Fields are checked when a message is built: a bad field raises
+:class:`~gpuactors.errors.InvalidArgument` at the call site, before anything is
+queued. What needs the actor's state (a stale handle, the device, the kernel's
+signature) is checked by the actor and comes back as the ask's error.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field, ValidationError, field_validator
+
+from gpuactors.errors import InvalidArgument
+from gpuactors.messages import Message, Reply
+from gpuactors.nvrtc.handle import KernelHandle
+from gpuactors.nvrtc.options import NvrtcOpts
+
+#: A launch shape, always three positive ints after validation.
+Dims = tuple[int, int, int]
+
+_MAX_GRID = (2**31 - 1, 65535, 65535)
+_MAX_BLOCK = (1024, 1024, 64)
+_MAX_BLOCK_THREADS = 1024
+
+
+class _Checked(Message):
+    """A message whose validation errors are :class:`InvalidArgument` (a ValueError)."""
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            for error in exc.errors():
+                original = error.get("ctx", {}).get("error")
+                if isinstance(original, InvalidArgument):
+                    raise original from None  # our own message, without pydantic's framing
+            raise InvalidArgument(f"invalid {type(self).__name__}: {exc}") from exc
+
+
+# ------------------------------------------------------------------- compiling
+class CompileRequest(_Checked):
+    """What both compile messages carry (send :class:`Compile` or :class:`CompileAsync`).
+
+    ``kernel_names`` are the kernels the handle will launch: an ``extern "C"`` kernel
+    by its name, a template or C++ kernel by a name expression that is also listed
+    in ``opts.name_expressions`` (e.g. ``"scale<float>"``). ``opts.arch=None``
+    compiles for the actor's device (required where there is no GPU). ``headers``
+    maps include names to their text.
+    """
+
+    source: str
+    kernel_names: tuple[str, ...]
+    opts: NvrtcOpts = Field(default_factory=NvrtcOpts)
+    name: str = "kernel.cu"
+    headers: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("kernel_names", mode="before")
+    @classmethod
+    def _one_name(cls, value: object) -> object:
+        return (value,) if isinstance(value, str) else value
+
+    @field_validator("kernel_names")
+    @classmethod
+    def _check_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value:
+            raise InvalidArgument("kernel_names must name at least one kernel")
+        for name in value:
+            if not name.strip():
+                raise InvalidArgument("a kernel name cannot be empty")
+        if len(set(value)) != len(value):
+            raise InvalidArgument(f"duplicate kernel names in {value!r}")
+        return value
+
+
+class Compile(CompileRequest):
+    """Compile on the actor's mailbox; the reply is a :class:`KernelHandle`.
+
+    The compile runs inside the handler: the actor and its event loop wait for
+    NVRTC (a cache hit is microseconds). Services should send :class:`CompileAsync`.
+    """
+
+
+class CompileAsync(CompileRequest):
+    """Compile in a worker thread; the reply is a :class:`KernelHandle`.
+
+    The actor keeps serving other messages (launches of kernels it already has)
+    while NVRTC runs. Concurrent identical requests share one compile.
+    """
+
+
+class CompilerStats(Message):
+    """Ask for the actor's counters (cheap: answered at once, even mid-compile)."""
+
+
+class NvrtcStats(Reply):
+    device_id: int
+    #: The device's own architecture; None where this process has no GPU.
+    arch: str | None
+    #: NVRTC compiles the actor's compiler has run (failed ones included).
+    compiles: int
+    compile_requests: int
+    compiles_in_flight: int
+    loaded_modules: int
+    launches: int
+    launches_in_flight: int
+    #: The device fault that stops launches until the generation changes, if any.
+    fault: str | None
+
+
+# -------------------------------------------------------------------- launching
+def _dims(value: object, what: str, limits: tuple[int, int, int]) -> Dims:
+    if isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_):
+        items: list[object] = [value]
+    elif isinstance(value, tuple | list):
+        items = list(value)
+    else:
+        raise InvalidArgument(f"{what} must be an int or a tuple of 1 to 3 ints, not {value!r}")
+    if not 1 <= len(items) <= 3:
+        raise InvalidArgument(f"{what} must have 1 to 3 dimensions, got {len(items)}: {value!r}")
+    dims: list[int] = []
+    for axis, (item, limit) in enumerate(zip(items, limits, strict=False)):
+        if isinstance(item, bool | np.bool_) or not isinstance(item, int | np.integer):
+            raise InvalidArgument(f"{what}[{axis}] must be an int, not {item!r}")
+        if not 1 <= int(item) <= limit:
+            raise InvalidArgument(f"{what}[{axis}] must be in 1..{limit}, got {int(item)}")
+        dims.append(int(item))
+    dims.extend([1] * (3 - len(dims)))
+    return dims[0], dims[1], dims[2]
+
+
+def grid_dims(value: object) -> Dims:
+    """``value`` as a 3-D grid, or InvalidArgument."""
+    return _dims(value, "grid", _MAX_GRID)
+
+
+def block_dims(value: object) -> Dims:
+    """``value`` as a 3-D block of at most 1024 threads, or InvalidArgument."""
+    dims = _dims(value, "block", _MAX_BLOCK)
+    threads = dims[0] * dims[1] * dims[2]
+    if threads > _MAX_BLOCK_THREADS:
+        raise InvalidArgument(
+            f"block {dims} has {threads} threads; a block holds at most {_MAX_BLOCK_THREADS}"
+        )
+    return dims
+
+
+class Launch(_Checked):
+    """Launch ``name`` from ``kernel`` on ``grid`` x ``block``; the reply, a
+    :class:`Launched`, comes when the GPU work has completed.
+
+    ``name`` may be left out when the handle holds one kernel. ``grid`` and
+    ``block`` are an int or 1 to 3 ints (missing dimensions are 1).
+    ``args`` are device arrays (CuPy, anything with ``__cuda_array_interface__``
+    or DLPack, e.g. torch CUDA tensors), passed as pointers to their first element
+    and kept alive until the kernel has finished, and NumPy scalars
+    (``np.float32(2.0)``, ``np.int32(n)``) whose size must match the kernel's
+    parameter. Plain Python numbers are refused: their C type would be a guess.
+
+    The kernel runs on ``stream`` (a CuPy stream) or, by default, on the actor's own
+    non-blocking stream. With ``after="current_stream"`` (the default) it first
+    waits for the work already queued on CuPy's current stream (e.g. the kernel
+    that filled an input); ``"none"`` launches at once.
+    """
+
+    kernel: KernelHandle
+    name: str | None = None
+    grid: Dims
+    block: Dims
+    args: tuple[Any, ...] = ()
+    shared_mem: int = Field(default=0, ge=0)
+    stream: Any = None
+    after: Literal["current_stream", "none"] = "current_stream"
+
+    @field_validator("grid", mode="before")
+    @classmethod
+    def _grid(cls, value: object) -> Dims:
+        return grid_dims(value)
+
+    @field_validator("block", mode="before")
+    @classmethod
+    def _block(cls, value: object) -> Dims:
+        return block_dims(value)
+
+
+class Launched(Reply):
+    """A launch completed on the GPU."""
+
+    #: The kernel name as requested (``"scale<float>"``) and the symbol launched.
+    name: str
+    symbol: str
+    #: GPU time between CUDA events recorded around the launch, in microseconds.
+    elapsed_us: float
