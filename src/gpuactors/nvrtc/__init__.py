@@ -5,10 +5,13 @@
 * :class:`KernelCompiler`: memory cache -> disk cache -> compile, once per key,
   from threads (:meth:`~KernelCompiler.get_or_compile`) or asyncio
   (:meth:`~KernelCompiler.get_or_compile_async`).
+* :class:`NvrtcActor`: ``Compile`` / ``CompileAsync`` into a :class:`KernelHandle`,
+  ``Launch`` it on the actor's device (the reply comes when the GPU is done).
 """
 
 from __future__ import annotations
 
+from .actor import NvrtcActor
 from .cache import (
     CACHE_DIR_ENV,
     CacheStats,
@@ -26,19 +29,36 @@ from .compiler import (
     supported_archs,
 )
 from .entry import CorruptEntry
+from .handle import KernelHandle
 from .kernel_compiler import KernelCompiler, Origin, default_compiler
+from .messages import (
+    Compile,
+    CompileAsync,
+    CompilerStats,
+    Launch,
+    Launched,
+    NvrtcStats,
+)
 from .module import CompiledModule
 from .options import NvrtcOpts, OutputKind, arch_from_capability
 
 __all__ = [
     "CACHE_DIR_ENV",
     "CacheStats",
+    "Compile",
+    "CompileAsync",
     "CompiledModule",
+    "CompilerStats",
     "CorruptEntry",
     "DiskModuleCache",
     "KernelCompiler",
+    "KernelHandle",
+    "Launch",
+    "Launched",
     "MemoryModuleCache",
+    "NvrtcActor",
     "NvrtcOpts",
+    "NvrtcStats",
     "Origin",
     "OutputKind",
     "arch_from_capability",

@@ -1,0 +1,380 @@
+"""NvrtcActor: compile CUDA C++ into kernel handles, and launch them on one device.
+
+``Compile`` runs NVRTC on the mailbox; ``CompileAsync`` runs it in a worker
+thread while the actor keeps serving (concurrent identical requests compile
+once: the :class:`~gpuactors.nvrtc.KernelCompiler` shares one flight). Both
+reply a :class:`~gpuactors.nvrtc.handle.KernelHandle`, and both work without a
+GPU (set ``opts.arch`` there).
+
+``Launch`` checks everything it can before the GPU is touched (the handle's
+device and generation, the kernel name, the arguments against the kernel's
+parameters, the launch shape), loads the module on first use (through
+``MODULE_LOADS``, which parks persistent engines first; once per module and
+device generation), launches between two CUDA events and replies
+:class:`~gpuactors.nvrtc.messages.Launched` when the GPU work has completed. One
+poller task resolves the launches (see :mod:`gpuactors.nvrtc.launch`).
+
+Errors of a request (bad source, bad argument, stale handle, CUDA errors of a
+launch) are the asker's: they come back as the ask's exception and never fail
+the actor. A device fault (illegal address...) fails every launch in flight
+with :class:`~gpuactors.errors.DeviceFault`, is told to the DeviceActor given as
+``device``, and refuses further launches until the device's generation moves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from gpuactors.actors import Actor, ActorRef, Deferred, handles
+from gpuactors.cuda import no_device_reason
+from gpuactors.cuda.device import ReportFault, probe_device
+from gpuactors.cuda.generation import GENERATIONS
+from gpuactors.cuda.loader import MODULE_LOADS
+from gpuactors.errors import (
+    DeviceFault,
+    GpuActorsError,
+    GpuRefStale,
+    InvalidArgument,
+    LaunchError,
+    NoCudaDevice,
+    WrongDevice,
+)
+from gpuactors.nvrtc.handle import KernelHandle, make_handle
+from gpuactors.nvrtc.kernel_compiler import KernelCompiler, Origin, default_compiler
+from gpuactors.nvrtc.launch import (
+    CompletionPoller,
+    PendingLaunch,
+    check_arity,
+    cuda_error,
+    cupy_module,
+    marshal_args,
+)
+from gpuactors.nvrtc.messages import (
+    Compile,
+    CompileAsync,
+    CompileRequest,
+    CompilerStats,
+    Launch,
+    Launched,
+    NvrtcStats,
+)
+from gpuactors.nvrtc.module import CompiledModule
+from gpuactors.nvrtc.options import ARCH_PATTERN
+
+#: Dynamic shared memory a kernel may use without opting in (bytes).
+_DEFAULT_DYNAMIC_SMEM = 48 * 1024
+
+
+def _failed(error: BaseException) -> Deferred[Any]:
+    """A reply that is the asker's error, not the actor's failure."""
+    future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    future.set_exception(error)
+    return Deferred(future)
+
+
+def _probe_arch(device_id: int) -> tuple[str | None, str | None]:
+    """(the device's arch, None), or (None, why there is no GPU). Blocking."""
+    reason = no_device_reason()
+    if reason is not None:
+        return None, reason
+    return probe_device(device_id).arch, None  # NoCudaDevice if the ordinal does not exist
+
+
+def check_runs_on(module: CompiledModule, device_arch: str) -> None:
+    """InvalidArgument unless the module's image can be loaded on a ``device_arch`` GPU."""
+    built = ARCH_PATTERN.match(module.arch)
+    device = ARCH_PATTERN.match(device_arch)
+    if built is None or device is None:
+        return
+    number, suffix, target = int(built.group(2)), built.group(3), int(device.group(2))
+    if module.kind == "ptx":
+        runs = number <= target
+    elif suffix == "a":
+        runs = number == target
+    else:
+        runs = number // 10 == target // 10 and number <= target
+    if not runs:
+        raise InvalidArgument(
+            f"{module.source_name!r} was compiled to {module.kind} for {module.arch}, which "
+            f"cannot run on this device ({device_arch}): leave opts.arch as None to compile "
+            "for the device, or emit PTX"
+        )
+
+
+class _GpuState:
+    """What one device generation has loaded: modules, functions, the default stream."""
+
+    def __init__(self, device_id: int, generation: int) -> None:
+        cupy = cupy_module()
+        self.generation = generation
+        self.device = cupy.cuda.Device(device_id)
+        with self.device:
+            self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.modules: dict[str, Any] = {}
+        self.functions: dict[tuple[str, str], Any] = {}
+        self.dynamic_smem: dict[tuple[str, str], int] = {}
+
+    def function(self, handle: KernelHandle, symbol: str, shared_mem: int, arch: str) -> Any:
+        """The CUDA function ``symbol`` of the handle's module, loading the module once."""
+        key = (handle.cache_key, symbol)
+        function = self.functions.get(key)
+        if function is None:
+            module = self.modules.get(handle.cache_key)
+            if module is None:
+                check_runs_on(handle.module, arch)
+                module = MODULE_LOADS.load(handle.image)  # raises LaunchError
+                self.modules[handle.cache_key] = module
+            try:
+                function = module.get_function(symbol)
+            except Exception as exc:
+                raise LaunchError(
+                    f"no kernel symbol {symbol!r} in the module of {handle.module.source_name!r}:"
+                    f" {exc}"
+                ) from exc
+            self.functions[key] = function
+        if shared_mem > _DEFAULT_DYNAMIC_SMEM and self.dynamic_smem.get(key, 0) < shared_mem:
+            try:
+                function.max_dynamic_shared_size_bytes = shared_mem
+            except Exception as exc:
+                raise LaunchError(
+                    f"{symbol!r} cannot use {shared_mem} bytes of dynamic shared memory: {exc}"
+                ) from exc
+            self.dynamic_smem[key] = shared_mem
+        return function
+
+
+class NvrtcActor(Actor):
+    """Compiles kernels (sync or off the mailbox) and launches them on ``device_id``.
+
+    ``compiler`` defaults to the process-wide :func:`default_compiler`. ``device``
+    (a DeviceActor's ref) is told about device faults. ``stop_timeout`` bounds how
+    long stopping waits for launches in flight.
+    """
+
+    def __init__(
+        self,
+        device_id: int = 0,
+        compiler: KernelCompiler | None = None,
+        *,
+        device: ActorRef | None = None,
+        stop_timeout: float = 5.0,
+    ) -> None:
+        self._device_id = device_id
+        self._compiler = compiler if compiler is not None else default_compiler()
+        self._device_ref = device
+        self._stop_timeout = stop_timeout
+        self._arch: str | None = None
+        self._no_gpu: str | None = "the actor has not started"
+        self._compiling: set[asyncio.Task[None]] = set()
+        self._compile_requests = 0
+        self._launches = 0
+        self._poller = CompletionPoller(on_fault=self._on_fault)
+        self._gpu: _GpuState | None = None
+
+    # ---------------------------------------------------------------- lifecycle
+    async def pre_start(self) -> None:
+        self._arch, self._no_gpu = await asyncio.to_thread(_probe_arch, self._device_id)
+        self._poller.start()
+        self.log.debug("nvrtc actor started", device=self._device_id, arch=self._arch)
+
+    async def post_stop(self) -> None:
+        for task in self._compiling:
+            task.cancel()
+        await asyncio.gather(*self._compiling, return_exceptions=True)
+        cut = await self._poller.close(self._stop_timeout)
+        if cut:
+            self.log.warning("stopped with launches still running", launches=cut)
+
+    # ---------------------------------------------------------------- compiling
+    @handles(Compile)
+    def compile(self, msg: Compile) -> KernelHandle | Deferred[KernelHandle]:
+        self._compile_requests += 1
+        try:
+            arch = self._target_arch(msg)
+            module, origin = self._compiler.get_or_compile(
+                msg.source, name=msg.name, opts=msg.opts, arch=arch, headers=msg.headers
+            )
+            return self._handle(msg, module, origin)
+        except GpuActorsError as exc:
+            self._compile_failed(msg, exc)
+            return _failed(exc)
+
+    @handles(CompileAsync)
+    def compile_async(self, msg: CompileAsync) -> Deferred[KernelHandle]:
+        self._compile_requests += 1
+        try:
+            arch = self._target_arch(msg)
+        except GpuActorsError as exc:
+            return _failed(exc)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[KernelHandle] = loop.create_future()
+        task = loop.create_task(self._compile_off_mailbox(msg, arch, future))
+        self._compiling.add(task)
+        task.add_done_callback(self._compiling.discard)
+        return Deferred(future)
+
+    async def _compile_off_mailbox(
+        self, msg: CompileAsync, arch: str | None, future: asyncio.Future[KernelHandle]
+    ) -> None:
+        try:
+            module, origin = await self._compiler.get_or_compile_async(
+                msg.source, name=msg.name, opts=msg.opts, arch=arch, headers=msg.headers
+            )
+            handle = self._handle(msg, module, origin)
+        except GpuActorsError as exc:
+            self._compile_failed(msg, exc)
+            if not future.done():
+                future.set_exception(exc)
+        except Exception as exc:  # a bug, not the request's fault: still answer the asker
+            self.log.error("compile crashed", source=msg.name, exc_info=exc)
+            if not future.done():
+                future.set_exception(exc)
+        else:
+            if not future.done():
+                future.set_result(handle)
+
+    def _target_arch(self, msg: CompileRequest) -> str | None:
+        if msg.opts.output == "ltoir":
+            raise InvalidArgument(
+                "an NvrtcActor compiles kernels it can launch (output 'cubin' or 'ptx'); "
+                "LTO-IR must be linked first: compile it with KernelCompiler"
+            )
+        if msg.opts.arch is None and self._arch is None:
+            raise InvalidArgument(
+                f"opts.arch is None and there is no device to take the arch from "
+                f"({self._no_gpu}): set it, e.g. NvrtcOpts(arch='sm_90')"
+            )
+        return self._arch
+
+    def _handle(self, msg: CompileRequest, module: CompiledModule, origin: Origin) -> KernelHandle:
+        handle = make_handle(
+            module,
+            msg.kernel_names,
+            device_id=self._device_id,
+            generation=GENERATIONS.current(self._device_id),
+            origin=origin,
+        )
+        self.log.debug(
+            "kernel handle ready", source=msg.name, origin=origin, kernels=list(handle.kernels)
+        )
+        return handle
+
+    def _compile_failed(self, msg: CompileRequest, exc: GpuActorsError) -> None:
+        self.log.info("compile request failed", source=msg.name, error=type(exc).__name__)
+
+    @handles(CompilerStats)
+    def stats(self, _msg: CompilerStats) -> NvrtcStats:
+        fault = self._poller.fault
+        return NvrtcStats(
+            device_id=self._device_id,
+            arch=self._arch,
+            compiles=self._compiler.compiles,
+            compile_requests=self._compile_requests,
+            compiles_in_flight=len(self._compiling),
+            loaded_modules=0 if self._gpu is None else len(self._gpu.modules),
+            launches=self._launches,
+            launches_in_flight=self._poller.in_flight,
+            fault=None if fault is None else str(fault),
+        )
+
+    # ---------------------------------------------------------------- launching
+    @handles(Launch)
+    def launch(self, msg: Launch) -> Deferred[Launched]:
+        future: asyncio.Future[Launched] = asyncio.get_running_loop().create_future()
+        try:
+            self._launch(msg, future)
+        except GpuActorsError as exc:
+            if not future.done():
+                future.set_exception(exc)
+        return Deferred(future)
+
+    def _launch(self, msg: Launch, future: asyncio.Future[Launched]) -> None:
+        handle = msg.kernel
+        device_id = self._device_id
+        if handle.device_id != device_id:
+            raise WrongDevice(
+                f"{handle!r} was made for device {handle.device_id}, this actor owns device "
+                f"{device_id}"
+            )
+        current = GENERATIONS.current(device_id)
+        if handle.generation != current:
+            what = f"the kernel handle of {handle.module.source_name!r}"
+            raise GpuRefStale(what, handle.generation, current)
+        name, symbol, params = handle.resolve(msg.name)
+        check_arity(msg.args, params, name)
+        values = marshal_args(msg.args, params, device_id, name)
+        try:
+            gpu = self._gpu_for(handle.generation)
+            stream = gpu.stream if msg.stream is None else self._check_stream(msg.stream)
+            assert self._arch is not None  # a GPU state exists only where a device was found
+            with gpu.device:
+                function = gpu.function(handle, symbol, msg.shared_mem, self._arch)
+                events = self._poller.events.take()
+                if msg.after == "current_stream":
+                    _after_current_stream(stream)
+                events[0].record(stream)
+                function(msg.grid, msg.block, values, shared_mem=msg.shared_mem, stream=stream)
+                events[1].record(stream)
+        except GpuActorsError:
+            raise
+        except Exception as exc:  # CUDA said no: the asker's error, or a device fault
+            error = cuda_error(exc, f"launching kernel {name!r}")
+            if isinstance(error, DeviceFault):
+                self._poller.fail_all(error)
+            raise error from exc
+        self._launches += 1
+        # The function holds its module: a module is not unloaded under a running kernel.
+        keepalive = (msg, function)
+        self._poller.add(PendingLaunch(future, events, name, symbol, stream.ptr, keepalive))
+
+    def _gpu_for(self, generation: int) -> _GpuState:
+        """The loaded state of this generation (a new generation starts afresh)."""
+        gpu = self._gpu
+        if gpu is not None and gpu.generation == generation:
+            if self._poller.fault is not None:
+                raise DeviceFault(
+                    f"device {self._device_id} faulted ({self._poller.fault}); rebuild its "
+                    "context (DeviceActor: RebuildContext) and compile again"
+                )
+            return gpu
+        if self._no_gpu is not None:
+            raise NoCudaDevice(f"cannot launch on device {self._device_id}: {self._no_gpu}")
+        if gpu is not None:
+            self.log.info(
+                "device generation moved: modules load again",
+                previous=gpu.generation,
+                generation=generation,
+            )
+        self._poller.fault = None
+        self._poller.events.clear()
+        self._gpu = gpu = _GpuState(self._device_id, generation)
+        return gpu
+
+    def _check_stream(self, stream: Any) -> Any:
+        if not isinstance(getattr(stream, "ptr", None), int) or not hasattr(stream, "record"):
+            raise InvalidArgument(
+                f"stream must be a CuPy stream (cupy.cuda.Stream or ExternalStream), "
+                f"not {type(stream).__name__}"
+            )
+        device = getattr(stream, "device_id", None)
+        if isinstance(device, int) and device >= 0 and device != self._device_id:
+            raise WrongDevice(
+                f"the stream belongs to device {device}, this actor owns device {self._device_id}"
+            )
+        return stream
+
+    def _on_fault(self, error: DeviceFault) -> None:
+        self.log.error("device fault: no launches until the generation moves", error=str(error))
+        if self._device_ref is not None:
+            try:
+                self._device_ref.tell(ReportFault(reason=str(error)))
+            except GpuActorsError as exc:  # full or stopped: the fault is logged anyway
+                self.log.warning("could not report the fault", error=str(exc))
+
+
+def _after_current_stream(stream: Any) -> None:
+    """Make ``stream`` wait for the work queued so far on CuPy's current stream."""
+    current = cupy_module().cuda.get_current_stream()
+    if current.ptr != stream.ptr and not current.done:
+        stream.wait_event(current.record())

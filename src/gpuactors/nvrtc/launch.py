@@ -1,0 +1,406 @@
+"""Kernel launches for NvrtcActor: argument marshalling, CUDA error mapping and
+completion waiting.
+
+Arguments become what ``cuLaunchKernel`` gets: a device array its pointer (an
+8-byte value), a NumPy scalar itself. Every check happens before the launch.
+
+Completion: each launch records a CUDA event pair around the kernel; one
+:class:`CompletionPoller` task per actor queries the events (oldest first per
+stream: work on one stream completes in order) and resolves the launches'
+futures. A lone launch is first spun on for a few microseconds where it was
+launched; then the poller spins in short bounded bursts, yielding to the loop
+between them, and after a couple of milliseconds backs off to sleeps. No thread
+per launch, and the loop is never held for more than one burst.
+
+This module imports CuPy only when an array argument or a launch needs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from gpuactors.errors import (
+    ActorStopped,
+    DeviceFault,
+    InvalidArgument,
+    LaunchError,
+    WrongDevice,
+)
+from gpuactors.nvrtc.handle import Params
+from gpuactors.nvrtc.messages import Launched
+
+#: NumPy scalar types a launch passes by value (what CuPy's launcher accepts).
+_SCALAR_CHARS = frozenset("?bhilqBHILQefdFD")
+_POINTER_BYTES = 8
+
+#: CUDA errors that poison the context (driver and runtime share these codes).
+_STICKY_CODES = frozenset({214, 700, 702, 710, 714, 715, 716, 717, 718, 719})
+_STICKY_TEXT = re.compile(
+    r"ILLEGAL_ADDRESS|IllegalAddress|MISALIGNED|Misaligned|LAUNCH_FAILED|LaunchFailure|"
+    r"ILLEGAL_INSTRUCTION|IllegalInstruction|HARDWARE_STACK|HardwareStack|INVALID_PC|InvalidPc|"
+    r"ERROR_ASSERT|cudaErrorAssert|ECC_UNCORRECTABLE|ECCUncorrectable|LAUNCH_TIMEOUT|LaunchTimeout"
+)
+
+_NOT_READY = 600  # cudaErrorNotReady: what an event query says while the work runs
+_SPIN_SECONDS = 30e-6  # longest stretch the loop is held checking events
+_SPIN_PHASE_SECONDS = 2e-3  # how long the poller keeps spinning in bursts before it sleeps
+_SLEEP_MIN_SECONDS = 2e-4
+_SLEEP_MAX_SECONDS = 2e-3
+_EVENT_POOL_SIZE = 64
+
+_modules: dict[str, ModuleType] = {}
+
+
+def cupy_module() -> Any:
+    """CuPy, imported on first use."""
+    module = _modules.get("cupy")
+    if module is None:
+        import cupy
+
+        module = _modules["cupy"] = cupy
+    return module
+
+
+def _arrays() -> Any:
+    module = _modules.get("arrays")
+    if module is None:
+        from gpuactors.cuda import arrays
+
+        module = _modules["arrays"] = arrays
+    return module
+
+
+# ------------------------------------------------------------------ arguments
+_SCALAR_TYPES = frozenset(np.dtype(char).type for char in _SCALAR_CHARS)
+
+
+def check_arity(args: Sequence[Any], params: Params, name: str) -> None:
+    """InvalidArgument unless ``args`` has one value per kernel parameter (if known)."""
+    if params is not None and len(args) != len(params):
+        raise InvalidArgument(
+            f"kernel {name!r} takes {len(params)} arguments, got {len(args)} "
+            f"(parameter sizes in bytes: {list(params)})"
+        )
+
+
+def marshal_args(args: Sequence[Any], params: Params, device_id: int, name: str) -> tuple[Any, ...]:
+    """The launch values of ``args`` for kernel ``name``, or InvalidArgument saying which
+    one is wrong and why. CuPy arrays and NumPy scalars that fit take a fast path."""
+    ndarray = _arrays().CUPY_NDARRAY
+    values: list[Any] = []
+    for index, value in enumerate(args):
+        size = None if params is None else params[index]
+        kind = type(value)
+        if kind is ndarray:
+            if (
+                (size is None or size == _POINTER_BYTES)
+                and value.flags.c_contiguous
+                and value.device.id == device_id
+            ):
+                values.append(np.uint64(value.data.ptr))
+                continue
+        elif kind in _SCALAR_TYPES and (size is None or value.itemsize == size):
+            values.append(value)
+            continue
+        values.append(_checked(value, size, device_id, f"argument {index} of kernel {name!r}"))
+    return tuple(values)
+
+
+def _checked(value: Any, size: int | None, device_id: int, where: str) -> Any:
+    """The launch value of one argument, by the general path that says what is wrong."""
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value[()]
+    if isinstance(value, np.generic):
+        return _scalar(value, size, where)
+    if isinstance(value, bool | int | float | complex):
+        raise InvalidArgument(
+            f"{where} is a Python {type(value).__name__} ({value!r}): pass a typed NumPy "
+            "scalar (np.int32, np.int64, np.float32, np.float64...) matching the kernel's "
+            "parameter"
+        )
+    if size is not None and size != _POINTER_BYTES:
+        raise InvalidArgument(
+            f"{where} is a device array (passed as an 8-byte pointer) but the kernel's "
+            f"parameter is {size} bytes"
+        )
+    return np.uint64(_pointer(value, device_id, where))
+
+
+def _scalar(value: np.generic, size: int | None, where: str) -> np.generic:
+    dtype = value.dtype
+    if dtype.char not in _SCALAR_CHARS:
+        raise InvalidArgument(
+            f"{where}: a NumPy {dtype} scalar cannot be passed to a kernel; use a bool, "
+            "integer, float or complex NumPy scalar"
+        )
+    if size is not None and dtype.itemsize != size:
+        raise InvalidArgument(
+            f"{where} is {dtype} ({dtype.itemsize} bytes) but the kernel's parameter is "
+            f"{size} bytes"
+        )
+    return value
+
+
+def _pointer(value: Any, device_id: int, where: str) -> int:
+    arrays = _arrays()
+    if type(value) is arrays.CUPY_NDARRAY:
+        contiguous, device, ptr = value.flags.c_contiguous, value.device.id, value.data.ptr
+        if device != device_id:
+            raise WrongDevice(
+                f"{where} lives on device {device}, this actor owns device {device_id}"
+            )
+    else:
+        info = arrays.describe_array(value, where)
+        arrays.check_device(info, device_id, where)
+        contiguous, ptr = info.contiguous, info.ptr
+    if not contiguous:
+        raise InvalidArgument(
+            f"{where} is not C-contiguous: the kernel gets a pointer to its first element; "
+            "pass a contiguous copy (cupy.ascontiguousarray) or the pointer itself as np.uint64"
+        )
+    return int(ptr)
+
+
+# --------------------------------------------------------------------- errors
+def cuda_error(exc: BaseException, what: str) -> LaunchError | DeviceFault:
+    """A CUDA failure as gpuactors sees it: DeviceFault when it poisons the context."""
+    if isinstance(exc, LaunchError | DeviceFault):
+        return exc
+    status = getattr(exc, "status", None)
+    sticky = status in _STICKY_CODES if isinstance(status, int) else False
+    if sticky or _STICKY_TEXT.search(str(exc)):
+        error: LaunchError | DeviceFault = DeviceFault(
+            f"{what}: {exc} (the device's context is poisoned: rebuild it)"
+        )
+    else:
+        error = LaunchError(f"{what}: {exc}")
+    error.__cause__ = exc
+    return error
+
+
+# ----------------------------------------------------------------- completion
+class PendingLaunch:
+    """A launch in flight: its reply future, its events, and what must outlive it."""
+
+    __slots__ = ("end", "future", "keepalive", "name", "start", "stream_key", "symbol")
+
+    def __init__(
+        self,
+        future: asyncio.Future[Launched],
+        events: tuple[Any, Any],
+        name: str,
+        symbol: str,
+        stream_key: int,
+        keepalive: tuple[Any, ...],
+    ) -> None:
+        self.future = future
+        self.start, self.end = events
+        self.name = name
+        self.symbol = symbol
+        self.stream_key = stream_key
+        self.keepalive = keepalive
+
+    def fail(self, error: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+
+
+class EventPool:
+    """Reusable CUDA event pairs with timing (creating events costs more than reusing)."""
+
+    def __init__(self) -> None:
+        self._free: list[tuple[Any, Any]] = []
+
+    def take(self) -> tuple[Any, Any]:
+        """A pair for the current device (call with the actor's device current)."""
+        if self._free:
+            return self._free.pop()
+        event = cupy_module().cuda.Event
+        return event(), event()
+
+    def give(self, pair: tuple[Any, Any]) -> None:
+        if len(self._free) < _EVENT_POOL_SIZE:
+            self._free.append(pair)
+
+    def clear(self) -> None:
+        self._free.clear()
+
+
+#: Launches whose actor stopped before they completed: kept here so their buffers
+#: stay alive until the GPU is done with them (pruned at every poller close).
+_ORPHANS: list[PendingLaunch] = []
+
+
+def event_status(event: Any) -> int:
+    """``cudaEventQuery`` of a CuPy event: 0 done, 600 not ready, else the CUDA error.
+
+    (CuPy's ``Event.done`` is False for an error too: a faulted launch would look
+    forever unfinished.)
+    """
+    return int(cupy_module().cuda.runtime.eventQuery(event.ptr))
+
+
+def _prune_orphans() -> None:
+    kept = []
+    for launch in _ORPHANS:
+        try:
+            running = event_status(launch.end) == _NOT_READY
+        except Exception:  # nothing will run any more
+            running = False
+        if running:
+            kept.append(launch)
+    _ORPHANS[:] = kept
+
+
+class CompletionPoller:
+    """Resolves the futures of one actor's launches as their end events complete."""
+
+    def __init__(self, on_fault: Callable[[DeviceFault], None]) -> None:
+        self._queues: dict[int, deque[PendingLaunch]] = {}
+        self._on_fault = on_fault
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._drained: asyncio.Future[None] | None = None  # set while close() waits
+        self.in_flight = 0
+        self.completed = 0
+        #: Set by a device fault; the actor refuses launches until its generation moves.
+        self.fault: DeviceFault | None = None
+        self.events = EventPool()
+
+    def start(self) -> None:
+        self._wake = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="launch-poller")
+
+    def add(self, launch: PendingLaunch) -> None:
+        """Track a launch just made; a lone one is spun on briefly right here."""
+        queue = self._queues.get(launch.stream_key)
+        if queue is None:
+            queue = self._queues[launch.stream_key] = deque()
+        queue.append(launch)
+        self.in_flight += 1
+        if self.in_flight == 1:
+            self.spin(time.perf_counter() + _SPIN_SECONDS)
+        if self.in_flight and self._wake is not None:
+            self._wake.set()
+
+    def spin(self, until: float) -> None:
+        """Check for completions until one arrives or ``until`` (perf_counter) passes."""
+        while time.perf_counter() < until:
+            if self.harvest():
+                return
+
+    def harvest(self) -> int:
+        """Resolve every launch that has completed; returns how many were settled."""
+        settled = 0
+        if not self._queues:
+            return 0
+        cuda = cupy_module().cuda
+        query = cuda.runtime.eventQuery
+        for key in list(self._queues):
+            queue = self._queues[key]
+            while queue:
+                launch = queue[0]
+                try:
+                    status = query(launch.end.ptr)
+                    if status == _NOT_READY:
+                        break
+                    if status != 0:
+                        raise cuda.runtime.CUDARuntimeError(status)
+                    elapsed_ms = cuda.get_elapsed_time(launch.start, launch.end)
+                except Exception as exc:
+                    error = cuda_error(exc, f"kernel {launch.name!r}")
+                    if isinstance(error, DeviceFault):
+                        return settled + self.fail_all(error)
+                    queue.popleft()
+                    self.in_flight -= 1
+                    launch.fail(error)
+                    settled += 1
+                    continue
+                queue.popleft()
+                self.in_flight -= 1
+                self.completed += 1
+                settled += 1
+                self.events.give((launch.start, launch.end))
+                if not launch.future.done():
+                    launch.future.set_result(  # (validating is cheaper than model_construct)
+                        Launched(
+                            name=launch.name, symbol=launch.symbol, elapsed_us=elapsed_ms * 1e3
+                        )
+                    )
+            if not queue:
+                del self._queues[key]
+        return settled
+
+    def fail_all(self, error: DeviceFault) -> int:
+        """A device fault: every launch in flight fails with it; returns how many."""
+        failed = 0
+        for queue in self._queues.values():
+            for launch in queue:
+                launch.fail(error)
+                failed += 1
+        self._queues.clear()
+        self.in_flight = 0
+        self.fault = error
+        self.events.clear()
+        self._on_fault(error)
+        return failed
+
+    async def _run(self) -> None:
+        assert self._wake is not None
+        idle_since: float | None = None
+        sleep = _SLEEP_MIN_SECONDS
+        while True:
+            if not self.in_flight:
+                if self._drained is not None and not self._drained.done():
+                    self._drained.set_result(None)
+                self._wake.clear()
+                await self._wake.wait()
+                idle_since, sleep = None, _SLEEP_MIN_SECONDS
+                continue
+            if self.harvest():
+                idle_since, sleep = None, _SLEEP_MIN_SECONDS
+                await asyncio.sleep(0)
+                continue
+            now = time.perf_counter()
+            if idle_since is None:
+                idle_since = now
+            if now - idle_since < _SPIN_PHASE_SECONDS:
+                if self.in_flight <= 2:  # with many in flight, serve the mailbox instead
+                    self.spin(now + _SPIN_SECONDS)
+                await asyncio.sleep(0)
+            else:
+                await asyncio.sleep(sleep)
+                sleep = min(sleep * 2, _SLEEP_MAX_SECONDS)
+
+    async def close(self, timeout: float) -> int:
+        """Wait up to ``timeout`` seconds for the launches in flight, then stop polling.
+
+        Launches still running then fail with ActorStopped; their arguments are kept
+        alive until the GPU has finished with them. Returns how many were cut off.
+        """
+        if self.in_flight and self._task is not None:
+            self._drained = asyncio.get_running_loop().create_future()
+            await asyncio.wait((self._drained,), timeout=timeout)  # the poller resolves them
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        _prune_orphans()
+        left = self.in_flight
+        if left:
+            stopped = ActorStopped(f"the actor stopped before {left} launch(es) completed")
+            for queue in self._queues.values():
+                for launch in queue:
+                    launch.fail(stopped)
+                    _ORPHANS.append(launch)
+            self._queues.clear()
+            self.in_flight = 0
+        return left
