@@ -5,6 +5,11 @@ against a disk-cache hit (fresh memory cache, warm disk cache) and a memory-cach
 for a realistic kernel: a tiled SGEMM and a block reduction, templated, with three
 named instantiations and an in-memory header. Reports medians over repeats.
 
+Section "launch" (needs a GPU; skipped with a message elsewhere): the round trip of
+``await nvrtc.ask(Launch(...))`` (reply when the kernel has completed) against a plain
+CuPy RawKernel launch + ``stream.synchronize()`` of the same kernel, interleaved in the
+same run; p50/p99 and their ratio.
+
 Run: ``PYTHONPATH=src python benchmarks/bench_nvrtc.py [--sections compile] [--repeats N]``
 """
 
@@ -182,9 +187,124 @@ def _fmt_us(us: float) -> str:
     return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.1f} us"
 
 
+# ---------------------------------------------------------------------- launch
+LAUNCH_SOURCE = r"""
+extern "C" __global__ void axpy(float* y, const float* x, float a, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = a * x[i] + y[i];
+}
+"""
+LAUNCH_N = 1024
+LAUNCH_ROUNDS = 10  # baseline and actor rounds alternate, so drift hits both alike
+LAUNCH_PER_ROUND = 500
+LAUNCH_MAX_RATIO = 1.5
+
+
+def bench_launch(args: argparse.Namespace) -> list[Check]:
+    """``await nvrtc.ask(Launch(...))`` vs CuPy RawKernel launch + synchronize."""
+    from gpuactors.cuda import no_device_reason
+
+    reason = no_device_reason()
+    if reason is not None:
+        print(f"section launch: SKIPPED, it needs a CUDA device ({reason})\n")
+        return []
+    import asyncio
+
+    return asyncio.run(_bench_launch())
+
+
+async def _bench_launch() -> list[Check]:
+    import cupy as cp
+    import numpy as np
+
+    from gpuactors.actors import ActorSystem, Props
+    from gpuactors.nvrtc import CompileAsync, KernelHandle, Launch, Launched, NvrtcActor
+
+    clock = time.perf_counter_ns
+    n = LAUNCH_N
+    x = cp.random.random(n, dtype=cp.float32)
+    y = cp.zeros(n, dtype=cp.float32)
+    args = (y, x, np.float32(1.0), np.int32(n))
+    grid, block = (n // 256,), (256,)
+    raw = cp.RawKernel(LAUNCH_SOURCE, "axpy")
+    stream = cp.cuda.Stream(non_blocking=True)
+    cp.cuda.runtime.deviceSynchronize()
+
+    def cupy_round() -> list[int]:
+        samples = []
+        for _ in range(LAUNCH_PER_ROUND):
+            start = clock()
+            raw(grid, block, args, stream=stream)
+            stream.synchronize()
+            samples.append(clock() - start)
+        return samples
+
+    async with ActorSystem("bench-launch") as system:
+        compiler = KernelCompiler(disk=False)
+        nvrtc = system.spawn(Props(NvrtcActor, kwargs={"compiler": compiler}), name="nvrtc")
+        handle = await nvrtc.ask(
+            CompileAsync(source=LAUNCH_SOURCE, kernel_names=("axpy",)),
+            timeout=120,
+            expect=KernelHandle,
+        )
+        message = Launch(kernel=handle, grid=grid, block=block, args=args)
+        gpu_us: list[float] = []
+
+        async def actor_round() -> list[int]:
+            samples = []
+            for _ in range(LAUNCH_PER_ROUND):
+                start = clock()
+                reply = await nvrtc.ask(message, expect=Launched)
+                samples.append(clock() - start)
+                gpu_us.append(reply.elapsed_us)
+            return samples
+
+        cupy_round()  # warm up both: module loads, event pools, caches
+        await actor_round()
+        gpu_us.clear()
+        base: list[int] = []
+        ours: list[int] = []
+        gc.disable()
+        try:
+            for _ in range(LAUNCH_ROUNDS):
+                base.extend(cupy_round())
+                ours.extend(await actor_round())
+        finally:
+            gc.enable()
+
+    props = cp.cuda.runtime.getDeviceProperties(0)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+    b50, b99 = percentile_us(base, 0.5), percentile_us(base, 0.99)
+    o50, o99 = percentile_us(ours, 0.5), percentile_us(ours, 0.99)
+    print(
+        f"section launch: {name}, CuPy {cp.__version__}, kernel axpy n={n} "
+        f"({grid[0]} x {block[0]}), {len(ours)} round trips each, interleaved"
+    )
+    rows = [
+        ("CuPy RawKernel launch + stream.synchronize()", b50, b99),
+        ("await nvrtc.ask(Launch(...))", o50, o99),
+    ]
+    print(f"{'':46}{'p50':>11}{'p99':>11}")
+    for label, p50, p99 in rows:
+        print(f"{label:46}{_fmt_us(p50):>11}{_fmt_us(p99):>11}")
+    print(
+        f"ratio p50 {o50 / b50:.2f}x, p99 {o99 / b99:.2f}x; GPU time per launch "
+        f"(CUDA events, median): {_fmt_us(statistics.median(gpu_us))}"
+    )
+    print()
+    return [
+        Check(
+            f"launch ask p50 <= {LAUNCH_MAX_RATIO}x CuPy launch+sync",
+            o50 / b50 <= LAUNCH_MAX_RATIO,
+            f"{o50 / b50:.2f}x: {o50:.1f} us vs {b50:.1f} us",
+        )
+    ]
+
+
 # ------------------------------------------------------------------------ main
 SECTIONS: dict[str, Callable[[argparse.Namespace], list[Check]]] = {
     "compile": bench_compile,
+    "launch": bench_launch,
 }
 
 
