@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from gpuactors.engine.abi import TASK_RECORD
 from gpuactors.engine.args import ArgEncoder, check_count, encode_batch
 from gpuactors.engine.messages import EnqueueBatch
 from gpuactors.engine.ops import BUILTIN_OPS, ArrayParam, OpSpec, ScalarParam
@@ -66,7 +67,7 @@ def test_counts_are_checked(n: object, blocks: object, op: OpSpec) -> None:
 
 
 def test_encode_batch_builds_one_record_per_task() -> None:
-    records = encode_batch(
+    columns = encode_batch(
         SCALARS,
         7,
         EnqueueBatch(
@@ -77,7 +78,9 @@ def test_encode_batch_builds_one_record_per_task() -> None:
         ),
         0,
     )
-    assert len(records) == 3
+    assert len(columns) == 3 and columns.op == 7
+    records = np.zeros(3, dtype=TASK_RECORD)
+    columns.write(records, 0, 3)
     assert records["op"].tolist() == [7, 7, 7]
     assert records["n"].tolist() == [1, 2, 3]
     assert records["args"][:, 0].tolist() == [0xFFFFFFFF, 0, 1]

@@ -169,3 +169,30 @@ def test_no_loss_no_duplication_order_per_producer(
     for p, order in taken_order.items():
         assert order == sorted(order), f"producer {p} reordered"
     assert len(results) == tasks
+
+
+def test_harvest_window_out_of_order() -> None:
+    """A slow first task holds the window open while later ones finish in random order;
+    a slow slot also blocks the ring from lapping it (positions are taken in order)."""
+    ring, consumer = make_ring(64)
+    batch = np.zeros(64, dtype=TASK_RECORD)
+    batch["n"] = np.arange(64)
+    ring.publish_batch(batch)
+    taken = consumer.take(limit=64)
+    assert ring.free_count() == 0
+    already = np.zeros(64, dtype=np.bool_)
+    order = np.random.default_rng(5).permutation(np.arange(1, 64))
+    for chunk in np.array_split(order, 7):
+        for index in chunk:
+            seq, record = taken[index]
+            consumer.complete(seq, status=int(record["n"]) % 3)
+        done, status = ring.harvest_window(1, 64, already)
+        assert not done[0]
+        assert sorted(np.flatnonzero(done).tolist()) == sorted(chunk.tolist())
+        assert (status[done] == np.flatnonzero(done) % 3).all()
+        already |= done
+    assert ring.free_count() == 0, "slot 0 is still live: nothing may lap it"
+    consumer.complete(taken[0][0], status=-2)
+    done, status = ring.harvest_window(1, 64, already)
+    assert done.tolist() == [True] + [False] * 63 and status[0] == -2
+    assert ring.free_count() == 64

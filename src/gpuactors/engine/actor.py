@@ -48,6 +48,7 @@ from gpuactors.engine.messages import (
 )
 from gpuactors.engine.ops import BUILTIN_OPS, OpSpec
 from gpuactors.engine.optable import OpTable
+from gpuactors.engine.ring import RecordColumns
 from gpuactors.engine.runtime import EngineConfig, EngineRuntime
 from gpuactors.errors import (
     DeviceFault,
@@ -96,7 +97,7 @@ class _Batch:
 
     future: asyncio.Future[BatchCompletion]
     op: OpSpec
-    records: np.ndarray
+    records: RecordColumns
     per_task: bool
     keepalive: tuple[Any, ...]
     ready_event: Any = None
@@ -311,7 +312,7 @@ class PersistentEngineActor(Actor):
         room = ring.free_count(batch.count - batch.published)
         if room == 0:
             return 0
-        seqs = ring.publish_batch(batch.records[batch.published : batch.published + room])
+        seqs = ring.publish_columns(batch.records, batch.published, room)
         if batch.published == 0:
             batch.first_seq = seqs.start
             self._batches.append(batch)
@@ -324,20 +325,19 @@ class PersistentEngineActor(Actor):
         ring = self._runtime.ring
         progressed = 0
         for batch in list(self._batches):
-            window = batch.done[batch.low : batch.published]
-            open_tasks = np.flatnonzero(~window) + batch.low
-            if open_tasks.size == 0:
+            count = batch.published - batch.low
+            if count == 0:
                 continue
-            done, status = ring.harvest_seqs(
-                open_tasks.astype(np.uint64) + np.uint64(batch.first_seq)
-            )
-            finished = open_tasks[done]
-            batch.done[finished] = True
-            batch.statuses[finished] = status[done]
-            batch.finished += int(finished.size)
-            progressed += int(finished.size)
-            still_open = open_tasks[~done]
-            batch.low = int(still_open[0]) if still_open.size else batch.published
+            window = batch.done[batch.low : batch.published]
+            done, status = ring.harvest_window(batch.first_seq + batch.low, count, window)
+            newly = int(np.count_nonzero(done))
+            if newly:
+                window |= done
+                batch.statuses[batch.low : batch.published][done] = status[done]
+                batch.finished += newly
+                progressed += newly
+                open_left = np.flatnonzero(~window)
+                batch.low += int(open_left[0]) if open_left.size else count
             if batch.finished == batch.count:
                 self._batches.remove(batch)
                 self._complete_batch(batch)

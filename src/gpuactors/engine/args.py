@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 
 from gpuactors.cuda.arrays import CUPY_NDARRAY, check_device, describe_array
-from gpuactors.engine.abi import TASK_RECORD
 from gpuactors.engine.messages import EnqueueBatch
 from gpuactors.engine.ops import ArrayParam, OpSpec, ScalarParam
+from gpuactors.engine.ring import RecordColumns
 from gpuactors.errors import InvalidArgument
 
 MAX_ELEMENTS = 2**62
@@ -214,8 +214,11 @@ def _scalar_column(param: ScalarParam, values: Any, where: str) -> np.ndarray:
     return unsigned.astype(np.uint64)
 
 
-def encode_batch(op: OpSpec, op_id: int, msg: EnqueueBatch, device_id: int) -> np.ndarray:
-    """Validate a whole batch up front and build its TASK_RECORD array (vectorised)."""
+def encode_batch(op: OpSpec, op_id: int, msg: EnqueueBatch, device_id: int) -> RecordColumns:
+    """Validate a whole batch up front and describe its records as columns (vectorised).
+
+    The records themselves are written straight into the ring as room appears.
+    """
     if len(msg.args) != len(op.params):
         raise InvalidArgument(
             f"op {op.name!r} takes {len(op.params)} arguments, got {len(msg.args)}"
@@ -236,11 +239,8 @@ def encode_batch(op: OpSpec, op_id: int, msg: EnqueueBatch, device_id: int) -> n
         n = np.full(count, int(msg.n), dtype=np.int64)
     else:
         n = _int_array(msg.n, "n", count)
-    records = np.zeros(count, dtype=TASK_RECORD)
-    records["op"] = op_id
-    records["blocks"] = msg.blocks
-    records["n"] = n
-    for index, (param, value) in enumerate(zip(op.params, msg.args, strict=True)):
+    columns: list[np.ndarray | int] = []
+    for param, value in zip(op.params, msg.args, strict=True):
         where = f"argument {param.name!r} of op {op.name!r}"
         if isinstance(param, ArrayParam):
             ptr = _array_ptr(param, value, 0, device_id, where)
@@ -259,11 +259,12 @@ def encode_batch(op: OpSpec, op_id: int, msg: EnqueueBatch, device_id: int) -> n
                     f"the array has {size}"
                 )
             itemsize = np.dtype(param.dtype).itemsize
-            records["args"][:, index] = np.uint64(ptr) + offsets.astype(np.uint64) * np.uint64(
-                itemsize
-            )
+            if param.name in msg.offsets:
+                columns.append(np.uint64(ptr) + offsets.astype(np.uint64) * np.uint64(itemsize))
+            else:
+                columns.append(ptr)
         elif param.name in msg.scalars:
-            records["args"][:, index] = _scalar_column(param, msg.scalars[param.name], where)
+            columns.append(_scalar_column(param, msg.scalars[param.name], where))
         else:
-            records["args"][:, index] = _scalar_bits(param, value, where)
-    return records
+            columns.append(_scalar_bits(param, value, where))
+    return RecordColumns(op=op_id, blocks=msg.blocks, n=n, args=tuple(columns))

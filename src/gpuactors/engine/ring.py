@@ -58,6 +58,42 @@ class CompletionView:
         return max(0, self.t_end_ns - self.t_start_ns)
 
 
+_BODY_FIELDS = [name for name in TASK_RECORD.names or () if name != "seq"]
+
+
+def _copy_bodies(view: np.ndarray, batch: np.ndarray) -> None:
+    for name in _BODY_FIELDS:
+        view[name] = batch[name]
+
+
+@dataclass(frozen=True)
+class RecordColumns:
+    """Many tasks of one op as columns (what an EnqueueBatch becomes).
+
+    ``args`` has one entry per argument slot used: a uint64 column (one word per
+    task) or a single word shared by every task.
+    """
+
+    op: int
+    blocks: int
+    n: np.ndarray  # int64, one per task
+    args: tuple[np.ndarray | int, ...]
+
+    def __len__(self) -> int:
+        return len(self.n)
+
+    def write(self, view: np.ndarray, start: int, stop: int) -> None:
+        """Fill record bodies (everything but ``seq``) for tasks ``start..stop-1``."""
+        view["op"] = self.op
+        view["blocks"] = self.blocks
+        view["n"] = self.n[start:stop]
+        view["deadline_ns"] = 0
+        view["tag"] = 0
+        words = view["args"]
+        for index, column in enumerate(self.args):
+            words[:, index] = column if isinstance(column, int) else column[start:stop]
+
+
 def reset_ring(records: np.ndarray, completions: np.ndarray) -> None:
     """Put freshly allocated ring memory into the empty state (slot i free at position i)."""
     records[...] = np.zeros((), dtype=TASK_RECORD)
@@ -117,32 +153,64 @@ class HostRing:
         self.published = pos + 1
         return pos + 1
 
+    def _segments(self, count: int) -> list[tuple[int, int, int]]:
+        """Ring slices covering ``count`` positions from ``published``: (slot0, slot1, index0)."""
+        start = self.published & self.mask
+        first = min(count, self.capacity - start)
+        segments = [(start, start + first, 0)]
+        if count > first:
+            segments.append((0, count - first, first))
+        return segments
+
     def free_count(self, limit: int | None = None) -> int:
         """How many consecutive positions from ``published`` are free right now (vectorised)."""
         window = self.capacity if limit is None else min(limit, self.capacity)
-        positions = np.arange(self.published, self.published + window, dtype=np.uint64)
-        slots = (positions & np.uint64(self.mask)).astype(np.intp)
-        free = (self.records["seq"][slots] == positions) & (self._unretired_view[slots] == 0)
-        blocked = np.flatnonzero(~free)
-        return int(blocked[0]) if blocked.size else window
+        seq = self.records["seq"]
+        for slot0, slot1, index0 in self._segments(window):
+            expected = np.arange(
+                self.published + index0, self.published + index0 + slot1 - slot0, dtype=np.uint64
+            )
+            free = (seq[slot0:slot1] == expected) & (self._unretired_view[slot0:slot1] == 0)
+            blocked = np.flatnonzero(~free)
+            if blocked.size:
+                return index0 + int(blocked[0])
+        return window
 
     def publish_batch(self, batch: np.ndarray) -> range:
-        """Publish records (TASK_RECORD array, ``seq`` ignored) with vectorised stores.
+        """Publish records (TASK_RECORD array, ``seq`` ignored) with vectorised stores."""
+        self._check_room(len(batch))
+        return self._publish(len(batch), lambda view, i0, i1: _copy_bodies(view, batch[i0:i1]))
 
-        The caller checks room first (``free_count() >= len(batch)``). Bodies are
-        written for the whole batch, then the sequence numbers, in ring order.
+    def publish_columns(self, columns: RecordColumns, start: int, count: int) -> range:
+        """Publish tasks ``start..start+count-1`` of ``columns`` straight into the ring.
+
+        The caller has just measured the room (``free_count``); it is not re-checked.
         """
-        count = len(batch)
+        return self._publish(
+            count, lambda view, i0, i1: columns.write(view, start + i0, start + i1)
+        )
+
+    def _check_room(self, count: int) -> None:
         if count > self.free_count(count):
             raise InvalidArgument(f"batch of {count} does not fit in the ring's free slots")
+
+    def _publish(self, count: int, write: Callable[[np.ndarray, int, int], None]) -> range:
+        """Write bodies slice by slice, then the sequence numbers, in ring order.
+
+        The caller checks room first (``free_count(count) >= count``). Until its
+        sequence number moves, a slot reads as free (``seq == position``), never as
+        ready, so a half-written body is never taken.
+        """
         first = self.published
-        positions = np.arange(first, first + count, dtype=np.uint64)
-        slots = (positions & np.uint64(self.mask)).astype(np.intp)
-        body = batch.copy()
-        body["seq"] = self.records["seq"][slots]  # keep "free" until the bodies are in place
-        self.records[slots] = body
-        self.records["seq"][slots] = positions + np.uint64(1)
-        self._unretired_view[slots] = 1
+        segments = self._segments(count)
+        for slot0, slot1, index0 in segments:
+            write(self.records[slot0:slot1], index0, index0 + slot1 - slot0)
+        seq = self.records["seq"]
+        for slot0, slot1, index0 in segments:
+            seq[slot0:slot1] = np.arange(
+                first + index0 + 1, first + index0 + 1 + slot1 - slot0, dtype=np.uint64
+            )
+            self._unretired_view[slot0:slot1] = 1
         self.published = first + count
         return range(first + 1, first + count + 1)
 
@@ -163,6 +231,34 @@ class HostRing:
         status = np.zeros(len(seqs), dtype=np.int32)
         status[done] = self.completions["status"][slots[done]]
         self._unretired_view[slots[done]] = 0
+        return done, status
+
+    def harvest_window(
+        self, first_seq: int, count: int, already: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`harvest_seqs` for the contiguous seqs ``first_seq..first_seq+count-1``,
+        skipping those marked in ``already``: slices instead of gathers.
+
+        A window never spans more than the ring (positions are produced in order and
+        a live slot cannot be lapped); it is read in slices that wrap at the ring's end.
+        A slot whose marker belongs to a later task was retired earlier: ``already``
+        covers it.
+        """
+        done = np.zeros(count, dtype=np.bool_)
+        status = np.zeros(count, dtype=np.int32)
+        marker, state = self.completions["seq"], self.completions["status"]
+        index0 = 0
+        while index0 < count:
+            slot0 = (first_seq + index0 - 1) & self.mask
+            length = min(count - index0, self.capacity - slot0)
+            index1, slot1 = index0 + length, slot0 + length
+            expected = np.arange(first_seq + index0, first_seq + index1, dtype=np.uint64)
+            fresh = (marker[slot0:slot1] == expected) & ~already[index0:index1]
+            done[index0:index1] = fresh
+            # statuses after markers: x86 keeps loads in order (see harvest_seqs)
+            status[index0:index1] = np.where(fresh, state[slot0:slot1], 0)
+            self._unretired_view[slot0:slot1][fresh] = 0
+            index0 = index1
         return done, status
 
     def retire(self, seq: int) -> None:
