@@ -67,6 +67,7 @@ from gpuactors.nvrtc import KernelCompiler
 _SPIN_SECONDS = 30e-6  # longest stretch the engine holds the loop checking markers
 _SPIN_PHASE_SECONDS = 2e-3  # how long it keeps yielding-and-spinning before it sleeps
 _SLEEP_SECONDS = 2e-4
+_BATCH_STEP = 16384  # records a batch publishes / harvests per poller round (bounds each round)
 _EXIT_REASONS = {
     abi.EXIT_IDLE: "idle",
     abi.EXIT_PARK_REQUEST: "request",
@@ -309,7 +310,7 @@ class PersistentEngineActor(Actor):
         """Publish as much of ``batch`` as the ring has room for, in one vectorised store."""
         assert self._runtime is not None
         ring = self._runtime.ring
-        room = ring.free_count(batch.count - batch.published)
+        room = ring.free_count(min(batch.count - batch.published, _BATCH_STEP))
         if room == 0:
             return 0
         seqs = ring.publish_columns(batch.records, batch.published, room)
@@ -325,15 +326,15 @@ class PersistentEngineActor(Actor):
         ring = self._runtime.ring
         progressed = 0
         for batch in list(self._batches):
-            count = batch.published - batch.low
+            count = min(batch.published - batch.low, _BATCH_STEP)
             if count == 0:
                 continue
-            window = batch.done[batch.low : batch.published]
+            window = batch.done[batch.low : batch.low + count]
             done, status = ring.harvest_window(batch.first_seq + batch.low, count, window)
             newly = int(np.count_nonzero(done))
             if newly:
                 window |= done
-                batch.statuses[batch.low : batch.published][done] = status[done]
+                batch.statuses[batch.low : batch.low + count][done] = status[done]
                 batch.finished += newly
                 progressed += newly
                 open_left = np.flatnonzero(~window)
