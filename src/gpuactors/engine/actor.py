@@ -147,6 +147,7 @@ class PersistentEngineActor(Actor):
         self._park_reasons: Counter[str] = Counter()
         self._seen_parks = 0
         self._closing = False
+        self._faulted: str | None = None  # why the engine is out of service
         self._wake = asyncio.Event()
         self._poller: asyncio.Task[None] | None = None
 
@@ -176,9 +177,13 @@ class PersistentEngineActor(Actor):
             self._poller.cancel()
             await asyncio.gather(self._poller, return_exceptions=True)
         self._fail_all(EngineStopped("the engine actor stopped"))
-        if self._runtime is not None:
-            await asyncio.to_thread(self._runtime.close)
-            self._runtime = None
+        if self._runtime is not None and self._faulted is None:
+            try:
+                await asyncio.to_thread(self._runtime.close)
+            except Exception as exc:  # the device failed while we stopped: do not wait on it
+                self.log.error("engine close failed; abandoning its kernel", error=str(exc))
+                self._runtime.abandon()
+        self._runtime = None
 
     def _mode(self) -> Literal["persistent", "launch-per-batch"]:
         assert self._runtime is not None
@@ -214,9 +219,7 @@ class PersistentEngineActor(Actor):
     def enqueue_batch(self, msg: EnqueueBatch) -> Deferred[BatchCompletion]:
         future: asyncio.Future[BatchCompletion] = asyncio.get_running_loop().create_future()
         try:
-            if self._closing or self._runtime is None:
-                raise EngineStopped("the engine is shutting down and accepts no new tasks")
-            GENERATIONS.check_current("this engine", self._device_id, self._generation)
+            self._check_serving()
             resolved = self._ops.resolve(msg.op)
             op = resolved.spec
             records = encode_batch(op, resolved.op_id, msg, self._device_id)
@@ -235,8 +238,7 @@ class PersistentEngineActor(Actor):
         if msg.after == "current_stream":
             batch.ready_event = _pending_work_event()
         self._backlog.append(batch)
-        self._flush_backlog()
-        self._wake.set()
+        self._wake.set()  # the poller publishes it (and owns every CUDA call that may fail)
         return Deferred(future)
 
     def _finish_inline(self, seq: int) -> None:
@@ -251,10 +253,15 @@ class PersistentEngineActor(Actor):
                 self._finish(seq)
                 return
 
-    def _accept(self, msg: Enqueue, future: asyncio.Future[Completion]) -> _Task:
+    def _check_serving(self) -> None:
+        if self._faulted is not None:
+            raise DeviceFault(f"this engine is out of service: {self._faulted}")
         if self._closing or self._runtime is None:
             raise EngineStopped("the engine is shutting down and accepts no new tasks")
         GENERATIONS.check_current("this engine", self._device_id, self._generation)
+
+    def _accept(self, msg: Enqueue, future: asyncio.Future[Completion]) -> _Task:
+        self._check_serving()
         resolved = self._ops.resolve(msg.op)  # the version is bound here, at acceptance
         op = resolved.spec
         n, blocks = check_count(op, msg.n, msg.blocks)
@@ -372,6 +379,8 @@ class PersistentEngineActor(Actor):
                     continue
                 progressed = self._harvest() + self._harvest_batches() + self._flush_backlog()
                 runtime.kick()
+                if runtime.launch_error is not None:
+                    runtime.check_fault()
                 self._note_parks()
                 if progressed:
                     idle_since = None
@@ -385,11 +394,42 @@ class PersistentEngineActor(Actor):
                     await asyncio.sleep(0)
                 else:
                     runtime.check_fault()
+                    self._check_hung_tasks()
                     await asyncio.sleep(_SLEEP_SECONDS)
-        except DeviceFault as exc:
-            self.log.error("device fault in engine", error=str(exc))
-            self._fail_all(exc)
-            raise
+        except (DeviceFault, TaskTimeout) as exc:
+            self._declare_faulted(str(exc))
+        except Exception as exc:  # a CUDA error from a launch or query: the poller must not die
+            self._declare_faulted(f"{type(exc).__name__}: {exc}")
+
+    def _check_hung_tasks(self) -> None:
+        """A task still unfinished ``hang_grace_ms`` after its deadline has hung the engine:
+        its block never returns, so the kernel can neither drain nor park."""
+        now = time.time_ns()
+        grace = int(self._config.hang_grace_ms * 1e6)
+        for seq, task in self._pending.items():
+            if task.deadline_ns and now > task.deadline_ns + grace:
+                error = TaskTimeout(
+                    f"task {seq} of op {task.op.name!r} is still running "
+                    f"{self._config.hang_grace_ms:g} ms after its deadline: the engine is hung"
+                )
+                if not task.future.done():
+                    task.future.set_exception(error)
+                raise error
+
+    def _declare_faulted(self, reason: str) -> None:
+        """Fail everything accepted, take the engine out of service, start a new generation.
+
+        The CUDA context is poisoned (fault) or occupied forever (hang): handles and
+        buffers made before now must not be used again (GpuRefStale).
+        """
+        running = sorted({task.op.name for task in self._pending.values()})
+        seqs = sorted(self._pending)[:8]
+        self._faulted = f"{reason} (ops in flight: {', '.join(running) or 'none'}; tasks {seqs})"
+        new_generation = GENERATIONS.bump(self._device_id)
+        self.log.error("engine faulted", reason=self._faulted, generation=new_generation)
+        self._fail_all(DeviceFault(self._faulted))
+        if self._runtime is not None:
+            self._runtime.abandon()
 
     def _spin_until_progress(self, until: float) -> None:
         assert self._runtime is not None
@@ -546,8 +586,10 @@ class PersistentEngineActor(Actor):
 
     def _start_install(self, op: OpSpec, activate: bool) -> Deferred[OpInstalled]:
         future: asyncio.Future[OpInstalled] = asyncio.get_running_loop().create_future()
-        if self._closing or self._runtime is None:
-            future.set_exception(EngineStopped("the engine is shutting down"))
+        try:
+            self._check_serving()
+        except GpuActorsError as exc:
+            future.set_exception(exc)
         else:
             task = asyncio.get_running_loop().create_task(self._install(op, activate))
             task.add_done_callback(lambda done: _settle_from(done, future))
@@ -681,9 +723,10 @@ def _pending_work_event() -> Any:
     import cupy
 
     stream = cupy.cuda.get_current_stream()
-    if stream.done:
-        return None
-    return stream.record()
+    try:
+        return None if stream.done else stream.record()
+    except cupy.cuda.runtime.CUDARuntimeError as exc:
+        raise DeviceFault(f"the caller's CUDA stream reports an error: {exc}") from exc
 
 
 class Engine:

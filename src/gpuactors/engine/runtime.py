@@ -38,6 +38,28 @@ _log = get_logger(component="engine-runtime")
 # Word indexes into the HostControl block.
 _PARK_REQUEST, _PARKED_EPOCH, _LAUNCHED_EPOCH, _CONSUMED, _HEARTBEAT, _EXIT_REASON = range(6)
 
+_CUDA_SUCCESS, _CUDA_ERROR_NOT_READY = 0, 600
+
+
+_CUDA_ERROR_NAMES = {
+    700: "cudaErrorIllegalAddress",
+    710: "cudaErrorAssert",
+    714: "cudaErrorHardwareStackError",
+    715: "cudaErrorIllegalInstruction",
+    716: "cudaErrorMisalignedAddress",
+    717: "cudaErrorInvalidAddressSpace",
+    718: "cudaErrorInvalidPc",
+    719: "cudaErrorLaunchFailure",
+}
+
+
+def _error_name(status: int) -> str:
+    return _CUDA_ERROR_NAMES.get(status, "see cudaError_t")
+
+
+# Resources of engines whose kernel faulted or hung: never freed (see EngineRuntime.abandon).
+_ABANDONED: list[tuple[Any, ...]] = []
+
 
 class PersistentThreadMode(str, enum.Enum):
     """How the engine runs its kernel.
@@ -63,6 +85,7 @@ class EngineConfig:
     max_residency_ms: float = 100.0  # 0: never park for residency
     max_units_per_task: int = 128
     mode: PersistentThreadMode = PersistentThreadMode.AUTO
+    hang_grace_ms: float = 1000.0  # a task this late past its deadline hangs the engine
 
     def __post_init__(self) -> None:
         check_capacity(self.capacity)
@@ -72,8 +95,8 @@ class EngineConfig:
             )
         if self.grid_blocks is not None and self.grid_blocks < 2:
             raise InvalidArgument("grid_blocks must be >= 2 (block 0 dispatches, the rest work)")
-        if self.idle_park_ms < 0 or self.max_residency_ms < 0:
-            raise InvalidArgument("idle_park_ms and max_residency_ms must be >= 0")
+        if self.idle_park_ms < 0 or self.max_residency_ms < 0 or self.hang_grace_ms <= 0:
+            raise InvalidArgument("idle_park_ms, max_residency_ms must be >= 0; hang_grace_ms > 0")
         if not 1 <= self.max_units_per_task <= 65536:
             raise InvalidArgument("max_units_per_task must be in 1..65536")
 
@@ -135,6 +158,7 @@ class EngineRuntime:
             self._kernel: Any = None
             self.launches = 0
             self.hold = False  # while True, kick() never relaunches (parked on demand)
+            self.launch_error: Exception | None = None
             self.mode_persistent = True
             self._install(image)
             self.mode_persistent = self._resolve_mode()
@@ -213,7 +237,12 @@ class EngineRuntime:
         """Launch a kernel instance if work waits and none runs. True if it launched."""
         if self.hold or self.running or self._gate.loading or not self.pending_unconsumed():
             return False
-        self._launch()
+        try:
+            self._launch()
+        except Exception as exc:  # a poisoned context: report through check_fault
+            self.launch_error = exc
+            self.hold = True
+            return False
         return True
 
     def _launch(self) -> None:
@@ -228,11 +257,16 @@ class EngineRuntime:
         self.launches += 1
 
     def check_fault(self) -> None:
-        """Raise DeviceFault if the engine's stream reports an error (sticky CUDA error)."""
-        try:
-            self.stream.done  # noqa: B018 - queries the stream, raising on a device error
-        except Exception as exc:
-            raise DeviceFault(f"the engine kernel failed: {exc}") from exc
+        """Raise DeviceFault if a launch failed or the engine's stream reports an error."""
+        if self.launch_error is not None:
+            raise DeviceFault(f"launching the engine kernel failed: {self.launch_error}")
+        runtime = self._cupy.cuda.runtime
+        # Not Stream.done: it reports a faulted stream as merely "not done".
+        status = int(runtime.streamQuery(self.stream.ptr))
+        if status not in (_CUDA_SUCCESS, _CUDA_ERROR_NOT_READY):
+            raise DeviceFault(
+                f"the engine kernel failed: CUDA error {status} ({_error_name(status)})"
+            )
 
     def request_park(self) -> None:
         """Ask a running kernel to exit at the next task boundary (does not wait)."""
@@ -246,9 +280,13 @@ class EngineRuntime:
         self.control[_PARK_REQUEST] = 1
         deadline = time.monotonic() + timeout
         try:
+            next_check = time.monotonic() + 0.005
             while self.running:
-                if time.monotonic() > deadline:
+                now = time.monotonic()
+                if now > next_check:  # a dead kernel never parks: fail fast on a fault
                     self.check_fault()
+                    next_check = now + 0.005
+                if now > deadline:
                     raise EngineError(f"engine did not park within {timeout} s")
                 time.sleep(0)
         finally:
@@ -258,6 +296,17 @@ class EngineRuntime:
         """Hand the ring over to a new engine module (parks, loads, relaunches on demand)."""
         self.park_blocking()
         self._install(image)
+
+    def abandon(self) -> None:
+        """Give up on a faulted or hung kernel without waiting for it.
+
+        Parking, synchronising or unloading the module would block on a kernel that
+        never returns, so the module and buffers are kept referenced for the life of
+        the process (a deliberate, bounded leak) and the gate forgets this engine.
+        """
+        self._gate.unregister(self)
+        _ABANDONED.append((self._module, self._kernel, self._ring_mem, self._done_mem))
+        self.hold = True
 
     def close(self, timeout: float = 10.0) -> None:
         """Park for good and release the module. Pending tasks stay unrun."""
