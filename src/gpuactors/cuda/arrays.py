@@ -7,6 +7,7 @@ clear error: nothing is copied behind the caller's back.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,20 +48,22 @@ def _device_of_pointer(ptr: int) -> int:
     return int(attributes.device)
 
 
-def _cupy_ndarray_type() -> Any:
+@functools.cache
+def cupy_ndarray() -> Any:
+    """CuPy's ndarray type, or None where CuPy is missing or broken (resolved once, lazily:
+    importing gpuactors never imports CuPy)."""
     try:
         import cupy
-    except ImportError:
+
+        return getattr(cupy, "ndarray", None)
+    except Exception:
         return None
-    return cupy.ndarray
-
-
-CUPY_NDARRAY = _cupy_ndarray_type()  # None where CuPy is not installed
 
 
 def describe_array(value: Any, what: str = "argument") -> DeviceArrayInfo:
     """Describe a device array, or raise InvalidArgument saying what is wrong with it."""
-    if CUPY_NDARRAY is not None and type(value) is CUPY_NDARRAY:
+    ndarray = cupy_ndarray()
+    if ndarray is not None and type(value) is ndarray:
         # Fast path: plain attribute reads, no interface dict (this runs per task).
         return DeviceArrayInfo(
             ptr=value.data.ptr,
@@ -111,3 +114,10 @@ def check_device(info: DeviceArrayInfo, device_id: int, what: str) -> None:
         raise WrongDevice(
             f"{what} lives on device {info.device_id}, this actor owns device {device_id}"
         )
+
+
+def __getattr__(name: str) -> Any:
+    """``CUPY_NDARRAY``: the lazily resolved :func:`cupy_ndarray` (kept as a module name)."""
+    if name == "CUPY_NDARRAY":
+        return cupy_ndarray()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuactors.cuda.arrays import CUPY_NDARRAY, check_device, describe_array
+from gpuactors.cuda.arrays import check_device, cupy_ndarray, describe_array
 from gpuactors.engine.messages import EnqueueBatch
 from gpuactors.engine.ops import ArrayParam, OpSpec, ScalarParam
 from gpuactors.engine.ring import RecordColumns
@@ -145,7 +145,7 @@ class _ParamPlan:
     def encode(self, value: Any, n: int, device_id: int) -> int:
         if self.is_array:
             if (
-                type(value) is CUPY_NDARRAY
+                type(value) is cupy_ndarray()
                 and value.dtype == self.dtype
                 and value.size >= (n if self.fixed_length is None else self.fixed_length)
                 and value.data.device_id == device_id
