@@ -205,6 +205,7 @@ def load_benchmark(name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(f"_bench_{name}", BENCHMARKS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while it runs
     spec.loader.exec_module(module)
     return module
 
@@ -256,18 +257,37 @@ def test_engine_latency_lines_parse_as_printed(capsys: pytest.CaptureFixture[str
     ]
 
 
-def test_engine_throughput_line_parses() -> None:
-    line = (
+def test_engine_lines_against_cupy_parse() -> None:
+    text = (
+        "noise\n"
         "3. 1000 concurrent clients: 12,345 tasks/s | CuPy back-to-back "
         "67,890 launches/s | ratio 0.18x (target >= 3x: NOT MET)\n"
+        "5. 10,000 x 1 KiB byte-histogram jobs: engine 1.50 ms | one CuPy launch per job "
+        "30.00 ms | speed-up 20.0x (target >= 10x: MET)\n"
     )
-    (row,) = bench.parse_throughputs("bench_engine.py", "noise\n" + line)
-    assert (row.label, row.rate, row.baseline_label, row.baseline_rate) == (
-        "1000 concurrent clients",
-        "12,345",
-        "CuPy back-to-back",
-        "67,890",
+    rows = bench.parse_comparisons("bench_engine.py", text)
+    assert [(r.label, r.value, r.baseline_label, r.baseline_value, r.unit) for r in rows] == [
+        ("1000 concurrent clients", "12,345", "CuPy back-to-back", "67,890", "per second"),
+        ("10,000 x 1 KiB byte-histogram jobs", "1.50", "one CuPy launch per job", "30.00", "ms"),
+    ]
+
+
+def test_nvrtc_launch_table_parses_as_printed() -> None:
+    fmt = load_benchmark("bench_nvrtc")._fmt_us
+    rows = [
+        ("CuPy RawKernel launch + stream.synchronize()", 12.34, 1234.5),
+        ("await nvrtc.ask(Launch(...))", 15.0, 20.0),
+    ]
+    text = f"{'':46}{'p50':>11}{'p99':>11}\n" + "".join(
+        f"{label:46}{fmt(p50):>11}{fmt(p99):>11}\n" for label, p50, p99 in rows
     )
+    parsed = bench.parse_latencies("bench_nvrtc.py", text)
+    assert [(r.label, r.p50, r.p99, r.baseline) for r in parsed] == [
+        ("CuPy RawKernel launch + stream.synchronize()", "12.3 us", "1.23 ms", True),
+        ("await nvrtc.ask(Launch(...))", "15.0 us", "20.0 us", False),
+    ]
+    assert bench._micros("1.23 ms") == pytest.approx(1230.0)
+    assert bench._micros("12.30") == bench._micros("12.3 us") == pytest.approx(12.3)
 
 
 def test_actor_table_parses_from_a_real_run() -> None:
@@ -302,6 +322,7 @@ ENGINE_OUT = (
     "1. ring round trip (no asyncio): p50 1.50 us, p99 2.50 us | CuPy launch+sync p50 "
     "3.50 us, p99 4.50 us | ratio p50 0.43x, p99/base-p50 0.71x\n"
     "3. 8 concurrent clients: 1,000 tasks/s | CuPy back-to-back 2,000 launches/s | ratio 0.50x\n"
+    "5. 10 x 1 KiB byte-histogram jobs: engine 1.00 ms | one CuPy launch per job 2.00 ms\n"
 )
 
 
@@ -387,7 +408,7 @@ def test_plots_are_drawn_where_matplotlib_exists(stand_ins: Path, tmp_path: Path
     out = tmp_path / "r.md"
     run_bench(["--benchmarks-dir", str(stand_ins), "--out", str(out)])
     report = out.read_text(encoding="utf-8")
-    for suffix in ("latency", "throughput"):
+    for suffix in ("latency", "vs-cupy"):
         png = tmp_path / f"r-{suffix}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"![r-{suffix}](r-{suffix}.png)" in report

@@ -197,7 +197,8 @@ def run_script(
 # ---------------------------------------------------------------- parsing
 @dataclass(frozen=True)
 class LatencyRow:
-    """One latency measurement as a script printed it (numbers kept as printed)."""
+    """One latency measurement as a script printed it (numbers kept as printed,
+    with their unit where the script printed one: "12.30", "12.3 us", "1.20 ms")."""
 
     source: str
     label: str
@@ -207,12 +208,15 @@ class LatencyRow:
 
 
 @dataclass(frozen=True)
-class ThroughputRow:
+class Comparison:
+    """One of our figures beside the CuPy baseline it was measured against, as printed."""
+
     source: str
     label: str
-    rate: str
+    value: str
     baseline_label: str
-    baseline_rate: str
+    baseline_value: str
+    unit: str
 
 
 _ENGINE_LATENCY = re.compile(
@@ -220,21 +224,40 @@ _ENGINE_LATENCY = re.compile(
     r"(?P<base>CuPy [^|]*?) p50 (?P<b50>[\d.]+) us, p99 (?P<b99>[\d.]+) us",
     re.MULTILINE,
 )
-_ENGINE_THROUGHPUT = re.compile(
-    r"^(?:\d+\. )?(?P<label>\d+ concurrent clients): (?P<rate>[\d,.]+) tasks/s \| "
-    r"(?P<base>CuPy [^|]*?) (?P<brate>[\d,.]+) launches/s",
-    re.MULTILINE,
-)
 _ACTOR_ROW = re.compile(
     r"^(?P<label>(?:bare asyncio|actor ask).*?)\s{2,}"
     r"(?P<p50>\d+\.\d+)\s+(?P<p99>\d+\.\d+)\s+\d+\.\d+\s*$",
     re.MULTILINE,
 )
+_LAUNCH_ROW = re.compile(
+    r"^(?P<label>CuPy RawKernel launch.*?|await nvrtc\.ask\(Launch.*?)\s{2,}"
+    r"(?P<p50>[\d.]+ (?:us|ms))\s+(?P<p99>[\d.]+ (?:us|ms))\s*$",
+    re.MULTILINE,
+)
+_COMPARISONS = (
+    (
+        re.compile(
+            r"^(?:\d+\. )?(?P<label>\d+ concurrent clients): (?P<value>[\d,.]+) tasks/s \| "
+            r"(?P<base>CuPy [^|]*?) (?P<bvalue>[\d,.]+) launches/s",
+            re.MULTILINE,
+        ),
+        "per second",
+    ),
+    (
+        re.compile(
+            r"^(?:\d+\. )?(?P<label>[\d,]+ x .*? jobs): engine (?P<value>[\d,.]+) ms \| "
+            r"(?P<base>one CuPy launch per job) (?P<bvalue>[\d,.]+) ms",
+            re.MULTILINE,
+        ),
+        "ms",
+    ),
+)
 
 
 def parse_latencies(source: str, text: str) -> list[LatencyRow]:
-    """The latency rows in a script's output: engine sections with their CuPy baseline,
-    and the actor table with its bare-asyncio baseline. Unknown lines are ignored."""
+    """The latency rows in a script's output: the engine sections and their CuPy
+    baseline, the actor table and its bare-asyncio baseline, the NVRTC launch table and
+    its CuPy baseline. Other lines are ignored."""
     rows: list[LatencyRow] = []
     baselines: dict[str, LatencyRow] = {}
     for m in _ENGINE_LATENCY.finditer(text):
@@ -242,22 +265,31 @@ def parse_latencies(source: str, text: str) -> list[LatencyRow]:
         baselines.setdefault(
             m["base"], LatencyRow(source, m["base"], m["b50"], m["b99"], baseline=True)
         )
-    for m in _ACTOR_ROW.finditer(text):
-        is_base = m["label"].startswith("bare")
-        rows.append(LatencyRow(source, m["label"], m["p50"], m["p99"], baseline=is_base))
+    for pattern, baseline_prefix in ((_ACTOR_ROW, "bare"), (_LAUNCH_ROW, "CuPy")):
+        for m in pattern.finditer(text):
+            is_base = m["label"].startswith(baseline_prefix)
+            rows.append(LatencyRow(source, m["label"], m["p50"], m["p99"], baseline=is_base))
     return rows + list(baselines.values())
 
 
-def parse_throughputs(source: str, text: str) -> list[ThroughputRow]:
-    """Engine tasks/s against CuPy back-to-back launches/s, as printed."""
+def parse_comparisons(source: str, text: str) -> list[Comparison]:
+    """Engine figures printed beside a CuPy baseline: tasks/s vs launches/s, and the time
+    of a batch of jobs vs one CuPy launch per job."""
     return [
-        ThroughputRow(source, m["label"], m["rate"], m["base"], m["brate"])
-        for m in _ENGINE_THROUGHPUT.finditer(text)
+        Comparison(source, m["label"], m["value"], m["base"], m["bvalue"], unit)
+        for pattern, unit in _COMPARISONS
+        for m in pattern.finditer(text)
     ]
 
 
 def _number(printed: str) -> float:
     return float(printed.replace(",", ""))
+
+
+def _micros(printed: str) -> float:
+    """A printed latency in microseconds: "12.30" and "12.3 us" are us, "1.2 ms" is ms."""
+    value, _, unit = printed.partition(" ")
+    return _number(value) * (1000.0 if unit == "ms" else 1.0)
 
 
 # ---------------------------------------------------------------- plotting
@@ -281,36 +313,35 @@ def _latency_figure(plt: Any, rows: Sequence[LatencyRow], path: Path) -> None:
         labels = [f"{row.label}{' (baseline)' if row.baseline else ''}" for row in mine]
         ys = list(range(len(mine)))
         for offset, attr, colour in ((-0.2, "p50", "tab:blue"), (0.2, "p99", "tab:orange")):
-            values = [_number(getattr(row, attr)) for row in mine]
+            values = [_micros(getattr(row, attr)) for row in mine]
             bars = ax.barh([y + offset for y in ys], values, height=0.4, color=colour, label=attr)
             ax.bar_label(bars, labels=[getattr(row, attr) for row in mine], padding=3, fontsize=8)
         ax.set_yticks(ys, labels, fontsize=8)
         ax.invert_yaxis()
-        ax.margins(x=0.12)
-        ax.set_xlabel("microseconds (as printed)")
+        ax.margins(x=0.15)
+        ax.set_xlabel("microseconds (bars labelled as printed)")
         ax.set_title(f"{source}: latency p50 / p99", fontsize=10)
         ax.legend(fontsize=8)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def _throughput_figure(plt: Any, rows: Sequence[ThroughputRow], path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(9, 1.5 + 0.8 * len(rows)), constrained_layout=True)
-    labels: list[str] = []
-    values: list[float] = []
-    printed: list[str] = []
-    for row in rows:
-        labels += [f"{row.source}: {row.label} (tasks/s)", f"{row.baseline_label} (launches/s)"]
-        values += [_number(row.rate), _number(row.baseline_rate)]
-        printed += [row.rate, row.baseline_rate]
-    colours = ["tab:green", "tab:gray"] * len(rows)
-    bars = ax.barh(range(len(values)), values, color=colours)
-    ax.bar_label(bars, labels=printed, padding=3, fontsize=8)
-    ax.set_yticks(range(len(values)), labels, fontsize=8)
-    ax.invert_yaxis()
-    ax.margins(x=0.12)
-    ax.set_xlabel("per second (as printed)")
-    ax.set_title("engine throughput vs CuPy back-to-back launches", fontsize=10)
+def _comparison_figure(plt: Any, rows: Sequence[Comparison], path: Path) -> None:
+    fig, axes = plt.subplots(
+        len(rows), 1, figsize=(9, 0.5 + 1.5 * len(rows)), squeeze=False, constrained_layout=True
+    )
+    for ax, row in zip(axes[:, 0], rows, strict=True):
+        bars = ax.barh(
+            [0, 1],
+            [_number(row.value), _number(row.baseline_value)],
+            color=["tab:green", "tab:gray"],
+        )
+        ax.bar_label(bars, labels=[row.value, row.baseline_value], padding=3, fontsize=8)
+        ax.set_yticks([0, 1], ["gpuactors", row.baseline_label], fontsize=8)
+        ax.invert_yaxis()
+        ax.margins(x=0.15)
+        ax.set_xlabel(f"{row.unit} (bars labelled as printed)")
+        ax.set_title(f"{row.source}: {row.label}", fontsize=10)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -318,20 +349,20 @@ def _throughput_figure(plt: Any, rows: Sequence[ThroughputRow], path: Path) -> N
 def draw_plots(runs: Sequence[ScriptRun], out: Path) -> tuple[list[Path], str | None]:
     """PNGs next to ``out`` from the parsed numbers: (files, why none were drawn)."""
     latencies = [row for run in runs for row in parse_latencies(run.script.name, run.stdout)]
-    throughputs = [row for run in runs for row in parse_throughputs(run.script.name, run.stdout)]
+    comparisons = [row for run in runs for row in parse_comparisons(run.script.name, run.stdout)]
     plt = _pyplot()
     if plt is None:
         return [], PLOTS_SKIPPED
-    if not latencies and not throughputs:
-        return [], "plots skipped: no latency or throughput lines found in the output"
+    if not latencies and not comparisons:
+        return [], "plots skipped: no latency or baseline lines found in the output"
     drawn: list[Path] = []
     if latencies:
         path = out.with_name(f"{out.stem}-latency.png")
         _latency_figure(plt, latencies, path)
         drawn.append(path)
-    if throughputs:
-        path = out.with_name(f"{out.stem}-throughput.png")
-        _throughput_figure(plt, throughputs, path)
+    if comparisons:
+        path = out.with_name(f"{out.stem}-vs-cupy.png")
+        _comparison_figure(plt, comparisons, path)
         drawn.append(path)
     return drawn, None
 
