@@ -17,7 +17,7 @@ def test_ids_are_stable_and_never_reused() -> None:
     table = OpTable([*BUILTIN_OPS, SCALE])
     before = table.op_ids()
     v2 = SCALE.model_copy(update={"version": 2, "body": "return 1;"})
-    ops, ids = table.planned(v2)
+    _ops, ids = table.planned(v2)
     assert {k: ids[k] for k in before} == before, "existing ops keep their ids"
     assert ids["scale@2"] == max(before.values()) + 1
     assert table.op_ids() == before, "planning changes nothing"
