@@ -150,13 +150,16 @@ def test_percentiles() -> None:
 
 async def test_run_records_replies_and_signals_halfway() -> None:
     run = demo._Run(tasks=4, halfway=asyncio.Event())
-    ok = demo.Completion.model_construct(seq=1, op=demo.HIST_OP.name, status=0, units=1)
+    ok = demo.Completion.model_construct(
+        seq=1, op=demo.HIST_OP.name, version=1, status=0, units=1, device_ns=0
+    )
     run.record(1e-6, ok)
     assert not run.halfway.is_set()
     run.record(2e-6, ValueError("boom"))
     assert run.halfway.is_set()
     run.record(3e-6, "strange")
     assert (run.done, run.completed) == (3, 1)
+    assert run.versions == {1: 1}
     assert run.failures == ["ValueError: boom", "unexpected reply 'strange'"]
 
 
@@ -167,7 +170,7 @@ def test_summary_fits_one_screen_and_says_everything() -> None:
         tasks=1000,
         wall_s=0.5,
         latency_us=(10.0, 20.0, 30.0),
-        midpoint=demo.MidpointReport("park/resume midway", 500, 0.05, "kernel launches: 1"),
+        midpoint=demo.MidpointReport("hot swap to demo_hist1k@2", 500, 0.05, "kernel launches: 1"),
         stats=engine_stats(),
         verdict=demo.Verdict(True, ("all good",)),
     )
@@ -180,7 +183,7 @@ def test_summary_fits_one_screen_and_says_everything() -> None:
         "wall time     0.500 s",
         "throughput    2,000 tasks/s",
         "p50 10.0 us, p90 20.0 us, p99 30.0 us",
-        "park/resume midway: at task 500, held 50.0 ms",
+        "hot swap to demo_hist1k@2: at task 500, held 50.0 ms",
         "mode persistent, launches 3, parks 3 (idle 2, request 1)",
         "verification  PASS",
         "- all good",

@@ -8,8 +8,9 @@ What it does, in order:
    kernel cache);
 3. runs ``--clients`` concurrent clients that send ``--tasks`` tasks in all, each
    an ``await engine.ref.ask(Enqueue(...))``, timing every ask;
-4. halfway through runs :func:`midpoint_action` (today: park the engine for a
-   moment and resume it, while the clients keep sending);
+4. halfway through runs :func:`midpoint_action`: a hot swap, ``ReplaceOp`` installs
+   version 2 of the op (same result, another implementation) while the clients
+   keep sending; the engine hands its ring to the new module;
 5. checks every reply, then compares every client's 256 bins, exactly, with
    what NumPy computes from the chunks and weights that client sent;
 6. prints a one-screen summary. Exit code 0 only if that check passes.
@@ -39,6 +40,7 @@ from gpuactors.engine import (
     EngineStats,
     Enqueue,
     OpSpec,
+    ReplaceOp,
     ScalarParam,
 )
 from gpuactors.errors import GpuActorsError
@@ -47,7 +49,6 @@ CHUNK_BYTES = 1024
 BINS = 256
 POOL_CHUNKS = 1024  # distinct random chunks the tasks pick from (1 MiB on the device)
 MAX_WEIGHT = 4
-PARK_SECONDS = 0.05
 ASK_TIMEOUT = 60.0  # seconds; a demo that hangs is worse than one that fails
 
 HIST_OP = OpSpec(
@@ -191,22 +192,49 @@ class MidpointReport:
     detail: str
 
 
-async def midpoint_action(engine: Engine, at_task: int) -> MidpointReport:
-    """What happens halfway: park the engine kernel for a moment, then resume it.
+# Version 2 of the op: the same histogram, counted in registers four bytes at a time.
+HIST_BODY_V2 = (
+    "__shared__ unsigned int local[256];\n"
+    "for (int b = threadIdx.x; b < 256; b += blockDim.x) local[b] = 0;\n"
+    "__syncthreads();\n"
+    "const unsigned int* words = reinterpret_cast<const unsigned int*>(chunk);\n"
+    "for (unsigned long long w = ctx.first(); w < n / 4; w += ctx.stride()) {\n"
+    "    const unsigned int v = words[w];\n"
+    "    atomicAdd(&local[v & 0xffu], 1u);\n"
+    "    atomicAdd(&local[(v >> 8) & 0xffu], 1u);\n"
+    "    atomicAdd(&local[(v >> 16) & 0xffu], 1u);\n"
+    "    atomicAdd(&local[v >> 24], 1u);\n"
+    "}\n"
+    "for (unsigned long long i = (n / 4) * 4 + ctx.first(); i < n; i += ctx.stride()) {\n"
+    "    atomicAdd(&local[chunk[i]], 1u);\n"
+    "}\n"
+    "__syncthreads();\n"
+    "for (int b = threadIdx.x; b < 256; b += blockDim.x) {\n"
+    "    if (local[b]) atomicAdd(&bins[b], local[b] * weight);\n"
+    "}\n"
+    "return 0;"
+)
 
-    The clients keep sending meanwhile; their tasks wait in the ring (and the
-    host backlog) and run once the kernel relaunches. This is the single place to
-    put a real hot swap once the engine offers one.
+
+async def midpoint_action(engine: Engine, at_task: int) -> MidpointReport:
+    """What happens halfway: a hot swap of the op while the clients keep sending.
+
+    ``ReplaceOp`` compiles version 2 off the engine's mailbox, parks the kernel at a
+    task boundary, loads the new module, and relaunches on the same ring. Tasks
+    accepted before the swap run version 1, later ones version 2; the final check
+    proves none was lost, duplicated or run twice.
     """
     started = time.perf_counter()
-    async with engine.parked() as parked:
-        await asyncio.sleep(PARK_SECONDS)
+    installed = await engine.ref.ask(ReplaceOp(name=HIST_OP.name, body=HIST_BODY_V2), timeout=120)
     held = time.perf_counter() - started
     return MidpointReport(
-        label="park/resume midway",
+        label=f"hot swap to {HIST_OP.name}@{installed.version}",
         at_task=at_task,
         held_s=held,
-        detail=f"kernel launches before the park: {parked.launches}",
+        detail=(
+            f"compile {installed.compile_ms:.1f} ms off the mailbox, kernel not serving "
+            f"{installed.swap_pause_ms:.2f} ms"
+        ),
     )
 
 
@@ -234,6 +262,7 @@ class _Run:
     halfway: asyncio.Event
     done: int = 0
     completed: int = 0
+    versions: dict[int, int] = field(default_factory=dict)  # op version -> tasks it ran
     latencies: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
 
@@ -241,6 +270,7 @@ class _Run:
         self.latencies.append(seconds)
         if isinstance(reply, Completion) and reply.status == 0 and reply.op == HIST_OP.name:
             self.completed += 1
+            self.versions[reply.version] = self.versions.get(reply.version, 0) + 1
         elif isinstance(reply, BaseException):
             self.failures.append(f"{type(reply).__name__}: {reply}")
         else:
@@ -278,6 +308,7 @@ class DemoResult:
     midpoint: MidpointReport | None
     stats: EngineStats
     verdict: Verdict
+    versions: dict[int, int] = field(default_factory=dict)  # op version -> tasks it ran
 
 
 def percentiles_us(seconds: Sequence[float]) -> tuple[float, float, float]:
@@ -355,6 +386,7 @@ async def run_workload(args: argparse.Namespace, err: TextIO) -> DemoResult:
         midpoint=report,
         stats=stats,
         verdict=verdict,
+        versions=dict(sorted(run.versions.items())),
     )
 
 
@@ -382,6 +414,9 @@ def render_summary(result: DemoResult) -> str:
             f"  midpoint      {m.label}: at task {m.at_task:,}, held {m.held_s * 1e3:.1f} ms "
             f"({m.detail})"
         )
+    if result.versions:
+        ran = ", ".join(f"v{v}: {count:,}" for v, count in result.versions.items())
+        lines.append(f"  op versions   tasks per version that ran them: {ran}")
     lines += [
         f"  engine        mode {stats.mode}, launches {stats.launches}, parks {stats.parks} "
         f"({reasons})",
