@@ -94,7 +94,7 @@ def check_arity(args: Sequence[Any], params: Params, name: str) -> None:
 def marshal_args(args: Sequence[Any], params: Params, device_id: int, name: str) -> tuple[Any, ...]:
     """The launch values of ``args`` for kernel ``name``, or InvalidArgument saying which
     one is wrong and why. CuPy arrays and NumPy scalars that fit take a fast path."""
-    ndarray = _arrays().CUPY_NDARRAY
+    ndarray = _arrays().cupy_ndarray()
     values: list[Any] = []
     for index, value in enumerate(args):
         size = None if params is None else params[index]
@@ -151,7 +151,7 @@ def _scalar(value: np.generic, size: int | None, where: str) -> np.generic:
 
 def _pointer(value: Any, device_id: int, where: str) -> int:
     arrays = _arrays()
-    if type(value) is arrays.CUPY_NDARRAY:
+    if type(value) is arrays.cupy_ndarray():
         contiguous, device, ptr = value.flags.c_contiguous, value.device.id, value.data.ptr
         if device != device_id:
             raise WrongDevice(
