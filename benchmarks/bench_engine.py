@@ -58,6 +58,14 @@ def percentiles(samples_s: list[float]) -> tuple[float, float]:
     return float(np.percentile(us, 50)), float(np.percentile(us, 99))
 
 
+VERDICTS: list[bool] = []  # every target's outcome, for --strict
+
+
+def verdict(met: bool) -> str:
+    VERDICTS.append(met)
+    return "MET" if met else "NOT MET"
+
+
 def report(
     name: str,
     ours: list[float],
@@ -73,11 +81,9 @@ def report(
         f"p99 {b99:.2f} us | ratio p50 {ratio50:.2f}x, p99/base-p50 {ratio99:.2f}x"
     )
     if target_p50 is not None:
-        verdict = "MET" if ratio50 <= target_p50 else "NOT MET"
-        print(f"  target p50 <= {target_p50}x CuPy: {verdict}")
+        print(f"  target p50 <= {target_p50}x CuPy: {verdict(ratio50 <= target_p50)}")
     if target_p99 is not None:
-        verdict = "MET" if ratio99 <= target_p99 else "NOT MET"
-        print(f"  target p99 <= {target_p99}x CuPy p50: {verdict}")
+        print(f"  target p99 <= {target_p99}x CuPy p50: {verdict(ratio99 <= target_p99)}")
 
 
 def cupy_launch_sync(repeats: int) -> tuple[list[float], Callable[[], float]]:
@@ -303,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
     parser.add_argument("--clients", type=int, default=1000)
+    parser.add_argument("--strict", action="store_true", help="exit 1 if a target is NOT MET")
     args = parser.parse_args(argv)
     import cupy as cp
 
@@ -326,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"3. {args.clients} concurrent clients: {rate:,.0f} tasks/s | CuPy back-to-back "
         f"{base_rate:,.0f} launches/s | ratio {rate / base_rate:.2f}x (target >= 3x: "
-        f"{'MET' if rate >= 3 * base_rate else 'NOT MET'})"
+        f"{verdict(rate >= 3 * base_rate)})"
     )
     print(
         f"   engine stats: mode={stats.mode} launches={stats.launches} parks={stats.park_reasons}"
@@ -336,22 +343,22 @@ def main(argv: list[str] | None = None) -> int:
     tiny_rate, engine_s, cupy_s = asyncio.run(engine_batches(tiny, 10_000))
     print(
         f"4. EnqueueBatch of {tiny:,} tiny tasks: {tiny_rate:,.0f} tasks/s "
-        f"(target >= 10M/s: {'MET' if tiny_rate >= 10e6 else 'NOT MET'})"
+        f"(target >= 10M/s: {verdict(tiny_rate >= 10e6)})"
     )
     speedup = cupy_s / engine_s
     print(
         f"5. 10,000 x 1 KiB byte-histogram jobs: engine {engine_s * 1e3:.2f} ms | one CuPy "
         f"launch per job {cupy_s * 1e3:.2f} ms | speed-up {speedup:.1f}x "
-        f"(target >= 10x: {'MET' if speedup >= 10 else 'NOT MET'})"
+        f"(target >= 10x: {verdict(speedup >= 10)})"
     )
     worst, steady_p99, pause, tasks = asyncio.run(hot_swap_pause())
     print(
         f"6. hot swap under load (50 clients, {tasks:,} tasks): longest task around the swap "
         f"{worst:.2f} ms (steady p99 {steady_p99:.2f} ms); kernel not serving for {pause:.2f} ms "
         f"(park + module load) | target <= 5 ms excluding compile: "
-        f"{'MET' if worst <= 5 else 'NOT MET'}"
+        f"{verdict(worst <= 5)}"
     )
-    return 0
+    return 1 if args.strict and not all(VERDICTS) else 0
 
 
 if __name__ == "__main__":
