@@ -562,3 +562,56 @@ async def test_failed_compile_keeps_the_running_version_serving() -> None:
         out = cp.zeros(1, dtype=cp.int32)
         assert (await engine.enqueue("stamp", out, n=1)).version == 1
         await engine.shutdown(timeout=30)
+
+
+async def test_random_hostile_arguments_then_correct_traffic(engine: Engine) -> None:
+    """Hundreds of random argument mixes: each is refused with a typed error or runs and
+    gives NumPy's result; afterwards nothing is in flight and correct traffic still works."""
+    import cupy as cp
+
+    from gpuactors.errors import GpuActorsError
+
+    rng = np.random.default_rng(11)
+    dtypes = [np.float32, np.float64, np.int32, np.uint8]
+    scalars: list[Any] = [
+        1.5,
+        -2.0,
+        float("nan"),
+        float("inf"),
+        "x",
+        None,
+        3,
+        2**40,
+        np.float32(0.5),
+    ]
+    accepted = refused = 0
+    for _ in range(300):
+        size = int(rng.integers(0, 200))
+        base = cp.asarray(rng.standard_normal(size * 2 + 2)).astype(dtypes[rng.integers(0, 4)])
+        out = base[:size] if rng.random() < 0.8 else base[: size * 2 : 2]
+        src = cp.asarray(rng.standard_normal(int(rng.integers(0, 200)))).astype(
+            dtypes[rng.integers(0, 4)]
+        )
+        n = int(rng.integers(-3, 220))
+        value = scalars[rng.integers(0, len(scalars))]
+        op = ["fill", "copy"][rng.integers(0, 2)]
+        args = (out, value) if op == "fill" else (out, src)
+        before = cp.asnumpy(out).copy()
+        try:
+            await engine.ref.ask(Enqueue(op=op, args=args, n=n, after="current_stream"), timeout=10)
+        except GpuActorsError:
+            refused += 1
+            np.testing.assert_array_equal(cp.asnumpy(out), before)  # a refused task wrote nothing
+            continue
+        except (ValueError, OverflowError) as exc:  # pragma: no cover - would be a bug
+            raise AssertionError(f"untyped error {exc!r} for {op} n={n} value={value!r}") from exc
+        accepted += 1
+        got = cp.asnumpy(out)[:n]
+        if op == "fill":
+            np.testing.assert_array_equal(got, np.full(n, np.float32(float(value))))
+        else:
+            np.testing.assert_array_equal(got, cp.asnumpy(src)[:n])
+    assert accepted > 10 and refused > 100
+    stats = await engine.stats()
+    assert stats.in_flight == 0 and stats.queue_depth == 0
+    await _check_all_ops(engine)

@@ -222,7 +222,9 @@ class PersistentEngineActor(Actor):
             self._check_serving()
             resolved = self._ops.resolve(msg.op)
             op = resolved.spec
-            records = encode_batch(op, resolved.op_id, msg, self._device_id)
+            records = encode_batch(
+                op, resolved.op_id, msg, self._device_id, self._deadline_ns(msg.timeout)
+            )
         except GpuActorsError as exc:
             future.set_exception(exc)
             return Deferred(future)
@@ -266,7 +268,7 @@ class PersistentEngineActor(Actor):
         op = resolved.spec
         n, blocks = check_count(op, msg.n, msg.blocks)
         words = resolved.encoder.encode(msg.args, n, self._device_id)
-        deadline = time.time_ns() + int(msg.timeout * 1e9) if msg.timeout else 0
+        deadline = self._deadline_ns(msg.timeout)
         task = _Task(
             future,
             op,
@@ -281,6 +283,11 @@ class PersistentEngineActor(Actor):
         if msg.after == "current_stream":
             task.ready_event = _pending_work_event()
         return task
+
+    def _deadline_ns(self, timeout: float | None) -> int:
+        """The %globaltimer deadline of a task (the device clock is Unix-epoch nanoseconds)."""
+        timeout = timeout if timeout is not None else self._config.default_task_timeout_s
+        return time.time_ns() + int(timeout * 1e9) if timeout else 0
 
     def _publish(self, task: _Task) -> int | None:
         assert self._runtime is not None
@@ -406,6 +413,15 @@ class PersistentEngineActor(Actor):
         its block never returns, so the kernel can neither drain nor park."""
         now = time.time_ns()
         grace = int(self._config.hang_grace_ms * 1e6)
+        for batch in self._batches:
+            if batch.records.deadline_ns and now > batch.records.deadline_ns + grace:
+                error = TaskTimeout(
+                    f"a task of an EnqueueBatch of op {batch.op.name!r} is still running "
+                    f"{self._config.hang_grace_ms:g} ms after its deadline: the engine is hung"
+                )
+                if not batch.future.done():
+                    batch.future.set_exception(error)
+                raise error
         for seq, task in self._pending.items():
             if task.deadline_ns and now > task.deadline_ns + grace:
                 error = TaskTimeout(

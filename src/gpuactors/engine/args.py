@@ -163,13 +163,28 @@ class _ParamPlan:
         return _scalar_bits(self.param, value, self.where)
 
 
+def _is_count(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _as_1d(values: Any, what: str) -> np.ndarray:
+    try:
+        array = np.asarray(values)
+    except Exception as exc:  # ragged lists, objects NumPy cannot hold
+        raise InvalidArgument(f"{what} must be a 1-D array: {exc}") from exc
+    if array.ndim != 1:
+        raise InvalidArgument(f"{what} must be a 1-D array, got shape {array.shape}")
+    return array
+
+
 def _task_count(msg: EnqueueBatch) -> int:
     lengths = {}
-    if not isinstance(msg.n, (int, np.integer)):
-        lengths["n"] = len(np.asarray(msg.n))
+    if not _is_count(msg.n):
+        lengths["n"] = len(_as_1d(msg.n, "n"))
     for kind, table in (("offsets", msg.offsets), ("scalars", msg.scalars)):
         for name, values in table.items():
-            lengths[f"{kind}[{name!r}]"] = len(np.asarray(values))
+            what = f"{kind}[{name!r}]"
+            lengths[what] = len(_as_1d(values, what))
     if msg.count is not None:
         lengths["count"] = msg.count
     if not lengths:
@@ -183,8 +198,8 @@ def _task_count(msg: EnqueueBatch) -> int:
 
 
 def _int_array(values: Any, what: str, count: int) -> np.ndarray:
-    array = np.asarray(values)
-    if array.ndim != 1 or array.dtype.kind not in "iu":
+    array = _as_1d(values, what)
+    if array.dtype.kind not in "iu":
         raise InvalidArgument(
             f"{what} must be a 1-D integer array, got {array.dtype} {array.shape}"
         )
@@ -195,9 +210,9 @@ def _int_array(values: Any, what: str, count: int) -> np.ndarray:
 
 def _scalar_column(param: ScalarParam, values: Any, where: str) -> np.ndarray:
     """Per-task scalar values as record words (uint64), range- and finiteness-checked."""
-    array = np.asarray(values)
+    array = _as_1d(values, f"{where} per-task values")
     target = np.dtype(param.dtype)
-    if array.ndim != 1 or array.dtype.kind not in ("f" if target.kind == "f" else "iu") + "iu":
+    if array.dtype.kind not in ("f" if target.kind == "f" else "iu") + "iu":
         raise InvalidArgument(f"{where} per-task values must be a 1-D numeric array")
     if target.kind == "f":
         if not np.isfinite(array).all():
@@ -214,7 +229,9 @@ def _scalar_column(param: ScalarParam, values: Any, where: str) -> np.ndarray:
     return unsigned.astype(np.uint64)
 
 
-def encode_batch(op: OpSpec, op_id: int, msg: EnqueueBatch, device_id: int) -> RecordColumns:
+def encode_batch(
+    op: OpSpec, op_id: int, msg: EnqueueBatch, device_id: int, deadline_ns: int = 0
+) -> RecordColumns:
     """Validate a whole batch up front and describe its records as columns (vectorised).
 
     The records themselves are written straight into the ring as room appears.
@@ -233,7 +250,7 @@ def encode_batch(op: OpSpec, op_id: int, msg: EnqueueBatch, device_id: int) -> R
     count = _task_count(msg)
     if msg.blocks > 1 and not op.multi_block:
         raise InvalidArgument(f"op {op.name!r} runs on one block per task (multi_block=False)")
-    if isinstance(msg.n, (int, np.integer)):
+    if _is_count(msg.n):
         if not 0 <= int(msg.n) < MAX_ELEMENTS:
             raise InvalidArgument(f"n must be in [0, 2**62), got {msg.n!r}")
         n = np.full(count, int(msg.n), dtype=np.int64)
@@ -267,4 +284,6 @@ def encode_batch(op: OpSpec, op_id: int, msg: EnqueueBatch, device_id: int) -> R
             columns.append(_scalar_column(param, msg.scalars[param.name], where))
         else:
             columns.append(_scalar_bits(param, value, where))
-    return RecordColumns(op=op_id, blocks=msg.blocks, n=n, args=tuple(columns))
+    return RecordColumns(
+        op=op_id, blocks=msg.blocks, n=n, args=tuple(columns), deadline_ns=deadline_ns
+    )

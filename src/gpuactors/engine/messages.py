@@ -15,8 +15,10 @@ class Enqueue(Message):
 
     ``args`` follow the op's signature: device arrays (CuPy, anything with
     ``__cuda_array_interface__`` or DLPack) and scalars. ``blocks`` lets a large
-    task span several blocks. ``timeout`` (seconds) becomes a device-side
-    deadline: a task not started by then fails with ``TaskTimeout``.
+    task span several blocks. ``timeout`` (seconds; default: the engine's
+    ``default_task_timeout_s``) becomes a device-side deadline: a task not started
+    by then fails with ``TaskTimeout``, and one still running ``hang_grace_ms``
+    after it is declared hung (the engine faults rather than wait forever).
     ``after="current_stream"`` (default) holds the task until work already queued
     on CuPy's current stream (e.g. the kernel that filled an input) has finished;
     ``"none"`` publishes at once (the caller guarantees the inputs are ready).
@@ -62,6 +64,7 @@ class EnqueueBatch(Message):
     scalars: dict[str, Any] = Field(default_factory=dict)  # name -> 1-D array
     count: int | None = Field(default=None, ge=1)
     blocks: int = Field(default=1, ge=1)
+    timeout: float | None = Field(default=None, gt=0)  # one device-side deadline for all
     per_task: bool = False
     after: Literal["current_stream", "none"] = "current_stream"
 

@@ -9,12 +9,13 @@ generated device wrapper (codegen.py) and the host-side validation of every
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gpuactors.engine.abi import MAX_ARGS
+from gpuactors.messages import invalid_argument
 
 # NumPy dtype name -> C++ type used in generated wrappers.
 C_TYPES: dict[str, str] = {
@@ -40,6 +41,12 @@ Dtype = Literal[
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise invalid_argument(type(self).__name__, exc) from None
 
 
 def _check_identifier(name: str) -> str:
@@ -110,7 +117,7 @@ class OpSpec(_Frozen):
 
     name: str
     params: tuple[Param, ...] = ()
-    body: str
+    body: str = Field(max_length=1 << 20)
     multi_block: bool = True
     version: int = Field(default=1, ge=1)
 

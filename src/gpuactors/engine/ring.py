@@ -78,6 +78,7 @@ class RecordColumns:
     blocks: int
     n: np.ndarray  # int64, one per task
     args: tuple[np.ndarray | int, ...]
+    deadline_ns: int = 0  # one %globaltimer deadline for every task; 0 = none
 
     def __len__(self) -> int:
         return len(self.n)
@@ -87,7 +88,7 @@ class RecordColumns:
         view["op"] = self.op
         view["blocks"] = self.blocks
         view["n"] = self.n[start:stop]
-        view["deadline_ns"] = 0
+        view["deadline_ns"] = self.deadline_ns
         view["tag"] = 0
         words = view["args"]
         for index, column in enumerate(self.args):

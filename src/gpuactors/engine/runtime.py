@@ -86,6 +86,8 @@ class EngineConfig:
     max_units_per_task: int = 128
     mode: PersistentThreadMode = PersistentThreadMode.AUTO
     hang_grace_ms: float = 1000.0  # a task this late past its deadline hangs the engine
+    # Deadline of tasks sent without one: every wait ends (None: tasks may wait forever).
+    default_task_timeout_s: float | None = 60.0
 
     def __post_init__(self) -> None:
         check_capacity(self.capacity)
@@ -97,6 +99,8 @@ class EngineConfig:
             raise InvalidArgument("grid_blocks must be >= 2 (block 0 dispatches, the rest work)")
         if self.idle_park_ms < 0 or self.max_residency_ms < 0 or self.hang_grace_ms <= 0:
             raise InvalidArgument("idle_park_ms, max_residency_ms must be >= 0; hang_grace_ms > 0")
+        if self.default_task_timeout_s is not None and self.default_task_timeout_s <= 0:
+            raise InvalidArgument("default_task_timeout_s must be > 0 or None")
         if not 1 <= self.max_units_per_task <= 65536:
             raise InvalidArgument("max_units_per_task must be in 1..65536")
 
