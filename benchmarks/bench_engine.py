@@ -42,15 +42,6 @@ extern "C" __global__ void byte_hist(unsigned int* out, const unsigned char* dat
     for (int b = threadIdx.x; b < 256; b += blockDim.x) if (h[b]) atomicAdd(&out[b], h[b]);
 }
 """
-HIST_BODY = (
-    "__shared__ unsigned int h[256];\n"
-    "for (int b = threadIdx.x; b < 256; b += blockDim.x) h[b] = 0;\n"
-    "__syncthreads();\n"
-    "GPA_FOR_EACH(i) { atomicAdd(&h[data[i]], 1u); }\n"
-    "__syncthreads();\n"
-    "for (int b = threadIdx.x; b < 256; b += blockDim.x) if (h[b]) atomicAdd(&out[b], h[b]);\n"
-    "return 0;"
-)
 
 
 def percentiles(samples_s: list[float]) -> tuple[float, float]:
@@ -189,20 +180,10 @@ async def engine_batches(tiny_tasks: int, jobs: int) -> tuple[float, float, floa
     import cupy as cp
 
     from gpuactors.actors import ActorSystem
-    from gpuactors.engine import ArrayParam, Engine, EngineConfig, EnqueueBatch, OpSpec
+    from gpuactors.engine import Engine, EngineConfig, EnqueueBatch
 
-    hist_op = OpSpec(
-        name="byte_hist",
-        params=(
-            ArrayParam(name="out", dtype="uint32", direction="inout", length=256),
-            ArrayParam(name="data", dtype="uint8"),
-        ),
-        body=HIST_BODY,
-    )
     async with ActorSystem("bench-batch") as system:
-        engine = await Engine.start(
-            system, ops=[hist_op], config=EngineConfig(capacity=65536, idle_park_ms=50.0)
-        )
+        engine = await Engine.start(system, config=EngineConfig(capacity=65536, idle_park_ms=50.0))
         out = cp.zeros(tiny_tasks, dtype=cp.float32)
         index = np.arange(tiny_tasks)
         message = EnqueueBatch(

@@ -28,15 +28,15 @@ def compiler() -> KernelCompiler:
 def test_builtin_engine_compiles_to_cubin(arch: str, compiler: KernelCompiler) -> None:
     module, engine = build_engine_module(BUILTIN_OPS, arch=arch, compiler=compiler)
     assert module.image[:4] == b"\x7fELF"
-    assert set(engine.op_ids) == {"fill@1", "copy@1", "axpy@1", "sum@1"}
-    assert sorted(engine.op_ids.values()) == [0, 1, 2, 3]
+    assert set(engine.op_ids) == {"fill@1", "copy@1", "axpy@1", "sum@1", "byte_hist@1"}
+    assert sorted(engine.op_ids.values()) == [0, 1, 2, 3, 4]
 
 
 def test_user_op_is_dispatched_by_id(compiler: KernelCompiler) -> None:
     engine = render_engine_source([*BUILTIN_OPS, SCALE])
-    assert engine.op_ids["scale@1"] == 4
+    assert engine.op_ids["scale@1"] == 5
     assert (
-        "case 4: return gpa_op_scale_v1(ctx, ctx.n(), ctx.ptr<double>(0), ctx.scalar<double>(1));"
+        "case 5: return gpa_op_scale_v1(ctx, ctx.n(), ctx.ptr<double>(0), ctx.scalar<double>(1));"
         in engine.source
     )
     module, _ = build_engine_module([*BUILTIN_OPS, SCALE], arch="sm_90", compiler=compiler)

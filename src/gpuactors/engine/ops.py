@@ -181,4 +181,21 @@ BUILTIN_OPS: tuple[OpSpec, ...] = (
         ),
         multi_block=False,
     ),
+    OpSpec(
+        name="byte_hist",  # adds the byte histogram of data[0..n) into out[0..256)
+        params=(
+            ArrayParam(name="out", dtype="uint32", direction="inout", length=256),
+            ArrayParam(name="data", dtype="uint8"),
+        ),
+        body=(
+            "__shared__ unsigned int counts[256];\n"
+            "for (int b = threadIdx.x; b < 256; b += blockDim.x) counts[b] = 0;\n"
+            "__syncthreads();\n"
+            "GPA_FOR_EACH(i) { atomicAdd(&counts[data[i]], 1u); }\n"
+            "__syncthreads();\n"
+            "for (int b = threadIdx.x; b < 256; b += blockDim.x)\n"
+            "    if (counts[b]) atomicAdd(&out[b], counts[b]);\n"
+            "return 0;"
+        ),
+    ),
 )
