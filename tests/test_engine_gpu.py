@@ -593,3 +593,35 @@ async def test_random_hostile_arguments_then_correct_traffic(engine: Engine) -> 
     stats = await engine.stats()
     assert stats.in_flight == 0 and stats.queue_depth == 0
     await _check_all_ops(engine)
+
+
+async def test_fail_fast_policy_with_coalesced_asks() -> None:
+    """With full_policy="fail", asks beyond the ring's room get QueueFull at once; the rest
+    (published together, one store and one kick) all complete after the engine resumes."""
+    import cupy as cp
+
+    from gpuactors.errors import QueueFull
+
+    async with ActorSystem("fail-fast") as system:
+        engine = await Engine.start(system, config=EngineConfig(capacity=64), full_policy="fail")
+        acc = cp.zeros(200, dtype=cp.float32)
+        one = cp.ones(1, dtype=cp.float32)
+        cp.cuda.get_current_stream().synchronize()
+        async with engine.parked():
+            futures = [
+                asyncio.ensure_future(
+                    engine.ref.ask(
+                        Enqueue(op="axpy", args=(acc[k : k + 1], one, 1.0), n=1, after="none")
+                    )
+                )
+                for k in range(200)
+            ]
+            await asyncio.sleep(0.05)
+            refused = [f for f in futures if f.done() and isinstance(f.exception(), QueueFull)]
+            assert len(refused) == 200 - 64, "exactly the ring's room was accepted"
+        outcomes = await asyncio.gather(*futures, return_exceptions=True)
+        done = [k for k, o in enumerate(outcomes) if not isinstance(o, BaseException)]
+        assert len(done) == 64
+        ran = np.flatnonzero(cp.asnumpy(acc)).tolist()
+        assert ran == done
+        await engine.shutdown(timeout=30)

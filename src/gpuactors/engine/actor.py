@@ -67,6 +67,7 @@ from gpuactors.nvrtc import KernelCompiler
 _SPIN_SECONDS = 30e-6  # longest stretch the engine holds the loop checking markers
 _SPIN_PHASE_SECONDS = 2e-3  # how long it keeps yielding-and-spinning before it sleeps
 _SLEEP_SECONDS = 2e-4
+_VECTOR_MIN = 16  # from this many staged tasks on, one NumPy store beats packing each
 _BATCH_STEP = 16384  # records a batch publishes / harvests per poller round (bounds each round)
 _EXIT_REASONS = {
     abi.EXIT_IDLE: "idle",
@@ -140,6 +141,8 @@ class PersistentEngineActor(Actor):
         self._pending: dict[int, _Task] = {}
         self._backlog: deque[_Task | _Batch] = deque()  # FIFO: waiting for inputs or room
         self._batches: list[_Batch] = []  # batches with records in the ring
+        self._staged: list[_Task] = []  # accepted this loop turn, published together
+        self._flush_scheduled = False
         self._drain_waiters: list[asyncio.Future[Drained]] = []
         self._latencies: deque[float] = deque(maxlen=100_000)
         self._processed = 0
@@ -198,22 +201,63 @@ class PersistentEngineActor(Actor):
         except GpuActorsError as exc:
             future.set_exception(exc)  # the caller's error, not the actor's failure
             return Deferred(future)
-        seq = None
         # Under "fail" a task never queues behind tasks that wait for their inputs.
-        if task.ready_event is None and (not self._backlog or self._full_policy == "fail"):
+        if task.ready_event is not None or (self._backlog and self._full_policy != "fail"):
+            self._backlog.append(task)
+            self._wake.set()
+            return Deferred(future)
+        if not self._pending and not self._staged:
+            # An idle engine: publish at once and spin briefly for the reply (latency path).
             seq = self._publish(task)
-        if seq is None:
-            if self._full_policy == "fail" and task.ready_event is None:
-                future.set_exception(
+            if seq is not None:
+                self._finish_inline(seq)
+                if self._pending:
+                    self._wake.set()
+                return Deferred(future)
+        # A busy engine: coalesce. Every task that arrives before the loop turns is
+        # published together, with one store and one kick.
+        self._staged.append(task)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_staged)
+        return Deferred(future)
+
+    def _flush_staged(self) -> None:
+        """Publish the tasks staged since the last loop turn: one vectorised store, one kick."""
+        self._flush_scheduled = False
+        staged, self._staged = self._staged, []
+        runtime = self._runtime
+        if runtime is None or self._faulted is not None:
+            error = DeviceFault(f"this engine is out of service: {self._faulted}")
+            for task in staged:
+                if not task.future.done():
+                    task.future.set_exception(error)
+            return
+        ring = runtime.ring
+        # FIFO behind the backlog, except under "fail" (its backlog only waits on inputs).
+        queued_behind = bool(self._backlog) and self._full_policy != "fail"
+        room = 0 if queued_behind else ring.free_count(len(staged))
+        fits = staged[:room]
+        if len(fits) >= _VECTOR_MIN:
+            seqs: Sequence[int | None] = ring.publish_batch(_records_of(fits))
+        else:
+            seqs = [
+                ring.try_publish(t.op_id, t.n, t.words, blocks=t.blocks, deadline_ns=t.deadline_ns)
+                for t in fits
+            ]
+        for seq, task in zip(seqs, fits, strict=True):
+            assert seq is not None  # the room was measured just before
+            self._pending[seq] = task
+        if fits:
+            runtime.kick()
+        for task in staged[room:]:
+            if self._full_policy != "fail":
+                self._backlog.append(task)
+            elif not task.future.done():
+                task.future.set_exception(
                     QueueFull(f"engine ring is full ({self._config.capacity} tasks)")
                 )
-                return Deferred(future)
-            self._backlog.append(task)
-        elif len(self._pending) == 1:
-            self._finish_inline(seq)
-        if self._pending or self._backlog:
-            self._wake.set()
-        return Deferred(future)
+        self._wake.set()
 
     @handles(EnqueueBatch)
     def enqueue_batch(self, msg: EnqueueBatch) -> Deferred[BatchCompletion]:
@@ -513,16 +557,17 @@ class PersistentEngineActor(Actor):
             self._park_reasons[reason] += 1
 
     def _fail_all(self, error: GpuActorsError) -> None:
-        for item in [*self._pending.values(), *self._backlog, *self._batches]:
+        for item in [*self._pending.values(), *self._staged, *self._backlog, *self._batches]:
             if not item.future.done():
                 item.future.set_exception(error)
         self._pending.clear()
+        self._staged.clear()
         self._backlog.clear()
         self._batches.clear()
         self._resolve_drains()
 
     def _resolve_drains(self) -> None:
-        if self._pending or self._backlog or self._batches:
+        if self._pending or self._staged or self._backlog or self._batches:
             return
         for waiter in self._drain_waiters:
             if not waiter.done():
@@ -541,7 +586,7 @@ class PersistentEngineActor(Actor):
             processed=self._processed,
             failed=self._failed,
             in_flight=len(self._pending),
-            queue_depth=len(self._backlog),
+            queue_depth=len(self._backlog) + len(self._staged),
             launches=self._runtime.launches,
             parks=self._seen_parks,
             park_reasons=dict(self._park_reasons),
@@ -689,11 +734,12 @@ class PersistentEngineActor(Actor):
                         task.future.set_exception(stopped)
                         cancelled += 1
                 self._harvest_batches()
-                for item in [*self._backlog, *self._batches]:
+                for item in [*self._staged, *self._backlog, *self._batches]:
                     if not item.future.done():
                         item.future.set_exception(stopped)
                         cancelled += 1 if isinstance(item, _Task) else item.count - item.finished
                 self._backlog.clear()  # the kernel stays held: cancelled records never run
+                self._staged.clear()
                 self._batches.clear()
             waiter: asyncio.Future[Drained] = asyncio.get_running_loop().create_future()
             self._drain_waiters.append(waiter)
@@ -706,6 +752,20 @@ class PersistentEngineActor(Actor):
         else:
             future.set_result(report)
         self.context.stop(self.context.self_ref)
+
+
+def _records_of(tasks: Sequence[_Task]) -> np.ndarray:
+    """TASK_RECORD rows for ``tasks`` (``seq`` left for the ring to write)."""
+    records = np.zeros(len(tasks), dtype=abi.TASK_RECORD)
+    records["op"] = [t.op_id for t in tasks]
+    records["blocks"] = [t.blocks for t in tasks]
+    records["n"] = [t.n for t in tasks]
+    records["deadline_ns"] = [t.deadline_ns for t in tasks]
+    words = np.zeros((len(tasks), abi.MAX_ARGS), dtype=np.uint64)
+    for row, task in enumerate(tasks):
+        words[row, : len(task.words)] = task.words
+    records["args"] = words
+    return records
 
 
 def _failed(error: BaseException) -> Deferred[Any]:
