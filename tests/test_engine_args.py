@@ -111,3 +111,13 @@ def test_array_param_needs_offsets_within_its_array_shape() -> None:
     param = ArrayParam(name="x", dtype="float32", length=4)
     assert param.required_length(100) == 4
     assert ArrayParam(name="y", dtype="float32").required_length(100) == 100
+
+
+def test_hostile_timeouts_and_batch_sizes_are_refused() -> None:
+    from gpuactors.engine.messages import Enqueue
+
+    for timeout in (float("inf"), float("nan"), 1e12, 0.0, -1.0):
+        with pytest.raises(InvalidArgument):
+            Enqueue(op="fill", n=1, timeout=timeout)
+    with pytest.raises(InvalidArgument):
+        EnqueueBatch(op="scalars", args=(0, 2.0, 3), count=2**40)

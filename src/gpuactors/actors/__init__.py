@@ -21,7 +21,7 @@ from __future__ import annotations
 from gpuactors.actors.actor import Actor, handles
 from gpuactors.actors.context import ActorContext
 from gpuactors.actors.dead_letters import DeadLetter, DeadLetters
-from gpuactors.actors.deferred import Deferred
+from gpuactors.actors.deferred import Deferred, failed_reply
 from gpuactors.actors.mailbox import Backpressure, MailboxConfig
 from gpuactors.actors.props import Props
 from gpuactors.actors.ref import ActorRef
@@ -43,6 +43,7 @@ __all__ = [
     "Props",
     "SupervisorStrategy",
     "Terminated",
+    "failed_reply",
     "handles",
     "restart_on_error",
 ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -30,3 +30,10 @@ class Deferred(Generic[T]):
 
     def __repr__(self) -> str:
         return f"Deferred({self.future!r})"
+
+
+def failed_reply(error: BaseException) -> Deferred[Any]:
+    """A reply that is the asker's error, not the actor's failure (supervision never sees it)."""
+    future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    future.set_exception(error)
+    return Deferred(future)

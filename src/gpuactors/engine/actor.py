@@ -20,7 +20,16 @@ from typing import Any, Literal
 
 import numpy as np
 
-from gpuactors.actors import Actor, ActorRef, ActorSystem, Deferred, MailboxConfig, Props, handles
+from gpuactors.actors import (
+    Actor,
+    ActorRef,
+    ActorSystem,
+    Deferred,
+    MailboxConfig,
+    Props,
+    failed_reply,
+    handles,
+)
 from gpuactors.cuda.generation import GENERATIONS
 from gpuactors.engine import abi
 from gpuactors.engine.args import check_count, encode_batch
@@ -67,6 +76,7 @@ from gpuactors.nvrtc import KernelCompiler
 _SPIN_SECONDS = 30e-6  # longest stretch the engine holds the loop checking markers
 _SPIN_PHASE_SECONDS = 2e-3  # how long it keeps yielding-and-spinning before it sleeps
 _SLEEP_SECONDS = 2e-4
+_MAX_DEADLINE_NS = 2**63 - 1  # the record's u64; timeouts are bounded far below this anyway
 _VECTOR_MIN = 16  # from this many staged tasks on, one NumPy store beats packing each
 _BATCH_STEP = 16384  # records a batch publishes / harvests per poller round (bounds each round)
 _EXIT_REASONS = {
@@ -143,13 +153,13 @@ class PersistentEngineActor(Actor):
         self._batches: list[_Batch] = []  # batches with records in the ring
         self._staged: list[_Task] = []  # accepted this loop turn, published together
         self._flush_scheduled = False
-        self._drain_waiters: list[asyncio.Future[Drained]] = []
         self._latencies: deque[float] = deque(maxlen=100_000)
         self._processed = 0
         self._failed = 0
         self._park_reasons: Counter[str] = Counter()
         self._seen_parks = 0
         self._closing = False
+        self._forced = False  # a forced shutdown holds the kernel parked for good
         self._faulted: str | None = None  # why the engine is out of service
         self._wake = asyncio.Event()
         self._poller: asyncio.Task[None] | None = None
@@ -179,14 +189,17 @@ class PersistentEngineActor(Actor):
         if self._poller is not None:
             self._poller.cancel()
             await asyncio.gather(self._poller, return_exceptions=True)
-        self._fail_all(EngineStopped("the engine actor stopped"))
-        if self._runtime is not None and self._faulted is None:
+        runtime, self._runtime = self._runtime, None
+        if runtime is not None and self._faulted is None:
+            # Park first: only then may the callers' buffers go (nothing runs on them).
             try:
-                await asyncio.to_thread(self._runtime.close)
+                await asyncio.to_thread(runtime.close)
             except Exception as exc:  # the device failed while we stopped: do not wait on it
                 self.log.error("engine close failed; abandoning its kernel", error=str(exc))
-                self._runtime.abandon()
-        self._runtime = None
+                runtime.abandon(keepalive=self._outstanding())
+        elif runtime is not None:
+            runtime.abandon(keepalive=self._outstanding())
+        self._fail_all(EngineStopped("the engine actor stopped"))
 
     def _mode(self) -> Literal["persistent", "launch-per-batch"]:
         assert self._runtime is not None
@@ -226,6 +239,13 @@ class PersistentEngineActor(Actor):
         """Publish the tasks staged since the last loop turn: one vectorised store, one kick."""
         self._flush_scheduled = False
         staged, self._staged = self._staged, []
+        try:
+            self._publish_staged(staged)
+        except Exception as exc:  # a loop callback must never leave a future unresolved
+            self._staged[:0] = [t for t in staged if t not in self._pending.values()]
+            self._declare_faulted(f"publishing staged tasks failed: {type(exc).__name__}: {exc}")
+
+    def _publish_staged(self, staged: list[_Task]) -> None:
         runtime = self._runtime
         if runtime is None or self._faulted is not None:
             error = DeviceFault(f"this engine is out of service: {self._faulted}")
@@ -269,20 +289,19 @@ class PersistentEngineActor(Actor):
             records = encode_batch(
                 op, resolved.op_id, msg, self._device_id, self._deadline_ns(msg.timeout)
             )
+            ready_event = _pending_work_event() if msg.after == "current_stream" else None
         except GpuActorsError as exc:
-            future.set_exception(exc)
-            return Deferred(future)
+            return failed_reply(exc)
         batch = _Batch(
             future,
             op,
             records,
             msg.per_task,
             msg.args,
+            ready_event=ready_event,
             done=np.zeros(len(records), dtype=np.bool_),
             statuses=np.zeros(len(records), dtype=np.int32),
         )
-        if msg.after == "current_stream":
-            batch.ready_event = _pending_work_event()
         self._backlog.append(batch)
         self._wake.set()  # the poller publishes it (and owns every CUDA call that may fail)
         return Deferred(future)
@@ -331,7 +350,7 @@ class PersistentEngineActor(Actor):
     def _deadline_ns(self, timeout: float | None) -> int:
         """The %globaltimer deadline of a task (the device clock is Unix-epoch nanoseconds)."""
         timeout = timeout if timeout is not None else self._config.default_task_timeout_s
-        return time.time_ns() + int(timeout * 1e9) if timeout else 0
+        return min(time.time_ns() + int(timeout * 1e9), _MAX_DEADLINE_NS) if timeout else 0
 
     def _publish(self, task: _Task) -> int | None:
         assert self._runtime is not None
@@ -347,7 +366,7 @@ class PersistentEngineActor(Actor):
         published = 0
         while self._backlog:
             item = self._backlog[0]
-            if item.future.done():  # the asker gave up; drop it before it enters the ring
+            if item.future.done():  # failed already (e.g. a forced shutdown): never publish it
                 self._backlog.popleft()
                 continue
             if item.ready_event is not None:
@@ -424,7 +443,6 @@ class PersistentEngineActor(Actor):
         try:
             while True:
                 if not self._pending and not self._backlog and not self._batches:
-                    self._resolve_drains()
                     self._wake.clear()
                     await self._wake.wait()
                     continue
@@ -455,26 +473,31 @@ class PersistentEngineActor(Actor):
     def _check_hung_tasks(self) -> None:
         """A task still unfinished ``hang_grace_ms`` after its deadline has hung the engine:
         its block never returns, so the kernel can neither drain nor park."""
-        now = time.time_ns()
-        grace = int(self._config.hang_grace_ms * 1e6)
+        runtime = self._runtime
+        if runtime is None or runtime.hold or not runtime.running:
+            return  # parked tasks are waiting, not hung
+        # Units are claimed in ring order, so only the oldest unfinished task can be the
+        # one that never returns; later ones past their deadline are skipped by the device.
+        oldest: tuple[int, int, Any, str] | None = None  # (seq, deadline, future, op)
+        if self._pending:
+            seq = min(self._pending)
+            task = self._pending[seq]
+            oldest = (seq, task.deadline_ns, task.future, task.op.name)
         for batch in self._batches:
-            if batch.records.deadline_ns and now > batch.records.deadline_ns + grace:
-                error = TaskTimeout(
-                    f"a task of an EnqueueBatch of op {batch.op.name!r} is still running "
-                    f"{self._config.hang_grace_ms:g} ms after its deadline: the engine is hung"
-                )
-                if not batch.future.done():
-                    batch.future.set_exception(error)
-                raise error
-        for seq, task in self._pending.items():
-            if task.deadline_ns and now > task.deadline_ns + grace:
-                error = TaskTimeout(
-                    f"task {seq} of op {task.op.name!r} is still running "
-                    f"{self._config.hang_grace_ms:g} ms after its deadline: the engine is hung"
-                )
-                if not task.future.done():
-                    task.future.set_exception(error)
-                raise error
+            seq = batch.first_seq + batch.low
+            if batch.low < batch.published and (oldest is None or seq < oldest[0]):
+                oldest = (seq, batch.records.deadline_ns, batch.future, batch.op.name)
+        grace = int(self._config.hang_grace_ms * 1e6)
+        if oldest is None or not oldest[1] or time.time_ns() <= oldest[1] + grace:
+            return
+        seq, _deadline, future, op = oldest
+        error = TaskTimeout(
+            f"task {seq} of op {op!r} is still running "
+            f"{self._config.hang_grace_ms:g} ms after its deadline: the engine is hung"
+        )
+        if not future.done():
+            future.set_exception(error)
+        raise error
 
     def _declare_faulted(self, reason: str) -> None:
         """Fail everything accepted, take the engine out of service, start a new generation.
@@ -489,7 +512,7 @@ class PersistentEngineActor(Actor):
         self.log.error("engine faulted", reason=self._faulted, generation=new_generation)
         self._fail_all(DeviceFault(self._faulted))
         if self._runtime is not None:
-            self._runtime.abandon()
+            self._runtime.abandon(keepalive=self._outstanding())
 
     def _spin_until_progress(self, until: float) -> None:
         assert self._runtime is not None
@@ -552,27 +575,46 @@ class PersistentEngineActor(Actor):
         assert self._runtime is not None
         parked = int(self._runtime.control[1])
         if parked != self._seen_parks:
+            missed = parked - self._seen_parks - 1  # exits not seen one by one: no reason known
             self._seen_parks = parked
-            reason = _EXIT_REASONS.get(self._runtime.exit_reason, "unknown")
-            self._park_reasons[reason] += 1
+            self._park_reasons[_EXIT_REASONS.get(self._runtime.exit_reason, "unknown")] += 1
+            if missed:
+                self._park_reasons["unobserved"] += missed
+
+    def _outstanding(self) -> list[Any]:
+        """Every task or batch accepted and not finished (their buffers must outlive them)."""
+        return [*self._pending.values(), *self._staged, *self._backlog, *self._batches]
 
     def _fail_all(self, error: GpuActorsError) -> None:
-        for item in [*self._pending.values(), *self._staged, *self._backlog, *self._batches]:
+        for item in self._outstanding():
             if not item.future.done():
                 item.future.set_exception(error)
         self._pending.clear()
         self._staged.clear()
         self._backlog.clear()
         self._batches.clear()
-        self._resolve_drains()
 
-    def _resolve_drains(self) -> None:
-        if self._pending or self._staged or self._backlog or self._batches:
-            return
-        for waiter in self._drain_waiters:
-            if not waiter.done():
+    def _drained(self) -> asyncio.Future[Drained]:
+        """A future that resolves once everything accepted *so far* has finished.
+
+        A snapshot, so it returns under steady traffic too: later tasks do not count.
+        """
+        waiter: asyncio.Future[Drained] = asyncio.get_running_loop().create_future()
+        outstanding = [item.future for item in self._outstanding() if not item.future.done()]
+        remaining = len(outstanding)
+
+        def one_done(_: object) -> None:
+            nonlocal remaining
+            remaining -= 1
+            if remaining == 0 and not waiter.done():
                 waiter.set_result(Drained(processed=self._processed))
-        self._drain_waiters.clear()
+
+        if not outstanding:
+            waiter.set_result(Drained(processed=self._processed))
+        for future in outstanding:
+            future.add_done_callback(one_done)
+        self._wake.set()
+        return waiter
 
     # ------------------------------------------------------------ other messages
     @handles(Stats)
@@ -597,24 +639,35 @@ class PersistentEngineActor(Actor):
 
     @handles(Drain)
     def drain(self, _msg: Drain) -> Deferred[Drained]:
-        waiter: asyncio.Future[Drained] = asyncio.get_running_loop().create_future()
-        self._drain_waiters.append(waiter)
-        self._resolve_drains()
-        return Deferred(waiter)
+        return Deferred(self._drained())
 
     @handles(Park)
-    async def park(self, _msg: Park) -> Parked:
+    def park(self, _msg: Park) -> Deferred[Parked]:
+        try:
+            self._check_serving()
+        except GpuActorsError as exc:
+            return failed_reply(exc)
         runtime = self._runtime
         assert runtime is not None
         runtime.hold = True
         runtime.request_park()
-        await _wait_until(lambda: not runtime.running, "the engine to park")
-        self._note_parks()
-        return Parked(launches=runtime.launches)
+
+        async def parked() -> Parked:
+            await _wait_until(lambda: not runtime.running, "the engine to park")
+            self._note_parks()
+            return Parked(launches=runtime.launches)
+
+        future: asyncio.Future[Parked] = asyncio.get_running_loop().create_future()
+        waiting = asyncio.get_running_loop().create_task(parked())
+        waiting.add_done_callback(lambda done: _settle_from(done, future))
+        return Deferred(future)
 
     @handles(Resume)
-    def resume(self, _msg: Resume) -> Ack:
-        assert self._runtime is not None
+    def resume(self, _msg: Resume) -> Ack | Deferred[Ack]:
+        if self._faulted is not None:
+            return failed_reply(DeviceFault(f"this engine is out of service: {self._faulted}"))
+        if self._runtime is None or self._forced:
+            return Ack()  # after a forced shutdown, cancelled records must never run
         self._runtime.hold = False
         self._runtime.kick()
         self._wake.set()
@@ -673,7 +726,16 @@ class PersistentEngineActor(Actor):
                 op_ids=ids,
             )
             compiled = time.perf_counter()
-            runtime.swap_module(module.image)  # parks, loads, ring untouched
+            # Park without blocking the loop (tasks keep being accepted into the ring),
+            # then load in a worker thread; the ring and every accepted task stay put.
+            held_before = runtime.hold
+            runtime.hold = True
+            try:
+                runtime.request_park()
+                await _wait_until(lambda: not runtime.running, "the engine to park")
+                await asyncio.to_thread(runtime.swap_module, module.image)
+            finally:
+                runtime.hold = held_before or self._forced or self._faulted is not None
             swapped = time.perf_counter()
             self._ops.add(op, activate=activate)
             self._modules_built += 1
@@ -696,7 +758,7 @@ class PersistentEngineActor(Actor):
         try:
             previous = self._ops.alias(msg.name, msg.version)
         except GpuActorsError as exc:
-            return _failed(exc)
+            return failed_reply(exc)
         return OpAliasSet(name=msg.name, version=msg.version, previous=previous)
 
     @handles(Rollback)
@@ -704,7 +766,7 @@ class PersistentEngineActor(Actor):
         try:
             now, was = self._ops.rollback(msg.name)
         except GpuActorsError as exc:
-            return _failed(exc)
+            return failed_reply(exc)
         return OpAliasSet(name=msg.name, version=now, previous=was)
 
     @handles(Shutdown)
@@ -720,6 +782,7 @@ class PersistentEngineActor(Actor):
         cancelled = 0
         try:
             if force:
+                self._forced = True
                 runtime.hold = True
                 runtime.request_park()
                 await _wait_until(lambda: not runtime.running, "the engine to park")
@@ -733,7 +796,8 @@ class PersistentEngineActor(Actor):
                     if not task.future.done():
                         task.future.set_exception(stopped)
                         cancelled += 1
-                self._harvest_batches()
+                while self._harvest_batches():
+                    pass
                 for item in [*self._staged, *self._backlog, *self._batches]:
                     if not item.future.done():
                         item.future.set_exception(stopped)
@@ -741,11 +805,7 @@ class PersistentEngineActor(Actor):
                 self._backlog.clear()  # the kernel stays held: cancelled records never run
                 self._staged.clear()
                 self._batches.clear()
-            waiter: asyncio.Future[Drained] = asyncio.get_running_loop().create_future()
-            self._drain_waiters.append(waiter)
-            self._wake.set()
-            self._resolve_drains()
-            await waiter
+            await self._drained()
             report = ShutdownReport(completed=self._processed, cancelled=cancelled)
         except Exception as exc:  # pragma: no cover - a fault while stopping
             future.set_exception(exc)
@@ -766,13 +826,6 @@ def _records_of(tasks: Sequence[_Task]) -> np.ndarray:
         words[row, : len(task.words)] = task.words
     records["args"] = words
     return records
-
-
-def _failed(error: BaseException) -> Deferred[Any]:
-    """A reply that is an error for the caller but not a failure of the actor."""
-    future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-    future.set_exception(error)
-    return Deferred(future)
 
 
 def _settle_from(done: asyncio.Task[Any], future: asyncio.Future[Any]) -> None:

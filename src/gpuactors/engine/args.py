@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from gpuactors.cuda.arrays import check_device, cupy_ndarray, describe_array
-from gpuactors.engine.messages import EnqueueBatch
+from gpuactors.engine.messages import MAX_BATCH_TASKS, EnqueueBatch
 from gpuactors.engine.ops import ArrayParam, OpSpec, ScalarParam
 from gpuactors.engine.ring import RecordColumns
 from gpuactors.errors import InvalidArgument
@@ -75,13 +75,9 @@ def _array_ptr(param: ArrayParam, value: Any, n: int, device_id: int, where: str
     return info.ptr
 
 
-def encode_args(op: OpSpec, args: Sequence[Any], n: int, device_id: int) -> list[int]:
-    """The record's argument words for ``args``, or InvalidArgument."""
-    return ArgEncoder(op).encode(args, n, device_id)
-
-
 class ArgEncoder:
-    """:func:`encode_args` for one op, with the per-parameter work done once.
+    """Check one op's arguments and encode them as record words, the per-parameter
+    work done once.
 
     CuPy arrays and Python floats/ints (the common case) take a fast path of
     plain attribute reads and one struct pack; anything else, and anything the
@@ -192,8 +188,8 @@ def _task_count(msg: EnqueueBatch) -> int:
     if len(set(lengths.values())) != 1:
         raise InvalidArgument(f"EnqueueBatch arrays disagree on the number of tasks: {lengths}")
     count = next(iter(lengths.values()))
-    if count < 1:
-        raise InvalidArgument("EnqueueBatch has no tasks")
+    if not 1 <= count <= MAX_BATCH_TASKS:
+        raise InvalidArgument(f"EnqueueBatch needs 1 to {MAX_BATCH_TASKS:,} tasks, got {count:,}")
     return count
 
 

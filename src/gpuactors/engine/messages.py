@@ -9,6 +9,9 @@ from pydantic import Field
 from gpuactors.engine.ops import OpSpec, Param
 from gpuactors.messages import Message, Reply
 
+MAX_TIMEOUT_S = 1e6  # about 11.6 days: beyond that a deadline means "never"; say None
+MAX_BATCH_TASKS = 1 << 31
+
 
 class Enqueue(Message):
     """Run op ``op`` on ``args`` over ``n`` elements; the reply comes when the GPU is done.
@@ -28,7 +31,7 @@ class Enqueue(Message):
     args: tuple[Any, ...] = ()
     n: int = Field(ge=0, lt=2**62)
     blocks: int = Field(default=1, ge=1)
-    timeout: float | None = Field(default=None, gt=0)
+    timeout: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
     after: Literal["current_stream", "none"] = "current_stream"
 
 
@@ -62,9 +65,10 @@ class EnqueueBatch(Message):
     n: Any = 0  # int, or a 1-D integer NumPy array (one per task)
     offsets: dict[str, Any] = Field(default_factory=dict)  # name -> 1-D int array
     scalars: dict[str, Any] = Field(default_factory=dict)  # name -> 1-D array
-    count: int | None = Field(default=None, ge=1)
+    count: int | None = Field(default=None, ge=1, le=MAX_BATCH_TASKS)
     blocks: int = Field(default=1, ge=1)
-    timeout: float | None = Field(default=None, gt=0)  # one device-side deadline for all
+    # one device-side deadline for all
+    timeout: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
     per_task: bool = False
     after: Literal["current_stream", "none"] = "current_stream"
 

@@ -124,10 +124,6 @@ class HostRing:
         self._unretired_view = np.frombuffer(self._unretired, dtype=np.uint8)
 
     # ------------------------------------------------------------- producer
-    def slot_free(self, pos: int) -> bool:
-        slot = pos & self.mask
-        return self._words[slot * _RECORD_WORDS] == pos and not self._unretired[slot]
-
     def try_publish(
         self,
         op: int,
@@ -219,31 +215,15 @@ class HostRing:
     def is_done(self, seq: int) -> bool:
         return self._done_words[((seq - 1) & self.mask) * _COMPLETION_WORDS] == seq
 
-    def harvest_seqs(self, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Vectorised :meth:`harvest` over ``seqs`` (uint64; none retired yet).
-
-        Returns (done mask, status per task, meaningful where done) and retires
-        the finished ones.
-        """
-        slots = ((seqs - np.uint64(1)) & np.uint64(self.mask)).astype(np.intp)
-        done = self.completions["seq"][slots] == seqs
-        # Statuses are read in a second pass, after the markers: x86 keeps loads in
-        # order, so a status read after its marker is the one written before it.
-        status = np.zeros(len(seqs), dtype=np.int32)
-        status[done] = self.completions["status"][slots[done]]
-        self._unretired_view[slots[done]] = 0
-        return done, status
-
     def harvest_window(
         self, first_seq: int, count: int, already: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`harvest_seqs` for the contiguous seqs ``first_seq..first_seq+count-1``,
+        """:meth:`harvest`, vectorised, for the contiguous seqs ``first_seq..first_seq+count-1``,
         skipping those marked in ``already``: slices instead of gathers.
 
-        A window never spans more than the ring (positions are produced in order and
-        a live slot cannot be lapped); it is read in slices that wrap at the ring's end.
-        A slot whose marker belongs to a later task was retired earlier: ``already``
-        covers it.
+        The window is read in ring-sized slices that wrap at the ring's end, so any
+        length works. A slot whose marker now belongs to a later task was retired
+        earlier: ``already`` covers it.
         """
         done = np.zeros(count, dtype=np.bool_)
         status = np.zeros(count, dtype=np.int32)
@@ -256,7 +236,8 @@ class HostRing:
             expected = np.arange(first_seq + index0, first_seq + index1, dtype=np.uint64)
             fresh = (marker[slot0:slot1] == expected) & ~already[index0:index1]
             done[index0:index1] = fresh
-            # statuses after markers: x86 keeps loads in order (see harvest_seqs)
+            # Statuses are read after the markers: x86 keeps loads in order, so a status
+            # read after its marker is the one the device wrote before it.
             status[index0:index1] = np.where(fresh, state[slot0:slot1], 0)
             self._unretired_view[slot0:slot1][fresh] = 0
             index0 = index1

@@ -13,7 +13,9 @@ engine actor drives it. It owns:
 from __future__ import annotations
 
 import enum
+import platform
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,6 +131,11 @@ class EngineRuntime:
     ) -> None:
         import cupy
 
+        if platform.machine().lower() not in ("x86_64", "amd64"):
+            raise EngineModeError(
+                "the engine's host side relies on x86-64 store and load ordering (TSO) for "
+                f"the ring protocol; {platform.machine()} is not supported yet"
+            )
         self._cupy = cupy
         self.config = config
         self._gate = gate
@@ -301,23 +308,23 @@ class EngineRuntime:
         self.park_blocking()
         self._install(image)
 
-    def abandon(self) -> None:
+    def abandon(self, keepalive: Sequence[Any] = ()) -> None:
         """Give up on a faulted or hung kernel without waiting for it.
 
         Parking, synchronising or unloading the module would block on a kernel that
-        never returns, so the module and buffers are kept referenced for the life of
-        the process (a deliberate, bounded leak) and the gate forgets this engine.
+        may never return, and anything it can still touch must stay valid: this
+        runtime (module, ring, device state, stream) and the callers' buffers in
+        ``keepalive`` are kept referenced for the life of the process (a deliberate,
+        bounded leak), and the gate forgets this engine.
         """
         self._gate.unregister(self)
-        _ABANDONED.append((self._module, self._kernel, self._ring_mem, self._done_mem))
         self.hold = True
+        _ABANDONED.append((self, tuple(keepalive)))
 
     def close(self, timeout: float = 10.0) -> None:
         """Park for good and release the module. Pending tasks stay unrun."""
         self._gate.unregister(self)
-        try:
-            self.park_blocking(timeout)
-            self.stream.synchronize()
-        finally:
-            self._kernel = None
-            self._module = None
+        self.park_blocking(timeout)  # raises if the kernel will not park: then abandon()
+        self.stream.synchronize()
+        self._kernel = None
+        self._module = None

@@ -136,6 +136,7 @@ __device__ void run_dispatcher(const EngineParams& P) {
             const u64 slot = pos & ring_mask;
             const bool ready = ld_acquire_sys(&P.ring[slot].seq) == pos + 1;
             const u32 ballot = __ballot_sync(full, ready);
+            __syncwarp();  // every lane's acquire is ordered before any lane's record loads
             taken = (~ballot == 0u) ? 32u : (u32)(__ffs(~ballot) - 1);
             if (taken > 0) {
                 // Copy the taken records to device memory, 16 bytes a lane (four
@@ -232,6 +233,7 @@ __device__ void run_worker(const EngineParams& P) {
     __shared__ TaskRecord s_rec;
     __shared__ Unit s_unit;
     __shared__ u32 s_go;
+    __shared__ u32 s_expired;
     __shared__ i32 s_status;
     DeviceState* S = P.state;
     const u64 unit_mask = P.unit_capacity - 1;
@@ -264,12 +266,17 @@ __device__ void run_worker(const EngineParams& P) {
                 reinterpret_cast<const volatile u64*>(&P.tasks[unit.slot])[threadIdx.x];
         }
         if (threadIdx.x == 0) {
-            if (unit.rank == 0) P.t_start[unit.slot] = now_ns();
+            const u64 t = now_ns();
+            if (unit.rank == 0) P.t_start[unit.slot] = t;
+            // One thread decides, so the whole block either runs the op or skips it:
+            // ops may use __syncthreads(), which every thread must reach.
+            const u64 deadline = reinterpret_cast<const volatile u64*>(&P.tasks[unit.slot])[3];
+            s_expired = (deadline != 0 && t > deadline) ? 1u : 0u;
         }
         __syncthreads();
         i32 rc;
-        if (s_rec.deadline_ns != 0 && now_ns() > s_rec.deadline_ns) {
-            rc = kStatusDeadline;  // the record is shared, so every thread agrees
+        if (s_expired) {
+            rc = kStatusDeadline;
         } else {
             TaskCtx ctx;
             ctx.rec = &s_rec;

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from gpuactors.actors import Actor, ActorRef, Deferred, handles
+from gpuactors.actors import Actor, ActorRef, Deferred, failed_reply, handles
 from gpuactors.cuda import no_device_reason
 from gpuactors.cuda.device import ReportFault, probe_device
 from gpuactors.cuda.generation import GENERATIONS
@@ -64,13 +64,6 @@ from gpuactors.nvrtc.options import ARCH_PATTERN
 
 #: Dynamic shared memory a kernel may use without opting in (bytes).
 _DEFAULT_DYNAMIC_SMEM = 48 * 1024
-
-
-def _failed(error: BaseException) -> Deferred[Any]:
-    """A reply that is the asker's error, not the actor's failure."""
-    future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-    future.set_exception(error)
-    return Deferred(future)
 
 
 def _probe_arch(device_id: int) -> tuple[str | None, str | None]:
@@ -198,7 +191,7 @@ class NvrtcActor(Actor):
             return self._handle(msg, module, origin)
         except GpuActorsError as exc:
             self._compile_failed(msg, exc)
-            return _failed(exc)
+            return failed_reply(exc)
 
     @handles(CompileAsync)
     def compile_async(self, msg: CompileAsync) -> Deferred[KernelHandle]:
@@ -206,7 +199,7 @@ class NvrtcActor(Actor):
         try:
             arch = self._target_arch(msg)
         except GpuActorsError as exc:
-            return _failed(exc)
+            return failed_reply(exc)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[KernelHandle] = loop.create_future()
         task = loop.create_task(self._compile_off_mailbox(msg, arch, future))
