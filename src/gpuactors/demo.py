@@ -8,8 +8,8 @@ What it does, in order:
    kernel cache);
 3. runs ``--clients`` concurrent clients that send ``--tasks`` tasks in all, each
    an ``await engine.ref.ask(Enqueue(...))``, timing every ask;
-4. a quarter of the way in starts :func:`midpoint_action` (so that it goes live near
-   the middle, compile included): a hot swap, ``ReplaceOp`` installs
+4. a tenth of the way in starts :func:`midpoint_action` (its compile runs off the
+   mailbox while the clients keep the loop busy, so it goes live mid-run): a hot swap, ``ReplaceOp`` installs
    version 2 of the op (same result, another implementation) while the clients
    keep sending; the engine hands its ring to the new module;
 5. checks every reply, then compares every client's 256 bins, exactly, with
@@ -278,7 +278,7 @@ class _Run:
         else:
             self.failures.append(f"unexpected reply {reply!r}")
         self.done += 1
-        if self.done * 4 >= self.tasks:  # start the swap early: its compile takes a while
+        if self.done * 10 >= self.tasks:  # start the swap early: its compile takes a while
             self.halfway.set()
 
 
