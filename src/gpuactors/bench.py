@@ -29,6 +29,7 @@ from typing import Any, TextIO
 
 import gpuactors
 from gpuactors import doctor
+from gpuactors.nvrtc.options import arch_from_capability
 
 DEFAULT_TIMEOUT_S = 1200.0
 STDERR_TAIL_LINES = 40
@@ -381,8 +382,7 @@ def probe_machine(device: int = 0) -> Machine:
     devices, error = doctor.probe_devices(cupy_available=cupy_version is not None)
     for info in devices:
         if info.index == device:
-            major, minor = info.compute_capability
-            arch = f"sm_{major}{minor}"
+            arch = arch_from_capability(*info.compute_capability)
             return Machine(f"{info.name} ({arch}, {info.sm_count} SMs)", arch, cupy_version)
     return Machine(f"no CUDA device {device} ({error or 'none found'})", None, cupy_version)
 

@@ -8,10 +8,10 @@ What it does, in order:
    kernel cache);
 3. runs ``--clients`` concurrent clients that send ``--tasks`` tasks in all, each
    an ``await engine.ref.ask(Enqueue(...))``, timing every ask;
-4. a tenth of the way in starts :func:`midpoint_action` (its compile runs off the
-   mailbox while the clients keep the loop busy, so it goes live mid-run): a hot swap, ``ReplaceOp`` installs
-   version 2 of the op (same result, another implementation) while the clients
-   keep sending; the engine hands its ring to the new module;
+4. a tenth of the way in starts :func:`midpoint_action`, a hot swap: ``ReplaceOp``
+   installs version 2 of the op (same result, another implementation) while the
+   clients keep sending; its compile runs off the mailbox, then the engine hands
+   its ring to the new module, live mid-run;
 5. checks every reply, then compares every client's 256 bins, exactly, with
    what NumPy computes from the chunks and weights that client sent;
 6. prints a one-screen summary. Exit code 0 only if that check passes.

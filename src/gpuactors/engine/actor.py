@@ -71,7 +71,7 @@ from gpuactors.errors import (
     UnknownOp,
 )
 from gpuactors.messages import Ack
-from gpuactors.nvrtc import KernelCompiler
+from gpuactors.nvrtc import KernelCompiler, arch_from_capability
 
 _SPIN_SECONDS = 30e-6  # longest stretch the engine holds the loop checking markers
 _SPIN_PHASE_SECONDS = 2e-3  # how long it keeps yielding-and-spinning before it sleeps
@@ -168,9 +168,8 @@ class PersistentEngineActor(Actor):
     async def pre_start(self) -> None:
         import cupy
 
-        with cupy.cuda.Device(self._device_id) as device:
-            major, minor = device.compute_capability[:-1], device.compute_capability[-1]
-        arch = self._arch = f"sm_{major}{minor}"
+        capability = cupy.cuda.Device(self._device_id).compute_capability  # e.g. "90"
+        arch = self._arch = arch_from_capability(int(capability[:-1]), int(capability[-1]))
         module, _engine = await asyncio.to_thread(
             build_engine_module,
             self._ops.physical_ops(),
