@@ -304,9 +304,22 @@ class EngineRuntime:
             self.control[_PARK_REQUEST] = 0
 
     def swap_module(self, image: bytes) -> None:
-        """Hand the ring over to a new engine module (parks, loads, relaunches on demand)."""
+        """Hand the ring over to a new engine module (parks, loads, relaunches on demand).
+
+        A persistent engine needs its whole grid resident at once; a module whose ops
+        need more registers or shared memory than that allows is refused, and the
+        running module stays (EngineModeError), instead of deadlocking at launch.
+        """
         self.park_blocking()
+        previous = (self._module, self._kernel)
         self._install(image)
+        if self.mode_persistent and self._resident_blocks() < self.grid:
+            self._module, self._kernel = previous
+            raise EngineModeError(
+                f"the new engine module cannot keep all {self.grid} blocks resident "
+                "(its ops need too many registers or too much shared memory); "
+                "the running module stays"
+            )
 
     def abandon(self, keepalive: Sequence[Any] = ()) -> None:
         """Give up on a faulted or hung kernel without waiting for it.
