@@ -86,3 +86,15 @@ def test_scalar_bits_are_little_endian_and_range_checked() -> None:
     assert ScalarParam(name="b", dtype="int32").to_bits(-1) == 0xFFFFFFFF
     with pytest.raises(OverflowError):
         ScalarParam(name="c", dtype="uint8").to_bits(300)
+
+
+def test_cached_engine_module_is_a_memory_lookup(compiler: KernelCompiler) -> None:
+    from gpuactors.engine.codegen import cached_engine_module
+
+    ops = [*BUILTIN_OPS, SCALE]
+    assert cached_engine_module(ops, arch="sm_90", compiler=compiler) is None
+    module, _ = build_engine_module(ops, arch="sm_90", compiler=compiler)
+    assert cached_engine_module(ops, arch="sm_90", compiler=compiler) is module
+    other_ids = {key: index + 1 for index, key in enumerate(render_engine_source(ops).op_ids)}
+    assert cached_engine_module(ops, arch="sm_90", compiler=compiler, op_ids=other_ids) is None
+    assert compiler.compiles == 1

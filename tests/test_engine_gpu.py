@@ -625,3 +625,23 @@ async def test_fail_fast_policy_with_coalesced_asks() -> None:
         ran = np.flatnonzero(cp.asnumpy(acc)).tolist()
         assert ran == done
         await engine.shutdown(timeout=30)
+
+
+async def test_prepare_op_makes_the_swap_a_cache_hit(engine: Engine) -> None:
+    """PrepareOp compiles ahead; the InstallOp that follows takes the module from the cache."""
+    import cupy as cp
+
+    from gpuactors.engine import InstallOp, PrepareOp
+
+    marker = int(time.time_ns() % 1_000_000)  # a body no cache has seen
+    op = OpSpec(
+        name="prepared",
+        params=(ArrayParam(name="out", dtype="int32", direction="out", length=1),),
+        body=f"if (threadIdx.x == 0) out[0] = {marker};\nreturn 0;",
+    )
+    prepared = await engine.ref.ask(PrepareOp(op=op), timeout=120)
+    installed = await engine.ref.ask(InstallOp(op=op), timeout=120)
+    assert installed.compile_ms * 5 < prepared.compile_ms, (prepared, installed)
+    out = cp.zeros(1, dtype=cp.int32)
+    await engine.enqueue("prepared", out, n=1)
+    assert int(out[0]) == marker

@@ -7,6 +7,7 @@ becomes a ``static_assert`` against the header, so the two cannot drift.
 
 from __future__ import annotations
 
+import functools
 from importlib import resources
 
 import numpy as np
@@ -131,9 +132,14 @@ def kernel_header(name: str) -> str:
     return resources.files("gpuactors.kernels").joinpath(name).read_text(encoding="utf-8")
 
 
+@functools.cache
+def _shipped_headers() -> tuple[tuple[str, str], ...]:
+    return tuple((name, kernel_header(name)) for name in ("abi.cuh", "task.cuh", "engine.cuh"))
+
+
 def kernel_headers() -> dict[str, str]:
-    """Every shipped header, keyed by the name engine sources include it by."""
-    return {name: kernel_header(name) for name in ("abi.cuh", "task.cuh", "engine.cuh")}
+    """Every shipped header, keyed by the name engine sources include it by (read once)."""
+    return dict(_shipped_headers())
 
 
 def layout_check_source() -> str:

@@ -33,7 +33,7 @@ from gpuactors.actors import (
 from gpuactors.cuda.generation import GENERATIONS
 from gpuactors.engine import abi
 from gpuactors.engine.args import check_count, encode_batch
-from gpuactors.engine.codegen import build_engine_module
+from gpuactors.engine.codegen import build_engine_module, cached_engine_module
 from gpuactors.engine.messages import (
     AliasOp,
     BatchCompletion,
@@ -46,8 +46,10 @@ from gpuactors.engine.messages import (
     InstallOp,
     OpAliasSet,
     OpInstalled,
+    OpPrepared,
     Park,
     Parked,
+    PrepareOp,
     ReplaceOp,
     Resume,
     Rollback,
@@ -677,6 +679,32 @@ class PersistentEngineActor(Actor):
     def install_op(self, msg: InstallOp) -> Deferred[OpInstalled]:
         return self._start_install(msg.op, msg.activate)
 
+    @handles(PrepareOp)
+    def prepare_op(self, msg: PrepareOp) -> Deferred[OpPrepared]:
+        try:
+            self._check_serving()
+            ops, ids = self._ops.planned(msg.op)
+        except GpuActorsError as exc:
+            return failed_reply(exc)
+
+        async def compile_ahead() -> OpPrepared:
+            started = time.perf_counter()
+            await asyncio.to_thread(
+                build_engine_module,
+                ops,
+                arch=self._arch,
+                compiler=self._compiler,
+                block_threads=self._config.block_threads,
+                op_ids=ids,
+            )
+            elapsed = (time.perf_counter() - started) * 1e3
+            return OpPrepared(name=msg.op.name, version=msg.op.version, compile_ms=elapsed)
+
+        future: asyncio.Future[OpPrepared] = asyncio.get_running_loop().create_future()
+        task = asyncio.get_running_loop().create_task(compile_ahead())
+        task.add_done_callback(lambda done: _settle_from(done, future))
+        return Deferred(future)
+
     @handles(ReplaceOp)
     def replace_op(self, msg: ReplaceOp) -> Deferred[OpInstalled]:
         future: asyncio.Future[OpInstalled] = asyncio.get_running_loop().create_future()
@@ -716,14 +744,25 @@ class PersistentEngineActor(Actor):
             assert runtime is not None
             ops, ids = self._ops.planned(op)  # raises before anything changes
             started = time.perf_counter()
-            module, _engine = await asyncio.to_thread(
-                build_engine_module,
+            cached = cached_engine_module(  # compiled ahead (PrepareOp): no thread needed
                 ops,
                 arch=self._arch,
                 compiler=self._compiler,
                 block_threads=self._config.block_threads,
                 op_ids=ids,
             )
+            if cached is not None:
+                image = cached.image
+            else:
+                built, _engine = await asyncio.to_thread(
+                    build_engine_module,
+                    ops,
+                    arch=self._arch,
+                    compiler=self._compiler,
+                    block_threads=self._config.block_threads,
+                    op_ids=ids,
+                )
+                image = built.image
             compiled = time.perf_counter()
             # Park without blocking the loop (tasks keep being accepted into the ring),
             # then load in a worker thread; the ring and every accepted task stay put.
@@ -732,7 +771,7 @@ class PersistentEngineActor(Actor):
             try:
                 runtime.request_park()
                 await _wait_until(lambda: not runtime.running, "the engine to park")
-                await asyncio.to_thread(runtime.swap_module, module.image)
+                await asyncio.to_thread(runtime.swap_module, image)
             finally:
                 runtime.hold = held_before or self._forced or self._faulted is not None
             swapped = time.perf_counter()

@@ -13,7 +13,13 @@ from dataclasses import dataclass
 
 from gpuactors.engine.abi import kernel_headers
 from gpuactors.engine.ops import ArrayParam, OpSpec
-from gpuactors.nvrtc import CompiledModule, KernelCompiler, NvrtcOpts, default_compiler
+from gpuactors.nvrtc import (
+    CompiledModule,
+    KernelCompiler,
+    NvrtcOpts,
+    cache_key,
+    default_compiler,
+)
 
 ENGINE_KERNEL_NAME = "gpa_engine"
 ENGINE_OPTS = NvrtcOpts(std="c++17")
@@ -95,6 +101,28 @@ def render_engine_source(
     return EngineSource(
         source="\n".join(parts) + "\n", op_ids=dict(op_ids), block_threads=block_threads
     )
+
+
+def cached_engine_module(
+    ops: Sequence[OpSpec],
+    *,
+    arch: str,
+    compiler: KernelCompiler | None = None,
+    block_threads: int = 256,
+    op_ids: Mapping[str, int] | None = None,
+) -> CompiledModule | None:
+    """The engine module for ``ops`` if the memory cache holds it, else None.
+
+    Cheap enough for the event loop (no thread, no disk, no NVRTC): a hot swap whose
+    module was compiled ahead (``PrepareOp``) must not queue behind a busy loop for
+    the GIL in a worker thread.
+    """
+    engine = render_engine_source(ops, block_threads=block_threads, op_ids=op_ids)
+    compiler = compiler or default_compiler()
+    key = cache_key(
+        engine.source, name="gpa_engine.cu", opts=ENGINE_OPTS, arch=arch, headers=kernel_headers()
+    )
+    return compiler.memory.get(key)
 
 
 def build_engine_module(

@@ -94,6 +94,23 @@ class InstallOp(Message):
     activate: bool = True
 
 
+class PrepareOp(Message):
+    """Compile the engine module that installing ``op`` would need, and nothing else.
+
+    The module lands in the kernel caches, so a later ``InstallOp`` of the same op
+    (with no other install in between) swaps without compiling: the swap is then a
+    park and a module load.
+    """
+
+    op: OpSpec
+
+
+class OpPrepared(Reply):
+    name: str
+    version: int
+    compile_ms: float
+
+
 class ReplaceOp(Message):
     """Install the next version of op ``name`` with a new body (and optionally new
     params), and point the name at it once it is live."""
