@@ -154,3 +154,14 @@ class TaskFailed(EngineError):
 
 class TaskTimeout(EngineError, TimeoutError):
     """A task did not complete before its deadline."""
+
+
+class TaskHung(TaskTimeout):
+    """A task kept running past its deadline plus the engine's grace: it hung the engine
+    (its block never returns), so the engine is taken out of service."""
+
+
+# --------------------------------------------------------------------- worker
+class WorkerError(GpuError):
+    """The worker process that hosts an isolated engine failed in a way not covered above
+    (it could not start, or raised an error of an unexpected type: its text is kept)."""

@@ -12,21 +12,12 @@ import os
 import sys
 import time
 
+from fault_ops import BAD, SPIN
+
 from gpuactors.actors import ActorSystem
 from gpuactors.cuda.generation import GENERATIONS
-from gpuactors.engine import ArrayParam, Engine, EngineConfig, OpSpec
+from gpuactors.engine import Engine, EngineConfig
 from gpuactors.errors import DeviceFault, TaskTimeout
-
-BAD = OpSpec(
-    name="bad_write",
-    params=(ArrayParam(name="out", dtype="float32", direction="out"),),
-    body="if (threadIdx.x == 0) { float* p = (float*)0x10; *p = 1.0f; }\nreturn 0;",
-)
-SPIN = OpSpec(
-    name="spin_forever",
-    params=(ArrayParam(name="out", dtype="float32", direction="out"),),
-    body="volatile int forever = 1;\nwhile (forever) { __nanosleep(1000); }\nreturn 0;",
-)
 
 
 def result(name: str, ok: bool, detail: str = "") -> None:

@@ -62,6 +62,7 @@ from gpuactors.engine.optable import OpTable
 from gpuactors.engine.ring import RecordColumns
 from gpuactors.engine.runtime import EngineConfig, EngineRuntime
 from gpuactors.errors import (
+    ActorStopped,
     DeviceFault,
     EngineError,
     EngineStopped,
@@ -69,6 +70,7 @@ from gpuactors.errors import (
     InvalidArgument,
     QueueFull,
     TaskFailed,
+    TaskHung,
     TaskTimeout,
     UnknownOp,
 )
@@ -492,7 +494,7 @@ class PersistentEngineActor(Actor):
         if oldest is None or not oldest[1] or time.time_ns() <= oldest[1] + grace:
             return
         seq, _deadline, future, op = oldest
-        error = TaskTimeout(
+        error = TaskHung(
             f"task {seq} of op {op!r} is still running "
             f"{self._config.hang_grace_ms:g} ms after its deadline: the engine is hung"
         )
@@ -923,7 +925,13 @@ class Engine:
             mailbox=mailbox or MailboxConfig(capacity=65536),
         )
         engine = cls(system.spawn(props, name=name))
-        await engine.stats()
+        try:
+            await engine.stats()
+        except ActorStopped:
+            cause = (await system.watch(engine.ref)).cause  # e.g. NoCudaDevice, CompileError
+            if cause is not None:
+                raise cause from None
+            raise
         return engine
 
     async def enqueue(

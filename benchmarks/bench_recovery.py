@@ -1,0 +1,201 @@
+"""Time to recover from a device fault and from a hung op, and what isolation costs.
+
+Run on a GPU machine:  python benchmarks/bench_recovery.py [--jobs 300] [--strict]
+
+The engine runs in a supervised worker process (``gpuactors.worker``): an
+in-process context reset leaves CuPy unusable (``probe_context_reset.py``), so a
+fault costs the worker, not the caller's process. Sections:
+
+  1. worker start: a cold worker (Python, CuPy, CUDA context, engine module).
+  2. fault: ``--jobs`` by-value jobs in flight around one job that writes to an
+     illegal address. Prints the time from the fault reaching its caller to the
+     first new job served, the worker's own recovery time, and how many of the
+     good jobs were lost or wrong (target: 0) -- with a warm standby and without.
+  3. hang: the same around an op that never returns (deadline 50 ms, grace 300 ms).
+  4. cost: p50/p99 round trip of one 1024-float job (RemoteArray and by value)
+     against a CuPy launch + synchronize in this process.
+Targets (the reliability issue): service restored within 2 s; 0 accepted jobs lost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu_scripts"))
+from fault_ops import BAD, SPIN
+
+from gpuactors.actors import ActorSystem
+from gpuactors.engine import EngineConfig
+from gpuactors.errors import DeviceFault, TaskHung
+from gpuactors.worker import IsolatedEngine, IsolationConfig, JobResult
+
+VERDICTS: list[bool] = []
+N = 1024
+
+
+def verdict(met: bool) -> str:
+    VERDICTS.append(met)
+    return "MET" if met else "NOT MET"
+
+
+async def standby_ready(engine: IsolatedEngine, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not (await engine.health()).standby_ready:
+        if time.monotonic() > deadline:
+            raise SystemExit("the standby worker never came up")
+        await asyncio.sleep(0.02)
+
+
+async def good_jobs(
+    engine: IsolatedEngine, count: int, rng: np.random.Generator
+) -> tuple[list[np.ndarray], list[asyncio.Task[JobResult]]]:
+    expected, tasks = [], []
+    for _ in range(count):
+        x = rng.standard_normal(256).astype(np.float32)
+        y = rng.standard_normal(256).astype(np.float32)
+        expected.append(np.float32(2.0) * x + y)
+        tasks.append(asyncio.create_task(engine.run("axpy", y, x, 2.0, n=256, returns=(0,))))
+        await asyncio.sleep(0)
+    return expected, tasks
+
+
+def count_lost(expected: list[np.ndarray], results: list[object]) -> int:
+    lost = 0
+    for want, got in zip(expected, results, strict=True):
+        ok = isinstance(got, JobResult) and np.allclose(got.arrays[0], want, atol=1e-5)
+        lost += not ok
+    return lost
+
+
+async def breakdown(kind: str, jobs: int, standby: bool) -> None:
+    """One fault (or hang) with ``jobs`` good jobs around it; prints one result line."""
+    rng = np.random.default_rng(7)
+    config = EngineConfig(hang_grace_ms=300.0)
+    isolation = IsolationConfig(standby=standby)
+    async with ActorSystem("bench-recovery") as system:
+        engine = await IsolatedEngine.start(
+            system, ops=[BAD, SPIN], config=config, isolation=isolation
+        )
+        await engine.run("fill", np.zeros(N, np.float32), 1.0, n=N)
+        if standby:
+            await standby_ready(engine)
+        before, tasks_before = await good_jobs(engine, jobs // 2, rng)
+        if kind == "fault":
+            bad = asyncio.create_task(engine.run("bad_write", np.zeros(4, np.float32), n=4))
+        else:
+            bad = asyncio.create_task(
+                engine.run("spin_forever", np.zeros(4, np.float32), n=4, timeout=0.05)
+            )
+        submitted = time.perf_counter()
+        after, tasks_after = await good_jobs(engine, jobs - jobs // 2, rng)
+        expected_error = DeviceFault if kind == "fault" else TaskHung
+        try:
+            await bad
+            raise SystemExit(f"the {kind} job completed")
+        except expected_error:
+            failed_at = time.perf_counter()
+        probe = await engine.run("fill", np.zeros(N, np.float32), 3.0, n=N)
+        restored = time.perf_counter() - failed_at
+        assert np.all(probe.arrays[0] == 3.0)
+        results = await asyncio.gather(*tasks_before, *tasks_after, return_exceptions=True)
+        lost = count_lost(before + after, results)
+        health = await engine.health()
+        await engine.shutdown()
+    internal = health.last_recovery_s or 0.0
+    print(
+        f"   {kind}, {'warm standby' if standby else 'no standby  '}: error to caller "
+        f"{(failed_at - submitted) * 1e3:7.1f} ms after submit | next job served "
+        f"{restored * 1e3:7.1f} ms later (worker swap {internal * 1e3:.1f} ms) | "
+        f"{jobs} good jobs in flight: {lost} lost, {health.retried_jobs} re-run | "
+        f"restarts {health.restarts} | restored within 2 s: {verdict(restored < 2.0)}, "
+        f"0 lost: {verdict(lost == 0)}"
+    )
+
+
+async def start_cost() -> None:
+    async with ActorSystem("bench-recovery") as system:
+        started = time.perf_counter()
+        engine = await IsolatedEngine.start(system, isolation=IsolationConfig(standby=False))
+        elapsed = time.perf_counter() - started
+        print(f"1. cold worker start (Python + CuPy + context + engine module): {elapsed:.2f} s")
+        await engine.shutdown()
+
+
+async def isolation_cost(repeats: int) -> tuple[list[float], list[float]]:
+    async with ActorSystem("bench-recovery") as system:
+        engine = await IsolatedEngine.start(system, isolation=IsolationConfig(standby=False))
+        host = np.zeros(N, np.float32)
+        remote = await engine.upload(host)
+        remote_s, value_s = [], []
+        for _ in range(repeats + 100):
+            start = time.perf_counter()
+            await engine.run("fill", remote, 1.0, n=N)
+            remote_s.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            await engine.run("fill", host, 1.0, n=N)
+            value_s.append(time.perf_counter() - start)
+        await engine.shutdown()
+    return remote_s[100:], value_s[100:]
+
+
+def cupy_launch_sync(repeats: int) -> list[float]:
+    import cupy as cp
+
+    kernel = cp.RawKernel(
+        'extern "C" __global__ void fill(float* y, float v, int n) {'
+        " int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) y[i] = v; }",
+        "fill",
+    )
+    y = cp.zeros(N, dtype=cp.float32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    samples = []
+    for _ in range(repeats + 100):
+        start = time.perf_counter()
+        kernel((N // 256,), (256,), (y, np.float32(1.0), np.int32(N)), stream=stream)
+        stream.synchronize()
+        samples.append(time.perf_counter() - start)
+    return samples[100:]
+
+
+def pct(samples: list[float]) -> str:
+    us = np.asarray(samples) * 1e6
+    return f"p50 {np.percentile(us, 50):7.1f} us, p99 {np.percentile(us, 99):7.1f} us"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--jobs", type=int, default=300, help="good jobs around each fault")
+    parser.add_argument("--repeats", type=int, default=2000)
+    parser.add_argument("--strict", action="store_true", help="exit 1 if a target is NOT MET")
+    args = parser.parse_args(argv)
+    from gpuactors.cuda.device import probe_device
+
+    props = probe_device(0)
+    print(
+        f"bench_recovery on {props.name} ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC), "
+        f"Python {sys.version.split()[0]}, pid {os.getpid()}"
+    )
+    asyncio.run(start_cost())
+    print(f"2./3. recovery ({args.jobs} good axpy jobs by value around the bad one):")
+    for kind in ("fault", "hang"):
+        for standby in (True, False):
+            asyncio.run(breakdown(kind, args.jobs, standby))
+    remote_s, value_s = asyncio.run(isolation_cost(args.repeats))
+    base = cupy_launch_sync(args.repeats)
+    b50 = float(np.median(base))
+    print(f"4. one {N}-float fill, round trip: CuPy launch+sync in this process {pct(base)}")
+    print(f"   isolated job, RemoteArray: {pct(remote_s)} ({np.median(remote_s) / b50:.2f}x CuPy)")
+    print(f"   isolated job, by value:    {pct(value_s)} ({np.median(value_s) / b50:.2f}x CuPy)")
+    return 1 if args.strict and not all(VERDICTS) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,663 @@
+"""IsolatedEngineActor: a persistent engine in a supervised worker process.
+
+Why a process: a device fault poisons the CUDA context for good, and a
+primary-context reset leaves CuPy unusable in the same process (measured by
+``benchmarks/probe_context_reset.py``). So the engine lives in a child process
+that owns the context; when it faults or hangs, this actor replaces it and the
+caller's process never touches the broken context.
+
+Recovery, in order:
+
+1. The worker reports a fault (or hang, or it exits, or stops answering). Every
+   request it had not answered, and every one it failed with ``DeviceFault``,
+   is a *suspect*. A job that hung the engine (``TaskHung``) is the culprit.
+2. A new worker takes over (a warm standby, so no process start is waited on),
+   the device generation moves on (old ``RemoteArray`` -> ``GpuRefStale``) and
+   installed ops and aliases are replayed on it in their original order.
+3. Suspects are re-run, by value. If the culprit is unknown each runs alone, so
+   the one that faults again is found: its caller gets ``DeviceFault``, every
+   other suspect its result. Nothing accepted is lost or silently dropped.
+4. More than ``max_restarts`` replacements within ``restart_window_s``: the
+   engine is failed, and every request gets ``DeviceFailed`` at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from gpuactors.actors import Actor, ActorRef, ActorSystem, Deferred, Props, handles
+from gpuactors.actors.deferred import failed_reply
+from gpuactors.engine.messages import (
+    AliasOp,
+    Completion,
+    Drain,
+    Drained,
+    EngineStats,
+    InstallOp,
+    OpInstalled,
+    PrepareOp,
+    ReplaceOp,
+    Rollback,
+    Shutdown,
+    ShutdownReport,
+    Stats,
+)
+from gpuactors.engine.ops import OpSpec
+from gpuactors.engine.runtime import EngineConfig
+from gpuactors.errors import (
+    ActorStopped,
+    DeviceFailed,
+    DeviceFault,
+    EngineStopped,
+    GpuActorsError,
+    GpuRefStale,
+    InvalidArgument,
+    TaskHung,
+)
+from gpuactors.messages import Ack, Message
+from gpuactors.worker.child import BootSpec
+from gpuactors.worker.messages import (
+    Download,
+    Downloaded,
+    Free,
+    Health,
+    Job,
+    JobResult,
+    RemoteArray,
+    Upload,
+    WorkerHealth,
+    WorkerState,
+)
+from gpuactors.worker.process import WorkerProcess
+from gpuactors.worker.wire import decode_error
+
+#: Messages that change what the engine runs: replayed, in order, on every new worker.
+_STATEFUL = (InstallOp, ReplaceOp, AliasOp, Rollback)
+#: Messages forwarded to the worker's engine as they are.
+_FORWARDED = (InstallOp, PrepareOp, ReplaceOp, AliasOp, Rollback, Stats)
+_WATCHDOG_SECONDS = 0.25
+
+
+@dataclass(frozen=True)
+class IsolationConfig:
+    """How an isolated engine runs and replaces its worker processes."""
+
+    standby: bool = True  # keep a booted spare worker: recovery waits on no process start
+    max_restarts: int = 5  # replacements allowed within restart_window_s ...
+    restart_window_s: float = 60.0  # ... before the engine is declared failed
+    start_timeout_s: float = 120.0  # one worker's boot (import, context, engine module)
+    max_attempts: int = 3  # workers one job may be sent to before it fails with DeviceFault
+    # A request the worker has not answered this long past its own deadline means
+    # the worker is stuck: it is killed and replaced.
+    unresponsive_s: float = 30.0
+    python: str = field(default_factory=lambda: sys.executable)
+
+    def __post_init__(self) -> None:
+        if self.max_restarts < 0 or self.restart_window_s <= 0 or self.start_timeout_s <= 0:
+            raise InvalidArgument("max_restarts >= 0, restart_window_s and start_timeout_s > 0")
+        if self.max_attempts < 1 or self.unresponsive_s <= 0:
+            raise InvalidArgument("max_attempts >= 1 and unresponsive_s > 0")
+
+
+@dataclass(eq=False)
+class _Request:
+    """One message on its way to (or through) a worker."""
+
+    rid: int
+    message: Message
+    future: asyncio.Future[Any] | None  # None: an internal replay nobody waits on
+    attempts: int = 0
+    alone: bool = False  # sent only when nothing else is in flight, and nothing with it
+    suspect: bool = False  # was in a worker that died
+    deadline: float = 0.0  # monotonic; past it the worker is declared stuck
+
+
+class IsolatedEngineActor(Actor):
+    """Owns a worker process running a persistent engine, and replaces it on faults."""
+
+    def __init__(
+        self,
+        ops: tuple[OpSpec, ...] = (),
+        config: EngineConfig | None = None,
+        isolation: IsolationConfig | None = None,
+        *,
+        device_id: int = 0,
+        full_policy: Literal["wait", "fail"] = "wait",
+    ) -> None:
+        self._engine_config = config or EngineConfig()
+        self._boot = BootSpec(tuple(ops), self._engine_config, device_id, full_policy)
+        self._isolation = isolation or IsolationConfig()
+        self._history: list[Message] = []  # successful stateful messages, in order
+        self._worker: WorkerProcess | None = None
+        self._standby: WorkerProcess | None = None
+        self._standby_task: asyncio.Task[None] | None = None
+        self._recovering: asyncio.Task[None] | None = None
+        self._watchdog: asyncio.Task[None] | None = None
+        self._state: WorkerState = "starting"
+        self._failure: str | None = None
+        self._generation = 1
+        self._queue: deque[_Request] = deque()
+        self._in_flight: dict[int, _Request] = {}
+        self._alone: int | None = None  # the request in flight that must run alone
+        self._suspects: list[_Request] = []
+        self._next_rid = 1
+        self._restarts: deque[float] = deque()
+        self._restart_count = 0
+        self._retried = 0
+        self._culprits = 0
+        self._died_at: float | None = None
+        self._last_recovery_s: float | None = None
+
+    # ---------------------------------------------------------------- lifecycle
+    async def pre_start(self) -> None:
+        worker = await self._spawn()
+        self._adopt(worker)
+        self._state = "serving"
+        self._watchdog = asyncio.get_running_loop().create_task(self._watch_deadlines())
+        self._refill_standby()
+        self.log.info("isolated engine started", pid=worker.pid, startup_s=worker.startup_s)
+
+    async def post_stop(self) -> None:
+        for task in (self._watchdog, self._standby_task, self._recovering):
+            if task is not None:
+                task.cancel()
+        for worker in (self._worker, self._standby):
+            if worker is not None:
+                worker.kill()
+        self._worker = self._standby = None
+        if self._state != "failed":
+            self._state = "stopped"
+        self._fail_waiting(EngineStopped("the isolated engine stopped"))
+
+    async def _spawn(self) -> WorkerProcess:
+        return await WorkerProcess.spawn(
+            self._boot,
+            python=self._isolation.python,
+            timeout=self._isolation.start_timeout_s,
+        )
+
+    def _adopt(self, worker: WorkerProcess) -> None:
+        self._worker = worker
+        worker.start_reading(
+            lambda frame: self._on_frame(worker, frame),
+            lambda reason: self._on_worker_lost(worker, reason),
+        )
+
+    def _refill_standby(self) -> None:
+        if not self._isolation.standby or self._standby is not None or self._standby_task:
+            return
+        if self._state in ("failed", "stopped"):
+            return
+
+        async def boot_standby() -> None:
+            try:
+                standby = await self._spawn()
+            except GpuActorsError as exc:
+                self.log.warning("standby worker did not start", error=str(exc))
+                return
+            finally:
+                self._standby_task = None
+            if self._state in ("failed", "stopped"):
+                standby.kill()
+                return
+            self._standby = standby
+            # A standby that dies while waiting is simply dropped (and replaced).
+            standby.start_reading(lambda _frame: None, lambda _r: self._drop_standby(standby))
+
+        self._standby_task = asyncio.get_running_loop().create_task(boot_standby())
+
+    def _drop_standby(self, standby: WorkerProcess) -> None:
+        if self._standby is standby:
+            self._standby = None
+            standby.kill()
+            self._refill_standby()
+
+    # ----------------------------------------------------------------- requests
+    @handles(Job)
+    def job(self, msg: Job) -> Deferred[JobResult]:
+        return self._submit(msg, remote=[a for a in msg.args if isinstance(a, RemoteArray)])
+
+    @handles(Upload)
+    def upload(self, msg: Upload) -> Deferred[RemoteArray]:
+        return self._submit(msg)
+
+    @handles(Download)
+    def download(self, msg: Download) -> Deferred[Downloaded]:
+        return self._submit(msg, remote=[msg.array])
+
+    @handles(Free)
+    def free(self, msg: Free) -> Deferred[Ack]:
+        return self._submit(msg, remote=[msg.array])
+
+    @handles(InstallOp)
+    def install_op(self, msg: InstallOp) -> Deferred[OpInstalled]:
+        return self._submit(msg)
+
+    @handles(PrepareOp)
+    def prepare_op(self, msg: PrepareOp) -> Deferred[Any]:
+        return self._submit(msg)
+
+    @handles(ReplaceOp)
+    def replace_op(self, msg: ReplaceOp) -> Deferred[OpInstalled]:
+        return self._submit(msg)
+
+    @handles(AliasOp)
+    def alias_op(self, msg: AliasOp) -> Deferred[Any]:
+        return self._submit(msg)
+
+    @handles(Rollback)
+    def rollback(self, msg: Rollback) -> Deferred[Any]:
+        return self._submit(msg)
+
+    @handles(Stats)
+    def stats(self, msg: Stats) -> Deferred[EngineStats]:
+        return self._submit(msg)
+
+    @handles(Health)
+    def health(self, _msg: Health) -> WorkerHealth:
+        return WorkerHealth(
+            state=self._state,
+            generation=self._generation,
+            pid=self._worker.pid if self._worker is not None else None,
+            standby_ready=self._standby is not None,
+            restarts=self._restart_count,
+            retried_jobs=self._retried,
+            culprits=self._culprits,
+            last_recovery_s=self._last_recovery_s,
+            failure=self._failure,
+        )
+
+    @handles(Drain)
+    def drain(self, _msg: Drain) -> Deferred[Drained]:
+        return Deferred(asyncio.ensure_future(self._drained()))
+
+    @handles(Shutdown)
+    def shutdown(self, msg: Shutdown) -> Deferred[ShutdownReport]:
+        return Deferred(asyncio.ensure_future(self._shut_down(msg.force)))
+
+    def _submit(self, msg: Message, remote: list[RemoteArray] | None = None) -> Deferred[Any]:
+        if self._state == "failed":
+            return failed_reply(DeviceFailed(f"the isolated engine failed: {self._failure}"))
+        if self._state == "stopped":
+            return failed_reply(EngineStopped("the isolated engine is shut down"))
+        for ref in remote or ():
+            if ref.generation != self._generation:
+                return failed_reply(
+                    GpuRefStale(f"remote array {ref.id}", ref.generation, self._generation)
+                )
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Request(self._new_rid(), msg, future))
+        self._pump()
+        return Deferred(future)
+
+    def _new_rid(self) -> int:
+        rid = self._next_rid
+        self._next_rid += 1
+        return rid
+
+    def _pump(self) -> None:
+        """Send queued requests to the worker, honouring requests that must run alone."""
+        worker = self._worker
+        if worker is None or self._state != "serving":
+            return
+        while self._queue and self._alone is None:
+            head = self._queue[0]
+            if head.alone and self._in_flight:
+                return
+            self._queue.popleft()
+            if head.future is not None and head.future.done():
+                continue  # the caller gave up (cancelled ask)
+            stale = _stale_remote(head.message, self._generation)
+            if stale is not None:
+                _settle(head, error=stale)
+                continue
+            head.attempts += 1
+            head.deadline = time.monotonic() + self._deadline_of(head.message)
+            self._in_flight[head.rid] = head
+            if head.alone:
+                self._alone = head.rid
+            worker.send(("req", head.rid, head.message))
+        if self._died_at is not None and not self._replaying():
+            self._last_recovery_s = time.perf_counter() - self._died_at
+            self._died_at = None
+            self.log.info("isolated engine recovered", seconds=self._last_recovery_s)
+
+    def _replaying(self) -> bool:
+        return any(r.future is None for r in (*self._queue, *self._in_flight.values()))
+
+    def _deadline_of(self, message: Message) -> float:
+        """How long the worker may take to answer ``message`` before it counts as stuck."""
+        timeout = getattr(message, "timeout", None) or self._engine_config.default_task_timeout_s
+        budget = (timeout or 0.0) + self._engine_config.hang_grace_ms / 1e3
+        if isinstance(message, InstallOp | ReplaceOp | PrepareOp):
+            budget += self._isolation.start_timeout_s  # a cold compile
+        return budget + self._isolation.unresponsive_s if timeout else float("inf")
+
+    # ------------------------------------------------------------------ replies
+    def _on_frame(self, worker: WorkerProcess, frame: Any) -> None:
+        if worker is not self._worker:
+            return
+        if frame[0] == "faulted":
+            self._on_worker_lost(worker, f"the worker's device faulted: {frame[1]}")
+            return
+        _, rid, ok, payload = frame
+        request = self._in_flight.pop(rid, None)
+        if request is None:
+            return
+        if self._alone == rid:
+            self._alone = None
+        if ok:
+            self._succeeded(request, payload)
+        else:
+            error = decode_error(payload)
+            if isinstance(error, TaskHung):
+                self._culprits += 1
+                _settle(request, error=error)
+            elif isinstance(error, DeviceFault | ActorStopped):
+                request.suspect = True  # its worker is going down: decided in _on_worker_lost
+                self._suspects.append(request)
+            else:
+                _settle(request, error=error)
+        self._pump()
+
+    def _succeeded(self, request: _Request, payload: Any) -> None:
+        message = request.message
+        if isinstance(message, _STATEFUL) and request.future is not None:
+            self._history.append(message)
+        if isinstance(message, Job):
+            completion, arrays = payload
+            assert isinstance(completion, Completion)
+            payload = JobResult(
+                completion=completion,
+                arrays=arrays,
+                generation=self._generation,
+                attempts=request.attempts,
+            )
+        elif isinstance(message, Upload):
+            array = message.array
+            payload = RemoteArray(
+                id=payload,
+                shape=tuple(array.shape),
+                dtype=array.dtype.str,
+                generation=self._generation,
+            )
+        elif isinstance(message, Download):
+            payload = Downloaded(array=payload)
+        _settle(request, result=payload)
+
+    # ----------------------------------------------------------------- recovery
+    def _on_worker_lost(self, worker: WorkerProcess, reason: str) -> None:
+        if worker is not self._worker:
+            return
+        self._worker = None
+        worker.kill()
+        self._died_at = time.perf_counter()
+        self._generation += 1
+        self.log.error("worker lost", pid=worker.pid, reason=reason, generation=self._generation)
+        self._triage(reason)
+        self._restarts.append(time.monotonic())
+        while (
+            self._restarts
+            and self._restarts[0] < time.monotonic() - self._isolation.restart_window_s
+        ):
+            self._restarts.popleft()
+        if len(self._restarts) > self._isolation.max_restarts:
+            self._fail(
+                f"{len(self._restarts)} worker replacements within "
+                f"{self._isolation.restart_window_s:g} s; the last: {reason}"
+            )
+            return
+        self._state = "recovering"
+        self._recovering = asyncio.get_running_loop().create_task(self._replace_worker())
+
+    def _triage(self, reason: str) -> None:
+        """Decide, for every request the dead worker held, whether to re-run or fail it."""
+        held = sorted([*self._suspects, *self._in_flight.values()], key=lambda r: r.rid)
+        self._suspects.clear()
+        self._in_flight.clear()
+        self._alone = None
+        held = [r for r in held if r.future is not None]  # replays are rebuilt from history
+        jobs = [r for r in held if isinstance(r.message, Job)]
+        retry: list[_Request] = []
+        for request in held:
+            isolated = request.alone and len(held) == 1
+            sole_job = len(jobs) == 1 and request is jobs[0] and not _hang_seen(reason)
+            if isinstance(request.message, Job) and (isolated or sole_job):
+                self._culprits += 1
+                _settle(
+                    request,
+                    error=DeviceFault(
+                        f"job {request.rid} (op {request.message.op!r}) faulted worker "
+                        f"generation {self._generation - 1}: {reason}"
+                    ),
+                )
+            elif request.attempts >= self._isolation.max_attempts:
+                _settle(
+                    request,
+                    error=DeviceFault(
+                        f"{type(request.message).__name__} was in {request.attempts} workers "
+                        f"that died; the last: {reason}"
+                    ),
+                )
+            else:
+                # Culprit unknown: run each alone on the next worker, so a second fault
+                # names it. A hang names its culprit (TaskHung): the rest are innocent.
+                request.alone = len(jobs) > 1 and not _hang_seen(reason)
+                request.suspect = False
+                retry.append(request)
+        self._retried += sum(isinstance(r.message, Job) for r in retry)
+        self._queue.extendleft(reversed(retry))
+
+    async def _replace_worker(self) -> None:
+        try:
+            worker, self._standby = self._standby, None
+            if worker is None:
+                worker = await self._spawn()
+        except GpuActorsError as exc:
+            self._recovering = None
+            self._fail(f"no replacement worker could start: {exc}")
+            return
+        self._recovering = None
+        if self._state != "recovering":
+            worker.kill()
+            return
+        self._restart_count += 1
+        self._adopt(worker)
+        replay = [_Request(self._new_rid(), m, None, alone=True) for m in self._history]
+        self._queue.extendleft(reversed(replay))
+        self._state = "serving"
+        self.log.info("worker replaced", pid=worker.pid, generation=self._generation)
+        self._refill_standby()
+        self._pump()
+
+    def _fail(self, reason: str) -> None:
+        self._state = "failed"
+        self._failure = reason
+        self.log.error("isolated engine failed", reason=reason)
+        if self._standby is not None:
+            self._standby.kill()
+            self._standby = None
+        self._fail_waiting(DeviceFailed(f"the isolated engine failed: {reason}"))
+
+    def _fail_waiting(self, error: GpuActorsError) -> None:
+        for request in [*self._queue, *self._in_flight.values(), *self._suspects]:
+            _settle(request, error=error)
+        self._queue.clear()
+        self._in_flight.clear()
+        self._suspects.clear()
+        self._alone = None
+
+    async def _watch_deadlines(self) -> None:
+        while True:
+            await asyncio.sleep(_WATCHDOG_SECONDS)
+            worker = self._worker
+            now = time.monotonic()
+            late = [r for r in self._in_flight.values() if r.deadline < now]
+            if worker is not None and late:
+                self._on_worker_lost(
+                    worker,
+                    f"the worker did not answer {type(late[0].message).__name__} "
+                    f"{self._isolation.unresponsive_s:g} s past its deadline (stuck)",
+                )
+
+    # ------------------------------------------------------- drain and shutdown
+    async def _drained(self) -> Drained:
+        waiting = [
+            r.future
+            for r in (*self._queue, *self._in_flight.values(), *self._suspects)
+            if r.future is not None and not r.future.done()
+        ]
+        await asyncio.gather(*waiting, return_exceptions=True)
+        stats = await self._ask_worker(Stats())
+        return Drained(processed=stats.processed if isinstance(stats, EngineStats) else 0)
+
+    async def _shut_down(self, force: bool) -> ShutdownReport:
+        cancelled = 0
+        if force:
+            for request in self._queue:
+                cancelled += request.future is not None and not request.future.done()
+                _settle(request, error=EngineStopped("the isolated engine was force-stopped"))
+            self._queue.clear()
+        await self._drained()
+        report = await self._ask_worker(Shutdown(force=force))
+        self._state = "stopped"
+        for worker in (self._worker, self._standby):
+            if worker is not None:
+                with contextlib.suppress(Exception):
+                    await worker.wait(timeout=10.0)
+                worker.kill()
+        self._worker = self._standby = None
+        if isinstance(report, ShutdownReport):
+            return ShutdownReport(
+                completed=report.completed, cancelled=report.cancelled + cancelled
+            )
+        return ShutdownReport(completed=0, cancelled=cancelled)
+
+    async def _ask_worker(self, message: Message) -> Any:
+        """Send one request through the queue and wait for it (errors are returned)."""
+        if self._state in ("failed", "stopped"):
+            return None
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Request(self._new_rid(), message, future))
+        self._pump()
+        try:
+            return await asyncio.wait_for(future, 60.0)
+        except (GpuActorsError, TimeoutError) as exc:
+            return exc
+
+
+def _stale_remote(message: Message, generation: int) -> GpuRefStale | None:
+    refs: list[RemoteArray] = []
+    if isinstance(message, Job):
+        refs = [a for a in message.args if isinstance(a, RemoteArray)]
+    elif isinstance(message, Download | Free):
+        refs = [message.array]
+    for ref in refs:
+        if ref.generation != generation:
+            return GpuRefStale(f"remote array {ref.id}", ref.generation, generation)
+    return None
+
+
+def _hang_seen(reason: str) -> bool:
+    return TaskHung.__name__ in reason
+
+
+def _settle(request: _Request, *, result: Any = None, error: BaseException | None = None) -> None:
+    future = request.future
+    if future is None or future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+class IsolatedEngine:
+    """A typed handle on an IsolatedEngineActor (an engine in a supervised process)."""
+
+    def __init__(self, ref: ActorRef) -> None:
+        self.ref = ref
+
+    @classmethod
+    async def start(
+        cls,
+        system: ActorSystem,
+        *,
+        ops: tuple[OpSpec, ...] | list[OpSpec] = (),
+        config: EngineConfig | None = None,
+        isolation: IsolationConfig | None = None,
+        name: str = "isolated-engine",
+        device_id: int = 0,
+    ) -> IsolatedEngine:
+        """Spawn the actor and wait until its first worker serves (raises why not, e.g.
+        ``NoCudaDevice`` where there is no GPU)."""
+        props = Props(
+            IsolatedEngineActor,
+            args=(tuple(ops), config, isolation),
+            kwargs={"device_id": device_id},
+        )
+        engine = cls(system.spawn(props, name=name))
+        try:
+            await engine.health()
+        except ActorStopped:
+            cause = (await system.watch(engine.ref)).cause
+            if cause is not None:
+                raise cause from None
+            raise
+        return engine
+
+    async def run(
+        self,
+        op: str,
+        *args: Any,
+        n: int,
+        blocks: int = 1,
+        timeout: float | None = None,
+        returns: tuple[int, ...] | None = None,
+    ) -> JobResult:
+        """Run one task; NumPy arrays go by value (see :class:`Job`)."""
+        job = Job(op=op, args=args, n=n, blocks=blocks, timeout=timeout, returns=returns)
+        reply: JobResult = await self.ref.ask(job)
+        return reply
+
+    async def upload(self, array: np.ndarray) -> RemoteArray:
+        reply: RemoteArray = await self.ref.ask(Upload(array=array))
+        return reply
+
+    async def download(self, array: RemoteArray) -> np.ndarray:
+        reply: Downloaded = await self.ref.ask(Download(array=array))
+        result: np.ndarray = reply.array
+        return result
+
+    async def free(self, array: RemoteArray) -> None:
+        await self.ref.ask(Free(array=array))
+
+    async def install(self, op: OpSpec, *, activate: bool = True) -> OpInstalled:
+        reply: OpInstalled = await self.ref.ask(InstallOp(op=op, activate=activate))
+        return reply
+
+    async def health(self) -> WorkerHealth:
+        reply: WorkerHealth = await self.ref.ask(Health(), timeout=30.0)
+        return reply
+
+    async def stats(self) -> EngineStats:
+        reply: EngineStats = await self.ref.ask(Stats(), timeout=60.0)
+        return reply
+
+    async def drain(self, timeout: float | None = None) -> Drained:
+        reply: Drained = await self.ref.ask(Drain(), timeout=timeout)
+        return reply
+
+    async def shutdown(
+        self, *, force: bool = False, timeout: float | None = 120.0
+    ) -> ShutdownReport:
+        reply: ShutdownReport = await self.ref.ask(Shutdown(force=force), timeout=timeout)
+        return reply

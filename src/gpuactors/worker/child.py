@@ -1,0 +1,213 @@
+"""The worker process of an isolated engine: ``python -m gpuactors.worker.child FD``.
+
+It owns the CUDA context, runs an ordinary :class:`~gpuactors.engine.Engine` and
+serves requests read from the socket ``FD``. When the engine faults or hangs the
+context is lost for good (a primary-context reset leaves CuPy unusable, see
+``benchmarks/probe_context_reset.py``), so the worker reports it and exits; its
+parent replaces it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from gpuactors.actors import ActorSystem
+from gpuactors.cuda import no_device_reason
+from gpuactors.engine import Engine, EngineConfig, Enqueue, OpSpec, Shutdown
+from gpuactors.errors import ActorStopped, DeviceFault, GpuRefStale, NoCudaDevice, TaskHung
+from gpuactors.logs import get_logger
+from gpuactors.messages import Ack, Message
+from gpuactors.worker.messages import Download, Free, Job, RemoteArray, Upload
+from gpuactors.worker.wire import encode_error, encode_frame, read_frame
+
+#: How long a faulted worker keeps serving replies before it reports and exits.
+_FAULT_FLUSH_SECONDS = 0.02
+EXIT_FAULTED = 70
+
+log = get_logger(component="worker")
+
+
+@dataclass(frozen=True)
+class BootSpec:
+    """What a worker needs to start its engine (sent as the first frame)."""
+
+    ops: tuple[OpSpec, ...] = ()
+    config: EngineConfig = field(default_factory=EngineConfig)
+    device_id: int = 0
+    full_policy: Literal["wait", "fail"] = "wait"
+
+
+class WorkerHost:
+    """The engine of one worker process and the remote arrays it holds."""
+
+    def __init__(self, engine: Engine, writer: asyncio.StreamWriter) -> None:
+        self.engine = engine
+        self._writer = writer
+        self._arrays: dict[int, Any] = {}
+        self._next_array = 1
+        self.fault: str | None = None
+        self.done = asyncio.Event()
+
+    def send(self, frame: object) -> None:
+        self._writer.write(encode_frame(frame))
+
+    async def serve(self, rid: int, message: Message) -> None:
+        try:
+            reply = await self._handle(message)
+        except Exception as exc:
+            if isinstance(exc, DeviceFault | TaskHung | ActorStopped):
+                self._faulted(f"{type(exc).__name__}: {exc}")
+            self.send(("rep", rid, False, encode_error(exc)))
+        else:
+            self.send(("rep", rid, True, reply))
+            if isinstance(message, Shutdown):
+                self.done.set()
+
+    async def _handle(self, message: Message) -> Any:
+        if self.fault is not None:
+            raise DeviceFault(f"this worker's device context faulted: {self.fault}")
+        if isinstance(message, Job):
+            return await self._run_job(message)
+        if isinstance(message, Upload):
+            array_id = self._next_array
+            self._next_array += 1
+            self._arrays[array_id] = _device_call(_to_device, message.array)
+            return array_id
+        if isinstance(message, Download):
+            return _device_call(_to_host, self._remote(message.array))
+        if isinstance(message, Free):
+            self._remote(message.array)
+            del self._arrays[message.array.id]
+            return Ack()
+        return await self.engine.ref.ask(message, timeout=None)
+
+    async def _run_job(self, job: Job) -> tuple[Any, tuple[Any, ...]]:
+        copies: dict[int, Any] = {}
+        args: list[Any] = []
+        for position, arg in enumerate(job.args):
+            if isinstance(arg, np.ndarray):
+                copies[position] = _device_call(_to_device, arg)
+                args.append(copies[position])
+            elif isinstance(arg, RemoteArray):
+                args.append(self._remote(arg))
+            else:
+                args.append(arg)
+        completion = await self.engine.ref.ask(
+            Enqueue(op=job.op, args=tuple(args), n=job.n, blocks=job.blocks, timeout=job.timeout),
+            timeout=None,  # the task's own deadline bounds it
+        )
+        returns = sorted(copies) if job.returns is None else job.returns
+        arrays: list[Any] = [None] * len(job.args)
+        for position in returns:
+            arrays[position] = _device_call(_to_host, copies[position])
+        return completion, tuple(arrays)
+
+    def _remote(self, ref: RemoteArray) -> Any:
+        array = self._arrays.get(ref.id)
+        if array is None:
+            raise GpuRefStale(f"remote array {ref.id} (freed or from another worker)", 0, 0)
+        return array
+
+    def _faulted(self, reason: str) -> None:
+        if self.fault is None:
+            self.fault = reason
+            log.error("worker faulted", reason=reason, pid=os.getpid())
+            asyncio.get_running_loop().call_later(_FAULT_FLUSH_SECONDS, self.done.set)
+
+
+def _to_device(array: np.ndarray) -> Any:
+    import cupy
+
+    return cupy.asarray(array)
+
+
+def _to_host(array: Any) -> np.ndarray:
+    import cupy
+
+    result: np.ndarray = cupy.asnumpy(array)
+    return result
+
+
+def _device_call(function: Any, value: Any) -> Any:
+    """A CUDA copy; a CUDA error here means the context is gone: a DeviceFault."""
+    import cupy
+
+    try:
+        return function(value)
+    except (cupy.cuda.runtime.CUDARuntimeError, cupy.cuda.driver.CUDADriverError) as exc:
+        raise DeviceFault(f"a copy between host and worker device failed: {exc}") from exc
+
+
+async def serve(fd: int) -> int:
+    """Boot the engine, serve requests until Shutdown, a fault or the parent leaving."""
+    sock = socket.socket(fileno=fd)
+    reader, writer = await asyncio.open_unix_connection(sock=sock)
+    kind, boot = await read_frame(reader)
+    assert kind == "boot", kind
+    started = time.perf_counter()
+    async with ActorSystem("worker") as system:
+        try:
+            reason = no_device_reason()
+            if reason is not None:
+                raise NoCudaDevice(f"the worker process has no CUDA device: {reason}")
+            engine = await Engine.start(
+                system,
+                ops=boot.ops,
+                config=boot.config,
+                device_id=boot.device_id,
+                full_policy=boot.full_policy,
+            )
+        except Exception as exc:  # e.g. NoCudaDevice: the parent raises it
+            writer.write(encode_frame(("boot_failed", encode_error(exc))))
+            await writer.drain()
+            return 1
+        host = WorkerHost(engine, writer)
+        host.send(("ready", {"pid": os.getpid(), "startup_s": time.perf_counter() - started}))
+        requests: set[asyncio.Task[None]] = set()
+        reading = asyncio.create_task(_read_requests(reader, host, requests))
+        await host.done.wait()
+        if host.fault is not None:
+            host.send(("faulted", host.fault))
+            await writer.drain()
+            _exit(EXIT_FAULTED)  # never wait on a poisoned context's teardown
+        await writer.drain()
+        reading.cancel()
+    return 0
+
+
+async def _read_requests(
+    reader: asyncio.StreamReader, host: WorkerHost, requests: set[asyncio.Task[None]]
+) -> None:
+    try:
+        while True:
+            kind, rid, message = await read_frame(reader)
+            assert kind == "req", kind
+            task = asyncio.create_task(host.serve(rid, message))
+            requests.add(task)
+            task.add_done_callback(requests.discard)
+    except (asyncio.IncompleteReadError, ConnectionError):
+        log.info("the parent closed the connection; the worker stops", pid=os.getpid())
+        host.done.set()
+
+
+def _exit(code: int) -> None:
+    """Leave now, skipping interpreter teardown (a faulted context may block it)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def main() -> None:
+    _exit(asyncio.run(serve(int(sys.argv[1]))))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""Messages an IsolatedEngineActor understands (beyond the engine's own), and replies.
+
+An isolated engine runs in a worker process, so device pointers of the caller's
+process mean nothing there. A :class:`Job` therefore carries its arrays *by
+value* (NumPy arrays, copied in and out) or *by reference* to a
+:class:`RemoteArray` that lives in the worker. By-value jobs can be re-run after
+the worker dies; remote arrays die with their worker (``GpuRefStale``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field, field_validator
+
+from gpuactors.engine.messages import MAX_TIMEOUT_S, Completion
+from gpuactors.errors import InvalidArgument
+from gpuactors.messages import Message, Reply
+
+
+class RemoteArray(Reply):
+    """A device array that lives in an isolated engine's worker process.
+
+    ``generation`` is the worker generation it was made in: after the worker is
+    replaced, using it raises ``GpuRefStale`` before anything is sent.
+    """
+
+    id: int
+    shape: tuple[int, ...]
+    dtype: str
+    generation: int
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+class Job(Message):
+    """Run op ``op`` once, like ``Enqueue``, with arrays by value or as RemoteArrays.
+
+    NumPy arrays in ``args`` are copied to the device before the task and copied
+    back after it; ``returns`` picks which of them come back (positions in
+    ``args``; default: every NumPy argument). RemoteArrays are used in place.
+    """
+
+    op: str
+    args: tuple[Any, ...] = ()
+    n: int = Field(ge=0, lt=2**62)
+    blocks: int = Field(default=1, ge=1)
+    timeout: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
+    returns: tuple[int, ...] | None = None
+
+    @field_validator("args")
+    @classmethod
+    def _host_values_only(cls, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        for position, arg in enumerate(args):
+            if isinstance(arg, np.ndarray | RemoteArray) or np.isscalar(arg):
+                continue
+            if hasattr(arg, "__cuda_array_interface__") or hasattr(arg, "__dlpack__"):
+                raise InvalidArgument(
+                    f"argument {position} is a device array of this process: an isolated "
+                    "engine takes NumPy arrays (by value) or RemoteArray (see Upload)"
+                )
+            raise InvalidArgument(
+                f"argument {position} is a {type(arg).__name__}: expected a NumPy array, "
+                "a RemoteArray or a scalar"
+            )
+        return args
+
+    def model_post_init(self, _context: Any) -> None:
+        arrays = {i for i, arg in enumerate(self.args) if isinstance(arg, np.ndarray)}
+        if self.returns is not None and not set(self.returns) <= arrays:
+            raise InvalidArgument(
+                f"returns {self.returns} must name NumPy arguments (positions {sorted(arrays)})"
+            )
+
+
+class JobResult(Reply):
+    """A job finished on the GPU: its completion and the arrays it sent back."""
+
+    completion: Completion
+    #: One entry per argument: the array after the task for returned positions, else None.
+    arrays: tuple[Any, ...]
+    #: Worker generation that ran it, and how many workers it was sent to.
+    generation: int
+    attempts: int
+
+
+class Upload(Message):
+    """Copy a NumPy array into the worker; the reply is its :class:`RemoteArray`."""
+
+    array: Any
+
+    @field_validator("array")
+    @classmethod
+    def _numpy(cls, array: Any) -> Any:
+        if not isinstance(array, np.ndarray):
+            raise InvalidArgument(f"Upload takes a NumPy array, not {type(array).__name__}")
+        return array
+
+
+class Download(Message):
+    """Copy a RemoteArray back; the reply is a :class:`Downloaded`."""
+
+    array: RemoteArray
+
+
+class Downloaded(Reply):
+    array: Any
+
+
+class Free(Message):
+    """Release a RemoteArray's device memory in the worker."""
+
+    array: RemoteArray
+
+
+class Health(Message):
+    """Ask an isolated engine how its worker is doing."""
+
+
+WorkerState = Literal["starting", "serving", "recovering", "failed", "stopped"]
+
+
+class WorkerHealth(Reply):
+    state: WorkerState
+    generation: int  # 1 for the first worker; +1 per replacement
+    pid: int | None
+    standby_ready: bool
+    restarts: int
+    retried_jobs: int  # jobs re-run on a new worker after one died under them
+    culprits: int  # jobs found to fault or hang a worker (their callers got the error)
+    last_recovery_s: float | None  # worker death -> the next worker accepting jobs
+    failure: str | None = None  # why the engine stopped serving (state "failed")

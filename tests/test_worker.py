@@ -1,0 +1,102 @@
+"""Isolated engines without a GPU: the wire protocol, message checks and worker boot errors."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from gpuactors.actors import ActorSystem
+from gpuactors.cuda import no_device_reason
+from gpuactors.errors import (
+    CompileError,
+    GpuRefStale,
+    InvalidArgument,
+    NoCudaDevice,
+    TaskFailed,
+    TaskHung,
+    WorkerError,
+)
+from gpuactors.worker import IsolatedEngine, IsolationConfig, Job, RemoteArray, Upload
+from gpuactors.worker.wire import decode_error, encode_error, encode_frame, read_frame
+
+
+async def test_frames_round_trip_through_a_stream() -> None:
+    reader = asyncio.StreamReader()
+    sent = [("req", 1, Job(op="fill", args=(np.arange(4.0), 2.5), n=4)), ("faulted", "x" * 70000)]
+    for frame in sent:
+        reader.feed_data(encode_frame(frame))
+    reader.feed_eof()
+    first = await read_frame(reader)
+    assert first[:2] == ("req", 1)
+    assert first[2].op == "fill"
+    np.testing.assert_array_equal(first[2].args[0], np.arange(4.0))
+    assert await read_frame(reader) == sent[1]
+    with pytest.raises(asyncio.IncompleteReadError):
+        await read_frame(reader)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        TaskFailed("axpy", 17, 3),
+        GpuRefStale("remote array 4", 1, 2),
+        CompileError("bad op", log="error: x", source_name="op.cu", failing_lines=["1: x"]),
+        TaskHung("task 9 of op 'spin' is still running"),
+    ],
+)
+def test_errors_keep_their_class_text_and_details(error: Exception) -> None:
+    rebuilt = decode_error(encode_error(error))
+    assert type(rebuilt) is type(error)
+    assert str(rebuilt) == str(error)
+    assert vars(rebuilt) == vars(error)
+
+
+def test_foreign_errors_arrive_as_worker_error() -> None:
+    error = RuntimeError("cudaErrorIllegalAddress")
+    error.unpicklable = lambda: None  # type: ignore[attr-defined]
+    rebuilt = decode_error(encode_error(error))
+    assert isinstance(rebuilt, WorkerError)
+    assert "RuntimeError" in str(rebuilt) and "cudaErrorIllegalAddress" in str(rebuilt)
+
+
+class _FakeDeviceArray:
+    __cuda_array_interface__ = {"shape": (4,), "typestr": "<f4", "data": (0, False)}
+
+
+def test_jobs_take_host_values_only() -> None:
+    remote = RemoteArray(id=1, shape=(4,), dtype="<f4", generation=1)
+    Job(op="axpy", args=(np.zeros(4, np.float32), remote, 2.0, np.float32(1)), n=4)
+    with pytest.raises(InvalidArgument, match="device array of this process"):
+        Job(op="fill", args=(_FakeDeviceArray(), 1.0), n=4)
+    with pytest.raises(InvalidArgument, match="list"):
+        Job(op="fill", args=([1.0, 2.0], 1.0), n=2)
+    with pytest.raises(InvalidArgument, match="returns"):
+        Job(op="fill", args=(np.zeros(4), 1.0), n=4, returns=(1,))
+    with pytest.raises(InvalidArgument):
+        Job(op="fill", args=(np.zeros(4), 1.0), n=-1)
+    with pytest.raises(InvalidArgument, match="NumPy"):
+        Upload(array=[1, 2, 3])
+    assert remote.nbytes == 16
+
+
+def test_isolation_config_is_checked() -> None:
+    with pytest.raises(InvalidArgument):
+        IsolationConfig(max_attempts=0)
+    with pytest.raises(InvalidArgument):
+        IsolationConfig(restart_window_s=0)
+
+
+@pytest.mark.skipif(no_device_reason() is None, reason="a CUDA device is present")
+async def test_start_without_a_gpu_raises_no_cuda_device_from_the_worker() -> None:
+    async with ActorSystem("iso") as system:
+        with pytest.raises(NoCudaDevice, match="worker process"):
+            await IsolatedEngine.start(system, isolation=IsolationConfig(standby=False))
+
+
+async def test_a_worker_that_cannot_boot_is_a_worker_error() -> None:
+    isolation = IsolationConfig(python="/bin/false", start_timeout_s=20.0)
+    async with ActorSystem("iso") as system:
+        with pytest.raises(WorkerError, match="exited"):
+            await IsolatedEngine.start(system, isolation=isolation)

@@ -1,0 +1,170 @@
+"""Isolated engines on a real GPU: results, and recovery from faults and hangs.
+
+The engine runs in worker processes; this process never touches their contexts,
+so a fault poisons only the worker, which is replaced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from gpu_scripts.fault_ops import BAD, SPIN
+from gpuactors.actors import ActorSystem
+from gpuactors.cuda import no_device_reason
+from gpuactors.engine import ArrayParam, EngineConfig, OpSpec, ScalarParam
+from gpuactors.errors import (
+    DeviceFailed,
+    DeviceFault,
+    GpuRefStale,
+    TaskHung,
+    UnknownOp,
+)
+from gpuactors.worker import IsolatedEngine, IsolationConfig, JobResult
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(no_device_reason() is not None, reason=str(no_device_reason())),
+]
+
+SCALE = OpSpec(
+    name="scale",
+    params=(
+        ArrayParam(name="y", dtype="float32", direction="out"),
+        ArrayParam(name="x", dtype="float32"),
+        ScalarParam(name="k", dtype="float32"),
+    ),
+    body="GPA_FOR_EACH(i) { y[i] = k * x[i]; }\nreturn 0;",
+)
+
+
+async def _standby_ready(engine: IsolatedEngine, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not (await engine.health()).standby_ready:
+        assert time.monotonic() < deadline, "the standby worker never came up"
+        await asyncio.sleep(0.05)
+
+
+async def _axpy_jobs(
+    engine: IsolatedEngine, count: int, rng: np.random.Generator
+) -> tuple[list[np.ndarray], list[asyncio.Task[JobResult]]]:
+    expected, tasks = [], []
+    for _ in range(count):
+        x = rng.standard_normal(256).astype(np.float32)
+        y = rng.standard_normal(256).astype(np.float32)
+        a = np.float32(rng.standard_normal())
+        expected.append(a * x + y)
+        tasks.append(asyncio.create_task(engine.run("axpy", y, x, a, n=256, returns=(0,))))
+        await asyncio.sleep(0)
+    return expected, tasks
+
+
+def _check(expected: list[np.ndarray], results: list[JobResult | BaseException]) -> None:
+    for want, got in zip(expected, results, strict=True):
+        assert isinstance(got, JobResult), got
+        np.testing.assert_allclose(got.arrays[0], want, rtol=1e-6, atol=1e-6)
+
+
+async def test_jobs_by_value_and_remote_arrays_match_numpy() -> None:
+    rng = np.random.default_rng()
+    async with ActorSystem("iso") as system:
+        engine = await IsolatedEngine.start(
+            system, ops=[SCALE], isolation=IsolationConfig(standby=False)
+        )
+        x = rng.standard_normal(1000).astype(np.float32)
+        poison = np.full(1000, np.nan, dtype=np.float32)
+        result = await engine.run("scale", poison, x, 3.0, n=1000)
+        np.testing.assert_allclose(result.arrays[0], 3.0 * x, rtol=1e-6)
+        np.testing.assert_array_equal(result.arrays[1], x)  # inputs come back unless excluded
+        assert result.completion.op == "scale" and result.generation == 1
+        assert result.attempts == 1
+
+        remote_x = await engine.upload(x)
+        remote_y = await engine.upload(poison)
+        await engine.run("scale", remote_y, remote_x, -2.0, n=1000)
+        np.testing.assert_allclose(await engine.download(remote_y), -2.0 * x, rtol=1e-6)
+        await engine.free(remote_y)
+        with pytest.raises(GpuRefStale):
+            await engine.download(remote_y)
+        with pytest.raises(UnknownOp):
+            await engine.run("no_such_op", poison, n=4)
+
+        expected, tasks = await _axpy_jobs(engine, 500, rng)
+        _check(expected, await asyncio.gather(*tasks, return_exceptions=True))
+        stats = await engine.stats()
+        assert stats.processed >= 502
+        report = await engine.shutdown()
+        assert report.cancelled == 0
+        assert (await engine.health()).state == "stopped"
+
+
+async def test_a_fault_fails_only_its_job_and_the_service_comes_back() -> None:
+    rng = np.random.default_rng()
+    async with ActorSystem("iso") as system:
+        engine = await IsolatedEngine.start(system, ops=[BAD])
+        await engine.install(SCALE)  # installed ops are replayed on the next worker
+        before = await engine.upload(np.ones(16, np.float32))
+        await _standby_ready(engine)
+        first_pid = (await engine.health()).pid
+
+        expected, tasks = await _axpy_jobs(engine, 150, rng)
+        started = time.perf_counter()
+        bad = asyncio.create_task(engine.run("bad_write", np.zeros(4, np.float32), n=4))
+        more_expected, more_tasks = await _axpy_jobs(engine, 150, rng)
+        with pytest.raises(DeviceFault, match="bad_write"):
+            await bad
+        results = await asyncio.gather(*tasks, *more_tasks, return_exceptions=True)
+        recovered_after = time.perf_counter() - started
+        _check(expected + more_expected, results)  # nothing accepted was lost
+
+        health = await engine.health()
+        assert health.state == "serving" and health.pid != first_pid
+        assert health.restarts >= 1 and health.culprits == 1
+        assert health.last_recovery_s is not None and health.last_recovery_s < 2.0
+        assert recovered_after < 10.0
+        with pytest.raises(GpuRefStale):
+            await engine.run("scale", before, np.ones(16, np.float32), 1.0, n=16)
+        x = rng.standard_normal(64).astype(np.float32)
+        again = await engine.run("scale", np.zeros(64, np.float32), x, 0.5, n=64)
+        np.testing.assert_allclose(again.arrays[0], 0.5 * x, rtol=1e-6)
+        assert again.generation == health.generation
+        await engine.shutdown()
+
+
+async def test_a_hung_op_times_out_and_the_service_comes_back() -> None:
+    rng = np.random.default_rng()
+    config = EngineConfig(hang_grace_ms=300.0)
+    async with ActorSystem("iso") as system:
+        engine = await IsolatedEngine.start(system, ops=[SPIN], config=config)
+        await _standby_ready(engine)
+        hung = asyncio.create_task(
+            engine.run("spin_forever", np.zeros(4, np.float32), n=4, timeout=0.05)
+        )
+        await asyncio.sleep(0.01)
+        expected, tasks = await _axpy_jobs(engine, 100, rng)
+        started = time.perf_counter()
+        with pytest.raises(TaskHung, match="spin_forever"):
+            await hung
+        _check(expected, await asyncio.gather(*tasks, return_exceptions=True))
+        assert time.perf_counter() - started < 5.0
+        health = await engine.health()
+        assert health.state == "serving" and health.restarts == 1 and health.culprits == 1
+        await engine.shutdown()
+
+
+async def test_an_exhausted_restart_budget_fails_fast() -> None:
+    isolation = IsolationConfig(max_restarts=1, standby=False)
+    async with ActorSystem("iso") as system:
+        engine = await IsolatedEngine.start(system, ops=[BAD], isolation=isolation)
+        for _ in range(2):
+            with pytest.raises(DeviceFault):
+                await engine.run("bad_write", np.zeros(4, np.float32), n=4)
+        started = time.perf_counter()
+        with pytest.raises(DeviceFailed, match="replacements"):
+            await engine.run("fill", np.zeros(4, np.float32), 1.0, n=4)
+        assert time.perf_counter() - started < 0.5
+        health = await engine.health()
+        assert health.state == "failed" and health.pid is None
