@@ -154,6 +154,7 @@ class IsolatedEngineActor(Actor):
         self._retried = 0
         self._culprits = 0
         self._died_at: float | None = None
+        self._closing = False  # Shutdown sent: the worker's exit is expected
         self._last_recovery_s: float | None = None
 
     # ---------------------------------------------------------------- lifecycle
@@ -397,6 +398,9 @@ class IsolatedEngineActor(Actor):
     def _on_worker_lost(self, worker: WorkerProcess, reason: str) -> None:
         if worker is not self._worker:
             return
+        if self._closing:  # a worker leaving after Shutdown is not a fault
+            self._worker = None
+            return
         self._worker = None
         worker.kill()
         self._died_at = time.perf_counter()
@@ -527,6 +531,7 @@ class IsolatedEngineActor(Actor):
                 _settle(request, error=EngineStopped("the isolated engine was force-stopped"))
             self._queue.clear()
         await self._drained()
+        self._closing = True
         report = await self._ask_worker(Shutdown(force=force))
         self._state = "stopped"
         for worker in (self._worker, self._standby):

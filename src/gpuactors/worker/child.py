@@ -1,4 +1,4 @@
-"""The worker process of an isolated engine: ``python -m gpuactors.worker.child FD``.
+"""The worker process of an isolated engine: ``python -m gpuactors.worker FD``.
 
 It owns the CUDA context, runs an ordinary :class:`~gpuactors.engine.Engine` and
 serves requests read from the socket ``FD``. When the engine faults or hangs the
@@ -207,7 +207,3 @@ def _exit(code: int) -> None:
 
 def main() -> None:
     _exit(asyncio.run(serve(int(sys.argv[1]))))
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """One worker process seen from its parent: spawn, boot, send, receive, kill.
 
-The child is ``python -m gpuactors.worker.child FD`` with one end of a private
+The child is ``python -m gpuactors.worker FD`` with one end of a private
 socketpair. Writes go through asyncio's buffered transport, so neither side can
 block the other by not reading.
 """
@@ -45,6 +45,8 @@ class WorkerProcess:
         self._reader = reader
         self._writer = writer
         self._reading: asyncio.Task[None] | None = None
+        self._on_frame: Callable[[Any], None] = lambda _frame: None
+        self._on_closed: Callable[[str], None] = lambda _reason: None
         self.closed = False
 
     @classmethod
@@ -58,7 +60,7 @@ class WorkerProcess:
             process = await asyncio.create_subprocess_exec(
                 python or sys.executable,
                 "-m",
-                "gpuactors.worker.child",
+                "gpuactors.worker",
                 str(theirs.fileno()),
                 pass_fds=(theirs.fileno(),),
                 env=env,
@@ -87,20 +89,26 @@ class WorkerProcess:
     def start_reading(
         self, on_frame: Callable[[Any], None], on_closed: Callable[[str], None]
     ) -> None:
-        """Deliver every frame to ``on_frame``; call ``on_closed`` once when the stream ends."""
+        """Deliver every frame to ``on_frame``, and ``on_closed`` once when the stream ends.
 
-        async def read() -> None:
-            try:
-                while True:
-                    on_frame(await read_frame(self._reader))
-            except (asyncio.IncompleteReadError, ConnectionError):
-                reason = "the worker process exited"
-            except Exception as exc:  # a broken frame: treat the worker as lost
-                reason = f"the worker connection broke: {type(exc).__name__}: {exc}"
-            if not self.closed:
-                on_closed(reason)
+        Called again (a standby becoming the worker), it only swaps the two callbacks.
+        """
+        self._on_frame, self._on_closed = on_frame, on_closed
+        if self._reading is None:
+            self._reading = asyncio.get_running_loop().create_task(
+                self._read(), name=f"worker-{self.pid}"
+            )
 
-        self._reading = asyncio.get_running_loop().create_task(read(), name=f"worker-{self.pid}")
+    async def _read(self) -> None:
+        try:
+            while True:
+                self._on_frame(await read_frame(self._reader))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            reason = "the worker process exited"
+        except Exception as exc:  # a broken frame: treat the worker as lost
+            reason = f"the worker connection broke: {type(exc).__name__}: {exc}"
+        if not self.closed:
+            self._on_closed(reason)
 
     def send(self, frame: object) -> None:
         if self.closed:
