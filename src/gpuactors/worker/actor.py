@@ -99,6 +99,8 @@ class IsolationConfig:
     # the worker is stuck: it is killed and replaced.
     unresponsive_s: float = 30.0
     python: str = field(default_factory=lambda: sys.executable)
+    # The module run as ``python -m MODULE FD``; the supervision tests swap in a CPU stand-in.
+    worker_module: str = "gpuactors.worker"
 
     def __post_init__(self) -> None:
         if self.max_restarts < 0 or self.restart_window_s <= 0 or self.start_timeout_s <= 0:
@@ -155,6 +157,7 @@ class IsolatedEngineActor(Actor):
         self._culprits = 0
         self._died_at: float | None = None
         self._closing = False  # Shutdown sent: the worker's exit is expected
+        self._doomed = False  # the worker reported its context lost: send it nothing more
         self._last_recovery_s: float | None = None
 
     # ---------------------------------------------------------------- lifecycle
@@ -182,11 +185,13 @@ class IsolatedEngineActor(Actor):
         return await WorkerProcess.spawn(
             self._boot,
             python=self._isolation.python,
+            module=self._isolation.worker_module,
             timeout=self._isolation.start_timeout_s,
         )
 
     def _adopt(self, worker: WorkerProcess) -> None:
         self._worker = worker
+        self._doomed = False
         worker.start_reading(
             lambda frame: self._on_frame(worker, frame),
             lambda reason: self._on_worker_lost(worker, reason),
@@ -307,7 +312,7 @@ class IsolatedEngineActor(Actor):
     def _pump(self) -> None:
         """Send queued requests to the worker, honouring requests that must run alone."""
         worker = self._worker
-        if worker is None or self._state != "serving":
+        if worker is None or self._state != "serving" or self._doomed:
             return
         while self._queue and self._alone is None:
             head = self._queue[0]
@@ -359,12 +364,15 @@ class IsolatedEngineActor(Actor):
             self._succeeded(request, payload)
         else:
             error = decode_error(payload)
-            if isinstance(error, TaskHung):
+            if isinstance(error, TaskHung):  # the culprit; the worker is going down
                 self._culprits += 1
+                self._doomed = True
                 _settle(request, error=error)
             elif isinstance(error, DeviceFault | ActorStopped):
-                request.suspect = True  # its worker is going down: decided in _on_worker_lost
+                # Its worker is going down: decided in _on_worker_lost. Send it nothing more.
+                request.suspect = True
                 self._suspects.append(request)
+                self._doomed = True
             else:
                 _settle(request, error=error)
         self._pump()
@@ -534,11 +542,13 @@ class IsolatedEngineActor(Actor):
         self._closing = True
         report = await self._ask_worker(Shutdown(force=force))
         self._state = "stopped"
-        for worker in (self._worker, self._standby):
-            if worker is not None:
-                with contextlib.suppress(Exception):
-                    await worker.wait(timeout=10.0)
-                worker.kill()
+        if self._standby is not None:
+            self._standby.kill()  # idle: nothing to finish
+        worker = self._worker
+        if worker is not None:
+            with contextlib.suppress(Exception):
+                await worker.wait(timeout=10.0)
+            worker.kill()
         self._worker = self._standby = None
         if isinstance(report, ShutdownReport):
             return ShutdownReport(

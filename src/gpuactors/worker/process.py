@@ -50,7 +50,9 @@ class WorkerProcess:
         self.closed = False
 
     @classmethod
-    async def spawn(cls, boot: BootSpec, *, python: str, timeout: float) -> WorkerProcess:
+    async def spawn(
+        cls, boot: BootSpec, *, python: str, module: str, timeout: float
+    ) -> WorkerProcess:
         """Start a worker and wait until its engine is up (or raise why it is not)."""
         started = time.perf_counter()
         ours, theirs = socket.socketpair()
@@ -60,7 +62,7 @@ class WorkerProcess:
             process = await asyncio.create_subprocess_exec(
                 python or sys.executable,
                 "-m",
-                "gpuactors.worker",
+                module,
                 str(theirs.fileno()),
                 pass_fds=(theirs.fileno(),),
                 env=env,
@@ -102,7 +104,8 @@ class WorkerProcess:
     async def _read(self) -> None:
         try:
             while True:
-                self._on_frame(await read_frame(self._reader))
+                frame = await read_frame(self._reader)
+                self._on_frame(frame)  # looked up per frame: a promoted standby swaps it
         except (asyncio.IncompleteReadError, ConnectionError):
             reason = "the worker process exited"
         except Exception as exc:  # a broken frame: treat the worker as lost

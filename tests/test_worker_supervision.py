@@ -1,0 +1,166 @@
+"""IsolatedEngineActor's supervision logic, driven by a CPU stand-in worker process.
+
+``cpu_worker.py`` speaks the real protocol and fails on cue (fault, hang, crash,
+stall), so triage, re-runs, standby promotion, replay and restart budgets are
+tested here without a GPU. ``test_worker_gpu.py`` runs the same cases for real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpuactors.actors import ActorSystem
+from gpuactors.engine import ArrayParam, EngineConfig, OpSpec
+from gpuactors.errors import DeviceFailed, DeviceFault, GpuRefStale, TaskHung, UnknownOp
+from gpuactors.worker import IsolatedEngine, IsolationConfig, JobResult
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _cpu_worker_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    tests = str(Path(__file__).parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]))
+
+
+def cpu_isolation(**changes: object) -> IsolationConfig:
+    return IsolationConfig(worker_module="cpu_worker", start_timeout_s=30.0, **changes)  # type: ignore[arg-type]
+
+
+async def standby_ready(engine: IsolatedEngine) -> None:
+    deadline = time.monotonic() + 30
+    while not (await engine.health()).standby_ready:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.01)
+
+
+async def axpy_jobs(
+    engine: IsolatedEngine, count: int
+) -> tuple[list[np.ndarray], list[asyncio.Task[JobResult]]]:
+    rng = np.random.default_rng()
+    expected, tasks = [], []
+    for _ in range(count):
+        x = rng.standard_normal(8).astype(np.float32)
+        y = rng.standard_normal(8).astype(np.float32)
+        expected.append(np.float32(2.0) * x + y)
+        tasks.append(asyncio.create_task(engine.run("axpy", y, x, 2.0, n=8, returns=(0,))))
+    await asyncio.sleep(0)
+    return expected, tasks
+
+
+async def all_correct(expected: list[np.ndarray], tasks: list[asyncio.Task[JobResult]]) -> None:
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    for want, got in zip(expected, results, strict=True):
+        assert isinstance(got, JobResult), got
+        np.testing.assert_allclose(got.arrays[0], want, rtol=1e-6)
+
+
+async def test_results_and_a_clean_shutdown() -> None:
+    async with ActorSystem("sup") as system:
+        engine = await IsolatedEngine.start(system, isolation=cpu_isolation())
+        expected, tasks = await axpy_jobs(engine, 50)
+        await all_correct(expected, tasks)
+        with pytest.raises(UnknownOp):
+            await engine.run("nope", np.zeros(2, np.float32), n=2)
+        await engine.shutdown()
+        await asyncio.sleep(0.2)  # the worker's exit must not look like a fault
+        health = await engine.health()
+        assert health.state == "stopped" and health.restarts == 0
+
+
+@pytest.mark.parametrize("standby", [True, False])
+async def test_a_fault_fails_only_the_culprit(standby: bool) -> None:
+    bad = OpSpec(name="bad_write", params=(ArrayParam(name="out", dtype="float32"),), body="")
+    async with ActorSystem("sup") as system:
+        engine = await IsolatedEngine.start(
+            system, ops=[bad], isolation=cpu_isolation(standby=standby)
+        )
+        if standby:
+            await standby_ready(engine)
+        remote = await engine.upload(np.ones(4, np.float32))
+        before, tasks_before = await axpy_jobs(engine, 40)
+        culprit = asyncio.create_task(engine.run("bad_write", np.zeros(4, np.float32), n=4))
+        after, tasks_after = await axpy_jobs(engine, 40)
+        with pytest.raises(DeviceFault, match="bad_write"):
+            await culprit
+        await all_correct(before + after, tasks_before + tasks_after)
+        health = await engine.health()
+        # The culprit is found by re-running suspects alone: it faults a second worker.
+        assert health.culprits == 1 and health.restarts == 2 and health.generation == 3
+        assert health.state == "serving" and health.last_recovery_s is not None
+        with pytest.raises(GpuRefStale):
+            await engine.download(remote)
+        await engine.shutdown()
+
+
+async def test_a_sole_job_that_crashes_its_worker_is_the_culprit() -> None:
+    async with ActorSystem("sup") as system:
+        engine = await IsolatedEngine.start(system, isolation=cpu_isolation())
+        with pytest.raises(DeviceFault, match="crash"):
+            await engine.run("crash", np.zeros(4, np.float32), n=4)
+        expected, tasks = await axpy_jobs(engine, 10)
+        await all_correct(expected, tasks)
+        assert (await engine.health()).restarts == 1
+
+
+async def test_a_hang_names_its_culprit_and_the_rest_run_again() -> None:
+    spin = OpSpec(name="spin_forever", params=(ArrayParam(name="out", dtype="float32"),), body="")
+    async with ActorSystem("sup") as system:
+        engine = await IsolatedEngine.start(
+            system, ops=[spin], isolation=cpu_isolation(), config=EngineConfig(hang_grace_ms=300)
+        )
+        await standby_ready(engine)
+        hung = asyncio.create_task(
+            engine.run("spin_forever", np.zeros(4, np.float32), n=4, timeout=0.05)
+        )
+        await asyncio.sleep(0.01)
+        expected, tasks = await axpy_jobs(engine, 30)
+        with pytest.raises(TaskHung):
+            await hung
+        await all_correct(expected, tasks)
+        health = await engine.health()
+        while health.restarts == 0:  # the worker reports its hang just after the TaskHung
+            await asyncio.sleep(0.01)
+            health = await engine.health()
+        assert health.restarts == 1 and health.culprits == 1
+
+
+async def test_installed_ops_are_replayed_on_the_next_worker() -> None:
+    extra = OpSpec(name="extra", params=(ArrayParam(name="out", dtype="float32"),), body="")
+    async with ActorSystem("sup") as system:
+        engine = await IsolatedEngine.start(system, isolation=cpu_isolation())
+        await engine.install(extra)
+        with pytest.raises(DeviceFault):
+            await engine.run("crash", np.zeros(4, np.float32), n=4)
+        assert "extra" in (await engine.stats()).ops
+
+
+async def test_a_stalled_worker_is_replaced_by_the_watchdog() -> None:
+    async with ActorSystem("sup") as system:
+        engine = await IsolatedEngine.start(system, isolation=cpu_isolation(unresponsive_s=0.2))
+        started = time.perf_counter()
+        with pytest.raises(DeviceFault, match="did not answer"):
+            await engine.run("stall", np.zeros(4, np.float32), n=4, timeout=0.1)
+        assert time.perf_counter() - started < 5
+        expected, tasks = await axpy_jobs(engine, 5)
+        await all_correct(expected, tasks)
+
+
+async def test_an_exhausted_restart_budget_fails_every_request_at_once() -> None:
+    async with ActorSystem("sup") as system:
+        engine = await IsolatedEngine.start(
+            system, isolation=cpu_isolation(max_restarts=1, standby=False)
+        )
+        for _ in range(2):
+            with pytest.raises(DeviceFault):
+                await engine.run("crash", np.zeros(4, np.float32), n=4)
+        with pytest.raises(DeviceFailed, match="replacements"):
+            await engine.run("fill", np.zeros(4, np.float32), 1.0, n=4)
+        health = await engine.health()
+        assert health.state == "failed" and health.pid is None
