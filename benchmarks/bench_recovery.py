@@ -10,7 +10,7 @@ fault costs the worker, not the caller's process. Sections:
   2. fault: ``--jobs`` by-value jobs in flight around one job that writes to an
      illegal address. Prints the time from the fault reaching its caller to the
      first new job served, the worker's own recovery time, and how many of the
-     good jobs were lost or wrong (target: 0) -- with a warm standby and without.
+     good jobs were lost or wrong (target: 0) -- with 0, 1 or 2 booted spare workers.
   3. hang: the same around an op that never returns (deadline 50 ms, grace 300 ms).
   4. cost: p50/p99 round trip of one 1024-float job (RemoteArray and by value)
      against a CuPy launch + synchronize in this process.
@@ -46,9 +46,9 @@ def verdict(met: bool) -> str:
     return "MET" if met else "NOT MET"
 
 
-async def standby_ready(engine: IsolatedEngine, timeout: float = 120.0) -> None:
+async def standbys_ready(engine: IsolatedEngine, count: int, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
-    while not (await engine.health()).standby_ready:
+    while (await engine.health()).standbys < count:
         if time.monotonic() > deadline:
             raise SystemExit("the standby worker never came up")
         await asyncio.sleep(0.02)
@@ -78,18 +78,17 @@ def count_lost(expected: list[np.ndarray], results: list[object]) -> int:
     return len(wrong)
 
 
-async def breakdown(kind: str, jobs: int, standby: bool) -> None:
+async def breakdown(kind: str, jobs: int, standbys: int) -> None:
     """One fault (or hang) with ``jobs`` good jobs around it; prints one result line."""
     rng = np.random.default_rng(7)
     config = EngineConfig(hang_grace_ms=300.0)
-    isolation = IsolationConfig(standby=standby)
+    isolation = IsolationConfig(standbys=standbys)
     async with ActorSystem("bench-recovery") as system:
         engine = await IsolatedEngine.start(
             system, ops=[BAD, SPIN], config=config, isolation=isolation
         )
         await engine.run("fill", np.zeros(N, np.float32), 1.0, n=N)
-        if standby:
-            await standby_ready(engine)
+        await standbys_ready(engine, standbys)
         before, tasks_before = await good_jobs(engine, jobs // 2, rng)
         if kind == "fault":
             bad = asyncio.create_task(engine.run("bad_write", np.zeros(4, np.float32), n=4))
@@ -114,7 +113,7 @@ async def breakdown(kind: str, jobs: int, standby: bool) -> None:
         await engine.shutdown()
     internal = health.last_recovery_s or 0.0
     print(
-        f"   {kind}, {'warm standby' if standby else 'no standby  '}: error to caller "
+        f"   {kind}, {standbys} standby: error to caller "
         f"{(failed_at - submitted) * 1e3:7.1f} ms after submit | next job served "
         f"{restored * 1e3:7.1f} ms later (worker swap {internal * 1e3:.1f} ms) | "
         f"{jobs} good jobs in flight: {lost} lost, {health.retried_jobs} re-run | "
@@ -126,7 +125,7 @@ async def breakdown(kind: str, jobs: int, standby: bool) -> None:
 async def start_cost() -> None:
     async with ActorSystem("bench-recovery") as system:
         started = time.perf_counter()
-        engine = await IsolatedEngine.start(system, isolation=IsolationConfig(standby=False))
+        engine = await IsolatedEngine.start(system, isolation=IsolationConfig(standbys=0))
         elapsed = time.perf_counter() - started
         print(f"1. cold worker start (Python + CuPy + context + engine module): {elapsed:.2f} s")
         await engine.shutdown()
@@ -134,7 +133,7 @@ async def start_cost() -> None:
 
 async def isolation_cost(repeats: int) -> tuple[list[float], list[float]]:
     async with ActorSystem("bench-recovery") as system:
-        engine = await IsolatedEngine.start(system, isolation=IsolationConfig(standby=False))
+        engine = await IsolatedEngine.start(system, isolation=IsolationConfig(standbys=0))
         host = np.zeros(N, np.float32)
         remote = await engine.upload(host)
         remote_s, value_s = [], []
@@ -180,8 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cases",
         nargs="*",
-        default=["fault-standby", "fault-cold", "hang-standby", "hang-cold"],
-        choices=["fault-standby", "fault-cold", "hang-standby", "hang-cold"],
+        default=["fault-2", "fault-1", "fault-0", "hang-1", "hang-0"],
+        choices=["fault-2", "fault-1", "fault-0", "hang-1", "hang-0"],
+        help="KIND-STANDBYS: a fault or a hang, with that many booted spare workers",
     )
     parser.add_argument("--strict", action="store_true", help="exit 1 if a target is NOT MET")
     args = parser.parse_args(argv)
@@ -195,8 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     asyncio.run(start_cost())
     print(f"2./3. recovery ({args.jobs} good axpy jobs by value around the bad one):")
     for case in args.cases:
-        kind, standby = case.split("-")
-        asyncio.run(breakdown(kind, args.jobs, standby == "standby"))
+        kind, standbys = case.split("-")
+        asyncio.run(breakdown(kind, args.jobs, int(standbys)))
     remote_s, value_s = asyncio.run(isolation_cost(args.repeats))
     base = cupy_launch_sync(args.repeats)
     b50 = float(np.median(base))

@@ -92,7 +92,7 @@ def test_isolation_config_is_checked() -> None:
 async def test_start_without_a_gpu_raises_no_cuda_device_from_the_worker() -> None:
     async with ActorSystem("iso") as system:
         with pytest.raises(NoCudaDevice, match="worker process"):
-            await IsolatedEngine.start(system, isolation=IsolationConfig(standby=False))
+            await IsolatedEngine.start(system, isolation=IsolationConfig(standbys=0))
 
 
 async def test_a_worker_that_cannot_boot_is_a_worker_error() -> None:

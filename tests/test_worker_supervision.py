@@ -33,9 +33,9 @@ def cpu_isolation(**changes: object) -> IsolationConfig:
     return IsolationConfig(worker_module="cpu_worker", start_timeout_s=30.0, **changes)  # type: ignore[arg-type]
 
 
-async def standby_ready(engine: IsolatedEngine) -> None:
+async def standbys_ready(engine: IsolatedEngine, count: int = 1) -> None:
     deadline = time.monotonic() + 30
-    while not (await engine.health()).standby_ready:
+    while (await engine.health()).standbys < count:
         assert time.monotonic() < deadline
         await asyncio.sleep(0.01)
 
@@ -74,15 +74,14 @@ async def test_results_and_a_clean_shutdown() -> None:
         assert health.state == "stopped" and health.restarts == 0
 
 
-@pytest.mark.parametrize("standby", [True, False])
-async def test_a_fault_fails_only_the_culprit(standby: bool) -> None:
+@pytest.mark.parametrize("standbys", [0, 1, 2])
+async def test_a_fault_fails_only_the_culprit(standbys: int) -> None:
     bad = OpSpec(name="bad_write", params=(ArrayParam(name="out", dtype="float32"),), body="")
     async with ActorSystem("sup") as system:
         engine = await IsolatedEngine.start(
-            system, ops=[bad], isolation=cpu_isolation(standby=standby)
+            system, ops=[bad], isolation=cpu_isolation(standbys=standbys)
         )
-        if standby:
-            await standby_ready(engine)
+        await standbys_ready(engine, standbys)
         remote = await engine.upload(np.ones(4, np.float32))
         before, tasks_before = await axpy_jobs(engine, 40)
         culprit = asyncio.create_task(engine.run("bad_write", np.zeros(4, np.float32), n=4))
@@ -115,7 +114,7 @@ async def test_a_hang_names_its_culprit_and_the_rest_run_again() -> None:
         engine = await IsolatedEngine.start(
             system, ops=[spin], isolation=cpu_isolation(), config=EngineConfig(hang_grace_ms=300)
         )
-        await standby_ready(engine)
+        await standbys_ready(engine)
         hung = asyncio.create_task(
             engine.run("spin_forever", np.zeros(4, np.float32), n=4, timeout=0.05)
         )
@@ -155,7 +154,7 @@ async def test_a_stalled_worker_is_replaced_by_the_watchdog() -> None:
 async def test_an_exhausted_restart_budget_fails_every_request_at_once() -> None:
     async with ActorSystem("sup") as system:
         engine = await IsolatedEngine.start(
-            system, isolation=cpu_isolation(max_restarts=1, standby=False)
+            system, isolation=cpu_isolation(max_restarts=1, standbys=0)
         )
         for _ in range(2):
             with pytest.raises(DeviceFault):

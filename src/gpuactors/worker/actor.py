@@ -90,7 +90,9 @@ _WATCHDOG_SECONDS = 0.25
 class IsolationConfig:
     """How an isolated engine runs and replaces its worker processes."""
 
-    standby: bool = True  # keep a booted spare worker: recovery waits on no process start
+    # Booted spare workers: a replacement waits on no process start. Finding the culprit
+    # of a fault can cost two workers (see above), so two spares make both swaps instant.
+    standbys: int = 1
     max_restarts: int = 5  # replacements allowed within restart_window_s ...
     restart_window_s: float = 60.0  # ... before the engine is declared failed
     start_timeout_s: float = 120.0  # one worker's boot (import, context, engine module)
@@ -103,6 +105,8 @@ class IsolationConfig:
     worker_module: str = "gpuactors.worker"
 
     def __post_init__(self) -> None:
+        if self.standbys < 0:
+            raise InvalidArgument("standbys must be >= 0")
         if self.max_restarts < 0 or self.restart_window_s <= 0 or self.start_timeout_s <= 0:
             raise InvalidArgument("max_restarts >= 0, restart_window_s and start_timeout_s > 0")
         if self.max_attempts < 1 or self.unresponsive_s <= 0:
@@ -139,8 +143,9 @@ class IsolatedEngineActor(Actor):
         self._isolation = isolation or IsolationConfig()
         self._history: list[Message] = []  # successful stateful messages, in order
         self._worker: WorkerProcess | None = None
-        self._standby: WorkerProcess | None = None
-        self._standby_task: asyncio.Task[None] | None = None
+        self._standbys: list[WorkerProcess] = []  # booted spares, oldest first
+        self._booting: set[asyncio.Task[None]] = set()  # spares being booted
+        self._standby_arrived = asyncio.Event()
         self._recovering: asyncio.Task[None] | None = None
         self._watchdog: asyncio.Task[None] | None = None
         self._state: WorkerState = "starting"
@@ -166,17 +171,18 @@ class IsolatedEngineActor(Actor):
         self._adopt(worker)
         self._state = "serving"
         self._watchdog = asyncio.get_running_loop().create_task(self._watch_deadlines())
-        self._refill_standby()
+        self._refill_standbys()
         self.log.info("isolated engine started", pid=worker.pid, startup_s=worker.startup_s)
 
     async def post_stop(self) -> None:
-        for task in (self._watchdog, self._standby_task, self._recovering):
+        for task in (self._watchdog, self._recovering, *self._booting):
             if task is not None:
                 task.cancel()
-        for worker in (self._worker, self._standby):
+        for worker in (self._worker, *self._standbys):
             if worker is not None:
                 worker.kill()
-        self._worker = self._standby = None
+        self._worker = None
+        self._standbys.clear()
         if self._state != "failed":
             self._state = "stopped"
         self._fail_waiting(EngineStopped("the isolated engine stopped"))
@@ -197,34 +203,44 @@ class IsolatedEngineActor(Actor):
             lambda reason: self._on_worker_lost(worker, reason),
         )
 
-    def _refill_standby(self) -> None:
-        if not self._isolation.standby or self._standby is not None or self._standby_task:
-            return
+    def _refill_standbys(self) -> None:
         if self._state in ("failed", "stopped"):
             return
+        while len(self._standbys) + len(self._booting) < self._isolation.standbys:
+            task = asyncio.get_running_loop().create_task(self._boot_standby())
+            self._booting.add(task)
+            task.add_done_callback(self._booting.discard)
 
-        async def boot_standby() -> None:
-            try:
-                standby = await self._spawn()
-            except GpuActorsError as exc:
-                self.log.warning("standby worker did not start", error=str(exc))
-                return
-            finally:
-                self._standby_task = None
-            if self._state in ("failed", "stopped"):
-                standby.kill()
-                return
-            self._standby = standby
-            # A standby that dies while waiting is simply dropped (and replaced).
-            standby.start_reading(lambda _frame: None, lambda _r: self._drop_standby(standby))
-
-        self._standby_task = asyncio.get_running_loop().create_task(boot_standby())
+    async def _boot_standby(self) -> None:
+        try:
+            standby = await self._spawn()
+        except GpuActorsError as exc:
+            self.log.warning("standby worker did not start", error=str(exc))
+            return
+        if self._state in ("failed", "stopped"):
+            standby.kill()
+            return
+        self._standbys.append(standby)
+        self._standby_arrived.set()
+        # A standby that dies while waiting is simply dropped (and replaced).
+        standby.start_reading(lambda _frame: None, lambda _r: self._drop_standby(standby))
 
     def _drop_standby(self, standby: WorkerProcess) -> None:
-        if self._standby is standby:
-            self._standby = None
+        if standby in self._standbys:
+            self._standbys.remove(standby)
             standby.kill()
-            self._refill_standby()
+            self._refill_standbys()
+
+    async def _next_worker(self) -> WorkerProcess:
+        """A booted spare if there is one, else the next spare being booted, else a new one."""
+        while not self._standbys and self._booting:
+            self._standby_arrived.clear()
+            booting = asyncio.ensure_future(self._standby_arrived.wait())
+            await asyncio.wait({booting, *self._booting}, return_when=asyncio.FIRST_COMPLETED)
+            booting.cancel()
+        if self._standbys:
+            return self._standbys.pop(0)
+        return await self._spawn()
 
     # ----------------------------------------------------------------- requests
     @handles(Job)
@@ -273,7 +289,7 @@ class IsolatedEngineActor(Actor):
             state=self._state,
             generation=self._generation,
             pid=self._worker.pid if self._worker is not None else None,
-            standby_ready=self._standby is not None,
+            standbys=len(self._standbys),
             restarts=self._restart_count,
             retried_jobs=self._retried,
             culprits=self._culprits,
@@ -470,9 +486,7 @@ class IsolatedEngineActor(Actor):
 
     async def _replace_worker(self) -> None:
         try:
-            worker, self._standby = self._standby, None
-            if worker is None:
-                worker = await self._spawn()
+            worker = await self._next_worker()
         except GpuActorsError as exc:
             self._recovering = None
             self._fail(f"no replacement worker could start: {exc}")
@@ -487,16 +501,16 @@ class IsolatedEngineActor(Actor):
         self._queue.extendleft(reversed(replay))
         self._state = "serving"
         self.log.info("worker replaced", pid=worker.pid, generation=self._generation)
-        self._refill_standby()
+        self._refill_standbys()
         self._pump()
 
     def _fail(self, reason: str) -> None:
         self._state = "failed"
         self._failure = reason
         self.log.error("isolated engine failed", reason=reason)
-        if self._standby is not None:
-            self._standby.kill()
-            self._standby = None
+        for standby in self._standbys:
+            standby.kill()
+        self._standbys.clear()
         self._fail_waiting(DeviceFailed(f"the isolated engine failed: {reason}"))
 
     def _fail_waiting(self, error: GpuActorsError) -> None:
@@ -542,14 +556,15 @@ class IsolatedEngineActor(Actor):
         self._closing = True
         report = await self._ask_worker(Shutdown(force=force))
         self._state = "stopped"
-        if self._standby is not None:
-            self._standby.kill()  # idle: nothing to finish
+        for standby in self._standbys:
+            standby.kill()  # idle: nothing to finish
+        self._standbys.clear()
         worker = self._worker
         if worker is not None:
             with contextlib.suppress(Exception):
                 await worker.wait(timeout=10.0)
             worker.kill()
-        self._worker = self._standby = None
+        self._worker = None
         if isinstance(report, ShutdownReport):
             return ShutdownReport(
                 completed=report.completed, cancelled=report.cancelled + cancelled

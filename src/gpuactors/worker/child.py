@@ -10,6 +10,7 @@ parent replaces it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import sys
@@ -176,9 +177,11 @@ async def serve(fd: int) -> int:
         await host.done.wait()
         if host.fault is not None:
             host.send(("faulted", host.fault))
-            await writer.drain()
+            with contextlib.suppress(ConnectionError):
+                await writer.drain()
             _exit(EXIT_FAULTED)  # never wait on a poisoned context's teardown
-        await writer.drain()
+        with contextlib.suppress(ConnectionError):  # the parent may be gone already
+            await writer.drain()
         reading.cancel()
     return 0
 

@@ -127,7 +127,7 @@ class WorkerHealth(Reply):
     state: WorkerState
     generation: int  # 1 for the first worker; +1 per replacement
     pid: int | None
-    standby_ready: bool
+    standbys: int  # booted spare workers ready to take over
     restarts: int
     retried_jobs: int  # jobs re-run on a new worker after one died under them
     culprits: int  # jobs found to fault or hang a worker (their callers got the error)
