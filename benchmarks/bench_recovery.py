@@ -14,6 +14,10 @@ fault costs the worker, not the caller's process. Sections:
   3. hang: the same around an op that never returns (deadline 50 ms, grace 300 ms).
   4. cost: p50/p99 round trip of one 1024-float job (RemoteArray and by value)
      against a CuPy launch + synchronize in this process.
+  5. throughput: jobs/s from 100 concurrent clients.
+  6. soak with faults: verified by-value jobs from 100 clients with a bad job every
+     20,000; then device memory, worker processes and this process's RSS after
+     shutdown against a baseline taken after a warm-up round.
 Targets (the reliability issue): service restored within 2 s; 0 accepted jobs lost.
 """
 
@@ -148,6 +152,111 @@ async def isolation_cost(repeats: int) -> tuple[list[float], list[float]]:
     return remote_s[100:], value_s[100:]
 
 
+async def isolated_throughput(clients: int, per_client: int) -> float:
+    """Jobs/s from many concurrent clients (RemoteArray jobs: no copies)."""
+    async with ActorSystem("bench-recovery") as system:
+        engine = await IsolatedEngine.start(system, isolation=IsolationConfig(standbys=0))
+        remote = await engine.upload(np.zeros(N, np.float32))
+
+        async def client() -> None:
+            for _ in range(per_client):
+                await engine.run("fill", remote, 1.0, n=N)
+
+        await client()  # warm
+        started = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(clients)))
+        rate = clients * per_client / (time.perf_counter() - started)
+        await engine.shutdown()
+    return rate
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def device_used() -> int:
+    """Bytes in use on the whole device (every process), from the driver."""
+    from cuda.bindings import runtime
+
+    _, free, total = runtime.cudaMemGetInfo()
+    return int(total - free)
+
+
+def live_children() -> list[int]:
+    """Child processes of this one that are still running (not zombies)."""
+    alive = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid() and fields[0] != "Z":
+            alive.append(int(stat.parent.name))
+    return alive
+
+
+async def soak_round(jobs: int, clients: int, fault_every: int) -> tuple[int, int, int]:
+    """``jobs`` verified by-value jobs from ``clients`` clients; one bad job every
+    ``fault_every``. Returns (lost, faults seen, worker replacements)."""
+    rng = np.random.default_rng(11)
+    lost = faults = 0
+    async with ActorSystem("bench-soak") as system:
+        engine = await IsolatedEngine.start(
+            system, ops=[BAD], isolation=IsolationConfig(standbys=2)
+        )
+        counter = iter(range(jobs))
+
+        async def client() -> None:
+            nonlocal lost, faults
+            for index in counter:
+                if index and index % fault_every == 0:
+                    try:
+                        await engine.run("bad_write", np.zeros(4, np.float32), n=4)
+                    except DeviceFault:
+                        faults += 1
+                x = rng.standard_normal(64).astype(np.float32)
+                try:
+                    got = await engine.run("axpy", np.zeros(64, np.float32), x, 3.0, n=64)
+                    lost += not np.allclose(got.arrays[0], 3.0 * x)
+                except Exception:
+                    lost += 1
+
+        await asyncio.gather(*(client() for _ in range(clients)))
+        restarts = (await engine.health()).restarts
+        await engine.shutdown()
+    return lost, faults, restarts
+
+
+def soak_with_faults(jobs: int) -> None:
+    import gc
+
+    device_used()  # this process's own context exists before the baseline
+    asyncio.run(soak_round(2_000, 20, 1_000))  # warm-up: imports, caches, first compile
+    gc.collect()
+    rss0, dev0 = rss_bytes(), device_used()
+    started = time.perf_counter()
+    lost, faults, restarts = asyncio.run(soak_round(jobs, 100, 20_000))
+    elapsed = time.perf_counter() - started
+    gc.collect()
+    time.sleep(0.5)  # let the driver reclaim the last worker's memory
+    rss1, dev1 = rss_bytes(), device_used()
+    alive = live_children()
+    print(
+        f"6. soak with faults: {jobs:,} verified jobs by value from 100 clients in "
+        f"{elapsed:.1f} s, "
+        f"{faults} injected faults, {restarts} worker replacements | lost {lost} "
+        f"({verdict(lost == 0)}) | workers still alive after shutdown {len(alive)} "
+        f"({verdict(not alive)})"
+    )
+    print(
+        f"   device memory in use (all processes) before {dev0:,} after {dev1:,} delta "
+        f"{dev1 - dev0:+,} ({verdict(dev1 <= dev0)}) | this process's RSS before {rss0:,} "
+        f"after {rss1:,} delta {rss1 - rss0:+,} (within 1 MiB: "
+        f"{verdict(rss1 - rss0 <= 1 << 20)})"
+    )
+
+
 def cupy_launch_sync(repeats: int) -> list[float]:
     import cupy as cp
 
@@ -183,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=["fault-2", "fault-1", "fault-0", "hang-1", "hang-0"],
         help="KIND-STANDBYS: a fault or a hang, with that many booted spare workers",
     )
+    parser.add_argument("--soak-jobs", type=int, default=100_000, help="0 skips the soak")
     parser.add_argument("--strict", action="store_true", help="exit 1 if a target is NOT MET")
     args = parser.parse_args(argv)
     from gpuactors.cuda.device import probe_device
@@ -203,6 +313,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"4. one {N}-float fill, round trip: CuPy launch+sync in this process {pct(base)}")
     print(f"   isolated job, RemoteArray: {pct(remote_s)} ({np.median(remote_s) / b50:.2f}x CuPy)")
     print(f"   isolated job, by value:    {pct(value_s)} ({np.median(value_s) / b50:.2f}x CuPy)")
+    rate = asyncio.run(isolated_throughput(100, 200))
+    print(f"5. 100 concurrent clients, RemoteArray fill jobs: {rate:,.0f} jobs/s")
+    if args.soak_jobs:
+        soak_with_faults(args.soak_jobs)
     return 1 if args.strict and not all(VERDICTS) else 0
 
 
