@@ -203,7 +203,7 @@ async def soak_round(jobs: int, clients: int, fault_every: int) -> tuple[int, in
     lost = faults = 0
     async with ActorSystem("bench-soak") as system:
         engine = await IsolatedEngine.start(
-            system, ops=[BAD], isolation=IsolationConfig(standbys=2)
+            system, ops=[BAD], isolation=IsolationConfig(standbys=2, max_restarts=50)
         )
         counter = iter(range(jobs))
 
