@@ -343,6 +343,7 @@ def stand_ins(tmp_path: Path) -> Path:
         "raise SystemExit(1)\n"
     )
     (folder / "bench_nvrtc.py").write_text("import sys\nprint('nvrtc', sys.argv[1:])\n")
+    (folder / "bench_recovery.py").write_text("import sys\nprint('recovery', sys.argv[1:])\n")
     return folder
 
 

@@ -45,6 +45,7 @@ def test_the_examples_are_all_there() -> None:
         "05_batch_scan_jobs.py",
         "06_torch_interop.py",
         "07_hot_swap_alias_rollback.py",
+        "08_isolated_engine.py",
     ]
 
 

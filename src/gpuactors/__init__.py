@@ -2,7 +2,7 @@
 
 The names most services need are importable from here; each subpackage holds
 the rest (``gpuactors.actors``, ``gpuactors.engine``, ``gpuactors.nvrtc``,
-``gpuactors.cuda``). They are loaded on first use, so ``import gpuactors`` stays
+``gpuactors.cuda``, ``gpuactors.worker``). They are loaded on first use, so ``import gpuactors`` stays
 light and never needs a GPU or CuPy.
 """
 
@@ -27,6 +27,7 @@ _EXPORTS = {
     "gpuactors.logs": ("configure_logging",),
     "gpuactors.messages": ("Message", "Reply"),
     "gpuactors.nvrtc": ("NvrtcOpts",),
+    "gpuactors.worker": ("IsolatedEngine", "IsolationConfig"),
 }  # fmt: skip
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = [
@@ -43,6 +44,8 @@ __all__ = [
     "EnqueueBatch",
     "GpuActorsError",
     "InstallOp",
+    "IsolatedEngine",
+    "IsolationConfig",
     "MailboxConfig",
     "Message",
     "NvrtcOpts",
@@ -91,6 +94,7 @@ if TYPE_CHECKING:
     from gpuactors.logs import configure_logging
     from gpuactors.messages import Message, Reply
     from gpuactors.nvrtc import NvrtcOpts
+    from gpuactors.worker import IsolatedEngine, IsolationConfig
 
 
 def __getattr__(name: str) -> Any:

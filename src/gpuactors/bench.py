@@ -63,6 +63,11 @@ SCRIPTS: tuple[BenchScript, ...] = (
         "persistent engine latency and throughput vs CuPy baselines",
         quick_args=("--quick",),
     ),
+    BenchScript(
+        "bench_recovery.py",
+        "isolated engine: time to recover from a fault and a hang, its cost, a faulty soak",
+        quick_args=("--jobs", "100", "--repeats", "300", "--soak-jobs", "20000"),
+    ),
 )
 
 
