@@ -2,8 +2,8 @@
 
 The names most services need are importable from here; each subpackage holds
 the rest (``gpuactors.actors``, ``gpuactors.engine``, ``gpuactors.nvrtc``,
-``gpuactors.cuda``, ``gpuactors.worker``). They are loaded on first use, so ``import gpuactors`` stays
-light and never needs a GPU or CuPy.
+``gpuactors.cuda``, ``gpuactors.worker``). They are loaded on first use, so
+``import gpuactors`` stays light and never needs a GPU or CuPy.
 """
 
 from __future__ import annotations
