@@ -32,6 +32,7 @@ from gpuactors.engine.ops import BUILTIN_OPS, OpSpec, ScalarParam
 from gpuactors.errors import GpuActorsError, InvalidArgument
 from gpuactors.nvrtc import KernelCompiler, NvrtcOpts
 from gpuactors.nvrtc.messages import Compile, CompileAsync
+from gpuactors.worker.messages import Download, Free, Job, RemoteArray, Upload
 
 DTYPES = ["float32", "float64", "int8", "uint8", "int16", "uint16", "int32", "uint32",
           "int64", "uint64"]  # fmt: skip
@@ -67,6 +68,10 @@ MESSAGES: list[tuple[type[Any], dict[str, Any]]] = [
     (Shutdown, {}),
     (Compile, {"source": 'extern "C" __global__ void k() {}', "kernel_names": ("k",)}),
     (CompileAsync, {"source": 'extern "C" __global__ void k() {}', "kernel_names": ("k",)}),
+    (Job, {"op": "fill", "args": (np.zeros(2, np.float32), 1.0), "n": 2}),
+    (Upload, {"array": np.zeros(2, np.float32)}),
+    (Download, {"array": RemoteArray(id=1, shape=(2,), dtype="<f4", generation=1)}),
+    (Free, {"array": RemoteArray(id=1, shape=(2,), dtype="<f4", generation=1)}),
 ]
 
 

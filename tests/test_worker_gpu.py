@@ -20,6 +20,7 @@ from gpuactors.errors import (
     DeviceFailed,
     DeviceFault,
     GpuRefStale,
+    InvalidArgument,
     TaskHung,
     UnknownOp,
 )
@@ -91,6 +92,18 @@ async def test_jobs_by_value_and_remote_arrays_match_numpy() -> None:
             await engine.download(remote_y)
         with pytest.raises(UnknownOp):
             await engine.run("no_such_op", poison, n=4)
+        hostile = [  # each is refused in the worker before it reaches the ring
+            (("scale", poison.astype(np.float64), x, 1.0), 1000),  # wrong dtype
+            (("scale", poison[:10], x, 1.0), 1000),  # too small for n
+            (("scale", poison, x), 1000),  # too few arguments
+            (("scale", poison, x, "two"), 1000),  # not a number
+        ]
+        for args, n in hostile:
+            with pytest.raises(InvalidArgument):
+                await engine.run(*args, n=n)
+        with pytest.raises(InvalidArgument):
+            await engine.run("scale", poison, x, 1.0, n=-1)  # refused at the call site
+        assert (await engine.health()).restarts == 0  # bad input is not a fault
 
         expected, tasks = await _axpy_jobs(engine, 500, rng)
         _check(expected, await asyncio.gather(*tasks, return_exceptions=True))
