@@ -100,3 +100,16 @@ async def test_a_worker_that_cannot_boot_is_a_worker_error() -> None:
     async with ActorSystem("iso") as system:
         with pytest.raises(WorkerError, match="exited"):
             await IsolatedEngine.start(system, isolation=isolation)
+
+
+def test_remote_array_views_are_contiguous_slices() -> None:
+    remote = RemoteArray(id=3, shape=(100,), dtype="<f4", generation=2)
+    view = remote[10:30]
+    assert (view.id, view.shape, view.offset, view.generation) == (3, (20,), 10, 2)
+    inner = view[5:]
+    assert (inner.shape, inner.offset, inner.nbytes) == ((15,), 15, 60)
+    assert remote[90:200].shape == (10,)
+    with pytest.raises(InvalidArgument, match="contiguous"):
+        remote[::2]
+    with pytest.raises(InvalidArgument, match="contiguous"):
+        remote[3]  # type: ignore[index]

@@ -15,7 +15,7 @@ import pytest
 from gpu_scripts.fault_ops import BAD, SPIN
 from gpuactors.actors import ActorSystem
 from gpuactors.cuda import no_device_reason
-from gpuactors.engine import ArrayParam, EngineConfig, OpSpec, ScalarParam
+from gpuactors.engine import ArrayParam, EngineConfig, EnqueueBatch, OpSpec, ScalarParam
 from gpuactors.errors import (
     DeviceFailed,
     DeviceFault,
@@ -87,6 +87,23 @@ async def test_jobs_by_value_and_remote_arrays_match_numpy() -> None:
         remote_y = await engine.upload(poison)
         await engine.run("scale", remote_y, remote_x, -2.0, n=1000)
         np.testing.assert_allclose(await engine.download(remote_y), -2.0 * x, rtol=1e-6)
+        await engine.run("scale", remote_y[100:200], remote_x[0:100], 5.0, n=100)  # views
+        expected = -2.0 * x
+        expected[100:200] = 5.0 * x[:100]
+        np.testing.assert_allclose(await engine.download(remote_y), expected, rtol=1e-6)
+        offsets = np.arange(0, 1000, 10)  # a batch of 100 tasks over the same bases
+        batch = await engine.ref.ask(
+            EnqueueBatch(
+                op="scale",
+                args=(remote_y, remote_x, 0.5),
+                n=10,
+                offsets={"y": offsets, "x": offsets},
+            )
+        )
+        assert batch.count == 100 and batch.failed == 0
+        np.testing.assert_allclose(await engine.download(remote_y), 0.5 * x, rtol=1e-6)
+        with pytest.raises(InvalidArgument, match="RemoteArray"):
+            await engine.ref.ask(EnqueueBatch(op="scale", args=(poison, x, 1.0), n=1, count=1))
         await engine.free(remote_y)
         with pytest.raises(GpuRefStale):
             await engine.download(remote_y)

@@ -37,14 +37,19 @@ from gpuactors.actors import Actor, ActorRef, ActorSystem, Deferred, Props, hand
 from gpuactors.actors.deferred import failed_reply
 from gpuactors.engine.messages import (
     AliasOp,
+    BatchCompletion,
     Completion,
     Drain,
     Drained,
     EngineStats,
+    EnqueueBatch,
     InstallOp,
     OpInstalled,
+    Park,
+    Parked,
     PrepareOp,
     ReplaceOp,
+    Resume,
     Rollback,
     Shutdown,
     ShutdownReport,
@@ -81,8 +86,6 @@ from gpuactors.worker.wire import decode_error
 
 #: Messages that change what the engine runs: replayed, in order, on every new worker.
 _STATEFUL = (InstallOp, ReplaceOp, AliasOp, Rollback)
-#: Messages forwarded to the worker's engine as they are.
-_FORWARDED = (InstallOp, PrepareOp, ReplaceOp, AliasOp, Rollback, Stats)
 _WATCHDOG_SECONDS = 0.25
 
 
@@ -281,6 +284,27 @@ class IsolatedEngineActor(Actor):
 
     @handles(Stats)
     def stats(self, msg: Stats) -> Deferred[EngineStats]:
+        return self._submit(msg)
+
+    @handles(EnqueueBatch)
+    def enqueue_batch(self, msg: EnqueueBatch) -> Deferred[BatchCompletion]:
+        """Batches run on RemoteArrays (their bases live in the worker)."""
+        bad = [a for a in msg.args if not (isinstance(a, RemoteArray) or np.isscalar(a))]
+        if bad:
+            return failed_reply(
+                InvalidArgument(
+                    "an isolated engine's EnqueueBatch takes RemoteArray bases and scalars, "
+                    f"not {type(bad[0]).__name__}"
+                )
+            )
+        return self._submit(msg, remote=[a for a in msg.args if isinstance(a, RemoteArray)])
+
+    @handles(Park)
+    def park(self, msg: Park) -> Deferred[Parked]:
+        return self._submit(msg)
+
+    @handles(Resume)
+    def resume(self, msg: Resume) -> Deferred[Ack]:
         return self._submit(msg)
 
     @handles(Health)
@@ -586,7 +610,7 @@ class IsolatedEngineActor(Actor):
 
 def _stale_remote(message: Message, generation: int) -> GpuRefStale | None:
     refs: list[RemoteArray] = []
-    if isinstance(message, Job):
+    if isinstance(message, Job | EnqueueBatch):
         refs = [a for a in message.args if isinstance(a, RemoteArray)]
     elif isinstance(message, Download | Free):
         refs = [message.array]

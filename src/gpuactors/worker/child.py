@@ -22,7 +22,7 @@ import numpy as np
 
 from gpuactors.actors import ActorSystem
 from gpuactors.cuda import no_device_reason
-from gpuactors.engine import Engine, EngineConfig, Enqueue, OpSpec, Shutdown
+from gpuactors.engine import Engine, EngineConfig, Enqueue, EnqueueBatch, OpSpec, Shutdown
 from gpuactors.errors import ActorStopped, DeviceFault, GpuRefStale, NoCudaDevice, TaskHung
 from gpuactors.logs import get_logger
 from gpuactors.messages import Ack, Message
@@ -84,6 +84,10 @@ class WorkerHost:
             return array_id
         if isinstance(message, Download):
             return _device_call(_to_host, self._remote(message.array))
+        if isinstance(message, EnqueueBatch):
+            args = tuple(self._remote(a) if isinstance(a, RemoteArray) else a for a in message.args)
+            batch = message.model_copy(update={"args": args})
+            return await self.engine.ref.ask(batch, timeout=None)
         if isinstance(message, Free):
             self._remote(message.array)
             del self._arrays[message.array.id]
@@ -115,7 +119,9 @@ class WorkerHost:
         array = self._arrays.get(ref.id)
         if array is None:
             raise GpuRefStale(f"remote array {ref.id} (freed or from another worker)", 0, 0)
-        return array
+        if ref.offset == 0 and tuple(array.shape) == ref.shape:
+            return array
+        return array.reshape(-1)[ref.offset : ref.offset + ref.size].reshape(ref.shape)
 
     def _faulted(self, reason: str) -> None:
         if self.fault is None:

@@ -30,10 +30,24 @@ class RemoteArray(Reply):
     shape: tuple[int, ...]
     dtype: str
     generation: int
+    offset: int = 0  # elements into the uploaded array, for a view made by slicing
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        return self.size * np.dtype(self.dtype).itemsize
+
+    def __getitem__(self, index: slice) -> RemoteArray:
+        """A contiguous 1-D view, ``remote[a:b]``: the worker passes that part of the array."""
+        if not isinstance(index, slice) or index.step not in (None, 1):
+            raise InvalidArgument("a RemoteArray takes contiguous slices only: remote[a:b]")
+        start, stop, _ = index.indices(self.size)
+        return self.model_copy(
+            update={"shape": (max(stop - start, 0),), "offset": self.offset + start}
+        )
 
 
 class Job(Message):
