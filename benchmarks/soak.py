@@ -1,7 +1,11 @@
 """Soak: millions of tasks of mixed shapes from concurrent clients, with random hot swaps,
 alias switches, rollbacks and parks; every task verified; memory checked after shutdown.
 
-Run on a GPU machine:  python benchmarks/soak.py [--tasks 10000000]
+Run on a GPU machine:  python benchmarks/soak.py [--tasks 10000000] [--isolated]
+
+``--isolated`` runs the same soak through an IsolatedEngine: the counters live in the
+worker (RemoteArray), single asks are Jobs on one-element views, and the memory check
+covers this process after the worker has gone.
 
 Every task adds 1 to its own counter slot and writes the op version it ran into
 its own version slot, so at the end each counter must be exactly 1 (nothing lost,
@@ -59,17 +63,67 @@ def op_spec() -> Any:
     )
 
 
-async def soak(tasks: int, batch: int, batch_clients: int, single_clients: int) -> dict[str, Any]:
-    import cupy as cp
+class Target:
+    """The engine under test, in this process or isolated in a worker process."""
 
+    def __init__(self, isolated: bool) -> None:
+        self.isolated = isolated
+
+    async def start(self, system: Any, tasks: int) -> None:
+        from gpuactors.engine import Engine, EngineConfig
+
+        config = EngineConfig(capacity=65536, idle_park_ms=5.0)
+        if self.isolated:
+            from gpuactors.worker import IsolatedEngine
+
+            self.engine: Any = await IsolatedEngine.start(system, ops=[op_spec()], config=config)
+            self.count: Any = await self.engine.upload(np.zeros(tasks, np.uint32))
+            self.version: Any = await self.engine.upload(np.zeros(tasks, np.int32))
+        else:
+            import cupy as cp
+
+            self.engine = await Engine.start(system, ops=[op_spec()], config=config)
+            self.count = cp.zeros(tasks, dtype=cp.uint32)
+            self.version = cp.zeros(tasks, dtype=cp.int32)
+            cp.cuda.runtime.deviceSynchronize()
+        self.ref = self.engine.ref
+
+    async def single(self, slot: int) -> int:
+        """One task on one slot; the op version its reply reports."""
+        from gpuactors.engine import Enqueue
+        from gpuactors.worker import Job
+
+        args = (self.count[slot : slot + 1], self.version[slot : slot + 1])
+        if self.isolated:
+            result = await self.ref.ask(Job(op="mark", args=args, n=1), timeout=600)
+            return int(result.completion.version)
+        done = await self.ref.ask(Enqueue(op="mark", args=args, n=1, after="none"), timeout=600)
+        return int(done.version)
+
+    async def park_briefly(self) -> None:
+        from gpuactors.engine import Park, Resume
+
+        await self.ref.ask(Park(), timeout=30)
+        await asyncio.sleep(0.005)
+        await self.ref.ask(Resume(), timeout=30)
+
+    async def results(self) -> tuple[np.ndarray, np.ndarray]:
+        if self.isolated:
+            return await self.engine.download(self.count), await self.engine.download(self.version)
+        import cupy as cp
+
+        return cp.asnumpy(self.count), cp.asnumpy(self.version)
+
+
+async def soak(
+    tasks: int, batch: int, batch_clients: int, single_clients: int, isolated: bool
+) -> dict[str, Any]:
     from gpuactors.actors import ActorSystem
-    from gpuactors.engine import AliasOp, Engine, EngineConfig, Enqueue, EnqueueBatch, ReplaceOp
+    from gpuactors.engine import AliasOp, EnqueueBatch, ReplaceOp
     from gpuactors.engine import Rollback as RollbackOp
 
     rng = random.Random(7)
-    count = cp.zeros(tasks, dtype=cp.uint32)
-    version = cp.zeros(tasks, dtype=cp.int32)
-    cp.cuda.runtime.deviceSynchronize()
+    target = Target(isolated)
     singles_share = max(1, tasks // 100)  # 1% of the slots go to single asks
     next_single = tasks - singles_share
     next_batch = 0
@@ -79,9 +133,9 @@ async def soak(tasks: int, batch: int, batch_clients: int, single_clients: int) 
     stop = asyncio.Event()
 
     async with ActorSystem("soak") as system:
-        engine = await Engine.start(
-            system, ops=[op_spec()], config=EngineConfig(capacity=65536, idle_park_ms=5.0)
-        )
+        await target.start(system, tasks)
+        engine = target.engine
+        count, version = target.count, target.version
 
         async def batch_client() -> None:
             nonlocal next_batch
@@ -107,16 +161,7 @@ async def soak(tasks: int, batch: int, batch_clients: int, single_clients: int) 
             while next_single < tasks and not stop.is_set():
                 slot = next_single
                 next_single += 1
-                done = await engine.ref.ask(
-                    Enqueue(
-                        op="mark",
-                        args=(count[slot : slot + 1], version[slot : slot + 1]),
-                        n=1,
-                        after="none",
-                    ),
-                    timeout=600,
-                )
-                reported[slot] = done.version
+                reported[slot] = await target.single(slot)
 
         async def chaos() -> None:
             while not stop.is_set():
@@ -136,8 +181,7 @@ async def soak(tasks: int, batch: int, batch_clients: int, single_clients: int) 
                     except Exception:
                         continue  # nothing to roll back to yet
                 else:
-                    async with engine.parked():
-                        await asyncio.sleep(0.005)
+                    await target.park_briefly()
                 events[action] += 1
 
         started = time.perf_counter()
@@ -151,10 +195,9 @@ async def soak(tasks: int, batch: int, batch_clients: int, single_clients: int) 
         await engine.drain(timeout=600)
         elapsed = time.perf_counter() - started
         stats = await engine.stats()
+        counts, versions = await target.results()
         await engine.shutdown(timeout=120)
 
-    counts = cp.asnumpy(count)
-    versions = cp.asnumpy(version)
     reported_wrong = sum(1 for slot, v in reported.items() if versions[slot] != v)
     return {
         "tasks": tasks,
@@ -172,13 +215,14 @@ async def soak(tasks: int, batch: int, batch_clients: int, single_clients: int) 
     }
 
 
-async def warm_up() -> None:
+async def warm_up(isolated: bool) -> None:
     from gpuactors.actors import ActorSystem
-    from gpuactors.engine import Engine
 
     async with ActorSystem("warm-up") as system:
-        engine = await Engine.start(system, ops=[op_spec()])
-        await engine.shutdown(timeout=60)
+        target = Target(isolated)
+        await target.start(system, 1000)
+        await target.single(0)
+        await target.engine.shutdown(timeout=60)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,14 +231,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=20_000)
     parser.add_argument("--batch-clients", type=int, default=8)
     parser.add_argument("--single-clients", type=int, default=50)
+    parser.add_argument(
+        "--isolated", action="store_true", help="run the engine in a worker process"
+    )
     args = parser.parse_args(argv)
     import cupy as cp
 
     name = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
-    print(f"soak on {name} ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC)")
-    asyncio.run(warm_up())
+    where = "an IsolatedEngine (worker process)" if args.isolated else "an Engine in this process"
+    print(f"soak on {name} ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC), {where}")
+    asyncio.run(warm_up(args.isolated))
     before = memory_now()
-    result = asyncio.run(soak(args.tasks, args.batch, args.batch_clients, args.single_clients))
+    result = asyncio.run(
+        soak(args.tasks, args.batch, args.batch_clients, args.single_clients, args.isolated)
+    )
+    time.sleep(0.5)  # an isolated engine's last worker: let the driver reclaim its memory
     after = memory_now()
     print(
         f"tasks {result['tasks']:,} in {result['seconds']:.1f} s "
