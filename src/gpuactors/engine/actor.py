@@ -11,12 +11,13 @@ event loop beyond a bounded spin of a few microseconds.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
@@ -77,6 +78,7 @@ from gpuactors.errors import (
 from gpuactors.messages import Ack
 from gpuactors.nvrtc import KernelCompiler, arch_from_capability
 
+T = TypeVar("T")
 _SPIN_SECONDS = 30e-6  # longest stretch the engine holds the loop checking markers
 _SPIN_PHASE_SECONDS = 2e-3  # how long it keeps yielding-and-spinning before it sleeps
 _SLEEP_SECONDS = 2e-4
@@ -174,17 +176,10 @@ class PersistentEngineActor(Actor):
 
         capability = cupy.cuda.Device(self._device_id).compute_capability  # e.g. "90"
         arch = self._arch = arch_from_capability(int(capability[:-1]), int(capability[-1]))
-        module, _engine = await asyncio.to_thread(
-            build_engine_module,
-            self._ops.physical_ops(),
-            arch=arch,
-            compiler=self._compiler,
-            block_threads=self._config.block_threads,
-            op_ids=self._ops.op_ids(),
-        )
+        image = await self._engine_image(self._ops.physical_ops(), self._ops.op_ids())
         self._modules_built = 1
         self._generation = GENERATIONS.current(self._device_id)
-        self._runtime = EngineRuntime(module.image, self._config, device_id=self._device_id)
+        self._runtime = EngineRuntime(image, self._config, device_id=self._device_id)
         self._poller = asyncio.get_running_loop().create_task(self._poll(), name="engine-poller")
         self.log.info("engine started", mode=self._mode(), grid=self._runtime.grid, arch=arch)
 
@@ -262,7 +257,7 @@ class PersistentEngineActor(Actor):
         room = 0 if queued_behind else ring.free_count(len(staged))
         fits = staged[:room]
         if len(fits) >= _VECTOR_MIN:
-            seqs: Sequence[int | None] = ring.publish_batch(_records_of(fits))
+            seqs: Sequence[int | None] = ring.publish_batch(_records_of(fits), room_measured=True)
         else:
             seqs = [
                 ring.try_publish(t.op_id, t.n, t.words, blocks=t.blocks, deadline_ns=t.deadline_ns)
@@ -660,10 +655,7 @@ class PersistentEngineActor(Actor):
             self._note_parks()
             return Parked(launches=runtime.launches)
 
-        future: asyncio.Future[Parked] = asyncio.get_running_loop().create_future()
-        waiting = asyncio.get_running_loop().create_task(parked())
-        waiting.add_done_callback(lambda done: _settle_from(done, future))
-        return Deferred(future)
+        return _reply_when(parked())
 
     @handles(Resume)
     def resume(self, _msg: Resume) -> Ack | Deferred[Ack]:
@@ -691,21 +683,11 @@ class PersistentEngineActor(Actor):
 
         async def compile_ahead() -> OpPrepared:
             started = time.perf_counter()
-            await asyncio.to_thread(
-                build_engine_module,
-                ops,
-                arch=self._arch,
-                compiler=self._compiler,
-                block_threads=self._config.block_threads,
-                op_ids=ids,
-            )
+            await self._engine_image(ops, ids)
             elapsed = (time.perf_counter() - started) * 1e3
             return OpPrepared(name=msg.op.name, version=msg.op.version, compile_ms=elapsed)
 
-        future: asyncio.Future[OpPrepared] = asyncio.get_running_loop().create_future()
-        task = asyncio.get_running_loop().create_task(compile_ahead())
-        task.add_done_callback(lambda done: _settle_from(done, future))
-        return Deferred(future)
+        return _reply_when(compile_ahead())
 
     @handles(ReplaceOp)
     def replace_op(self, msg: ReplaceOp) -> Deferred[OpInstalled]:
@@ -728,15 +710,32 @@ class PersistentEngineActor(Actor):
         return self._start_install(new, activate=True)
 
     def _start_install(self, op: OpSpec, activate: bool) -> Deferred[OpInstalled]:
-        future: asyncio.Future[OpInstalled] = asyncio.get_running_loop().create_future()
         try:
             self._check_serving()
         except GpuActorsError as exc:
-            future.set_exception(exc)
-        else:
-            task = asyncio.get_running_loop().create_task(self._install(op, activate))
-            task.add_done_callback(lambda done: _settle_from(done, future))
-        return Deferred(future)
+            return failed_reply(exc)
+        return _reply_when(self._install(op, activate))
+
+    async def _engine_image(self, ops: Sequence[OpSpec], ids: dict[str, int]) -> bytes:
+        """The engine module image for ``ops``: from the memory cache on the loop (an
+        install prepared ahead waits on no thread), else built in a worker thread."""
+        arch, compiler, threads = self._arch, self._compiler, self._config.block_threads
+        cached = cached_engine_module(
+            ops, arch=arch, compiler=compiler, block_threads=threads, op_ids=ids
+        )
+        if cached is not None:
+            return cached.image
+        module, _engine = await asyncio.to_thread(
+            functools.partial(
+                build_engine_module,
+                ops,
+                arch=arch,
+                compiler=compiler,
+                block_threads=threads,
+                op_ids=ids,
+            )
+        )
+        return module.image
 
     async def _install(self, op: OpSpec, activate: bool) -> OpInstalled:
         """Compile a module with ``op`` added (off the mailbox; the old one keeps serving),
@@ -746,25 +745,7 @@ class PersistentEngineActor(Actor):
             assert runtime is not None
             ops, ids = self._ops.planned(op)  # raises before anything changes
             started = time.perf_counter()
-            cached = cached_engine_module(  # compiled ahead (PrepareOp): no thread needed
-                ops,
-                arch=self._arch,
-                compiler=self._compiler,
-                block_threads=self._config.block_threads,
-                op_ids=ids,
-            )
-            if cached is not None:
-                image = cached.image
-            else:
-                built, _engine = await asyncio.to_thread(
-                    build_engine_module,
-                    ops,
-                    arch=self._arch,
-                    compiler=self._compiler,
-                    block_threads=self._config.block_threads,
-                    op_ids=ids,
-                )
-                image = built.image
+            image = await self._engine_image(ops, ids)
             compiled = time.perf_counter()
             # Park without blocking the loop (tasks keep being accepted into the ring),
             # then load in a worker thread; the ring and every accepted task stay put.
@@ -868,15 +849,23 @@ def _records_of(tasks: Sequence[_Task]) -> np.ndarray:
     return records
 
 
-def _settle_from(done: asyncio.Task[Any], future: asyncio.Future[Any]) -> None:
-    if future.done():
-        return
-    if done.cancelled():
-        future.set_exception(EngineStopped("the install was cancelled"))
-    elif (error := done.exception()) is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(done.result())
+def _reply_when(work: Coroutine[Any, Any, T]) -> Deferred[T]:
+    """Run ``work`` as a task; the reply is its outcome (a cancel is ``EngineStopped``)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(done: asyncio.Task[T]) -> None:
+        if future.done():
+            return
+        if done.cancelled():
+            future.set_exception(EngineStopped("the engine stopped before this finished"))
+        elif (error := done.exception()) is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(done.result())
+
+    loop.create_task(work).add_done_callback(settle)
+    return Deferred(future)
 
 
 async def _wait_until(condition: Any, what: str, timeout: float = 10.0) -> None:

@@ -173,9 +173,13 @@ class HostRing:
                 return index0 + int(blocked[0])
         return window
 
-    def publish_batch(self, batch: np.ndarray) -> range:
-        """Publish records (TASK_RECORD array, ``seq`` ignored) with vectorised stores."""
-        self._check_room(len(batch))
+    def publish_batch(self, batch: np.ndarray, *, room_measured: bool = False) -> range:
+        """Publish records (TASK_RECORD array, ``seq`` ignored) with vectorised stores.
+
+        ``room_measured``: the caller has just measured the room (``free_count``).
+        """
+        if not room_measured:
+            self._check_room(len(batch))
         return self._publish(len(batch), lambda view, i0, i1: _copy_bodies(view, batch[i0:i1]))
 
     def publish_columns(self, columns: RecordColumns, start: int, count: int) -> range:
