@@ -32,6 +32,7 @@ from gpuactors.actors import (
     handles,
 )
 from gpuactors.cuda.generation import GENERATIONS
+from gpuactors.cuda.polling import SLEEP_MIN_SECONDS, SPIN_PHASE_SECONDS, SPIN_SECONDS
 from gpuactors.engine import abi
 from gpuactors.engine.args import check_count, encode_batch
 from gpuactors.engine.codegen import build_engine_module, cached_engine_module
@@ -79,9 +80,6 @@ from gpuactors.messages import Ack
 from gpuactors.nvrtc import KernelCompiler, arch_from_capability
 
 T = TypeVar("T")
-_SPIN_SECONDS = 30e-6  # longest stretch the engine holds the loop checking markers
-_SPIN_PHASE_SECONDS = 2e-3  # how long it keeps yielding-and-spinning before it sleeps
-_SLEEP_SECONDS = 2e-4
 _MAX_DEADLINE_NS = 2**63 - 1  # the record's u64; timeouts are bounded far below this anyway
 _VECTOR_MIN = 16  # from this many staged tasks on, one NumPy store beats packing each
 _BATCH_STEP = 16384  # records a batch publishes / harvests per poller round (bounds each round)
@@ -310,7 +308,7 @@ class PersistentEngineActor(Actor):
         poller's own spin."""
         assert self._runtime is not None
         ring = self._runtime.ring
-        until = time.perf_counter() + _SPIN_SECONDS
+        until = time.perf_counter() + SPIN_SECONDS
         while time.perf_counter() < until:
             if ring.is_done(seq):
                 self._finish(seq)
@@ -455,14 +453,14 @@ class PersistentEngineActor(Actor):
                     continue
                 now = time.perf_counter()
                 idle_since = idle_since or now
-                if now - idle_since < _SPIN_PHASE_SECONDS:
+                if now - idle_since < SPIN_PHASE_SECONDS:
                     if len(self._pending) <= 2:  # with many in flight, serve the mailbox instead
-                        self._spin_until_progress(now + _SPIN_SECONDS)
+                        self._spin_until_progress(now + SPIN_SECONDS)
                     await asyncio.sleep(0)
                 else:
                     runtime.check_fault()
                     self._check_hung_tasks()
-                    await asyncio.sleep(_SLEEP_SECONDS)
+                    await asyncio.sleep(SLEEP_MIN_SECONDS)
         except (DeviceFault, TaskTimeout) as exc:
             self._declare_faulted(str(exc))
         except Exception as exc:  # a CUDA error from a launch or query: the poller must not die

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from gpuactors.cuda import status as cuda_status
 from gpuactors.cuda.loader import MODULE_LOADS, ModuleLoadGate
 from gpuactors.engine.abi import (
     COMPLETION,
@@ -39,25 +40,6 @@ _log = get_logger(component="engine-runtime")
 
 # Word indexes into the HostControl block.
 _PARK_REQUEST, _PARKED_EPOCH, _LAUNCHED_EPOCH, _CONSUMED, _HEARTBEAT, _EXIT_REASON = range(6)
-
-_CUDA_SUCCESS, _CUDA_ERROR_NOT_READY = 0, 600
-
-
-_CUDA_ERROR_NAMES = {
-    700: "cudaErrorIllegalAddress",
-    710: "cudaErrorAssert",
-    714: "cudaErrorHardwareStackError",
-    715: "cudaErrorIllegalInstruction",
-    716: "cudaErrorMisalignedAddress",
-    717: "cudaErrorInvalidAddressSpace",
-    718: "cudaErrorInvalidPc",
-    719: "cudaErrorLaunchFailure",
-}
-
-
-def _error_name(status: int) -> str:
-    return _CUDA_ERROR_NAMES.get(status, "see cudaError_t")
-
 
 # Resources of engines whose kernel faulted or hung: never freed (see EngineRuntime.abandon).
 _ABANDONED: list[tuple[Any, ...]] = []
@@ -274,9 +256,9 @@ class EngineRuntime:
         runtime = self._cupy.cuda.runtime
         # Not Stream.done: it reports a faulted stream as merely "not done".
         status = int(runtime.streamQuery(self.stream.ptr))
-        if status not in (_CUDA_SUCCESS, _CUDA_ERROR_NOT_READY):
+        if status not in (cuda_status.SUCCESS, cuda_status.NOT_READY):
             raise DeviceFault(
-                f"the engine kernel failed: CUDA error {status} ({_error_name(status)})"
+                f"the engine kernel failed: CUDA error {status} ({cuda_status.error_name(status)})"
             )
 
     def request_park(self) -> None:

@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from gpuactors.cuda import polling
+from gpuactors.cuda import status as cuda_status
 from gpuactors.errors import (
     ActorStopped,
     DeviceFault,
@@ -41,19 +43,12 @@ from gpuactors.nvrtc.messages import Launched
 _SCALAR_CHARS = frozenset("?bhilqBHILQefdFD")
 _POINTER_BYTES = 8
 
-#: CUDA errors that poison the context (driver and runtime share these codes).
-_STICKY_CODES = frozenset({214, 700, 702, 710, 714, 715, 716, 717, 718, 719})
 _STICKY_TEXT = re.compile(
     r"ILLEGAL_ADDRESS|IllegalAddress|MISALIGNED|Misaligned|LAUNCH_FAILED|LaunchFailure|"
     r"ILLEGAL_INSTRUCTION|IllegalInstruction|HARDWARE_STACK|HardwareStack|INVALID_PC|InvalidPc|"
     r"ERROR_ASSERT|cudaErrorAssert|ECC_UNCORRECTABLE|ECCUncorrectable|LAUNCH_TIMEOUT|LaunchTimeout"
 )
 
-_NOT_READY = 600  # cudaErrorNotReady: what an event query says while the work runs
-_SPIN_SECONDS = 30e-6  # longest stretch the loop is held checking events
-_SPIN_PHASE_SECONDS = 2e-3  # how long the poller keeps spinning in bursts before it sleeps
-_SLEEP_MIN_SECONDS = 2e-4
-_SLEEP_MAX_SECONDS = 2e-3
 _EVENT_POOL_SIZE = 64
 
 _modules: dict[str, ModuleType] = {}
@@ -175,7 +170,7 @@ def cuda_error(exc: BaseException, what: str) -> LaunchError | DeviceFault:
     if isinstance(exc, LaunchError | DeviceFault):
         return exc
     status = getattr(exc, "status", None)
-    sticky = status in _STICKY_CODES if isinstance(status, int) else False
+    sticky = status in cuda_status.STICKY if isinstance(status, int) else False
     if sticky or _STICKY_TEXT.search(str(exc)):
         error: LaunchError | DeviceFault = DeviceFault(
             f"{what}: {exc} (the device's context is poisoned: rebuild it)"
@@ -252,7 +247,7 @@ def _prune_orphans() -> None:
     kept = []
     for launch in _ORPHANS:
         try:
-            running = event_status(launch.end) == _NOT_READY
+            running = event_status(launch.end) == cuda_status.NOT_READY
         except Exception:  # nothing will run any more
             running = False
         if running:
@@ -287,7 +282,7 @@ class CompletionPoller:
         queue.append(launch)
         self.in_flight += 1
         if self.in_flight == 1:
-            self.spin(time.perf_counter() + _SPIN_SECONDS)
+            self.spin(time.perf_counter() + polling.SPIN_SECONDS)
         if self.in_flight and self._wake is not None:
             self._wake.set()
 
@@ -310,7 +305,7 @@ class CompletionPoller:
                 launch = queue[0]
                 try:
                     status = query(launch.end.ptr)
-                    if status == _NOT_READY:
+                    if status == cuda_status.NOT_READY:
                         break
                     if status != 0:
                         raise cuda.runtime.CUDARuntimeError(status)
@@ -356,29 +351,29 @@ class CompletionPoller:
     async def _run(self) -> None:
         assert self._wake is not None
         idle_since: float | None = None
-        sleep = _SLEEP_MIN_SECONDS
+        sleep = polling.SLEEP_MIN_SECONDS
         while True:
             if not self.in_flight:
                 if self._drained is not None and not self._drained.done():
                     self._drained.set_result(None)
                 self._wake.clear()
                 await self._wake.wait()
-                idle_since, sleep = None, _SLEEP_MIN_SECONDS
+                idle_since, sleep = None, polling.SLEEP_MIN_SECONDS
                 continue
             if self.harvest():
-                idle_since, sleep = None, _SLEEP_MIN_SECONDS
+                idle_since, sleep = None, polling.SLEEP_MIN_SECONDS
                 await asyncio.sleep(0)
                 continue
             now = time.perf_counter()
             if idle_since is None:
                 idle_since = now
-            if now - idle_since < _SPIN_PHASE_SECONDS:
+            if now - idle_since < polling.SPIN_PHASE_SECONDS:
                 if self.in_flight <= 2:  # with many in flight, serve the mailbox instead
-                    self.spin(now + _SPIN_SECONDS)
+                    self.spin(now + polling.SPIN_SECONDS)
                 await asyncio.sleep(0)
             else:
                 await asyncio.sleep(sleep)
-                sleep = min(sleep * 2, _SLEEP_MAX_SECONDS)
+                sleep = min(sleep * 2, polling.SLEEP_MAX_SECONDS)
 
     async def close(self, timeout: float) -> int:
         """Wait up to ``timeout`` seconds for the launches in flight, then stop polling.
