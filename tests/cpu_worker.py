@@ -4,7 +4,8 @@ It speaks the real protocol (``gpuactors.worker.wire``) and answers like the rea
 worker does, with NumPy for ops and scripted failures: ``bad_write`` faults the
 "context" (every job in flight fails, the worker reports and exits), ``spin_forever``
 hangs until its deadline plus grace (``TaskHung``), ``crash`` exits without a word,
-``stall`` never answers. Only IsolatedEngineActor's logic is tested with it; the
+``stall`` never answers, ``slow`` is a fill that takes 0.6 s, and uploading an empty
+array crashes the worker outside any job. Only IsolatedEngineActor's logic is tested with it; the
 GPU tests (``test_worker_gpu.py``) run the real worker.
 """
 
@@ -42,6 +43,7 @@ class FakeWorker:
         self.ops = ops
         self.in_flight: dict[int, asyncio.Task[None]] = {}
         self.arrays: dict[int, np.ndarray] = {}
+        self.next_array = 0
         self.processed = 0
         self.seq = 0
 
@@ -65,9 +67,11 @@ class FakeWorker:
         if isinstance(message, Job):
             return await self.job(message)
         if isinstance(message, Upload):
-            array_id = len(self.arrays) + 1
-            self.arrays[array_id] = message.array.copy()
-            return array_id
+            if message.array.size == 0:
+                os._exit(9)  # a scripted crash outside any job
+            self.next_array += 1
+            self.arrays[self.next_array] = message.array.copy()
+            return self.next_array
         if isinstance(message, Download):
             return self.arrays[message.array.id].copy()
         if isinstance(message, Free):
@@ -110,6 +114,9 @@ class FakeWorker:
             os._exit(9)
         if job.op == "stall":
             await asyncio.Event().wait()
+        if job.op == "slow":  # a long task: still running when another one faults or hangs
+            await asyncio.sleep(0.6)
+            job = job.model_copy(update={"op": "fill"})
         if job.op == "bad_write":
             await asyncio.sleep(0.005)
             self.fault(DeviceFault("the engine kernel failed: cudaErrorIllegalAddress"))

@@ -17,8 +17,16 @@ import pytest
 
 from gpuactors.actors import ActorSystem
 from gpuactors.engine import ArrayParam, EngineConfig, OpSpec
-from gpuactors.errors import DeviceFailed, DeviceFault, GpuRefStale, TaskHung, UnknownOp
-from gpuactors.worker import IsolatedEngine, IsolationConfig, JobResult
+from gpuactors.errors import (
+    DeviceFailed,
+    DeviceFault,
+    EngineStopped,
+    GpuRefStale,
+    InvalidArgument,
+    TaskHung,
+    UnknownOp,
+)
+from gpuactors.worker import IsolatedEngine, IsolationConfig, JobResult, WorkerHealth
 
 pytestmark = pytest.mark.slow
 
@@ -38,6 +46,16 @@ async def standbys_ready(engine: IsolatedEngine, count: int = 1) -> None:
     while (await engine.health()).standbys < count:
         assert time.monotonic() < deadline
         await asyncio.sleep(0.01)
+
+
+async def restarts_reach(engine: IsolatedEngine, restarts: int) -> WorkerHealth:
+    deadline = time.monotonic() + 30
+    health = await engine.health()
+    while health.restarts < restarts:  # a worker reports its hang just after the TaskHung
+        assert time.monotonic() < deadline, health
+        await asyncio.sleep(0.01)
+        health = await engine.health()
+    return health
 
 
 async def axpy_jobs(
@@ -118,16 +136,15 @@ async def test_a_hang_names_its_culprit_and_the_rest_run_again() -> None:
         hung = asyncio.create_task(
             engine.run("spin_forever", np.zeros(4, np.float32), n=4, timeout=0.05)
         )
+        slow = asyncio.create_task(engine.run("slow", np.zeros(4, np.float32), 7.0, n=4))
         await asyncio.sleep(0.01)
         expected, tasks = await axpy_jobs(engine, 30)
         with pytest.raises(TaskHung):
             await hung
         await all_correct(expected, tasks)
-        health = await engine.health()
-        while health.restarts == 0:  # the worker reports its hang just after the TaskHung
-            await asyncio.sleep(0.01)
-            health = await engine.health()
-        assert health.restarts == 1 and health.culprits == 1
+        assert np.all((await slow).arrays[0] == 7.0)  # in the hung worker: run again
+        health = await restarts_reach(engine, 1)
+        assert health.restarts == 1 and health.culprits == 1 and health.retried_jobs == 1
 
 
 async def test_installed_ops_are_replayed_on_the_next_worker() -> None:
@@ -135,9 +152,11 @@ async def test_installed_ops_are_replayed_on_the_next_worker() -> None:
     async with ActorSystem("sup") as system:
         engine = await IsolatedEngine.start(system, isolation=cpu_isolation())
         await engine.install(extra)
-        with pytest.raises(DeviceFault):
-            await engine.run("crash", np.zeros(4, np.float32), n=4)
-        assert "extra" in (await engine.stats()).ops
+        for _ in range(2):
+            with pytest.raises(DeviceFault):
+                await engine.run("crash", np.zeros(4, np.float32), n=4)
+        ops = (await engine.stats()).ops
+        assert ops.count("extra") == 1, ops  # replayed once per worker, not accumulated
 
 
 async def test_a_stalled_worker_is_replaced_by_the_watchdog() -> None:
@@ -163,3 +182,49 @@ async def test_an_exhausted_restart_budget_fails_every_request_at_once() -> None
             await engine.run("fill", np.zeros(4, np.float32), 1.0, n=4)
         health = await engine.health()
         assert health.state == "failed" and health.pid is None
+
+
+async def test_a_crash_outside_any_job_is_found_among_suspects() -> None:
+    async with ActorSystem("sup") as system:
+        engine = await IsolatedEngine.start(system, isolation=cpu_isolation(standbys=2))
+        await standbys_ready(engine, 2)
+        slow = asyncio.create_task(engine.run("slow", np.zeros(4, np.float32), 2.0, n=4))
+        await asyncio.sleep(0.05)
+        with pytest.raises(DeviceFault, match="Upload"):
+            await engine.upload(np.zeros(0, np.float32))  # crashes its worker
+        assert np.all((await slow).arrays[0] == 2.0)  # a suspect, re-run alone: innocent
+        health = await engine.health()
+        assert health.culprits == 1 and health.restarts == 2 and health.state == "serving"
+
+
+async def test_shutdown_answers_everything_and_refuses_what_comes_after() -> None:
+    async with ActorSystem("sup") as system:
+        engine = await IsolatedEngine.start(system, isolation=cpu_isolation())
+        expected, tasks = await axpy_jobs(engine, 20)
+        report = await engine.shutdown()
+        await all_correct(expected, tasks)  # accepted before Shutdown: all finished
+        assert report.cancelled == 0
+        with pytest.raises(EngineStopped):
+            await engine.run("fill", np.zeros(2, np.float32), 1.0, n=2)
+        assert (await engine.health()).state == "stopped"
+
+
+async def test_a_message_that_cannot_be_sent_fails_alone() -> None:
+    async with ActorSystem("sup") as system:
+        engine = await IsolatedEngine.start(system, isolation=cpu_isolation())
+        expected, tasks = await axpy_jobs(engine, 5)
+        unsendable = np.array([lambda: 0], dtype=object)
+        with pytest.raises(InvalidArgument, match="cannot be sent"):
+            await engine.run("fill", unsendable, 1.0, n=1)
+        await all_correct(expected, tasks)
+        assert (await engine.health()).restarts == 0
+
+
+async def test_remote_arrays_of_another_engine_instance_are_stale() -> None:
+    async with ActorSystem("sup") as system:
+        first = await IsolatedEngine.start(system, isolation=cpu_isolation(), name="a")
+        second = await IsolatedEngine.start(system, isolation=cpu_isolation(), name="b")
+        remote = await first.upload(np.ones(3, np.float32))
+        with pytest.raises(GpuRefStale, match="another engine"):
+            await second.download(remote)
+        np.testing.assert_array_equal(await first.download(remote), np.ones(3))

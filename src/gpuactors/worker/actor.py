@@ -8,15 +8,17 @@ caller's process never touches the broken context.
 
 Recovery, in order:
 
-1. The worker reports a fault (or hang, or it exits, or stops answering). Every
+1. The worker reports a fault (or hang), or it exits, or a request with a
+   deadline goes unanswered long past it. Every
    request it had not answered, and every one it failed with ``DeviceFault``,
    is a *suspect*. A job that hung the engine (``TaskHung``) is the culprit.
 2. A new worker takes over (a warm standby, so no process start is waited on),
    the device generation moves on (old ``RemoteArray`` -> ``GpuRefStale``) and
    installed ops and aliases are replayed on it in their original order.
-3. Suspects are re-run, by value. If the culprit is unknown each runs alone, so
-   the one that faults again is found: its caller gets ``DeviceFault``, every
-   other suspect its result. Nothing accepted is lost or silently dropped.
+3. A suspect that was alone in the worker is the culprit: its caller gets
+   ``DeviceFault``. Other suspects are re-run, by value; if the culprit is unknown
+   each runs alone, so the one that faults again is found, and every other suspect
+   gets its result. Nothing accepted is lost or silently dropped.
 4. More than ``max_restarts`` replacements within ``restart_window_s``: the
    engine is failed, and every request gets ``DeviceFailed`` at once.
 """
@@ -27,6 +29,7 @@ import asyncio
 import contextlib
 import sys
 import time
+import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -66,6 +69,7 @@ from gpuactors.errors import (
     GpuRefStale,
     InvalidArgument,
     TaskHung,
+    WorkerError,
 )
 from gpuactors.messages import Ack, Message
 from gpuactors.worker.child import BootSpec
@@ -82,11 +86,12 @@ from gpuactors.worker.messages import (
     WorkerState,
 )
 from gpuactors.worker.process import WorkerProcess
-from gpuactors.worker.wire import decode_error
+from gpuactors.worker.wire import decode_error, encode_frame
 
 #: Messages that change what the engine runs: replayed, in order, on every new worker.
 _STATEFUL = (InstallOp, ReplaceOp, AliasOp, Rollback)
 _WATCHDOG_SECONDS = 0.25
+_DOOMED_GRACE_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -122,6 +127,7 @@ class _Request:
 
     rid: int
     message: Message
+    frame: bytes  # the message as sent, encoded once (an unsendable one is refused early)
     future: asyncio.Future[Any] | None  # None: an internal replay nobody waits on
     attempts: int = 0
     alone: bool = False  # sent only when nothing else is in flight, and nothing with it
@@ -164,7 +170,10 @@ class IsolatedEngineActor(Actor):
         self._retried = 0
         self._culprits = 0
         self._died_at: float | None = None
-        self._closing = False  # Shutdown sent: the worker's exit is expected
+        self._closing = False  # Shutdown started: no new requests; the worker's exit is expected
+        self._hang_reported = False  # the serving worker answered a job with TaskHung
+        self._parked = False  # a Park is in force: tasks wait in the ring, deadlines pause
+        self._owner = uuid.uuid4().hex  # stamps RemoteArrays: another instance's are stale
         self._doomed = False  # the worker reported its context lost: send it nothing more
         self._last_recovery_s: float | None = None
 
@@ -201,6 +210,8 @@ class IsolatedEngineActor(Actor):
     def _adopt(self, worker: WorkerProcess) -> None:
         self._worker = worker
         self._doomed = False
+        self._hang_reported = False
+        self._parked = False
         worker.start_reading(
             lambda frame: self._on_frame(worker, frame),
             lambda reason: self._on_worker_lost(worker, reason),
@@ -217,8 +228,8 @@ class IsolatedEngineActor(Actor):
     async def _boot_standby(self) -> None:
         try:
             standby = await self._spawn()
-        except GpuActorsError as exc:
-            self.log.warning("standby worker did not start", error=str(exc))
+        except Exception as exc:  # e.g. WorkerError, or OSError (out of processes or fds)
+            self.log.warning("standby worker did not start", error=f"{type(exc).__name__}: {exc}")
             return
         if self._state in ("failed", "stopped"):
             standby.kill()
@@ -248,7 +259,7 @@ class IsolatedEngineActor(Actor):
     # ----------------------------------------------------------------- requests
     @handles(Job)
     def job(self, msg: Job) -> Deferred[JobResult]:
-        return self._submit(msg, remote=[a for a in msg.args if isinstance(a, RemoteArray)])
+        return self._submit(msg)
 
     @handles(Upload)
     def upload(self, msg: Upload) -> Deferred[RemoteArray]:
@@ -256,11 +267,11 @@ class IsolatedEngineActor(Actor):
 
     @handles(Download)
     def download(self, msg: Download) -> Deferred[Downloaded]:
-        return self._submit(msg, remote=[msg.array])
+        return self._submit(msg)
 
     @handles(Free)
     def free(self, msg: Free) -> Deferred[Ack]:
-        return self._submit(msg, remote=[msg.array])
+        return self._submit(msg)
 
     @handles(InstallOp)
     def install_op(self, msg: InstallOp) -> Deferred[OpInstalled]:
@@ -297,7 +308,7 @@ class IsolatedEngineActor(Actor):
                     f"not {type(bad[0]).__name__}"
                 )
             )
-        return self._submit(msg, remote=[a for a in msg.args if isinstance(a, RemoteArray)])
+        return self._submit(msg)
 
     @handles(Park)
     def park(self, msg: Park) -> Deferred[Parked]:
@@ -329,25 +340,39 @@ class IsolatedEngineActor(Actor):
     def shutdown(self, msg: Shutdown) -> Deferred[ShutdownReport]:
         return Deferred(asyncio.ensure_future(self._shut_down(msg.force)))
 
-    def _submit(self, msg: Message, remote: list[RemoteArray] | None = None) -> Deferred[Any]:
+    def _submit(self, msg: Message) -> Deferred[Any]:
         if self._state == "failed":
             return failed_reply(DeviceFailed(f"the isolated engine failed: {self._failure}"))
-        if self._state == "stopped":
+        if self._state == "stopped" or self._closing:
             return failed_reply(EngineStopped("the isolated engine is shut down"))
-        for ref in remote or ():
-            if ref.generation != self._generation:
-                return failed_reply(
-                    GpuRefStale(f"remote array {ref.id}", ref.generation, self._generation)
-                )
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Request(self._new_rid(), msg, future))
+        stale = _stale_remote(msg, self._generation, self._owner)
+        if stale is not None:
+            return failed_reply(stale)
+        try:
+            request = self._new_request(msg, asyncio.get_running_loop().create_future())
+        except GpuActorsError as exc:
+            return failed_reply(exc)
+        self._queue.append(request)
         self._pump()
-        return Deferred(future)
+        assert request.future is not None
+        return Deferred(request.future)
 
-    def _new_rid(self) -> int:
+    def _new_request(
+        self, msg: Message, future: asyncio.Future[Any] | None, *, alone: bool = False
+    ) -> _Request:
+        """A request with its frame; InvalidArgument if the message cannot be sent."""
         rid = self._next_rid
+        try:
+            frame = encode_frame(("req", rid, msg))
+        except GpuActorsError:
+            raise
+        except Exception as exc:  # e.g. an object array holding a lambda
+            raise InvalidArgument(
+                f"{type(msg).__name__} cannot be sent to the worker process: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
         self._next_rid += 1
-        return rid
+        return _Request(rid, msg, frame, future, alone=alone)
 
     def _pump(self) -> None:
         """Send queued requests to the worker, honouring requests that must run alone."""
@@ -361,7 +386,7 @@ class IsolatedEngineActor(Actor):
             self._queue.popleft()
             if head.future is not None and head.future.done():
                 continue  # the caller gave up (cancelled ask)
-            stale = _stale_remote(head.message, self._generation)
+            stale = _stale_remote(head.message, self._generation, self._owner)
             if stale is not None:
                 _settle(head, error=stale)
                 continue
@@ -370,7 +395,7 @@ class IsolatedEngineActor(Actor):
             self._in_flight[head.rid] = head
             if head.alone:
                 self._alone = head.rid
-            worker.send(("req", head.rid, head.message))
+            worker.send(head.frame)
         if self._died_at is not None and not self._replaying():
             self._last_recovery_s = time.perf_counter() - self._died_at
             self._died_at = None
@@ -401,26 +426,45 @@ class IsolatedEngineActor(Actor):
         if self._alone == rid:
             self._alone = None
         if ok:
-            self._succeeded(request, payload)
+            try:
+                self._succeeded(request, payload)
+            except Exception as exc:  # a reply we cannot use: that caller's error only
+                _settle(request, error=WorkerError(f"unusable reply from the worker: {exc}"))
         else:
             error = decode_error(payload)
             if isinstance(error, TaskHung):  # the culprit; the worker is going down
                 self._culprits += 1
-                self._doomed = True
+                self._hang_reported = True
+                self._doom(worker)
                 _settle(request, error=error)
             elif isinstance(error, DeviceFault | ActorStopped):
                 # Its worker is going down: decided in _on_worker_lost. Send it nothing more.
                 request.suspect = True
                 self._suspects.append(request)
-                self._doomed = True
+                self._doom(worker)
             else:
                 _settle(request, error=error)
         self._pump()
+
+    def _doom(self, worker: WorkerProcess) -> None:
+        """The worker said its context is lost: send it nothing more, and do not trust it
+        to leave (it reports and exits within milliseconds; past a grace it is killed)."""
+        if self._doomed:
+            return
+        self._doomed = True
+
+        def overdue() -> None:
+            if worker is self._worker and self._doomed:
+                self._on_worker_lost(worker, "the worker reported a fault but did not exit")
+
+        asyncio.get_running_loop().call_later(_DOOMED_GRACE_SECONDS, overdue)
 
     def _succeeded(self, request: _Request, payload: Any) -> None:
         message = request.message
         if isinstance(message, _STATEFUL) and request.future is not None:
             self._history.append(message)
+        if isinstance(message, Park | Resume):
+            self._parked = isinstance(message, Park)
         if isinstance(message, Job):
             completion, arrays = payload
             assert isinstance(completion, Completion)
@@ -437,6 +481,7 @@ class IsolatedEngineActor(Actor):
                 shape=tuple(array.shape),
                 dtype=array.dtype.str,
                 generation=self._generation,
+                owner=self._owner,
             )
         elif isinstance(message, Download):
             payload = Downloaded(array=payload)
@@ -448,13 +493,14 @@ class IsolatedEngineActor(Actor):
             return
         if self._closing:  # a worker leaving after Shutdown is not a fault
             self._worker = None
+            worker.kill()
             return
         self._worker = None
         worker.kill()
         self._died_at = time.perf_counter()
         self._generation += 1
         self.log.error("worker lost", pid=worker.pid, reason=reason, generation=self._generation)
-        self._triage(reason)
+        self._triage(reason, hang=self._hang_reported)
         self._restarts.append(time.monotonic())
         while (
             self._restarts
@@ -470,25 +516,30 @@ class IsolatedEngineActor(Actor):
         self._state = "recovering"
         self._recovering = asyncio.get_running_loop().create_task(self._replace_worker())
 
-    def _triage(self, reason: str) -> None:
-        """Decide, for every request the dead worker held, whether to re-run or fail it."""
+    def _triage(self, reason: str, *, hang: bool) -> None:
+        """Decide, for every request the dead worker held, whether to re-run or fail it.
+
+        ``hang``: the worker answered the job that hung it with TaskHung, so the
+        others it held are innocent and re-run as usual.
+        """
         held = sorted([*self._suspects, *self._in_flight.values()], key=lambda r: r.rid)
         self._suspects.clear()
         self._in_flight.clear()
         self._alone = None
-        held = [r for r in held if r.future is not None]  # replays are rebuilt from history
-        jobs = [r for r in held if isinstance(r.message, Job)]
+        # Replays are rebuilt from the history on the next worker: drop any left over.
+        self._queue = deque(r for r in self._queue if r.future is not None)
+        held = [r for r in held if r.future is not None]
         retry: list[_Request] = []
         for request in held:
-            isolated = request.alone and len(held) == 1
-            sole_job = len(jobs) == 1 and request is jobs[0] and not _hang_seen(reason)
-            if isinstance(request.message, Job) and (isolated or sole_job):
-                self._culprits += 1
+            if len(held) == 1 and not hang:
+                self._culprits += 1  # alone in a worker that faulted: it did it
+                what = getattr(request.message, "op", None)
                 _settle(
                     request,
                     error=DeviceFault(
-                        f"job {request.rid} (op {request.message.op!r}) faulted worker "
-                        f"generation {self._generation - 1}: {reason}"
+                        f"{type(request.message).__name__} {request.rid}"
+                        f"{f' (op {what!r})' if what else ''} faulted worker generation "
+                        f"{self._generation - 1}: {reason}"
                     ),
                 )
             elif request.attempts >= self._isolation.max_attempts:
@@ -500,9 +551,9 @@ class IsolatedEngineActor(Actor):
                     ),
                 )
             else:
-                # Culprit unknown: run each alone on the next worker, so a second fault
-                # names it. A hang names its culprit (TaskHung): the rest are innocent.
-                request.alone = len(jobs) > 1 and not _hang_seen(reason)
+                # Culprit unknown: each runs alone on the next worker, so a second fault
+                # names it. After a hang the rest are innocent: they run as usual.
+                request.alone = not hang
                 request.suspect = False
                 retry.append(request)
         self._retried += sum(isinstance(r.message, Job) for r in retry)
@@ -511,7 +562,7 @@ class IsolatedEngineActor(Actor):
     async def _replace_worker(self) -> None:
         try:
             worker = await self._next_worker()
-        except GpuActorsError as exc:
+        except Exception as exc:  # WorkerError, or OSError (out of processes or fds)
             self._recovering = None
             self._fail(f"no replacement worker could start: {exc}")
             return
@@ -521,7 +572,7 @@ class IsolatedEngineActor(Actor):
             return
         self._restart_count += 1
         self._adopt(worker)
-        replay = [_Request(self._new_rid(), m, None, alone=True) for m in self._history]
+        replay = [self._new_request(m, None, alone=True) for m in self._history]
         self._queue.extendleft(reversed(replay))
         self._state = "serving"
         self.log.info("worker replaced", pid=worker.pid, generation=self._generation)
@@ -550,6 +601,10 @@ class IsolatedEngineActor(Actor):
             await asyncio.sleep(_WATCHDOG_SECONDS)
             worker = self._worker
             now = time.monotonic()
+            if self._parked:  # tasks wait in the ring on purpose: deadlines pause
+                for request in self._in_flight.values():
+                    request.deadline += _WATCHDOG_SECONDS
+                continue
             late = [r for r in self._in_flight.values() if r.deadline < now]
             if worker is not None and late:
                 self._on_worker_lost(
@@ -570,6 +625,9 @@ class IsolatedEngineActor(Actor):
         return Drained(processed=stats.processed if isinstance(stats, EngineStats) else 0)
 
     async def _shut_down(self, force: bool) -> ShutdownReport:
+        if self._closing:
+            raise EngineStopped("the isolated engine is already shutting down")
+        self._closing = True  # from here on, new requests get EngineStopped
         cancelled = 0
         if force:
             for request in self._queue:
@@ -577,9 +635,9 @@ class IsolatedEngineActor(Actor):
                 _settle(request, error=EngineStopped("the isolated engine was force-stopped"))
             self._queue.clear()
         await self._drained()
-        self._closing = True
         report = await self._ask_worker(Shutdown(force=force))
-        self._state = "stopped"
+        if self._state != "failed":
+            self._state = "stopped"
         for standby in self._standbys:
             standby.kill()  # idle: nothing to finish
         self._standbys.clear()
@@ -589,6 +647,7 @@ class IsolatedEngineActor(Actor):
                 await worker.wait(timeout=10.0)
             worker.kill()
         self._worker = None
+        self._fail_waiting(EngineStopped("the isolated engine shut down"))
         if isinstance(report, ShutdownReport):
             return ShutdownReport(
                 completed=report.completed, cancelled=report.cancelled + cancelled
@@ -600,7 +659,7 @@ class IsolatedEngineActor(Actor):
         if self._state in ("failed", "stopped"):
             return None
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Request(self._new_rid(), message, future))
+        self._queue.append(self._new_request(message, future))
         self._pump()
         try:
             return await asyncio.wait_for(future, 60.0)
@@ -608,20 +667,18 @@ class IsolatedEngineActor(Actor):
             return exc
 
 
-def _stale_remote(message: Message, generation: int) -> GpuRefStale | None:
+def _stale_remote(message: Message, generation: int, owner: str) -> GpuRefStale | None:
     refs: list[RemoteArray] = []
     if isinstance(message, Job | EnqueueBatch):
         refs = [a for a in message.args if isinstance(a, RemoteArray)]
     elif isinstance(message, Download | Free):
         refs = [message.array]
     for ref in refs:
+        if ref.owner != owner:
+            return GpuRefStale(f"remote array {ref.id} of another engine instance", 0, generation)
         if ref.generation != generation:
             return GpuRefStale(f"remote array {ref.id}", ref.generation, generation)
     return None
-
-
-def _hang_seen(reason: str) -> bool:
-    return TaskHung.__name__ in reason
 
 
 def _settle(request: _Request, *, result: Any = None, error: BaseException | None = None) -> None:
@@ -659,8 +716,9 @@ class IsolatedEngine:
             kwargs={"device_id": device_id},
         )
         engine = cls(system.spawn(props, name=name))
+        boot_s = (isolation or IsolationConfig()).start_timeout_s
         try:
-            await engine.health()
+            await engine.ref.ask(Health(), timeout=boot_s + 30.0)
         except ActorStopped:
             cause = (await system.watch(engine.ref)).cause
             if cause is not None:

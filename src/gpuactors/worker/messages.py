@@ -31,6 +31,7 @@ class RemoteArray(Reply):
     dtype: str
     generation: int
     offset: int = 0  # elements into the uploaded array, for a view made by slicing
+    owner: str = ""  # the engine instance that made it (a restarted actor is another)
 
     @property
     def size(self) -> int:

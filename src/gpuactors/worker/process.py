@@ -68,23 +68,28 @@ class WorkerProcess:
                 env=env,
                 stdin=subprocess.DEVNULL,
             )
+        except BaseException:
+            ours.close()
+            raise
         finally:
             theirs.close()
-        reader, writer = await asyncio.open_unix_connection(sock=ours)
-        writer.write(encode_frame(("boot", boot)))
+        writer: asyncio.StreamWriter | None = None
         try:
+            reader, writer = await asyncio.open_unix_connection(sock=ours)
+            writer.write(encode_frame(("boot", boot)))
             kind, payload = await asyncio.wait_for(read_frame(reader), timeout)
         except (asyncio.IncompleteReadError, ConnectionError, TimeoutError) as exc:
-            _kill(process)
-            writer.close()
+            _abandon(process, writer, ours)
             what = "did not start in time" if isinstance(exc, TimeoutError) else "exited"
             raise WorkerError(
                 f"the worker process {what} (pid {process.pid}, timeout {timeout:g} s); "
                 "its stderr says why"
             ) from None
+        except BaseException:  # cancelled (the engine stopped while it booted), or a bug
+            _abandon(process, writer, ours)
+            raise
         if kind != "ready":
-            _kill(process)
-            writer.close()
+            _abandon(process, writer, ours)
             raise decode_error(payload)
         return cls(process, reader, writer, time.perf_counter() - started)
 
@@ -102,21 +107,27 @@ class WorkerProcess:
             )
 
     async def _read(self) -> None:
-        try:
-            while True:
+        while True:
+            try:
                 frame = await read_frame(self._reader)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                reason = "the worker process exited"
+                break
+            except Exception as exc:  # a broken frame: treat the worker as lost
+                reason = f"the worker connection broke: {type(exc).__name__}: {exc}"
+                break
+            try:
                 self._on_frame(frame)  # looked up per frame: a promoted standby swaps it
-        except (asyncio.IncompleteReadError, ConnectionError):
-            reason = "the worker process exited"
-        except Exception as exc:  # a broken frame: treat the worker as lost
-            reason = f"the worker connection broke: {type(exc).__name__}: {exc}"
+            except Exception:  # our own bug: log it, keep reading (the worker is fine)
+                log.exception("handling a worker frame failed", pid=self.pid)
         if not self.closed:
             self._on_closed(reason)
 
-    def send(self, frame: object) -> None:
+    def send(self, frame: bytes) -> None:
+        """Send one frame made by :func:`~gpuactors.worker.wire.encode_frame`."""
         if self.closed:
             raise WorkerError(f"worker {self.pid} is closed")
-        self._writer.write(encode_frame(frame))
+        self._writer.write(frame)
 
     def kill(self) -> None:
         """Stop the worker now (SIGKILL): a faulted context must not be waited on."""
@@ -133,6 +144,18 @@ class WorkerProcess:
         except TimeoutError:
             self.kill()
             return None
+
+
+def _abandon(
+    process: asyncio.subprocess.Process,
+    writer: asyncio.StreamWriter | None,
+    sock: socket.socket,
+) -> None:
+    _kill(process)
+    if writer is not None:
+        writer.close()
+    else:
+        sock.close()
 
 
 def _kill(process: asyncio.subprocess.Process) -> None:
