@@ -13,7 +13,9 @@ nothing run twice) and each version slot must name an installed version. Single
 asks also check the version their Completion reports. After shutdown the device
 memory in use, pinned memory in use and the process RSS (after glibc's
 ``malloc_trim``, which returns freed heap pages to the OS) are compared with a
-baseline taken after a warm-up engine has started and stopped once.
+baseline taken after a warm-up engine has started and stopped once, after each of
+``--rounds`` soaks: what the first round adds and later rounds do not is a one-time
+cost (caches, lazily built code), what every round adds is a leak.
 """
 
 from __future__ import annotations
@@ -246,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--isolated", action="store_true", help="run the engine in a worker process"
     )
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="soaks in a row (memory measured after each)"
+    )
     args = parser.parse_args(argv)
     import cupy as cp
 
@@ -254,34 +259,45 @@ def main(argv: list[str] | None = None) -> int:
     print(f"soak on {name} ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC), {where}")
     asyncio.run(warm_up(args.isolated))
     before = memory_now()
-    result = asyncio.run(
-        soak(args.tasks, args.batch, args.batch_clients, args.single_clients, args.isolated)
-    )
-    time.sleep(0.5)  # an isolated engine's last worker: let the driver reclaim its memory
-    after = memory_now()
-    print(
-        f"tasks {result['tasks']:,} in {result['seconds']:.1f} s "
-        f"({result['tasks'] / result['seconds']:,.0f} tasks/s), {args.batch_clients} batch "
-        f"clients x {args.batch:,} + {args.single_clients} single-ask clients"
-    )
-    print(f"chaos: {result['events']}; op versions installed {result['versions']}")
-    print(
-        f"engine: processed {result['processed']:,}, failed {result['failed']}, "
-        f"launches {result['launches']}, parks {result['parks']}"
-    )
-    print(
-        f"verified: lost {result['lost']}, duplicated {result['duplicated']}, "
-        f"unknown version {result['bad_version']}, reply/version mismatch "
-        f"{result['reported_wrong']}"
-    )
-    ok = not (result["lost"] or result["duplicated"] or result["bad_version"])
-    ok = ok and not result["reported_wrong"] and result["processed"] == result["tasks"]
-    for key in before:
-        print(
-            f"memory {key:22} before {before[key]:>14,}  after {after[key]:>14,}  "
-            f"delta {after[key] - before[key]:>+12,}"
+    ok = device_back = True
+    after_rounds: list[dict[str, int]] = []
+    for round_number in range(1, args.rounds + 1):
+        result = asyncio.run(
+            soak(args.tasks, args.batch, args.batch_clients, args.single_clients, args.isolated)
         )
-    device_back = after["device pool used"] <= before["device pool used"]
+        time.sleep(0.5)  # an isolated engine's last worker: let the driver reclaim its memory
+        after = memory_now()
+        after_rounds.append(after)
+        print(f"round {round_number} of {args.rounds}:")
+        print(
+            f"tasks {result['tasks']:,} in {result['seconds']:.1f} s "
+            f"({result['tasks'] / result['seconds']:,.0f} tasks/s), {args.batch_clients} batch "
+            f"clients x {args.batch:,} + {args.single_clients} single-ask clients"
+        )
+        print(f"chaos: {result['events']}; op versions installed {result['versions']}")
+        print(
+            f"engine: processed {result['processed']:,}, failed {result['failed']}, "
+            f"launches {result['launches']}, parks {result['parks']}"
+        )
+        print(
+            f"verified: lost {result['lost']}, duplicated {result['duplicated']}, "
+            f"unknown version {result['bad_version']}, reply/version mismatch "
+            f"{result['reported_wrong']}"
+        )
+        ok = ok and not (result["lost"] or result["duplicated"] or result["bad_version"])
+        ok = ok and not result["reported_wrong"] and result["processed"] == result["tasks"]
+        for key in before:
+            print(
+                f"memory {key:22} before {before[key]:>14,}  after {after[key]:>14,}  "
+                f"delta {after[key] - before[key]:>+12,}"
+            )
+        device_back = device_back and after["device pool used"] <= before["device pool used"]
+    if args.rounds > 1:
+        first, last = after_rounds[0], after_rounds[-1]
+        print(
+            "growth after round 1 (what every further round left behind): "
+            + ", ".join(f"{key} {last[key] - first[key]:+,}" for key in before)
+        )
     print(
         f"soak verdict: {'PASS' if ok else 'FAIL'}; device pool back to its start: "
         f"{'yes' if device_back else 'no'}"
