@@ -18,7 +18,15 @@ from gpuactors.errors import (
     TaskHung,
     WorkerError,
 )
-from gpuactors.worker import IsolatedEngine, IsolationConfig, Job, RemoteArray, Upload
+from gpuactors.worker import (
+    IsolatedEngine,
+    IsolationConfig,
+    Job,
+    LaunchJob,
+    RemoteArray,
+    RemoteKernel,
+    Upload,
+)
 from gpuactors.worker.wire import decode_error, encode_error, encode_frame, read_frame
 
 
@@ -113,3 +121,15 @@ def test_remote_array_views_are_contiguous_slices() -> None:
         remote[::2]
     with pytest.raises(InvalidArgument, match="contiguous"):
         remote[3]  # type: ignore[index]
+
+
+def test_launch_jobs_check_their_shape_and_arguments() -> None:
+    kernel = RemoteKernel(id=1, kernels={"k": "k"}, cache_key="", log="", generation=1, owner="")
+    job = LaunchJob(kernel=kernel, grid=4, block=(32, 2), args=(np.zeros(2), np.int32(3)))
+    assert job.grid == (4, 1, 1) and job.block == (32, 2, 1)
+    with pytest.raises(InvalidArgument, match="block"):
+        LaunchJob(kernel=kernel, grid=1, block=2048)
+    with pytest.raises(InvalidArgument, match="device array"):
+        LaunchJob(kernel=kernel, grid=1, block=1, args=(_FakeDeviceArray(),))
+    with pytest.raises(InvalidArgument, match="returns"):
+        LaunchJob(kernel=kernel, grid=1, block=1, args=(np.int32(1),), returns=(0,))

@@ -203,3 +203,35 @@ async def test_an_exhausted_restart_budget_fails_fast() -> None:
         assert time.perf_counter() - started < 0.5
         health = await engine.health()
         assert health.state == "failed" and health.pid is None
+
+
+INC = 'extern "C" __global__ void inc(float* x, int n) {\n    int i = blockIdx.x * blockDim.x + threadIdx.x;\n    if (i < n) x[i] += 1.0f;\n}\n'
+WILD = 'extern "C" __global__ void wild(float* x) { *(volatile float*)0x10 = x[0]; }\n'
+
+
+async def test_kernels_compiled_and_launched_in_the_worker_survive_a_faulting_kernel() -> None:
+    rng = np.random.default_rng()
+    async with ActorSystem("iso") as system:
+        engine = await IsolatedEngine.start(system)
+        await _standby_ready(engine)
+        inc = await engine.compile(INC, "inc")
+        wild = await engine.compile(WILD, "wild")
+        x = rng.standard_normal(1000).astype(np.float32)
+        result = await engine.launch(inc, 4, 256, x, np.int32(1000))
+        np.testing.assert_allclose(result.arrays[0], x + 1.0, rtol=1e-6)
+        remote = await engine.upload(x)
+        await engine.launch(inc, 4, 256, remote, np.int32(1000))
+        np.testing.assert_allclose(await engine.download(remote), x + 1.0, rtol=1e-6)
+        with pytest.raises(InvalidArgument):  # a Python int: its C type would be a guess
+            await engine.launch(inc, 4, 256, x, 1000)
+
+        with pytest.raises(DeviceFault, match="LaunchJob"):
+            await engine.launch(wild, 1, 1, x)
+        with pytest.raises(GpuRefStale, match="remote kernel"):
+            await engine.launch(inc, 4, 256, x, np.int32(1000))
+        inc = await engine.compile(INC, "inc")  # a cache hit in the new worker
+        again = await engine.launch(inc, 4, 256, x, np.int32(1000))
+        np.testing.assert_allclose(again.arrays[0], x + 1.0, rtol=1e-6)
+        health = await engine.health()
+        assert health.restarts == 1 and health.culprits == 1 and again.generation == 2
+        await engine.shutdown()

@@ -228,3 +228,17 @@ async def test_remote_arrays_of_another_engine_instance_are_stale() -> None:
         with pytest.raises(GpuRefStale, match="another engine"):
             await second.download(remote)
         np.testing.assert_array_equal(await first.download(remote), np.ones(3))
+
+
+async def test_remote_kernels_die_with_their_worker() -> None:
+    async with ActorSystem("sup") as system:
+        engine = await IsolatedEngine.start(system, isolation=cpu_isolation())
+        kernel = await engine.compile('extern "C" __global__ void k(float* x) {}', "k")
+        result = await engine.launch(kernel, 1, 32, np.ones(4, np.float32))
+        assert result.launched.name == "k" and result.generation == 1
+        with pytest.raises(DeviceFault):
+            await engine.run("crash", np.zeros(4, np.float32), n=4)
+        with pytest.raises(GpuRefStale, match="remote kernel"):
+            await engine.launch(kernel, 1, 32, np.ones(4, np.float32))
+        again = await engine.compile('extern "C" __global__ void k(float* x) {}', "k")
+        assert (await engine.launch(again, 1, 32)).generation == 2

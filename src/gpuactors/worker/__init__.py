@@ -15,7 +15,10 @@ from gpuactors.worker.messages import (
     Health,
     Job,
     JobResult,
+    LaunchJob,
+    LaunchResult,
     RemoteArray,
+    RemoteKernel,
     Upload,
     WorkerHealth,
 )
@@ -30,7 +33,10 @@ __all__ = [
     "IsolationConfig",
     "Job",
     "JobResult",
+    "LaunchJob",
+    "LaunchResult",
     "RemoteArray",
+    "RemoteKernel",
     "Upload",
     "WorkerHealth",
 ]

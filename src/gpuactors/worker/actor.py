@@ -72,6 +72,14 @@ from gpuactors.errors import (
     WorkerError,
 )
 from gpuactors.messages import Ack, Message
+from gpuactors.nvrtc.messages import (
+    Compile,
+    CompileAsync,
+    CompileRequest,
+    block_dims,
+    grid_dims,
+)
+from gpuactors.nvrtc.options import NvrtcOpts
 from gpuactors.worker.child import BootSpec
 from gpuactors.worker.messages import (
     Download,
@@ -80,7 +88,10 @@ from gpuactors.worker.messages import (
     Health,
     Job,
     JobResult,
+    LaunchJob,
+    LaunchResult,
     RemoteArray,
+    RemoteKernel,
     Upload,
     WorkerHealth,
     WorkerState,
@@ -310,6 +321,18 @@ class IsolatedEngineActor(Actor):
             )
         return self._submit(msg)
 
+    @handles(Compile)
+    def compile(self, msg: Compile) -> Deferred[RemoteKernel]:
+        return self._submit(msg)
+
+    @handles(CompileAsync)
+    def compile_async(self, msg: CompileAsync) -> Deferred[RemoteKernel]:
+        return self._submit(msg)
+
+    @handles(LaunchJob)
+    def launch_job(self, msg: LaunchJob) -> Deferred[LaunchResult]:
+        return self._submit(msg)
+
     @handles(Park)
     def park(self, msg: Park) -> Deferred[Parked]:
         return self._submit(msg)
@@ -473,6 +496,24 @@ class IsolatedEngineActor(Actor):
                 arrays=arrays,
                 generation=self._generation,
                 attempts=request.attempts,
+            )
+        elif isinstance(message, LaunchJob):
+            launched, arrays = payload
+            payload = LaunchResult(
+                launched=launched,
+                arrays=arrays,
+                generation=self._generation,
+                attempts=request.attempts,
+            )
+        elif isinstance(message, CompileRequest):
+            kernel_id, kernels, cache_key, log = payload
+            payload = RemoteKernel(
+                id=kernel_id,
+                kernels=kernels,
+                cache_key=cache_key,
+                log=log,
+                generation=self._generation,
+                owner=self._owner,
             )
         elif isinstance(message, Upload):
             array = message.array
@@ -668,16 +709,19 @@ class IsolatedEngineActor(Actor):
 
 
 def _stale_remote(message: Message, generation: int, owner: str) -> GpuRefStale | None:
-    refs: list[RemoteArray] = []
-    if isinstance(message, Job | EnqueueBatch):
+    refs: list[RemoteArray | RemoteKernel] = []
+    if isinstance(message, Job | EnqueueBatch | LaunchJob):
         refs = [a for a in message.args if isinstance(a, RemoteArray)]
+    if isinstance(message, LaunchJob):
+        refs.append(message.kernel)
     elif isinstance(message, Download | Free):
         refs = [message.array]
     for ref in refs:
+        what = f"remote {'array' if isinstance(ref, RemoteArray) else 'kernel'} {ref.id}"
         if ref.owner != owner:
-            return GpuRefStale(f"remote array {ref.id} of another engine instance", 0, generation)
+            return GpuRefStale(f"{what} of another engine instance", 0, generation)
         if ref.generation != generation:
-            return GpuRefStale(f"remote array {ref.id}", ref.generation, generation)
+            return GpuRefStale(what, ref.generation, generation)
     return None
 
 
@@ -751,6 +795,45 @@ class IsolatedEngine:
 
     async def free(self, array: RemoteArray) -> None:
         await self.ref.ask(Free(array=array))
+
+    async def compile(
+        self,
+        source: str,
+        kernel_names: str | tuple[str, ...],
+        *,
+        opts: NvrtcOpts | None = None,
+        name: str = "kernel.cu",
+    ) -> RemoteKernel:
+        """Compile (off the worker's mailbox) and load kernels in the worker."""
+        names = (kernel_names,) if isinstance(kernel_names, str) else kernel_names
+        message = CompileAsync(
+            source=source, kernel_names=names, opts=opts or NvrtcOpts(), name=name
+        )
+        reply: RemoteKernel = await self.ref.ask(message)
+        return reply
+
+    async def launch(
+        self,
+        kernel: RemoteKernel,
+        grid: int | tuple[int, ...],
+        block: int | tuple[int, ...],
+        *args: Any,
+        name: str | None = None,
+        shared_mem: int = 0,
+        returns: tuple[int, ...] | None = None,
+    ) -> LaunchResult:
+        """Launch a kernel in the worker; NumPy arrays go by value (see :class:`LaunchJob`)."""
+        job = LaunchJob(
+            kernel=kernel,
+            name=name,
+            grid=grid_dims(grid),
+            block=block_dims(block),
+            args=args,
+            shared_mem=shared_mem,
+            returns=returns,
+        )
+        reply: LaunchResult = await self.ref.ask(job)
+        return reply
 
     async def install(self, op: OpSpec, *, activate: bool = True) -> OpInstalled:
         reply: OpInstalled = await self.ref.ask(InstallOp(op=op, activate=activate))

@@ -20,13 +20,15 @@ from typing import Any, Literal
 
 import numpy as np
 
-from gpuactors.actors import ActorSystem
+from gpuactors.actors import ActorRef, ActorSystem, Props
 from gpuactors.cuda import no_device_reason
 from gpuactors.engine import Engine, EngineConfig, Enqueue, EnqueueBatch, OpSpec, Shutdown
 from gpuactors.errors import ActorStopped, DeviceFault, GpuRefStale, NoCudaDevice, TaskHung
 from gpuactors.logs import get_logger
 from gpuactors.messages import Ack, Message
-from gpuactors.worker.messages import Download, Free, Job, RemoteArray, Upload
+from gpuactors.nvrtc import KernelHandle, NvrtcActor
+from gpuactors.nvrtc.messages import CompileRequest, Launch
+from gpuactors.worker.messages import Download, Free, Job, LaunchJob, RemoteArray, Upload
 from gpuactors.worker.wire import encode_error, encode_frame, read_frame
 
 #: How long a faulted worker keeps serving replies before it reports and exits.
@@ -49,11 +51,17 @@ class BootSpec:
 class WorkerHost:
     """The engine of one worker process and the remote arrays it holds."""
 
-    def __init__(self, engine: Engine, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self, engine: Engine, writer: asyncio.StreamWriter, system: ActorSystem, device_id: int
+    ) -> None:
         self.engine = engine
         self._writer = writer
+        self._system = system
+        self._device_id = device_id
         self._arrays: dict[int, Any] = {}
         self._next_array = 1
+        self._kernels: dict[int, KernelHandle] = {}
+        self._nvrtc: ActorRef | None = None  # spawned on the first compile
         self.fault: str | None = None
         self.done = asyncio.Event()
 
@@ -77,6 +85,14 @@ class WorkerHost:
             raise DeviceFault(f"this worker's device context faulted: {self.fault}")
         if isinstance(message, Job):
             return await self._run_job(message)
+        if isinstance(message, LaunchJob):
+            return await self._launch(message)
+        if isinstance(message, CompileRequest):
+            handle = await self._compiler().ask(message, timeout=None)
+            kernel_id = self._next_array
+            self._next_array += 1
+            self._kernels[kernel_id] = handle
+            return kernel_id, dict(handle.kernels), handle.cache_key, handle.log
         if isinstance(message, Upload):
             array_id = self._next_array
             self._next_array += 1
@@ -95,9 +111,36 @@ class WorkerHost:
         return await self.engine.ref.ask(message, timeout=None)
 
     async def _run_job(self, job: Job) -> tuple[Any, tuple[Any, ...]]:
+        args, copies = self._device_args(job.args)
+        completion = await self.engine.ref.ask(
+            Enqueue(op=job.op, args=args, n=job.n, blocks=job.blocks, timeout=job.timeout),
+            timeout=None,  # the task's own deadline bounds it
+        )
+        return completion, _returned(copies, job.returns, len(job.args))
+
+    async def _launch(self, job: LaunchJob) -> tuple[Any, tuple[Any, ...]]:
+        handle = self._kernels.get(job.kernel.id)
+        if handle is None:
+            raise GpuRefStale(f"remote kernel {job.kernel.id} (from another worker)", 0, 0)
+        args, copies = self._device_args(job.args)
+        launched = await self._compiler().ask(
+            Launch(
+                kernel=handle,
+                name=job.name,
+                grid=job.grid,
+                block=job.block,
+                args=args,
+                shared_mem=job.shared_mem,
+            ),
+            timeout=None,
+        )
+        return launched, _returned(copies, job.returns, len(job.args))
+
+    def _device_args(self, host_args: tuple[Any, ...]) -> tuple[tuple[Any, ...], dict[int, Any]]:
+        """The arguments as the device sees them, and the copies made of NumPy ones."""
         copies: dict[int, Any] = {}
         args: list[Any] = []
-        for position, arg in enumerate(job.args):
+        for position, arg in enumerate(host_args):
             if isinstance(arg, np.ndarray):
                 copies[position] = _device_call(_to_device, arg)
                 args.append(copies[position])
@@ -105,15 +148,13 @@ class WorkerHost:
                 args.append(self._remote(arg))
             else:
                 args.append(arg)
-        completion = await self.engine.ref.ask(
-            Enqueue(op=job.op, args=tuple(args), n=job.n, blocks=job.blocks, timeout=job.timeout),
-            timeout=None,  # the task's own deadline bounds it
-        )
-        returns = sorted(copies) if job.returns is None else job.returns
-        arrays: list[Any] = [None] * len(job.args)
-        for position in returns:
-            arrays[position] = _device_call(_to_host, copies[position])
-        return completion, tuple(arrays)
+        return tuple(args), copies
+
+    def _compiler(self) -> ActorRef:
+        if self._nvrtc is None:
+            props = Props(NvrtcActor, kwargs={"device_id": self._device_id})
+            self._nvrtc = self._system.spawn(props, name="nvrtc")
+        return self._nvrtc
 
     def _remote(self, ref: RemoteArray) -> Any:
         array = self._arrays.get(ref.id)
@@ -128,6 +169,16 @@ class WorkerHost:
             self.fault = reason
             log.error("worker faulted", reason=reason, pid=os.getpid())
             asyncio.get_running_loop().call_later(_FAULT_FLUSH_SECONDS, self.done.set)
+
+
+def _returned(
+    copies: dict[int, Any], returns: tuple[int, ...] | None, count: int
+) -> tuple[Any, ...]:
+    """One entry per argument: the copied-back array for returned positions, else None."""
+    arrays: list[Any] = [None] * count
+    for position in sorted(copies) if returns is None else returns:
+        arrays[position] = _device_call(_to_host, copies[position])
+    return tuple(arrays)
 
 
 def _to_device(array: np.ndarray) -> Any:
@@ -176,7 +227,7 @@ async def serve(fd: int) -> int:
             writer.write(encode_frame(("boot_failed", encode_error(exc))))
             await writer.drain()
             return 1
-        host = WorkerHost(engine, writer)
+        host = WorkerHost(engine, writer, system, boot.device_id)
         host.send(("ready", {"pid": os.getpid(), "startup_s": time.perf_counter() - started}))
         requests: set[asyncio.Task[None]] = set()
         reading = asyncio.create_task(_read_requests(reader, host, requests))

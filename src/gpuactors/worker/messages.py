@@ -17,6 +17,7 @@ from pydantic import Field, field_validator
 from gpuactors.engine.messages import MAX_TIMEOUT_S, Completion
 from gpuactors.errors import InvalidArgument
 from gpuactors.messages import Message, Reply
+from gpuactors.nvrtc.messages import Dims, Launched, block_dims, grid_dims
 
 
 class RemoteArray(Reply):
@@ -51,6 +52,31 @@ class RemoteArray(Reply):
         )
 
 
+def _host_values(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Arguments that can cross to a worker: NumPy arrays, RemoteArrays, scalars."""
+    for position, arg in enumerate(args):
+        if isinstance(arg, np.ndarray | RemoteArray) or np.isscalar(arg):
+            continue
+        if hasattr(arg, "__cuda_array_interface__") or hasattr(arg, "__dlpack__"):
+            raise InvalidArgument(
+                f"argument {position} is a device array of this process: an isolated "
+                "engine takes NumPy arrays (by value) or RemoteArray (see Upload)"
+            )
+        raise InvalidArgument(
+            f"argument {position} is a {type(arg).__name__}: expected a NumPy array, "
+            "a RemoteArray or a scalar"
+        )
+    return args
+
+
+def _check_returns(args: tuple[Any, ...], returns: tuple[int, ...] | None) -> None:
+    arrays = {i for i, arg in enumerate(args) if isinstance(arg, np.ndarray)}
+    if returns is not None and not set(returns) <= arrays:
+        raise InvalidArgument(
+            f"returns {returns} must name NumPy arguments (positions {sorted(arrays)})"
+        )
+
+
 class Job(Message):
     """Run op ``op`` once, like ``Enqueue``, with arrays by value or as RemoteArrays.
 
@@ -69,26 +95,10 @@ class Job(Message):
     @field_validator("args")
     @classmethod
     def _host_values_only(cls, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        for position, arg in enumerate(args):
-            if isinstance(arg, np.ndarray | RemoteArray) or np.isscalar(arg):
-                continue
-            if hasattr(arg, "__cuda_array_interface__") or hasattr(arg, "__dlpack__"):
-                raise InvalidArgument(
-                    f"argument {position} is a device array of this process: an isolated "
-                    "engine takes NumPy arrays (by value) or RemoteArray (see Upload)"
-                )
-            raise InvalidArgument(
-                f"argument {position} is a {type(arg).__name__}: expected a NumPy array, "
-                "a RemoteArray or a scalar"
-            )
-        return args
+        return _host_values(args)
 
     def model_post_init(self, _context: Any) -> None:
-        arrays = {i for i, arg in enumerate(self.args) if isinstance(arg, np.ndarray)}
-        if self.returns is not None and not set(self.returns) <= arrays:
-            raise InvalidArgument(
-                f"returns {self.returns} must name NumPy arguments (positions {sorted(arrays)})"
-            )
+        _check_returns(self.args, self.returns)
 
 
 class JobResult(Reply):
@@ -148,3 +158,64 @@ class WorkerHealth(Reply):
     culprits: int  # jobs found to fault or hang a worker (their callers got the error)
     last_recovery_s: float | None  # worker death -> the next worker accepting jobs
     failure: str | None = None  # why the engine stopped serving (state "failed")
+
+
+# ------------------------------------------------------------ kernels (NVRTC)
+class RemoteKernel(Reply):
+    """Kernels compiled and loaded in an isolated engine's worker (send ``Compile`` or
+    ``CompileAsync`` to the engine; launch with :class:`LaunchJob`).
+
+    Like a RemoteArray it dies with its worker: after a replacement it raises
+    ``GpuRefStale``; compile again (the kernel caches make that a load).
+    """
+
+    id: int
+    kernels: dict[str, str]  # requested name -> symbol launched
+    cache_key: str
+    log: str
+    generation: int
+    owner: str
+
+
+class LaunchJob(Message):
+    """Launch kernel ``name`` of ``kernel`` in the worker, like ``Launch``, with arrays
+    by value (NumPy: copied in, and back per ``returns``) or as RemoteArrays.
+
+    Scalars must be NumPy scalars sized like the kernel's parameters
+    (``np.float32(2.0)``, ``np.int32(n)``), as for ``Launch``.
+    """
+
+    kernel: RemoteKernel
+    name: str | None = None
+    grid: Dims
+    block: Dims
+    args: tuple[Any, ...] = ()
+    shared_mem: int = Field(default=0, ge=0)
+    returns: tuple[int, ...] | None = None
+
+    @field_validator("grid", mode="before")
+    @classmethod
+    def _grid(cls, value: object) -> Dims:
+        return grid_dims(value)
+
+    @field_validator("block", mode="before")
+    @classmethod
+    def _block(cls, value: object) -> Dims:
+        return block_dims(value)
+
+    @field_validator("args")
+    @classmethod
+    def _host_values_only(cls, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        return _host_values(args)
+
+    def model_post_init(self, _context: Any) -> None:
+        _check_returns(self.args, self.returns)
+
+
+class LaunchResult(Reply):
+    """A kernel launched in the worker has completed."""
+
+    launched: Launched
+    arrays: tuple[Any, ...]  # as in JobResult
+    generation: int
+    attempts: int
