@@ -205,7 +205,12 @@ async def test_an_exhausted_restart_budget_fails_fast() -> None:
         assert health.state == "failed" and health.pid is None
 
 
-INC = 'extern "C" __global__ void inc(float* x, int n) {\n    int i = blockIdx.x * blockDim.x + threadIdx.x;\n    if (i < n) x[i] += 1.0f;\n}\n'
+INC = r"""
+extern "C" __global__ void inc(float* x, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += 1.0f;
+}
+"""
 WILD = 'extern "C" __global__ void wild(float* x) { *(volatile float*)0x10 = x[0]; }\n'
 
 
