@@ -91,6 +91,9 @@ __device__ __forceinline__ void st_release_gpu32(u32* p, u32 v) {
     asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
+// Ring positions the dispatcher examines per poll, in groups of one per lane.
+constexpr u32 kTakeGroups = 4;
+
 // Warp 0 of block 0. All lanes run it; lane 0 owns the scalar state writes.
 __device__ void run_dispatcher(const EngineParams& P) {
     const u32 lane = threadIdx.x & 31u;
@@ -130,22 +133,28 @@ __device__ void run_dispatcher(const EngineParams& P) {
         }
         u32 taken = 0;
         if (!parking) {
-            // Each lane looks at one consecutive ring position: one PCIe round
-            // trip reads up to 32 records' sequence numbers.
-            const u64 pos = tail + lane;
-            const u64 slot = pos & ring_mask;
-            const bool ready = ld_acquire_sys(&P.ring[slot].seq) == pos + 1;
-            const u32 ballot = __ballot_sync(full, ready);
+            // Each lane looks at kTakeGroups ring positions, 32 apart: one PCIe round
+            // trip reads up to 32 * kTakeGroups sequence numbers (all loads in flight).
+            bool ready[kTakeGroups];
+#pragma unroll
+            for (u32 g = 0; g < kTakeGroups; ++g) {
+                const u64 pos = tail + lane + 32u * g;
+                ready[g] = ld_acquire_sys(&P.ring[pos & ring_mask].seq) == pos + 1;
+            }
+#pragma unroll
+            for (u32 g = 0; g < kTakeGroups; ++g) {  // the ready prefix, in ring order
+                const u32 ballot = __ballot_sync(full, ready[g]);
+                if (taken == 32u * g) taken += (~ballot == 0u) ? 32u : (u32)(__ffs(~ballot) - 1);
+            }
             __syncwarp();  // every lane's acquire is ordered before any lane's record loads
-            taken = (~ballot == 0u) ? 32u : (u32)(__ffs(~ballot) - 1);
             if (taken > 0) {
                 // Copy the taken records to device memory, 16 bytes a lane (four
                 // records per warp-wide load). All loads are issued before any
-                // store, so the PCIe round trips overlap. The ballot orders these
+                // store, so the PCIe round trips overlap. The ballots order these
                 // loads after each record's acquire of its sequence number.
-                u64 lo[8], hi[8];
+                u64 lo[8 * kTakeGroups], hi[8 * kTakeGroups];
 #pragma unroll
-                for (int k = 0; k < 8; ++k) {
+                for (u32 k = 0; k < 8 * kTakeGroups; ++k) {
                     const u32 rec = (lane >> 3) + 4u * k;
                     if (rec < taken) {
                         const u64 s = (tail + rec) & ring_mask;
@@ -155,7 +164,7 @@ __device__ void run_dispatcher(const EngineParams& P) {
                     }
                 }
 #pragma unroll
-                for (int k = 0; k < 8; ++k) {
+                for (u32 k = 0; k < 8 * kTakeGroups; ++k) {
                     const u32 rec = (lane >> 3) + 4u * k;
                     if (rec < taken) {
                         const u64 s = (tail + rec) & ring_mask;
@@ -165,41 +174,47 @@ __device__ void run_dispatcher(const EngineParams& P) {
                     }
                 }
                 __syncwarp();
-                u32 my_units = 0;
-                if (lane < taken) {
-                    const u32 asked = P.tasks[slot].blocks;
-                    my_units = asked == 0 ? 1u : (asked > P.max_units_per_task ? P.max_units_per_task : asked);
-                    P.units_left[slot] = my_units;
-                    P.task_status[slot] = 0;
-                }
-                u32 incl = my_units;
+                // Hand the tasks to the workers 32 at a time: each group's units fit
+                // the unit queue (sized for 32 maximal tasks).
+                for (u32 first = 0; first < taken; first += 32u) {
+                    const u32 index = first + lane;
+                    const u64 slot = (tail + index) & ring_mask;
+                    u32 my_units = 0;
+                    if (index < taken) {
+                        const u32 asked = P.tasks[slot].blocks;
+                        my_units = asked == 0 ? 1u : (asked > P.max_units_per_task ? P.max_units_per_task : asked);
+                        P.units_left[slot] = my_units;
+                        P.task_status[slot] = 0;
+                    }
+                    u32 incl = my_units;
 #pragma unroll
-                for (int off = 1; off < 32; off <<= 1) {
-                    const u32 v = __shfl_up_sync(full, incl, off);
-                    if (lane >= (u32)off) incl += v;
+                    for (int off = 1; off < 32; off <<= 1) {
+                        const u32 v = __shfl_up_sync(full, incl, off);
+                        if (lane >= (u32)off) incl += v;
+                    }
+                    const u32 total = __shfl_sync(full, incl, 31);
+                    // Room in the unit queue: never overwrite a unit not yet finished.
+                    while (true) {
+                        u64 done = 0;
+                        if (lane == 0) done = ld_acquire_gpu(&S->unit_done);
+                        done = __shfl_sync(full, done, 0);
+                        if (unit_head + total - done <= P.unit_capacity) break;
+                        __nanosleep(64);
+                    }
+                    const u32 excl = incl - my_units;
+                    for (u32 r = 0; r < my_units; ++r) {
+                        Unit u;
+                        u.slot = (u32)slot;
+                        u.rank = r;
+                        u.count = my_units;
+                        u.reserved = 0;
+                        P.units[(unit_head + excl + r) & unit_mask] = u;
+                    }
+                    __threadfence();
+                    __syncwarp();
+                    if (lane == 0) st_release_gpu(&S->unit_head, unit_head + total);
+                    unit_head += total;
                 }
-                const u32 total = __shfl_sync(full, incl, 31);
-                // Room in the unit queue: never overwrite a unit not yet finished.
-                while (true) {
-                    u64 done = 0;
-                    if (lane == 0) done = ld_acquire_gpu(&S->unit_done);
-                    done = __shfl_sync(full, done, 0);
-                    if (unit_head + total - done <= P.unit_capacity) break;
-                    __nanosleep(64);
-                }
-                const u32 excl = incl - my_units;
-                for (u32 r = 0; r < my_units; ++r) {
-                    Unit u;
-                    u.slot = (u32)slot;
-                    u.rank = r;
-                    u.count = my_units;
-                    u.reserved = 0;
-                    P.units[(unit_head + excl + r) & unit_mask] = u;
-                }
-                __threadfence();
-                __syncwarp();
-                if (lane == 0) st_release_gpu(&S->unit_head, unit_head + total);
-                unit_head += total;
                 tail += taken;
                 last_work = now_ns();
             }
