@@ -66,6 +66,18 @@ __device__ __forceinline__ u64 now_ns() {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
+__device__ __forceinline__ u64 ld_relaxed_sys(const u64* p) {
+    u64 v;
+    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// With relaxed loads before it, an acquire pattern: later loads see what the host
+// wrote before the values those loads returned.
+__device__ __forceinline__ void fence_acquire_sys() {
+    asm volatile("fence.acq_rel.sys;" ::: "memory");
+}
+
 __device__ __forceinline__ u64 ld_acquire_sys(const u64* p) {
     u64 v;
     asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
@@ -134,20 +146,23 @@ __device__ void run_dispatcher(const EngineParams& P) {
         u32 taken = 0;
         if (!parking) {
             // Each lane looks at kTakeGroups ring positions, 32 apart: one PCIe round
-            // trip reads up to 32 * kTakeGroups sequence numbers (all loads in flight).
+            // trip reads up to 32 * kTakeGroups sequence numbers. The loads are relaxed
+            // so that all of them are in flight at once (an acquire load would hold
+            // back the next one); a fence turns them into acquires once any is ready.
             bool ready[kTakeGroups];
 #pragma unroll
             for (u32 g = 0; g < kTakeGroups; ++g) {
                 const u64 pos = tail + lane + 32u * g;
-                ready[g] = ld_acquire_sys(&P.ring[pos & ring_mask].seq) == pos + 1;
+                ready[g] = ld_relaxed_sys(&P.ring[pos & ring_mask].seq) == pos + 1;
             }
 #pragma unroll
             for (u32 g = 0; g < kTakeGroups; ++g) {  // the ready prefix, in ring order
                 const u32 ballot = __ballot_sync(full, ready[g]);
                 if (taken == 32u * g) taken += (~ballot == 0u) ? 32u : (u32)(__ffs(~ballot) - 1);
             }
-            __syncwarp();  // every lane's acquire is ordered before any lane's record loads
             if (taken > 0) {
+                fence_acquire_sys();
+                __syncwarp();  // every lane's acquire is ordered before any lane's record loads
                 // Copy the taken records to device memory, 16 bytes a lane (four
                 // records per warp-wide load). All loads are issued before any
                 // store, so the PCIe round trips overlap. The ballots order these
