@@ -146,23 +146,28 @@ __device__ void run_dispatcher(const EngineParams& P) {
         u32 taken = 0;
         if (!parking) {
             // Each lane looks at kTakeGroups ring positions, 32 apart: one PCIe round
-            // trip reads up to 32 * kTakeGroups sequence numbers. The loads are relaxed
-            // so that all of them are in flight at once (an acquire load would hold
-            // back the next one); a fence turns them into acquires once any is ready.
+            // trip reads up to 32 * kTakeGroups sequence numbers. Groups 1.. are read
+            // relaxed and first, group 0 with an acquire last: an acquire holds back
+            // later loads, not earlier ones, so all of them are in flight at once.
+            // Group 0 alone (the latency path) needs nothing more; a take beyond it
+            // is made an acquire of every group by one fence.
+            u64 seen[kTakeGroups];
+#pragma unroll
+            for (u32 g = 1; g < kTakeGroups; ++g) {
+                seen[g] = ld_relaxed_sys(&P.ring[(tail + lane + 32u * g) & ring_mask].seq);
+            }
+            seen[0] = ld_acquire_sys(&P.ring[(tail + lane) & ring_mask].seq);
             bool ready[kTakeGroups];
 #pragma unroll
-            for (u32 g = 0; g < kTakeGroups; ++g) {
-                const u64 pos = tail + lane + 32u * g;
-                ready[g] = ld_relaxed_sys(&P.ring[pos & ring_mask].seq) == pos + 1;
-            }
+            for (u32 g = 0; g < kTakeGroups; ++g) ready[g] = seen[g] == tail + lane + 32u * g + 1;
 #pragma unroll
             for (u32 g = 0; g < kTakeGroups; ++g) {  // the ready prefix, in ring order
                 const u32 ballot = __ballot_sync(full, ready[g]);
                 if (taken == 32u * g) taken += (~ballot == 0u) ? 32u : (u32)(__ffs(~ballot) - 1);
             }
+            if (taken > 32u) fence_acquire_sys();
+            __syncwarp();  // every lane's acquire is ordered before any lane's record loads
             if (taken > 0) {
-                fence_acquire_sys();
-                __syncwarp();  // every lane's acquire is ordered before any lane's record loads
                 // Copy the taken records to device memory, 16 bytes a lane (four
                 // records per warp-wide load). All loads are issued before any
                 // store, so the PCIe round trips overlap. The ballots order these
