@@ -121,6 +121,7 @@ __device__ void run_dispatcher(const EngineParams& P) {
     u64 last_work = started;
     u64 reason = 0;
     bool parking = false;
+    bool burst = false;  // the last poll took a full group: look further ahead
     u32 iter = 0;
 
     if (lane == 0) {
@@ -145,16 +146,19 @@ __device__ void run_dispatcher(const EngineParams& P) {
         }
         u32 taken = 0;
         if (!parking) {
-            // Each lane looks at kTakeGroups ring positions, 32 apart: one PCIe round
-            // trip reads up to 32 * kTakeGroups sequence numbers. Groups 1.. are read
-            // relaxed and first, group 0 with an acquire last: an acquire holds back
-            // later loads, not earlier ones, so all of them are in flight at once.
-            // Group 0 alone (the latency path) needs nothing more; a take beyond it
-            // is made an acquire of every group by one fence.
+            // Each lane looks at one ring position, or in a burst (the last take was a
+            // full 32) at kTakeGroups positions 32 apart: one PCIe round trip reads up
+            // to 32 * kTakeGroups sequence numbers. Groups 1.. are read relaxed and
+            // first, group 0 with an acquire last: an acquire holds back later loads,
+            // not earlier ones, so all of them are in flight at once. A take beyond
+            // group 0 is made an acquire of every group by one fence. Out of a burst
+            // (the latency path) the poll is one acquire load per lane, as small as
+            // it can be.
             u64 seen[kTakeGroups];
 #pragma unroll
             for (u32 g = 1; g < kTakeGroups; ++g) {
-                seen[g] = ld_relaxed_sys(&P.ring[(tail + lane + 32u * g) & ring_mask].seq);
+                seen[g] = burst ? ld_relaxed_sys(&P.ring[(tail + lane + 32u * g) & ring_mask].seq)
+                                : 0;  // never a sequence number (they start at 1)
             }
             seen[0] = ld_acquire_sys(&P.ring[(tail + lane) & ring_mask].seq);
             bool ready[kTakeGroups];
@@ -165,6 +169,7 @@ __device__ void run_dispatcher(const EngineParams& P) {
                 const u32 ballot = __ballot_sync(full, ready[g]);
                 if (taken == 32u * g) taken += (~ballot == 0u) ? 32u : (u32)(__ffs(~ballot) - 1);
             }
+            burst = taken >= 32u;
             if (taken > 32u) fence_acquire_sys();
             __syncwarp();  // every lane's acquire is ordered before any lane's record loads
             if (taken > 0) {
