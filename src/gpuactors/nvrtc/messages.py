@@ -148,7 +148,25 @@ def block_dims(value: object) -> Dims:
     return dims
 
 
-class Launch(_Checked):
+class LaunchShape(_Checked):
+    """A launch's ``grid`` and ``block``: an int or 1 to 3 ints each (missing
+    dimensions are 1), checked against CUDA's limits."""
+
+    grid: Dims
+    block: Dims
+
+    @field_validator("grid", mode="before")
+    @classmethod
+    def _grid(cls, value: object) -> Dims:
+        return grid_dims(value)
+
+    @field_validator("block", mode="before")
+    @classmethod
+    def _block(cls, value: object) -> Dims:
+        return block_dims(value)
+
+
+class Launch(LaunchShape):
     """Launch ``name`` from ``kernel`` on ``grid`` x ``block``; the reply, a
     :class:`Launched`, comes when the GPU work has completed.
 
@@ -168,22 +186,10 @@ class Launch(_Checked):
 
     kernel: KernelHandle
     name: str | None = None
-    grid: Dims
-    block: Dims
     args: tuple[Any, ...] = ()
     shared_mem: int = Field(default=0, ge=0)
     stream: Any = None
     after: Literal["current_stream", "none"] = "current_stream"
-
-    @field_validator("grid", mode="before")
-    @classmethod
-    def _grid(cls, value: object) -> Dims:
-        return grid_dims(value)
-
-    @field_validator("block", mode="before")
-    @classmethod
-    def _block(cls, value: object) -> Dims:
-        return block_dims(value)
 
 
 class Launched(Reply):

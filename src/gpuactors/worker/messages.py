@@ -17,7 +17,7 @@ from pydantic import Field, field_validator
 from gpuactors.engine.messages import MAX_TIMEOUT_S, Completion
 from gpuactors.errors import InvalidArgument
 from gpuactors.messages import Message, Reply
-from gpuactors.nvrtc.messages import Dims, Launched, block_dims, grid_dims
+from gpuactors.nvrtc.messages import Launched, LaunchShape
 
 
 class RemoteArray(Reply):
@@ -52,32 +52,39 @@ class RemoteArray(Reply):
         )
 
 
-def _host_values(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Arguments that can cross to a worker: NumPy arrays, RemoteArrays, scalars."""
-    for position, arg in enumerate(args):
-        if isinstance(arg, np.ndarray | RemoteArray) or np.isscalar(arg):
-            continue
-        if hasattr(arg, "__cuda_array_interface__") or hasattr(arg, "__dlpack__"):
+class HostArgs(Message):
+    """Arguments that can cross to a worker process: NumPy arrays (by value: copied in,
+    and back for the positions in ``returns``, default all), RemoteArrays, scalars."""
+
+    args: tuple[Any, ...] = ()
+    returns: tuple[int, ...] | None = None
+
+    @field_validator("args")
+    @classmethod
+    def _host_values_only(cls, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        for position, arg in enumerate(args):
+            if isinstance(arg, np.ndarray | RemoteArray) or np.isscalar(arg):
+                continue
+            if hasattr(arg, "__cuda_array_interface__") or hasattr(arg, "__dlpack__"):
+                raise InvalidArgument(
+                    f"argument {position} is a device array of this process: an isolated "
+                    "engine takes NumPy arrays (by value) or RemoteArray (see Upload)"
+                )
             raise InvalidArgument(
-                f"argument {position} is a device array of this process: an isolated "
-                "engine takes NumPy arrays (by value) or RemoteArray (see Upload)"
+                f"argument {position} is a {type(arg).__name__}: expected a NumPy array, "
+                "a RemoteArray or a scalar"
             )
-        raise InvalidArgument(
-            f"argument {position} is a {type(arg).__name__}: expected a NumPy array, "
-            "a RemoteArray or a scalar"
-        )
-    return args
+        return args
+
+    def model_post_init(self, _context: Any) -> None:
+        arrays = {i for i, arg in enumerate(self.args) if isinstance(arg, np.ndarray)}
+        if self.returns is not None and not set(self.returns) <= arrays:
+            raise InvalidArgument(
+                f"returns {self.returns} must name NumPy arguments (positions {sorted(arrays)})"
+            )
 
 
-def _check_returns(args: tuple[Any, ...], returns: tuple[int, ...] | None) -> None:
-    arrays = {i for i, arg in enumerate(args) if isinstance(arg, np.ndarray)}
-    if returns is not None and not set(returns) <= arrays:
-        raise InvalidArgument(
-            f"returns {returns} must name NumPy arguments (positions {sorted(arrays)})"
-        )
-
-
-class Job(Message):
+class Job(HostArgs):
     """Run op ``op`` once, like ``Enqueue``, with arrays by value or as RemoteArrays.
 
     NumPy arrays in ``args`` are copied to the device before the task and copied
@@ -86,19 +93,9 @@ class Job(Message):
     """
 
     op: str
-    args: tuple[Any, ...] = ()
     n: int = Field(ge=0, lt=2**62)
     blocks: int = Field(default=1, ge=1)
     timeout: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
-    returns: tuple[int, ...] | None = None
-
-    @field_validator("args")
-    @classmethod
-    def _host_values_only(cls, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        return _host_values(args)
-
-    def model_post_init(self, _context: Any) -> None:
-        _check_returns(self.args, self.returns)
 
 
 class JobResult(Reply):
@@ -177,7 +174,7 @@ class RemoteKernel(Reply):
     owner: str
 
 
-class LaunchJob(Message):
+class LaunchJob(LaunchShape, HostArgs):
     """Launch kernel ``name`` of ``kernel`` in the worker, like ``Launch``, with arrays
     by value (NumPy: copied in, and back per ``returns``) or as RemoteArrays.
 
@@ -187,29 +184,7 @@ class LaunchJob(Message):
 
     kernel: RemoteKernel
     name: str | None = None
-    grid: Dims
-    block: Dims
-    args: tuple[Any, ...] = ()
     shared_mem: int = Field(default=0, ge=0)
-    returns: tuple[int, ...] | None = None
-
-    @field_validator("grid", mode="before")
-    @classmethod
-    def _grid(cls, value: object) -> Dims:
-        return grid_dims(value)
-
-    @field_validator("block", mode="before")
-    @classmethod
-    def _block(cls, value: object) -> Dims:
-        return block_dims(value)
-
-    @field_validator("args")
-    @classmethod
-    def _host_values_only(cls, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        return _host_values(args)
-
-    def model_post_init(self, _context: Any) -> None:
-        _check_returns(self.args, self.returns)
 
 
 class LaunchResult(Reply):
