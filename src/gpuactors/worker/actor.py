@@ -142,7 +142,6 @@ class _Request:
     future: asyncio.Future[Any] | None  # None: an internal replay nobody waits on
     attempts: int = 0
     alone: bool = False  # sent only when nothing else is in flight, and nothing with it
-    suspect: bool = False  # was in a worker that died
     deadline: float = 0.0  # monotonic; past it the worker is declared stuck
 
 
@@ -462,7 +461,6 @@ class IsolatedEngineActor(Actor):
                 _settle(request, error=error)
             elif isinstance(error, DeviceFault | ActorStopped):
                 # Its worker is going down: decided in _on_worker_lost. Send it nothing more.
-                request.suspect = True
                 self._suspects.append(request)
                 self._doom(worker)
             else:
@@ -595,7 +593,6 @@ class IsolatedEngineActor(Actor):
                 # Culprit unknown: each runs alone on the next worker, so a second fault
                 # names it. After a hang the rest are innocent: they run as usual.
                 request.alone = not hang
-                request.suspect = False
                 retry.append(request)
         self._retried += sum(isinstance(r.message, Job) for r in retry)
         self._queue.extendleft(reversed(retry))
