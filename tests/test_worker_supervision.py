@@ -242,3 +242,41 @@ async def test_remote_kernels_die_with_their_worker() -> None:
             await engine.launch(kernel, 1, 32, np.ones(4, np.float32))
         again = await engine.compile('extern "C" __global__ void k(float* x) {}', "k")
         assert (await engine.launch(again, 1, 32)).generation == 2
+
+
+def _live_children() -> set[int]:
+    alive = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid() and fields[0] != "Z":
+            alive.add(int(stat.parent.name))
+    return alive
+
+
+async def test_a_standby_that_dies_is_replaced_and_never_serves() -> None:
+    async with ActorSystem("sup") as system:
+        engine = await IsolatedEngine.start(system, isolation=cpu_isolation())
+        await standbys_ready(engine)
+        serving = (await engine.health()).pid
+        (standby,) = _live_children() - {serving}
+        os.kill(standby, 9)
+        deadline = time.monotonic() + 30
+        while True:  # dropped, then a new one booted
+            health = await engine.health()
+            spares = _live_children() - {serving}
+            if health.standbys == 1 and spares and standby not in spares:
+                break
+            assert time.monotonic() < deadline, (health, spares)
+            await asyncio.sleep(0.02)
+        expected, tasks = await axpy_jobs(engine, 10)
+        await all_correct(expected, tasks)
+        health = await engine.health()
+        assert health.pid == serving and health.restarts == 0
+        await engine.shutdown()
+        deadline = time.monotonic() + 10
+        while _live_children():  # the serving worker exits, the spare is killed
+            assert time.monotonic() < deadline, _live_children()
+            await asyncio.sleep(0.02)
