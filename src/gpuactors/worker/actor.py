@@ -185,7 +185,6 @@ class IsolatedEngineActor(Actor):
         self._parked = False  # a Park is in force: tasks wait in the ring, deadlines pause
         self._owner = uuid.uuid4().hex  # stamps RemoteArrays: another instance's are stale
         self._doomed = False  # the worker reported its context lost: send it nothing more
-        self._pump_scheduled = False
         self._last_recovery_s: float | None = None
 
     # ---------------------------------------------------------------- lifecycle
@@ -376,20 +375,9 @@ class IsolatedEngineActor(Actor):
         except GpuActorsError as exc:
             return failed_reply(exc)
         self._queue.append(request)
-        self._schedule_pump()
+        self._pump()
         assert request.future is not None
         return Deferred(request.future)
-
-    def _schedule_pump(self) -> None:
-        """Pump once this loop turn is over: requests that arrive together go out in one
-        write (one system call, one wake-up of the worker)."""
-        if not self._pump_scheduled:
-            self._pump_scheduled = True
-            asyncio.get_running_loop().call_soon(self._scheduled_pump)
-
-    def _scheduled_pump(self) -> None:
-        self._pump_scheduled = False
-        self._pump()
 
     def _new_request(
         self, msg: Message, future: asyncio.Future[Any] | None, *, alone: bool = False
@@ -413,11 +401,10 @@ class IsolatedEngineActor(Actor):
         worker = self._worker
         if worker is None or self._state != "serving" or self._doomed:
             return
-        frames: list[bytes] = []
         while self._queue and self._alone is None:
             head = self._queue[0]
             if head.alone and self._in_flight:
-                break
+                return
             self._queue.popleft()
             if head.future is not None and head.future.done():
                 continue  # the caller gave up (cancelled ask)
@@ -430,9 +417,7 @@ class IsolatedEngineActor(Actor):
             self._in_flight[head.rid] = head
             if head.alone:
                 self._alone = head.rid
-            frames.append(head.frame)
-        if frames:
-            worker.send(b"".join(frames))
+            worker.send(head.frame)
         if self._died_at is not None and not self._replaying():
             self._last_recovery_s = time.perf_counter() - self._died_at
             self._died_at = None
@@ -480,7 +465,7 @@ class IsolatedEngineActor(Actor):
                 self._doom(worker)
             else:
                 _settle(request, error=error)
-        self._schedule_pump()
+        self._pump()
 
     def _doom(self, worker: WorkerProcess) -> None:
         """The worker said its context is lost: send it nothing more, and do not trust it

@@ -62,20 +62,11 @@ class WorkerHost:
         self._next_array = 1
         self._kernels: dict[int, KernelHandle] = {}
         self._nvrtc: ActorRef | None = None  # spawned on the first compile
-        self._outgoing: list[bytes] = []
         self.fault: str | None = None
         self.done = asyncio.Event()
 
     def send(self, frame: object) -> None:
-        """Queue a frame; frames queued in one loop turn go out in one write."""
-        self._outgoing.append(encode_frame(frame))
-        if len(self._outgoing) == 1:
-            asyncio.get_running_loop().call_soon(self.flush)
-
-    def flush(self) -> None:
-        if self._outgoing:
-            self._writer.write(b"".join(self._outgoing))
-            self._outgoing.clear()
+        self._writer.write(encode_frame(frame))
 
     async def serve(self, rid: int, message: Message) -> None:
         try:
@@ -243,11 +234,9 @@ async def serve(fd: int) -> int:
         await host.done.wait()
         if host.fault is not None:
             host.send(("faulted", host.fault))
-            host.flush()
             with contextlib.suppress(ConnectionError):
                 await writer.drain()
             _exit(EXIT_FAULTED)  # never wait on a poisoned context's teardown
-        host.flush()
         with contextlib.suppress(ConnectionError):  # the parent may be gone already
             await writer.drain()
         reading.cancel()
