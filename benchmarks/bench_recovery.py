@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import ctypes
 import os
 import sys
 import time
@@ -37,6 +35,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu_scripts"))
 from fault_ops import BAD, SPIN
+from soak import rss_bytes  # RSS after malloc_trim, as the soak measures it
 
 from gpuactors.actors import ActorSystem
 from gpuactors.engine import EngineConfig
@@ -170,14 +169,6 @@ async def isolated_throughput(clients: int, per_client: int) -> float:
         rate = clients * per_client / (time.perf_counter() - started)
         await engine.shutdown()
     return rate
-
-
-def rss_bytes() -> int:
-    """RSS after glibc returns freed heap pages to the OS (freed is not leaked)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def device_used() -> int:

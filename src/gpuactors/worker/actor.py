@@ -530,12 +530,10 @@ class IsolatedEngineActor(Actor):
     def _on_worker_lost(self, worker: WorkerProcess, reason: str) -> None:
         if worker is not self._worker:
             return
-        if self._closing:  # a worker leaving after Shutdown is not a fault
-            self._worker = None
-            worker.kill()
-            return
         self._worker = None
         worker.kill()
+        if self._closing:  # a worker leaving after Shutdown is not a fault
+            return
         self._died_at = time.perf_counter()
         self._generation += 1
         self.log.error("worker lost", pid=worker.pid, reason=reason, generation=self._generation)

@@ -59,8 +59,8 @@ class WorkerHost:
         self._system = system
         self._device_id = device_id
         self._arrays: dict[int, Any] = {}
-        self._next_array = 1
         self._kernels: dict[int, KernelHandle] = {}
+        self._last_id = 0  # arrays and kernels share one id sequence
         self._nvrtc: ActorRef | None = None  # spawned on the first compile
         self.fault: str | None = None
         self.done = asyncio.Event()
@@ -89,13 +89,11 @@ class WorkerHost:
             return await self._launch(message)
         if isinstance(message, CompileRequest):
             handle = await self._compiler().ask(message, timeout=None)
-            kernel_id = self._next_array
-            self._next_array += 1
+            kernel_id = self._new_id()
             self._kernels[kernel_id] = handle
             return kernel_id, dict(handle.kernels), handle.cache_key, handle.log
         if isinstance(message, Upload):
-            array_id = self._next_array
-            self._next_array += 1
+            array_id = self._new_id()
             self._arrays[array_id] = _device_call(_to_device, message.array)
             return array_id
         if isinstance(message, Download):
@@ -109,6 +107,10 @@ class WorkerHost:
             del self._arrays[message.array.id]
             return Ack()
         return await self.engine.ref.ask(message, timeout=None)
+
+    def _new_id(self) -> int:
+        self._last_id += 1
+        return self._last_id
 
     async def _run_job(self, job: Job) -> tuple[Any, tuple[Any, ...]]:
         args, copies = self._device_args(job.args)
