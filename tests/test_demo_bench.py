@@ -310,6 +310,7 @@ def test_actor_table_parses_from_a_real_run() -> None:
         ("bare asyncio.Queue + Future", True),
         ("actor ask()", False),
         ("actor ask(timeout=5.0)", False),
+        ("actor ask(), async handler", False),
     ]
     for row in rows:
         assert f"{row.p50}" in proc.stdout and float(row.p50) > 0 and float(row.p99) > 0

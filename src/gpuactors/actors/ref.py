@@ -108,7 +108,10 @@ class ActorRef:
         reply: asyncio.Future[Any] = loop.create_future()
         envelope: Envelope = (message, reply, new_correlation_id())
         timer: asyncio.TimerHandle | None = None
-        if cell.mailbox.offer(envelope):
+        if cell.handle_at_once(envelope):  # an idle actor: no mailbox round trip
+            if timeout is not None and not reply.done():
+                cell.deadlines.add(reply, envelope, timeout)
+        elif cell.mailbox.offer(envelope):
             if timeout is not None:
                 cell.deadlines.add(reply, envelope, timeout)
         else:

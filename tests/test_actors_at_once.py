@@ -1,0 +1,144 @@
+"""Asks to an idle actor run their synchronous handler at once, in the asker's task,
+with nothing observable changed: order, context, supervision, fairness, stopping."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import structlog
+
+from gpuactors.actors import Actor, ActorSystem, Directive, Props, SupervisorStrategy, handles
+from gpuactors.actors.cell import CURRENT_CELL
+from gpuactors.errors import ActorStopped
+from gpuactors.messages import Message
+
+pytestmark = pytest.mark.usefixtures("captured_logs", "no_loop_errors")
+
+
+class Where(Message):
+    """Reply: the task, cell and log context the handler ran in."""
+
+
+class WhereAsync(Message):
+    """The same, from an async handler (always through the mailbox)."""
+
+
+class Add(Message):
+    value: int
+
+
+class Boom(Message):
+    pass
+
+
+class Counter(Actor):
+    def __init__(self) -> None:
+        self.total = 0
+
+    @handles(Where)
+    def where(self, msg: Where) -> tuple[Any, Any, dict[str, Any]]:
+        return asyncio.current_task(), CURRENT_CELL.get(), structlog.contextvars.get_contextvars()
+
+    @handles(WhereAsync)
+    async def where_async(self, msg: WhereAsync) -> tuple[Any, Any, dict[str, Any]]:
+        return asyncio.current_task(), CURRENT_CELL.get(), structlog.contextvars.get_contextvars()
+
+    @handles(Add)
+    def add(self, msg: Add) -> int:
+        self.total += msg.value
+        return self.total
+
+    @handles(Boom)
+    def boom(self, msg: Boom) -> None:
+        raise ValueError("boom")
+
+
+async def test_an_idle_actor_answers_in_the_askers_task_with_its_own_context() -> None:
+    async with ActorSystem("sys") as system:
+        ref = system.spawn(Counter, name="counter")
+        await ref.ask(Add(value=0))  # started and idle
+        task, cell, context = await ref.ask(Where())
+        assert task is asyncio.current_task()  # no mailbox round trip
+        assert cell is ref._cell
+        assert context["actor"] == "/counter" and context["system"] == "sys"
+        assert context["message_type"] == "Where"
+        assert isinstance(context["correlation_id"], str)
+        assert CURRENT_CELL.get() is None  # the asker's context is untouched
+        assert structlog.contextvars.get_contextvars().get("actor") is None
+        task, cell, context = await ref.ask(WhereAsync())
+        assert task is ref._cell.task  # an async handler runs in the actor's task
+        assert context["message_type"] == "WhereAsync"
+
+
+async def test_messages_already_queued_are_handled_first() -> None:
+    async with ActorSystem() as system:
+        ref = system.spawn(Counter)
+        await ref.ask(Add(value=0))
+        ref.tell(Add(value=1))
+        ref.tell(Add(value=2))
+        assert await ref.ask(Add(value=10)) == 13  # after the two tells, not before
+
+
+async def test_a_failure_at_once_reaches_the_asker_and_the_supervisor() -> None:
+    async with ActorSystem() as system:
+        ref = system.spawn(Counter)  # default strategy: restart on any error
+        assert await ref.ask(Add(value=5)) == 5
+        with pytest.raises(ValueError, match="boom"):
+            await ref.ask(Boom())
+        assert await ref.ask(Add(value=1)) == 1  # a fresh instance: the state was reset
+
+    async with ActorSystem() as system:
+        resumed = system.spawn(
+            Props(Counter, supervisor=SupervisorStrategy(lambda e: Directive.RESUME))
+        )
+        assert await resumed.ask(Add(value=5)) == 5
+        with pytest.raises(ValueError):
+            await resumed.ask(Boom())
+        assert await resumed.ask(Add(value=1)) == 6  # resumed: the state was kept
+
+
+async def test_the_failure_is_logged_with_the_failing_message(
+    captured_logs: list[dict[str, Any]],
+) -> None:
+    async with ActorSystem() as system:
+        ref = system.spawn(Counter, name="c")
+        await ref.ask(Add(value=0))
+        with pytest.raises(ValueError):
+            await ref.ask(Boom())
+        await ref.ask(Add(value=0))
+    failed = [e for e in captured_logs if e["event"] == "actor failed"]
+    assert len(failed) == 1
+    assert failed[0]["actor"] == "/c" and failed[0]["message_type"] == "Boom"
+    assert failed[0]["directive"] == "restart"
+
+
+async def test_a_tight_loop_of_asks_still_lets_other_tasks_run() -> None:
+    async with ActorSystem() as system:
+        ref = system.spawn(Counter)
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        other = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        before = ticks
+        for _ in range(2000):
+            await ref.ask(Add(value=1))
+        assert ticks - before >= 4  # the loop turned while the asks ran
+        other.cancel()
+        await asyncio.gather(other, return_exceptions=True)
+
+
+async def test_a_stopping_actor_handles_nothing_at_once() -> None:
+    async with ActorSystem() as system:
+        ref = system.spawn(Counter)
+        await ref.ask(Add(value=1))
+        ref._cell.request_stop()
+        with pytest.raises(ActorStopped):
+            await ref.ask(Add(value=1))
