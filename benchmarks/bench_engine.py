@@ -175,6 +175,40 @@ async def engine_ask(repeats: int, clients: int, per_client: int) -> tuple[list[
     return samples[200:], rate, stats
 
 
+async def asyncio_ceiling(clients: int, per_client: int) -> float:
+    """What one event loop can do at all for ``clients`` concurrent askers: each awaits
+    a bare future that one resolver task sets, all pending at once per loop turn. No
+    message, no actor, no GPU: the most awaits per second that section 3 could reach."""
+    loop = asyncio.get_running_loop()
+    pending: list[asyncio.Future[None]] = []
+    wake = asyncio.Event()
+
+    async def client() -> None:
+        for _ in range(per_client):
+            future = loop.create_future()
+            pending.append(future)
+            wake.set()
+            await future
+
+    async def resolver() -> None:
+        while True:
+            await wake.wait()
+            wake.clear()
+            batch = pending[:]
+            pending.clear()
+            for future in batch:
+                future.set_result(None)
+            await asyncio.sleep(0)
+
+    serving = asyncio.create_task(resolver())
+    start = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    rate = clients * per_client / (time.perf_counter() - start)
+    serving.cancel()
+    await asyncio.gather(serving, return_exceptions=True)
+    return rate
+
+
 async def engine_batches(tiny_tasks: int, jobs: int) -> tuple[float, float, float]:
     """Sections 4 and 5: EnqueueBatch throughput; 1 KiB scan jobs vs. CuPy per-job launches."""
     import cupy as cp
@@ -318,6 +352,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"   engine stats: mode={stats.mode} launches={stats.launches} parks={stats.park_reasons}"
+    )
+    ceiling = asyncio.run(asyncio_ceiling(args.clients, per_client))
+    print(
+        f"   the event loop alone ({args.clients} tasks awaiting bare futures, no work): "
+        f"{ceiling:,.0f} awaits/s = {ceiling / base_rate:.2f}x CuPy back-to-back"
     )
     print(f"   (medians of the baseline: {statistics.median(base) * 1e6:.2f} us)")
     tiny = 200_000 if args.quick else 1_000_000

@@ -48,6 +48,7 @@ async def run() -> bool:
                 grid=(N + 255) // 256,
                 block=256,
                 args=(y, x, np.float32(K), np.int32(N)),
+                timed=True,  # CUDA events around the kernel: its GPU time in the reply
             ),
             timeout=60,
         )

@@ -501,10 +501,11 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(launch_module, "cupy_module", lambda: types.SimpleNamespace(cuda=cuda))
 
 
-def _pending(stream: int, name: str = "k") -> tuple[PendingLaunch, FakeEvent]:
+def _pending(stream: int, name: str = "k", timed: bool = True) -> tuple[PendingLaunch, FakeEvent]:
     future: asyncio.Future[Launched] = asyncio.get_running_loop().create_future()
     end = FakeEvent()
-    return PendingLaunch(future, (FakeEvent(), end), name, name, stream, ("args",)), end
+    start = FakeEvent() if timed else None
+    return PendingLaunch(future, (start, end), name, name, stream, ("args",)), end
 
 
 @pytest.mark.usefixtures("fake_cuda")
@@ -526,6 +527,23 @@ async def test_the_poller_resolves_launches_per_stream_in_order() -> None:
     await asyncio.wait_for(asyncio.gather(launches[0][0].future, launches[1][0].future), 1.0)
     assert poller.in_flight == 0 and poller.completed == 3 and faults == []
     assert await poller.close(1.0) == 0
+
+
+@pytest.mark.usefixtures("fake_cuda")
+async def test_untimed_launches_share_one_reply_per_kernel_and_recycle_their_event() -> None:
+    poller = CompletionPoller(on_fault=lambda error: None)
+    poller.start()
+    replies = []
+    for _ in range(2):
+        launch, end = _pending(1, name="k", timed=False)
+        end.ready = True
+        poller.add(launch)
+        replies.append(await asyncio.wait_for(launch.future, 1.0))
+    assert replies[0] == Launched(name="k", symbol="k", elapsed_us=None)
+    assert replies[0] is replies[1]  # frozen: one shared reply
+    start, end = poller.events.take(timed=False)
+    assert start is None and isinstance(end, FakeEvent)  # the pooled event, reused
+    await poller.close(1.0)
 
 
 @pytest.mark.usefixtures("fake_cuda")

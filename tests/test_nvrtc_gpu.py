@@ -135,11 +135,14 @@ async def test_launch_matches_numpy(nvrtc: ActorRef) -> None:
     cc = cp.cuda.Device(0).compute_capability
     assert handle.module.arch == f"sm_{cc}"  # the device's own arch by default
     reply = await _check_axpby(nvrtc, handle)
-    assert (reply.name, reply.symbol) == ("axpby", "axpby") and reply.elapsed_us > 0
+    assert (reply.name, reply.symbol) == ("axpby", "axpby") and reply.elapsed_us is None
+    timed = await _check_axpby(nvrtc, handle, timed=True)
+    assert timed.elapsed_us is not None and timed.elapsed_us > 0
+    assert reply is await _check_axpby(nvrtc, handle)  # untimed replies are shared
     stream = cp.cuda.Stream(non_blocking=True)
     await _check_axpby(nvrtc, handle, stream=stream)  # a caller's stream
     stats = await nvrtc.ask(CompilerStats(), expect=NvrtcStats)
-    assert stats.launches == 2 and stats.launches_in_flight == 0 and stats.loaded_modules == 1
+    assert stats.launches == 4 and stats.launches_in_flight == 0 and stats.loaded_modules == 1
 
 
 async def test_template_kernels_by_lowered_name(nvrtc: ActorRef) -> None:
@@ -244,7 +247,14 @@ async def _launch_with_ticker(ref: ActorRef, handle: KernelHandle, ns: int) -> d
     answer_s = float("nan")
     launch = asyncio.ensure_future(
         ref.ask(
-            Launch(kernel=handle, name="wait_ns", grid=1, block=1, args=(np.uint64(ns), done_flag)),
+            Launch(
+                kernel=handle,
+                name="wait_ns",
+                grid=1,
+                block=1,
+                args=(np.uint64(ns), done_flag),
+                timed=True,
+            ),
             timeout=30,
         )
     )

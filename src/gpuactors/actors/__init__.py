@@ -21,7 +21,7 @@ from __future__ import annotations
 from gpuactors.actors.actor import Actor, handles
 from gpuactors.actors.context import ActorContext
 from gpuactors.actors.dead_letters import DeadLetter, DeadLetters
-from gpuactors.actors.deferred import Deferred, failed_reply
+from gpuactors.actors.deferred import Deferred, failed_reply, reply_from
 from gpuactors.actors.mailbox import Backpressure, MailboxConfig
 from gpuactors.actors.props import Props
 from gpuactors.actors.ref import ActorRef
@@ -45,5 +45,6 @@ __all__ = [
     "Terminated",
     "failed_reply",
     "handles",
+    "reply_from",
     "restart_on_error",
 ]

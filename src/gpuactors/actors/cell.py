@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import time
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
@@ -37,7 +38,7 @@ from gpuactors.actors.deadlines import AskDeadlines
 from gpuactors.actors.deferred import Deferred
 from gpuactors.actors.mailbox import Envelope, Mailbox
 from gpuactors.actors.props import Props
-from gpuactors.actors.ref import ActorRef
+from gpuactors.actors.ref import AT_ONCE_STREAK_SECONDS, ActorRef, AtOnceStreak
 from gpuactors.actors.supervision import Directive, RestartBudget, SupervisorStrategy
 from gpuactors.actors.terminated import Terminated
 from gpuactors.errors import ActorFailed, ActorStopped, UnhandledMessage
@@ -64,16 +65,6 @@ _STOP = object()
 
 #: Messages handled back to back before the actor lets other tasks run.
 _FAIR_BURST = 256
-
-
-class _InlineStreak:
-    """Asks handled at once in their asker's task since one last went through a mailbox.
-
-    An ask handled at once never suspends its caller; every ``_FAIR_BURST``-th goes
-    through the mailbox, so a caller asking in a tight loop still lets the loop turn.
-    """
-
-    count = 0
 
 
 class _HandledAtOnceFailed:
@@ -183,6 +174,8 @@ class ActorCell:
         self.stopping = False
         #: True while the task waits for mail with nothing queued: see ``handle_at_once``.
         self.idle = False
+        #: Asks to this actor whose askers wait for the reply (queued or deferred).
+        self.askers_waiting = 0
         self.task: asyncio.Task[None] | None = None
         self._context: contextvars.Context | None = None  # the task's, for handle_at_once
         self._killed = False
@@ -361,19 +354,31 @@ class ActorCell:
         Saves the two task switches of a mailbox round trip on the latency path. The
         handler sees the actor's own context (logs, ``CURRENT_CELL``); a failure goes to
         the asker and, through the system lane, to the supervisor as usual. False when
-        the ask must go through the mailbox instead.
+        the ask must go through the mailbox instead: also when other askers wait on this
+        actor (concurrent asks coalesce better through the mailbox, and one asker must
+        not overtake the others) and when asks handled at once have held the loop for
+        ``AT_ONCE_STREAK_SECONDS``.
         """
-        if not self.idle or self.stopping or self.mailbox.user or self.mailbox.system:
+        if (
+            not self.idle
+            or self.askers_waiting
+            or self.stopping
+            or self.mailbox.user
+            or self.mailbox.system
+        ):
             return False
         message = envelope[0]
         message_type = type(message)
         handler = self.handlers.get(message_type) or resolve_handler(self.handlers, message_type)
         if handler is None or handler[1] or self._context is None:
             return False
-        if _InlineStreak.count >= _FAIR_BURST:
-            _InlineStreak.count = 0
+        now = time.perf_counter()
+        started = AtOnceStreak.started
+        if started is None:
+            AtOnceStreak.started = now
+        elif now - started > AT_ONCE_STREAK_SECONDS:
+            AtOnceStreak.started = None
             return False
-        _InlineStreak.count += 1
         self.idle = False
         try:
             self._context.run(self._handle_now, handler[0], envelope)

@@ -32,6 +32,15 @@ class Deferred(Generic[T]):
         return f"Deferred({self.future!r})"
 
 
+def reply_from(future: asyncio.Future[T]) -> T | Deferred[T]:
+    """The future's result if it has one already (a plain reply is cheaper to deliver),
+    else a Deferred of it; a failed or cancelled future stays a Deferred, so its error
+    reaches the asker without counting as the actor's failure."""
+    if future.done() and not future.cancelled() and future.exception() is None:
+        return future.result()
+    return Deferred(future)
+
+
 def failed_reply(error: BaseException) -> Deferred[Any]:
     """A reply that is the asker's error, not the actor's failure (supervision never sees it)."""
     future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()

@@ -19,6 +19,22 @@ R = TypeVar("R")
 _next_id = itertools.count(1).__next__
 
 
+#: How long asks handled at once may hold the loop back to back: past it, the next ask
+#: goes through the mailbox, so its asker yields and other tasks get their turn.
+AT_ONCE_STREAK_SECONDS = 2e-3
+
+
+class AtOnceStreak:
+    """When the current run of asks handled at once began (None: the last ask yielded).
+
+    An ask handled at once whose reply is ready never suspends its asker, so a caller
+    asking in a tight loop would never let the loop turn. Shared by all actors of the
+    thread: it is the loop that must not be held.
+    """
+
+    started: float | None = None
+
+
 def new_correlation_id() -> str:
     """A short id, unique in this process, that follows one ask through the logs."""
     return f"{_next_id():x}"
@@ -117,7 +133,15 @@ class ActorRef:
         else:
             timer = await self._send_slow(envelope, timeout)
         try:
-            result = await reply
+            if reply.done():  # answered at once
+                result = reply.result()
+            else:
+                AtOnceStreak.started = None  # this asker yields: the loop turns
+                cell.askers_waiting += 1
+                try:
+                    result = await reply
+                finally:
+                    cell.askers_waiting -= 1
         except BaseException:
             if not reply.done():
                 reply.cancel()

@@ -60,6 +60,13 @@ def cupy_ndarray() -> Any:
         return None
 
 
+def cupy_c_contiguous(array: Any) -> bool:
+    """Is a CuPy array C-contiguous? Reads the flag CuPy keeps on the array (``flags``
+    builds a new object on every access, which the per-launch path cannot afford)."""
+    flag = getattr(array, "_c_contiguous", None)
+    return bool(array.flags.c_contiguous) if flag is None else flag
+
+
 def describe_array(value: Any, what: str = "argument") -> DeviceArrayInfo:
     """Describe a device array, or raise InvalidArgument saying what is wrong with it."""
     ndarray = cupy_ndarray()
@@ -69,7 +76,7 @@ def describe_array(value: Any, what: str = "argument") -> DeviceArrayInfo:
             ptr=value.data.ptr,
             dtype=value.dtype,
             size=value.size,
-            contiguous=value.flags.c_contiguous,
+            contiguous=cupy_c_contiguous(value),
             readonly=False,
             device_id=value.device.id,
         )

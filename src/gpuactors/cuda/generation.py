@@ -23,8 +23,8 @@ class GenerationRegistry:
         self._waiters: dict[int, list[tuple[asyncio.AbstractEventLoop, asyncio.Future[int]]]] = {}
 
     def current(self, device_id: int) -> int:
-        with self._lock:
-            return self._generations.get(device_id, 1)
+        # One dict read is atomic: no lock on this per-launch path (writers hold it).
+        return self._generations.get(device_id, 1)
 
     def bump(self, device_id: int) -> int:
         """Start a new generation (after a context rebuild); wakes every waiter."""

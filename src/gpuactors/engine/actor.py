@@ -30,6 +30,7 @@ from gpuactors.actors import (
     Props,
     failed_reply,
     handles,
+    reply_from,
 )
 from gpuactors.cuda.generation import GENERATIONS
 from gpuactors.cuda.polling import SLEEP_MIN_SECONDS, SPIN_PHASE_SECONDS, SPIN_SECONDS
@@ -203,7 +204,7 @@ class PersistentEngineActor(Actor):
 
     # ------------------------------------------------------------------ enqueue
     @handles(Enqueue)
-    def enqueue(self, msg: Enqueue) -> Deferred[Completion]:
+    def enqueue(self, msg: Enqueue) -> Completion | Deferred[Completion]:
         future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
         try:
             task = self._accept(msg, future)
@@ -222,7 +223,7 @@ class PersistentEngineActor(Actor):
                 self._finish_inline(seq)
                 if self._pending:
                     self._wake.set()
-                return Deferred(future)
+                return reply_from(future)
         # A busy engine: coalesce. Every task that arrives before the loop turns is
         # published together, with one store and one kick.
         self._staged.append(task)
@@ -547,7 +548,7 @@ class PersistentEngineActor(Actor):
         if status == abi.STATUS_OK:
             self._processed += 1
             task.future.set_result(
-                Completion.model_construct(  # values we made ourselves: skip validation
+                Completion(  # (validating in pydantic-core beats model_construct here)
                     seq=seq,
                     op=task.op.name,
                     version=task.op.version,

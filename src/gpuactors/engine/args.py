@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuactors.cuda.arrays import check_device, cupy_ndarray, describe_array
+from gpuactors.cuda.arrays import check_device, cupy_c_contiguous, cupy_ndarray, describe_array
 from gpuactors.engine.messages import MAX_BATCH_TASKS, EnqueueBatch
 from gpuactors.engine.ops import ArrayParam, OpSpec, ScalarParam
 from gpuactors.engine.ring import RecordColumns
@@ -30,6 +30,13 @@ _STRUCT_CODES = {
 
 
 def check_count(op: OpSpec, n: object, blocks: object) -> tuple[int, int]:
+    if (  # the common case, in a few comparisons
+        type(n) is int
+        and type(blocks) is int
+        and 0 <= n < MAX_ELEMENTS
+        and (blocks == 1 or (blocks > 1 and op.multi_block))
+    ):
+        return n, blocks
     if (
         isinstance(n, bool)
         or not isinstance(n, (int, np.integer))
@@ -145,7 +152,7 @@ class _ParamPlan:
                 and value.dtype == self.dtype
                 and value.size >= (n if self.fixed_length is None else self.fixed_length)
                 and value.data.device_id == device_id
-                and value.flags.c_contiguous
+                and cupy_c_contiguous(value)
             ):
                 return int(value.data.ptr)
             assert isinstance(self.param, ArrayParam)

@@ -40,6 +40,7 @@ class OpTable:
         self._encoders: dict[str, ArgEncoder] = {}
         self._active: dict[str, int] = {}
         self._history: dict[str, list[int]] = {}
+        self._resolved: dict[str, ResolvedOp] = {}  # per name, until its alias moves
         for op in ops:
             if op.name in self._versions:
                 raise InvalidArgument(f"op {op.name!r} is declared twice")
@@ -47,12 +48,16 @@ class OpTable:
 
     # ----------------------------------------------------------------- queries
     def resolve(self, name: str) -> ResolvedOp:
+        resolved = self._resolved.get(name)
+        if resolved is not None:
+            return resolved
         version = self._active.get(name)
         if version is None:
             raise UnknownOp(f"no op {name!r} in this engine (ops: {', '.join(self.names())})")
         spec = self._versions[name][version]
         key = physical_key(spec)
-        return ResolvedOp(spec, self._ids[key], self._encoders[key])
+        resolved = self._resolved[name] = ResolvedOp(spec, self._ids[key], self._encoders[key])
+        return resolved
 
     def names(self) -> list[str]:
         return sorted(self._active)
@@ -105,6 +110,7 @@ class OpTable:
         if previous is not None and previous != version:
             self._history.setdefault(name, []).append(previous)
         self._active[name] = version
+        self._resolved.pop(name, None)
         return previous
 
     def rollback(self, name: str) -> tuple[int, int]:
@@ -114,6 +120,7 @@ class OpTable:
         if not history:
             raise InvalidArgument(f"op {name!r} has no earlier version to roll back to")
         self._active[name] = history.pop()
+        self._resolved.pop(name, None)
         return self._active[name], current
 
     def _check_new(self, op: OpSpec) -> None:

@@ -72,9 +72,10 @@ __device__ __forceinline__ u64 ld_relaxed_sys(const u64* p) {
     return v;
 }
 
-// With relaxed loads before it, an acquire pattern: later loads see what the host
-// wrote before the values those loads returned.
-__device__ __forceinline__ void fence_acquire_sys() {
+// After relaxed loads, an acquire pattern: later loads see what the host wrote before
+// the values those loads returned. Before relaxed stores, a release pattern: whoever
+// sees those stores sees everything written before the fence.
+__device__ __forceinline__ void fence_acq_rel_sys() {
     asm volatile("fence.acq_rel.sys;" ::: "memory");
 }
 
@@ -85,6 +86,9 @@ __device__ __forceinline__ u64 ld_acquire_sys(const u64* p) {
 }
 __device__ __forceinline__ void st_release_sys(u64* p, u64 v) {
     asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ void st_relaxed_sys(u64* p, u64 v) {
+    asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 __device__ __forceinline__ u64 ld_acquire_gpu(const u64* p) {
     u64 v;
@@ -117,11 +121,13 @@ __device__ void run_dispatcher(const EngineParams& P) {
 
     u64 tail = S->tail;
     u64 unit_head = S->unit_head;
+    u64 known_done = S->unit_done;  // a lower bound of unit_done: room known without a load
     const u64 started = now_ns();
     u64 last_work = started;
     u64 reason = 0;
     bool parking = false;
     bool burst = false;  // the last poll took a full group: look further ahead
+    bool busy = false;   // the last poll took something: every lane looks
     u32 iter = 0;
 
     if (lane == 0) {
@@ -152,15 +158,18 @@ __device__ void run_dispatcher(const EngineParams& P) {
             // first, group 0 with an acquire last: an acquire holds back later loads,
             // not earlier ones, so all of them are in flight at once. A take beyond
             // group 0 is made an acquire of every group by one fence. Out of a burst
-            // (the latency path) the poll is one acquire load per lane, as small as
-            // it can be.
+            // the poll is one acquire load per lane; idle, one load in all.
             u64 seen[kTakeGroups];
 #pragma unroll
             for (u32 g = 1; g < kTakeGroups; ++g) {
                 seen[g] = burst ? ld_relaxed_sys(&P.ring[(tail + lane + 32u * g) & ring_mask].seq)
                                 : 0;  // never a sequence number (they start at 1)
             }
-            seen[0] = ld_acquire_sys(&P.ring[(tail + lane) & ring_mask].seq);
+            // Idle (nothing taken last time), lane 0 polls alone: one PCIe read per
+            // round trip instead of 32 makes each poll shorter, so a lone task is seen
+            // sooner. Tasks that arrive together are all taken one poll later.
+            seen[0] = (lane == 0 || busy) ? ld_acquire_sys(&P.ring[(tail + lane) & ring_mask].seq)
+                                          : 0;
             bool ready[kTakeGroups];
 #pragma unroll
             for (u32 g = 0; g < kTakeGroups; ++g) ready[g] = seen[g] == tail + lane + 32u * g + 1;
@@ -170,7 +179,8 @@ __device__ void run_dispatcher(const EngineParams& P) {
                 if (taken == 32u * g) taken += (~ballot == 0u) ? 32u : (u32)(__ffs(~ballot) - 1);
             }
             burst = taken >= 32u;
-            if (taken > 32u) fence_acquire_sys();
+            busy = taken > 0u;
+            if (taken > 32u) fence_acq_rel_sys();
             __syncwarp();  // every lane's acquire is ordered before any lane's record loads
             if (taken > 0) {
                 // Copy the taken records to device memory, 16 bytes a lane (four
@@ -201,12 +211,16 @@ __device__ void run_dispatcher(const EngineParams& P) {
                 __syncwarp();
                 // Hand the tasks to the workers 32 at a time: each group's units fit
                 // the unit queue (sized for 32 maximal tasks).
+                // With four records or fewer (the latency path) each lane takes its
+                // task's block count from the registers that loaded the record (word 1,
+                // high half, held by lane 8 * record) instead of reading it back.
+                const u32 near_blocks = __shfl_sync(full, (u32)(hi[0] >> 32), (lane & 3u) * 8u);
                 for (u32 first = 0; first < taken; first += 32u) {
                     const u32 index = first + lane;
                     const u64 slot = (tail + index) & ring_mask;
                     u32 my_units = 0;
                     if (index < taken) {
-                        const u32 asked = P.tasks[slot].blocks;
+                        const u32 asked = taken <= 4u ? near_blocks : P.tasks[slot].blocks;
                         my_units = asked == 0 ? 1u : (asked > P.max_units_per_task ? P.max_units_per_task : asked);
                         P.units_left[slot] = my_units;
                         P.task_status[slot] = 0;
@@ -219,11 +233,11 @@ __device__ void run_dispatcher(const EngineParams& P) {
                     }
                     const u32 total = __shfl_sync(full, incl, 31);
                     // Room in the unit queue: never overwrite a unit not yet finished.
-                    while (true) {
+                    while (unit_head + total - known_done > P.unit_capacity) {
                         u64 done = 0;
                         if (lane == 0) done = ld_acquire_gpu(&S->unit_done);
-                        done = __shfl_sync(full, done, 0);
-                        if (unit_head + total - done <= P.unit_capacity) break;
+                        known_done = __shfl_sync(full, done, 0);
+                        if (unit_head + total - known_done <= P.unit_capacity) break;
                         __nanosleep(64);
                     }
                     const u32 excl = incl - my_units;
@@ -235,7 +249,8 @@ __device__ void run_dispatcher(const EngineParams& P) {
                         u.reserved = 0;
                         P.units[(unit_head + excl + r) & unit_mask] = u;
                     }
-                    __threadfence();
+                    // The warp barrier orders every lane's stores before lane 0's release
+                    // (a release is cumulative): workers that see the head see the units.
                     __syncwarp();
                     if (lane == 0) st_release_gpu(&S->unit_head, unit_head + total);
                     unit_head += total;
@@ -247,7 +262,7 @@ __device__ void run_dispatcher(const EngineParams& P) {
         if (taken == 0) {
             u64 done = 0;
             if (lane == 0) done = ld_acquire_gpu(&S->unit_done);
-            done = __shfl_sync(full, done, 0);
+            done = known_done = __shfl_sync(full, done, 0);
             if (done == unit_head) {  // nothing in flight
                 if (parking) break;
                 if (!P.persistent) {
@@ -275,6 +290,7 @@ __device__ void run_worker(const EngineParams& P) {
     __shared__ u32 s_go;
     __shared__ u32 s_expired;
     __shared__ i32 s_status;
+    __shared__ u64 s_t_start;
     DeviceState* S = P.state;
     const u64 unit_mask = P.unit_capacity - 1;
 
@@ -290,7 +306,7 @@ __device__ void run_worker(const EngineParams& P) {
                 }
                 if (ld_acquire_gpu32(&S->stop)) break;
                 __nanosleep(backoff);
-                if (backoff < 256) backoff <<= 1;
+                if (backoff < 128) backoff <<= 1;
             }
             s_go = go;
             if (go) {
@@ -307,7 +323,8 @@ __device__ void run_worker(const EngineParams& P) {
         }
         if (threadIdx.x == 0) {
             const u64 t = now_ns();
-            if (unit.rank == 0) P.t_start[unit.slot] = t;
+            s_t_start = t;
+            if (unit.rank == 0 && unit.count > 1) P.t_start[unit.slot] = t;
             // One thread decides, so the whole block either runs the op or skips it:
             // ops may use __syncthreads(), which every thread must reach.
             const u64 deadline = reinterpret_cast<const volatile u64*>(&P.tasks[unit.slot])[3];
@@ -327,20 +344,35 @@ __device__ void run_worker(const EngineParams& P) {
         if (rc != 0) s_status = rc;
         __syncthreads();
         if (threadIdx.x == 0) {
-            if (s_status != 0) atomicCAS(&P.task_status[unit.slot], 0, s_status);
-            __threadfence();
-            const u32 left = atomicSub(&P.units_left[unit.slot], 1u);
-            if (left == 1u) {
+            // A task on one block (the common, latency-bound case) finishes here with no
+            // device atomics; the blocks of a larger task merge their status and find
+            // the last one through per-slot counters.
+            bool last = true;
+            i32 status = s_status;
+            u64 t_start = s_t_start;
+            if (unit.count > 1) {
+                if (status != 0) atomicCAS(&P.task_status[unit.slot], 0, status);
                 __threadfence();
+                last = atomicSub(&P.units_left[unit.slot], 1u) == 1u;
+                if (last) {
+                    __threadfence();
+                    status = *(volatile i32*)&P.task_status[unit.slot];
+                    t_start = *(volatile u64*)&P.t_start[unit.slot];
+                }
+            }
+            if (last) {
                 Completion* c = &P.completions[unit.slot];
                 volatile Completion* vc = c;
-                vc->status = *(volatile i32*)&P.task_status[unit.slot];
+                vc->status = status;
                 vc->units = unit.count;
-                vc->t_start_ns = *(volatile u64*)&P.t_start[unit.slot];
+                vc->t_start_ns = t_start;
                 vc->t_end_ns = now_ns();
-                st_release_sys(&c->seq, s_rec.seq);
+                // One release for both markers: the task's results (every thread's,
+                // ordered by the barrier above) and the fields before either of them.
+                fence_acq_rel_sys();
+                st_relaxed_sys(&c->seq, s_rec.seq);
                 // Hand the slot back to the producer for the next lap.
-                st_release_sys(&P.ring[unit.slot].seq, s_rec.seq - 1 + P.capacity);
+                st_relaxed_sys(&P.ring[unit.slot].seq, s_rec.seq - 1 + P.capacity);
             }
             __threadfence();
             atomicAdd(&S->unit_done, 1ULL);

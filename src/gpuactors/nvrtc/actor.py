@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from gpuactors.actors import Actor, ActorRef, Deferred, failed_reply, handles
+from gpuactors.actors import Actor, ActorRef, Deferred, failed_reply, handles, reply_from
 from gpuactors.cuda import no_device_reason
 from gpuactors.cuda.device import ReportFault, probe_device
 from gpuactors.cuda.generation import GENERATIONS
@@ -273,14 +273,14 @@ class NvrtcActor(Actor):
 
     # ---------------------------------------------------------------- launching
     @handles(Launch)
-    def launch(self, msg: Launch) -> Deferred[Launched]:
+    def launch(self, msg: Launch) -> Launched | Deferred[Launched]:
         future: asyncio.Future[Launched] = asyncio.get_running_loop().create_future()
         try:
             self._launch(msg, future)
         except GpuActorsError as exc:
             if not future.done():
                 future.set_exception(exc)
-        return Deferred(future)
+        return reply_from(future)  # done already if it finished while we spun on it
 
     def _launch(self, msg: Launch, future: asyncio.Future[Launched]) -> None:
         handle = msg.kernel
@@ -301,14 +301,11 @@ class NvrtcActor(Actor):
             gpu = self._gpu_for(handle.generation)
             stream = gpu.stream if msg.stream is None else self._check_stream(msg.stream)
             assert self._arch is not None  # a GPU state exists only where a device was found
-            with gpu.device:
-                function = gpu.function(handle, symbol, msg.shared_mem, self._arch)
-                events = self._poller.events.take()
-                if msg.after == "current_stream":
-                    _after_current_stream(stream)
-                events[0].record(stream)
-                function(msg.grid, msg.block, values, shared_mem=msg.shared_mem, stream=stream)
-                events[1].record(stream)
+            if cupy_module().cuda.runtime.getDevice() == device_id:  # (entering costs more)
+                function, events = self._issue(msg, gpu, symbol, values, stream)
+            else:
+                with gpu.device:
+                    function, events = self._issue(msg, gpu, symbol, values, stream)
         except GpuActorsError:
             raise
         except Exception as exc:  # CUDA said no: the asker's error, or a device fault
@@ -320,6 +317,21 @@ class NvrtcActor(Actor):
         # The function holds its module: a module is not unloaded under a running kernel.
         keepalive = (msg, function)
         self._poller.add(PendingLaunch(future, events, name, symbol, stream.ptr, keepalive))
+
+    def _issue(
+        self, msg: Launch, gpu: _GpuState, symbol: str, values: tuple[Any, ...], stream: Any
+    ) -> tuple[Any, tuple[Any | None, Any]]:
+        """Queue the kernel (and its events) on ``stream``, with the device current."""
+        assert self._arch is not None
+        function = gpu.function(msg.kernel, symbol, msg.shared_mem, self._arch)
+        start, end = events = self._poller.events.take(msg.timed)
+        if msg.after == "current_stream":
+            _after_current_stream(stream)
+        if start is not None:
+            start.record(stream)
+        function(msg.grid, msg.block, values, shared_mem=msg.shared_mem, stream=stream)
+        end.record(stream)
+        return function, events
 
     def _gpu_for(self, generation: int) -> _GpuState:
         """The loaded state of this generation (a new generation starts afresh)."""
@@ -367,7 +379,18 @@ class NvrtcActor(Actor):
 
 
 def _after_current_stream(stream: Any) -> None:
-    """Make ``stream`` wait for the work queued so far on CuPy's current stream."""
-    current = cupy_module().cuda.get_current_stream()
-    if current.ptr != stream.ptr and not current.done:
-        stream.wait_event(current.record())
+    """Make ``stream`` wait for the work queued so far on CuPy's current stream.
+
+    The common case (that stream is idle) costs one pointer read and one
+    ``cudaStreamQuery``; CuPy's stream objects come out only when there is work.
+    """
+    cuda = cupy_module().cuda
+    current_ptr = _current_stream_ptr(cuda)
+    if current_ptr == stream.ptr or cuda.runtime.streamQuery(current_ptr) == 0:
+        return
+    stream.wait_event(cuda.get_current_stream().record())
+
+
+def _current_stream_ptr(cuda: Any) -> int:
+    read = getattr(cuda.stream, "get_current_stream_ptr", None)
+    return int(read()) if read is not None else int(cuda.get_current_stream().ptr)

@@ -50,6 +50,7 @@ _STICKY_TEXT = re.compile(
 )
 
 _EVENT_POOL_SIZE = 64
+_REPLY_CACHE_SIZE = 1024
 
 _modules: dict[str, ModuleType] = {}
 
@@ -89,7 +90,9 @@ def check_arity(args: Sequence[Any], params: Params, name: str) -> None:
 def marshal_args(args: Sequence[Any], params: Params, device_id: int, name: str) -> tuple[Any, ...]:
     """The launch values of ``args`` for kernel ``name``, or InvalidArgument saying which
     one is wrong and why. CuPy arrays and NumPy scalars that fit take a fast path."""
-    ndarray = _arrays().cupy_ndarray()
+    arrays = _arrays()
+    ndarray = arrays.cupy_ndarray()
+    contiguous = arrays.cupy_c_contiguous
     values: list[Any] = []
     for index, value in enumerate(args):
         size = None if params is None else params[index]
@@ -97,10 +100,10 @@ def marshal_args(args: Sequence[Any], params: Params, device_id: int, name: str)
         if kind is ndarray:
             if (
                 (size is None or size == _POINTER_BYTES)
-                and value.flags.c_contiguous
-                and value.device.id == device_id
+                and value.data.device_id == device_id
+                and contiguous(value)
             ):
-                values.append(np.uint64(value.data.ptr))
+                values.append(value)  # CuPy's launcher passes its pointer
                 continue
         elif kind in _SCALAR_TYPES and (size is None or value.itemsize == size):
             values.append(value)
@@ -183,14 +186,15 @@ def cuda_error(exc: BaseException, what: str) -> LaunchError | DeviceFault:
 
 # ----------------------------------------------------------------- completion
 class PendingLaunch:
-    """A launch in flight: its reply future, its events, and what must outlive it."""
+    """A launch in flight: its reply future, its events (``start`` only when timed),
+    and what must outlive it."""
 
     __slots__ = ("end", "future", "keepalive", "name", "start", "stream_key", "symbol")
 
     def __init__(
         self,
         future: asyncio.Future[Launched],
-        events: tuple[Any, Any],
+        events: tuple[Any | None, Any],
         name: str,
         symbol: str,
         stream_key: int,
@@ -209,24 +213,35 @@ class PendingLaunch:
 
 
 class EventPool:
-    """Reusable CUDA event pairs with timing (creating events costs more than reusing)."""
+    """Reusable CUDA events (creating events costs more than reusing): timing pairs
+    for timed launches, single events without timing (cheaper to record) otherwise."""
 
     def __init__(self) -> None:
-        self._free: list[tuple[Any, Any]] = []
+        self._timed: list[tuple[Any, Any]] = []
+        self._plain: list[Any] = []
 
-    def take(self) -> tuple[Any, Any]:
-        """A pair for the current device (call with the actor's device current)."""
-        if self._free:
-            return self._free.pop()
-        event = cupy_module().cuda.Event
-        return event(), event()
+    def take(self, timed: bool) -> tuple[Any | None, Any]:
+        """``(start, end)`` for the current device (call with the actor's device
+        current); ``start`` is None for an untimed launch."""
+        if timed:
+            if self._timed:
+                return self._timed.pop()
+            event = cupy_module().cuda.Event
+            return event(), event()
+        if self._plain:
+            return None, self._plain.pop()
+        return None, cupy_module().cuda.Event(disable_timing=True)
 
-    def give(self, pair: tuple[Any, Any]) -> None:
-        if len(self._free) < _EVENT_POOL_SIZE:
-            self._free.append(pair)
+    def give(self, start: Any | None, end: Any) -> None:
+        if start is None:
+            if len(self._plain) < _EVENT_POOL_SIZE:
+                self._plain.append(end)
+        elif len(self._timed) < _EVENT_POOL_SIZE:
+            self._timed.append((start, end))
 
     def clear(self) -> None:
-        self._free.clear()
+        self._timed.clear()
+        self._plain.clear()
 
 
 #: Launches whose actor stopped before they completed: kept here so their buffers
@@ -269,6 +284,7 @@ class CompletionPoller:
         #: Set by a device fault; the actor refuses launches until its generation moves.
         self.fault: DeviceFault | None = None
         self.events = EventPool()
+        self._replies: dict[tuple[str, str], Launched] = {}
 
     def start(self) -> None:
         self._wake = asyncio.Event()
@@ -309,7 +325,8 @@ class CompletionPoller:
                         break
                     if status != 0:
                         raise cuda.runtime.CUDARuntimeError(status)
-                    elapsed_ms = cuda.get_elapsed_time(launch.start, launch.end)
+                    start = launch.start
+                    elapsed_ms = None if start is None else cuda.get_elapsed_time(start, launch.end)
                 except Exception as exc:
                     error = cuda_error(exc, f"kernel {launch.name!r}")
                     if isinstance(error, DeviceFault):
@@ -323,16 +340,25 @@ class CompletionPoller:
                 self.in_flight -= 1
                 self.completed += 1
                 settled += 1
-                self.events.give((launch.start, launch.end))
+                self.events.give(launch.start, launch.end)
                 if not launch.future.done():
-                    launch.future.set_result(  # (validating is cheaper than model_construct)
-                        Launched(
-                            name=launch.name, symbol=launch.symbol, elapsed_us=elapsed_ms * 1e3
-                        )
-                    )
+                    launch.future.set_result(self._reply(launch, elapsed_ms))
             if not queue:
                 del self._queues[key]
         return settled
+
+    def _reply(self, launch: PendingLaunch, elapsed_ms: float | None) -> Launched:
+        """The launch's reply; untimed replies are immutable, so one per kernel is shared."""
+        # (validating is cheaper than model_construct)
+        if elapsed_ms is not None:
+            return Launched(name=launch.name, symbol=launch.symbol, elapsed_us=elapsed_ms * 1e3)
+        key = (launch.name, launch.symbol)
+        reply = self._replies.get(key)
+        if reply is None:
+            if len(self._replies) >= _REPLY_CACHE_SIZE:
+                self._replies.clear()
+            reply = self._replies[key] = Launched(name=launch.name, symbol=launch.symbol)
+        return reply
 
     def fail_all(self, error: DeviceFault) -> int:
         """A device fault: every launch in flight fails with it; returns how many."""
