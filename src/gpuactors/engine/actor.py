@@ -34,7 +34,6 @@ from gpuactors.actors import (
 )
 from gpuactors.cuda.generation import GENERATIONS
 from gpuactors.cuda.polling import SLEEP_MIN_SECONDS, SPIN_PHASE_SECONDS, SPIN_SECONDS
-from gpuactors.cuda.streams import pending_work_event
 from gpuactors.engine import abi
 from gpuactors.engine.args import check_count, encode_batch
 from gpuactors.engine.codegen import build_engine_module, cached_engine_module
@@ -880,8 +879,9 @@ def _pending_work_event() -> Any:
     """An event after the work queued on CuPy's current stream, or None if it is idle."""
     import cupy
 
+    stream = cupy.cuda.get_current_stream()
     try:
-        return pending_work_event()
+        return None if stream.done else stream.record()
     except cupy.cuda.runtime.CUDARuntimeError as exc:
         raise DeviceFault(f"the caller's CUDA stream reports an error: {exc}") from exc
 

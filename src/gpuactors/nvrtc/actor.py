@@ -31,7 +31,6 @@ from gpuactors.cuda import no_device_reason
 from gpuactors.cuda.device import ReportFault, probe_device
 from gpuactors.cuda.generation import GENERATIONS
 from gpuactors.cuda.loader import MODULE_LOADS
-from gpuactors.cuda.streams import pending_work_event
 from gpuactors.errors import (
     DeviceFault,
     GpuActorsError,
@@ -380,7 +379,18 @@ class NvrtcActor(Actor):
 
 
 def _after_current_stream(stream: Any) -> None:
-    """Make ``stream`` wait for the work queued so far on CuPy's current stream."""
-    event = pending_work_event(skip_stream_ptr=stream.ptr)
-    if event is not None:
-        stream.wait_event(event)
+    """Make ``stream`` wait for the work queued so far on CuPy's current stream.
+
+    The common case (that stream is idle) costs one pointer read and one
+    ``cudaStreamQuery``; CuPy's stream objects come out only when there is work.
+    """
+    cuda = cupy_module().cuda
+    current_ptr = _current_stream_ptr(cuda)
+    if current_ptr == stream.ptr or cuda.runtime.streamQuery(current_ptr) == 0:
+        return
+    stream.wait_event(cuda.get_current_stream().record())
+
+
+def _current_stream_ptr(cuda: Any) -> int:
+    read = getattr(cuda.stream, "get_current_stream_ptr", None)
+    return int(read()) if read is not None else int(cuda.get_current_stream().ptr)
