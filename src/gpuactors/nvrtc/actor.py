@@ -379,18 +379,7 @@ class NvrtcActor(Actor):
 
 
 def _after_current_stream(stream: Any) -> None:
-    """Make ``stream`` wait for the work queued so far on CuPy's current stream.
-
-    The common case (that stream is idle) costs one pointer read and one
-    ``cudaStreamQuery``; CuPy's stream objects come out only when there is work.
-    """
-    cuda = cupy_module().cuda
-    current_ptr = _current_stream_ptr(cuda)
-    if current_ptr == stream.ptr or cuda.runtime.streamQuery(current_ptr) == 0:
-        return
-    stream.wait_event(cuda.get_current_stream().record())
-
-
-def _current_stream_ptr(cuda: Any) -> int:
-    read = getattr(cuda.stream, "get_current_stream_ptr", None)
-    return int(read()) if read is not None else int(cuda.get_current_stream().ptr)
+    """Make ``stream`` wait for the work queued so far on CuPy's current stream."""
+    current = cupy_module().cuda.get_current_stream()
+    if current.ptr != stream.ptr and not current.done:
+        stream.wait_event(current.record())
