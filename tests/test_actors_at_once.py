@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from contextvars import ContextVar
 from typing import Any
 
 import pytest
@@ -43,18 +44,29 @@ class Boom(Message):
     pass
 
 
+class StopAndFail(Message):
+    """The handler stops its own actor, then raises."""
+
+
 class Later(Message):
     """Answered when the test resolves the actor's pending future (a deferred reply)."""
 
 
+DEVICE: ContextVar[str] = ContextVar("device", default="unset")
+
+
 class Counter(Actor):
+    def pre_start(self) -> None:
+        DEVICE.set("bound in pre_start")  # in the actor task's own context
+
     def __init__(self) -> None:
         self.total = 0
         self.pending: asyncio.Future[int] | None = None
 
     @handles(Where)
     def where(self, msg: Where) -> tuple[Any, Any, dict[str, Any]]:
-        return asyncio.current_task(), CURRENT_CELL.get(), structlog.contextvars.get_contextvars()
+        context = {**structlog.contextvars.get_contextvars(), "device": DEVICE.get()}
+        return asyncio.current_task(), CURRENT_CELL.get(), context
 
     @handles(WhereAsync)
     async def where_async(self, msg: WhereAsync) -> tuple[Any, Any, dict[str, Any]]:
@@ -69,6 +81,11 @@ class Counter(Actor):
     def later(self, msg: Later) -> Deferred[int]:
         assert self.pending is not None
         return Deferred(self.pending)
+
+    @handles(StopAndFail)
+    def stop_and_fail(self, msg: StopAndFail) -> None:
+        self.context.stop(self.context.self_ref)
+        raise ValueError("stopping and failing")
 
     @handles(Boom)
     def boom(self, msg: Boom) -> None:
@@ -85,6 +102,7 @@ async def test_an_idle_actor_answers_in_the_askers_task_with_its_own_context() -
         assert context["actor"] == "/counter" and context["system"] == "sys"
         assert context["message_type"] == "Where"
         assert isinstance(context["correlation_id"], str)
+        assert context["device"] == "bound in pre_start"  # the task's context, not a copy
         assert CURRENT_CELL.get() is None  # the asker's context is untouched
         assert structlog.contextvars.get_contextvars().get("actor") is None
         task, cell, context = await ref.ask(WhereAsync())
@@ -182,3 +200,27 @@ async def test_a_stopping_actor_handles_nothing_at_once() -> None:
         ref._cell.request_stop()
         with pytest.raises(ActorStopped):
             await ref.ask(Add(value=1))
+
+
+async def test_asks_spaced_out_in_time_are_all_handled_at_once() -> None:
+    async with ActorSystem() as system:
+        ref = system.spawn(Counter)
+        await ref.ask(Add(value=0))
+        tasks = []
+        for _ in range(10):
+            await asyncio.sleep(2 * AT_ONCE_STREAK_SECONDS)  # the loop turns between asks
+            tasks.append((await ref.ask(Where()))[0])
+        assert all(task is asyncio.current_task() for task in tasks)
+
+
+async def test_a_handler_that_stops_its_actor_and_raises_is_still_supervised(
+    captured_logs: list[dict[str, Any]],
+) -> None:
+    async with ActorSystem() as system:
+        ref = system.spawn(Counter, name="quitter")
+        await ref.ask(Add(value=0))
+        with pytest.raises(ValueError, match="stopping and failing"):
+            await ref.ask(StopAndFail())
+        await system.watch(ref)
+    failed = [e for e in captured_logs if e["event"] == "actor failed"]
+    assert [e["message_type"] for e in failed] == ["StopAndFail"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
@@ -38,7 +39,7 @@ from gpuactors.actors.deadlines import AskDeadlines
 from gpuactors.actors.deferred import Deferred
 from gpuactors.actors.mailbox import Envelope, Mailbox
 from gpuactors.actors.props import Props
-from gpuactors.actors.ref import AT_ONCE_STREAK_SECONDS, ActorRef, AtOnceStreak
+from gpuactors.actors.ref import ActorRef
 from gpuactors.actors.supervision import Directive, RestartBudget, SupervisorStrategy
 from gpuactors.actors.terminated import Terminated
 from gpuactors.errors import ActorFailed, ActorStopped, UnhandledMessage
@@ -200,7 +201,15 @@ class ActorCell:
 
     # ------------------------------------------------------------------- control
     def start(self) -> None:
-        self.task = self.loop.create_task(self._run(), name=f"actor {self.path}")
+        # The task runs in a context the cell holds, so a handler run at once (in an
+        # asker's task) runs in it too: it sees and sets what the actor's task would.
+        # (Python 3.10 cannot give a task a context: there, every ask uses the mailbox.)
+        name = f"actor {self.path}"
+        if sys.version_info >= (3, 11):
+            self._context = contextvars.copy_context()
+            self.task = self.loop.create_task(self._run(), name=name, context=self._context)
+        else:
+            self.task = self.loop.create_task(self._run(), name=name)
         self.task.add_done_callback(self._on_task_done)
 
     def request_stop(self) -> None:
@@ -252,7 +261,6 @@ class ActorCell:
     async def _run(self) -> None:
         CURRENT_CELL.set(self)
         structlog.contextvars.bind_contextvars(system=self.system.name, actor=self.path)
-        self._context = contextvars.copy_context()
         try:
             try:
                 if await self._start():
@@ -357,7 +365,7 @@ class ActorCell:
         the ask must go through the mailbox instead: also when other askers wait on this
         actor (concurrent asks coalesce better through the mailbox, and one asker must
         not overtake the others) and when asks handled at once have held the loop for
-        ``AT_ONCE_STREAK_SECONDS``.
+        ``AT_ONCE_STREAK_SECONDS`` (see ``AtOnceStreak``).
         """
         if (
             not self.idle
@@ -372,12 +380,7 @@ class ActorCell:
         handler = self.handlers.get(message_type) or resolve_handler(self.handlers, message_type)
         if handler is None or handler[1] or self._context is None:
             return False
-        now = time.perf_counter()
-        started = AtOnceStreak.started
-        if started is None:
-            AtOnceStreak.started = now
-        elif now - started > AT_ONCE_STREAK_SECONDS:
-            AtOnceStreak.started = None
+        if not self.system.at_once.admit(time.perf_counter(), self.loop):
             return False
         self.idle = False
         try:
@@ -401,7 +404,9 @@ class ActorCell:
                 failure.__cause__ = exc
             if reply is not None and not reply.done():
                 reply.set_exception(failure)
-            self.mailbox.signal(_HandledAtOnceFailed(failure, message, cid))
+            # First in the system lane: ahead of a stop the handler may have asked for,
+            # as on the mailbox path, where the supervisor hears of a failure at once.
+            self.mailbox.signal(_HandledAtOnceFailed(failure, message, cid), first=True)
             return
         if isinstance(result, Deferred):
             self._defer(result.future, reply)

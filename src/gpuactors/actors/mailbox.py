@@ -152,10 +152,14 @@ class Mailbox:
         self.wake()
         return True
 
-    def signal(self, signal: object) -> None:
-        """Queue a runtime signal ahead of every user message."""
+    def signal(self, signal: object, *, first: bool = False) -> None:
+        """Queue a runtime signal ahead of every user message (``first``: ahead of the
+        other signals too)."""
         if not self.closed:
-            self.system.append(signal)
+            if first:
+                self.system.appendleft(signal)
+            else:
+                self.system.append(signal)
             self.wake()
 
     # ----------------------------------------------------------------- consumer

@@ -25,14 +25,33 @@ AT_ONCE_STREAK_SECONDS = 2e-3
 
 
 class AtOnceStreak:
-    """When the current run of asks handled at once began (None: the last ask yielded).
+    """When the current run of asks handled at once began (None: the loop has turned
+    since). One per actor system, so one per event loop.
 
     An ask handled at once whose reply is ready never suspends its asker, so a caller
-    asking in a tight loop would never let the loop turn. Shared by all actors of the
-    thread: it is the loop that must not be held.
+    asking in a tight loop would never let the loop turn. The run ends when an asker
+    waits for a reply or when the loop runs the callback the run's first ask scheduled.
     """
 
-    started: float | None = None
+    __slots__ = ("started",)
+
+    def __init__(self) -> None:
+        self.started: float | None = None
+
+    def admit(self, now: float, loop: asyncio.AbstractEventLoop) -> bool:
+        """May one more ask be handled at once at ``now`` (perf_counter seconds)?"""
+        started = self.started
+        if started is None:
+            self.started = now
+            loop.call_soon(self.end)
+            return True
+        if now - started > AT_ONCE_STREAK_SECONDS:
+            self.started = None
+            return False
+        return True
+
+    def end(self) -> None:
+        self.started = None
 
 
 def new_correlation_id() -> str:
@@ -136,7 +155,7 @@ class ActorRef:
             if reply.done():  # answered at once
                 result = reply.result()
             else:
-                AtOnceStreak.started = None  # this asker yields: the loop turns
+                cell.system.at_once.end()  # this asker yields: the loop turns
                 cell.askers_waiting += 1
                 try:
                     result = await reply

@@ -11,7 +11,7 @@ from gpuactors.actors.actor import Actor
 from gpuactors.actors.cell import CURRENT_CELL, ActorCell
 from gpuactors.actors.dead_letters import DeadLetters
 from gpuactors.actors.props import Props
-from gpuactors.actors.ref import ActorRef
+from gpuactors.actors.ref import ActorRef, AtOnceStreak
 from gpuactors.actors.supervision import SupervisorStrategy
 from gpuactors.actors.terminated import Terminated
 from gpuactors.errors import (
@@ -55,6 +55,8 @@ class ActorSystem:
         self._closing = False
         self._shutdown: asyncio.Future[None] | None = None
         self._serial = itertools.count(1)
+        #: How long asks handled at once have held this system's loop (see ActorCell).
+        self.at_once = AtOnceStreak()
 
     def __repr__(self) -> str:
         return f"ActorSystem({self.name!r}, actors={len(self._cells)})"

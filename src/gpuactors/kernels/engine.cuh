@@ -188,6 +188,7 @@ __device__ void run_dispatcher(const EngineParams& P) {
                 // store, so the PCIe round trips overlap. The ballots order these
                 // loads after each record's acquire of its sequence number.
                 u64 lo[8 * kTakeGroups], hi[8 * kTakeGroups];
+                hi[0] = 0;  // every lane passes it to the shuffle below, loaded or not
 #pragma unroll
                 for (u32 k = 0; k < 8 * kTakeGroups; ++k) {
                     const u32 rec = (lane >> 3) + 4u * k;

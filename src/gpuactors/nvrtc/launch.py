@@ -42,6 +42,8 @@ from gpuactors.nvrtc.messages import Launched
 #: NumPy scalar types a launch passes by value (what CuPy's launcher accepts).
 _SCALAR_CHARS = frozenset("?bhilqBHILQefdFD")
 _POINTER_BYTES = 8
+#: The most dimensions CuPy's launcher takes an array with (its CArray limit).
+_CUPY_MAX_NDIM = 25
 
 _STICKY_TEXT = re.compile(
     r"ILLEGAL_ADDRESS|IllegalAddress|MISALIGNED|Misaligned|LAUNCH_FAILED|LaunchFailure|"
@@ -100,6 +102,7 @@ def marshal_args(args: Sequence[Any], params: Params, device_id: int, name: str)
         if kind is ndarray:
             if (
                 (size is None or size == _POINTER_BYTES)
+                and value.ndim <= _CUPY_MAX_NDIM  # (beyond: the pointer, by the general path)
                 and value.data.device_id == device_id
                 and contiguous(value)
             ):
