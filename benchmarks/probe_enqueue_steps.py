@@ -1,0 +1,113 @@
+"""Where the time of ``await engine.ask(Enqueue(...))`` goes: the steps of the engine
+actor's Enqueue path replayed one by one with a timestamp between each (medians of
+4,000), then the ask itself. A diagnostic: it reaches into the actor's internals.
+
+Run on a GPU machine: ``python benchmarks/probe_enqueue_steps.py``
+"""
+
+import asyncio
+import gc
+import time
+
+import cupy as cp
+import numpy as np
+
+from gpuactors.actors import ActorSystem
+from gpuactors.engine import Engine, EngineConfig, Enqueue
+from gpuactors.engine import actor as EA
+from gpuactors.engine.args import check_count
+from gpuactors.engine.messages import Completion
+
+clock = time.perf_counter_ns
+N = 1024
+
+
+async def main():
+    async with ActorSystem("p") as system:
+        engine = await Engine.start(system, config=EngineConfig(idle_park_ms=50.0))
+        x = cp.random.random(N, dtype=cp.float32)
+        y = cp.zeros(N, dtype=cp.float32)
+        cp.cuda.runtime.deviceSynchronize()
+        msg = Enqueue(op="axpy", args=(y, x, 1.0), n=N, after="none")
+        for _ in range(300):
+            await engine.ref.ask(msg)
+        a = engine.ref._cell.instance
+        ring = a._runtime.ring
+        steps = {}
+
+        def mark(name, t0):
+            t = clock()
+            steps.setdefault(name, []).append(t - t0)
+            return t
+
+        loop = asyncio.get_running_loop()
+        gc.disable()
+        for _ in range(4000):
+            t = t0 = clock()
+            fut = loop.create_future()
+            t = mark("future", t)
+            a._check_serving()
+            t = mark("check_serving", t)
+            resolved = a._ops.resolve(msg.op)
+            t = mark("resolve", t)
+            n, blocks = check_count(resolved.spec, msg.n, msg.blocks)
+            t = mark("check_count", t)
+            words = resolved.encoder.encode(msg.args, n, 0)
+            t = mark("encode", t)
+            dl = a._deadline_ns(msg.timeout)
+            t = mark("deadline", t)
+            task = EA._Task(
+                fut,
+                resolved.spec,
+                resolved.op_id,
+                n,
+                words,
+                blocks,
+                dl,
+                msg.args,
+                time.perf_counter(),
+            )
+            t = mark("_Task", t)
+            seq = ring.try_publish(
+                task.op_id, task.n, task.words, blocks=task.blocks, deadline_ns=task.deadline_ns
+            )
+            t = mark("try_publish", t)
+            a._pending[seq] = task
+            a._runtime.kick()
+            t = mark("kick", t)
+            while not ring.is_done(seq):
+                if not a._runtime.running:
+                    a._runtime.kick()
+            t = mark("spin (device)", t)
+            a._finish(seq)
+            t = mark("_finish", t)
+            steps.setdefault("TOTAL", []).append(t - t0)
+        gc.enable()
+        for k, v in steps.items():
+            print(f"  {k:20} p50 {np.median(v) / 1000:7.2f} us")
+        s = []
+        for _ in range(3000):
+            t = clock()
+            await engine.ref.ask(msg)
+            s.append(clock() - t)
+        print(f"  ask(Enqueue) p50 {np.median(s) / 1000:.2f} us")
+
+        def mk():
+            return Completion(seq=1, op="axpy", version=1, status=0, units=1, device_ns=5)
+
+        v = []
+        for _ in range(3000):
+            t = clock()
+            mk()
+            v.append(clock() - t)
+        print(f"  Completion() p50 {np.median(v) / 1000:.2f} us")
+        v = []
+        for _ in range(3000):
+            t = clock()
+            ring.harvest(1)
+            v.append(clock() - t)
+        print(f"  ring.harvest(miss) p50 {np.median(v) / 1000:.2f} us")
+        await engine.shutdown()
+
+
+asyncio.run(main())
