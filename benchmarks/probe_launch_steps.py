@@ -66,20 +66,19 @@ async def main():
                 gpu = actor._gpu_for(handle.generation)
                 stream = gpu.stream
                 t = mark("gpu_for", t)
-                with gpu.device:
-                    t = mark("device enter", t)
-                    function = gpu.function(handle, symbol, 0, actor._arch)
-                    t = mark("function lookup", t)
-                    start, end = actor._poller.events.take(False)
-                    t = mark("event take", t)
-                    if msg.after == "current_stream":
-                        A._after_current_stream(stream)
-                    t = mark("after_current_stream", t)
-                    function(msg.grid, msg.block, values, shared_mem=0, stream=stream)
-                    t = mark("cupy launch", t)
-                    end.record(stream)
-                    t = mark("event record", t)
-                t = mark("device exit", t)
+                assert cp.cuda.runtime.getDevice() == 0  # the actor's check: no switch
+                t = mark("device check", t)
+                function = gpu.function(handle, symbol, 0, actor._arch)
+                t = mark("function lookup", t)
+                start, end = actor._poller.events.take(False)
+                t = mark("event take", t)
+                if msg.after == "current_stream":
+                    A._after_current_stream(stream)
+                t = mark("after_current_stream", t)
+                function(msg.grid, msg.block, values, shared_mem=0, stream=stream)
+                t = mark("cupy launch", t)
+                end.record(stream)
+                t = mark("event record", t)
                 p = L.PendingLaunch(fut, (start, end), name, symbol, stream.ptr, (msg, function))
                 t = mark("PendingLaunch", t)
                 actor._poller.add(p)
