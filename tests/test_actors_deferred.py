@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gpuactors.actors import Actor, ActorRef, ActorSystem, Deferred, handles
+from gpuactors.actors import Actor, ActorRef, ActorSystem, Deferred, handles, reply_from
 from gpuactors.errors import ActorStopped, AskTimeout
 from gpuactors.messages import Message
 
@@ -215,3 +215,22 @@ async def test_a_failed_deferred_reply_to_a_tell_is_logged(
     warned = [e for e in captured_logs if e["event"] == "deferred reply of a tell failed"]
     assert len(warned) == 1
     assert warned[0]["actor"] == "/gpu"
+
+
+async def test_reply_from_unwraps_only_a_successful_result() -> None:
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[int] = loop.create_future()
+    done.set_result(3)
+    assert reply_from(done) == 3
+    pending: asyncio.Future[int] = loop.create_future()
+    assert isinstance(reply_from(pending), Deferred)
+    failed: asyncio.Future[int] = loop.create_future()
+    failed.set_exception(ValueError("the asker's error"))
+    deferred = reply_from(failed)
+    assert isinstance(deferred, Deferred)  # an error stays a reply, never a failure
+    with pytest.raises(ValueError):
+        deferred.future.result()
+    cancelled: asyncio.Future[int] = loop.create_future()
+    cancelled.cancel()
+    assert isinstance(reply_from(cancelled), Deferred)
+    pending.cancel()

@@ -66,6 +66,25 @@ def test_counts_are_checked(n: object, blocks: object, op: OpSpec) -> None:
         check_count(op, n, blocks)
 
 
+@pytest.mark.parametrize(
+    ("n", "blocks", "op", "expected"),
+    [
+        (0, 1, FILL, (0, 1)),
+        (2**62 - 1, 1, FILL, (2**62 - 1, 1)),
+        (np.int64(7), 1, FILL, (7, 1)),  # NumPy counts take the general path
+        (5, np.int32(3), FILL, (5, 3)),
+        (5, 3, FILL, (5, 3)),  # a multi-block op
+        (5, 1, SUM, (5, 1)),
+    ],
+)
+def test_counts_that_fit_come_back_as_ints(
+    n: object, blocks: object, op: OpSpec, expected: tuple[int, int]
+) -> None:
+    assert FILL.multi_block and not SUM.multi_block
+    got = check_count(op, n, blocks)
+    assert got == expected and all(type(v) is int for v in got)
+
+
 def test_encode_batch_builds_one_record_per_task() -> None:
     columns = encode_batch(
         SCALARS,

@@ -37,6 +37,9 @@ def test_alias_binds_new_tasks_and_rollback_returns() -> None:
     assert table.resolve("scale").spec.version == 1
     with pytest.raises(InvalidArgument):
         table.rollback("scale")
+    table.add(SCALE.model_copy(update={"version": 3}), activate=True)
+    assert table.resolve("scale").spec.version == 3  # a new active version: no stale cache
+    assert table.resolve("scale") is table.resolve("scale")  # resolved once per alias
 
 
 def test_errors_are_typed() -> None:
