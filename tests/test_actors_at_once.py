@@ -224,3 +224,15 @@ async def test_a_handler_that_stops_its_actor_and_raises_is_still_supervised(
         await system.watch(ref)
     failed = [e for e in captured_logs if e["event"] == "actor failed"]
     assert [e["message_type"] for e in failed] == ["StopAndFail"]
+
+
+class InItsOwnTask(Counter):
+    answers_at_once = False
+
+
+async def test_an_actor_can_keep_every_handler_in_its_own_task() -> None:
+    async with ActorSystem() as system:
+        ref = system.spawn(InItsOwnTask)
+        await ref.ask(Add(value=0))
+        task, _, _ = await ref.ask(Where())
+        assert task is ref._cell.task

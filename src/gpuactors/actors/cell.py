@@ -378,7 +378,12 @@ class ActorCell:
         message = envelope[0]
         message_type = type(message)
         handler = self.handlers.get(message_type) or resolve_handler(self.handlers, message_type)
-        if handler is None or handler[1] or self._context is None:
+        if (
+            handler is None
+            or handler[1]  # async
+            or self._context is None
+            or not self.instance.answers_at_once
+        ):
             return False
         if not self.system.at_once.admit(time.perf_counter(), self.loop):
             return False
