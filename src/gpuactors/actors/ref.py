@@ -143,11 +143,9 @@ class ActorRef:
         reply: asyncio.Future[Any] = loop.create_future()
         envelope: Envelope = (message, reply, new_correlation_id())
         timer: asyncio.TimerHandle | None = None
-        if cell.handle_at_once(envelope):  # an idle actor: no mailbox round trip
+        # An idle actor answers at once (no mailbox round trip); else queue if there is room.
+        if cell.handle_at_once(envelope) or cell.mailbox.offer(envelope):
             if timeout is not None and not reply.done():
-                cell.deadlines.add(reply, envelope, timeout)
-        elif cell.mailbox.offer(envelope):
-            if timeout is not None:
                 cell.deadlines.add(reply, envelope, timeout)
         else:
             timer = await self._send_slow(envelope, timeout)

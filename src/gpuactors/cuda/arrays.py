@@ -78,7 +78,7 @@ def describe_array(value: Any, what: str = "argument") -> DeviceArrayInfo:
             size=value.size,
             contiguous=cupy_c_contiguous(value),
             readonly=False,
-            device_id=value.device.id,
+            device_id=value.data.device_id,
         )
     if isinstance(value, np.ndarray):
         raise InvalidArgument(f"{what} is a NumPy (host) array: copy it to the device first")

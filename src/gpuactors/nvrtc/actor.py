@@ -300,7 +300,6 @@ class NvrtcActor(Actor):
         try:
             gpu = self._gpu_for(handle.generation)
             stream = gpu.stream if msg.stream is None else self._check_stream(msg.stream)
-            assert self._arch is not None  # a GPU state exists only where a device was found
             if cupy_module().cuda.runtime.getDevice() == device_id:  # (entering costs more)
                 function, events = self._issue(msg, gpu, symbol, values, stream)
             else:
@@ -322,7 +321,7 @@ class NvrtcActor(Actor):
         self, msg: Launch, gpu: _GpuState, symbol: str, values: tuple[Any, ...], stream: Any
     ) -> tuple[Any, tuple[Any | None, Any]]:
         """Queue the kernel (and its events) on ``stream``, with the device current."""
-        assert self._arch is not None
+        assert self._arch is not None  # a GPU state exists only where a device was found
         function = gpu.function(msg.kernel, symbol, msg.shared_mem, self._arch)
         start, end = events = self._poller.events.take(msg.timed)
         if msg.after == "current_stream":

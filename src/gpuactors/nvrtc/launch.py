@@ -34,7 +34,6 @@ from gpuactors.errors import (
     DeviceFault,
     InvalidArgument,
     LaunchError,
-    WrongDevice,
 )
 from gpuactors.nvrtc.handle import Params
 from gpuactors.nvrtc.messages import Launched
@@ -152,22 +151,14 @@ def _scalar(value: np.generic, size: int | None, where: str) -> np.generic:
 
 def _pointer(value: Any, device_id: int, where: str) -> int:
     arrays = _arrays()
-    if type(value) is arrays.cupy_ndarray():
-        contiguous, device, ptr = value.flags.c_contiguous, value.device.id, value.data.ptr
-        if device != device_id:
-            raise WrongDevice(
-                f"{where} lives on device {device}, this actor owns device {device_id}"
-            )
-    else:
-        info = arrays.describe_array(value, where)
-        arrays.check_device(info, device_id, where)
-        contiguous, ptr = info.contiguous, info.ptr
-    if not contiguous:
+    info = arrays.describe_array(value, where)
+    arrays.check_device(info, device_id, where)
+    if not info.contiguous:
         raise InvalidArgument(
             f"{where} is not C-contiguous: the kernel gets a pointer to its first element; "
             "pass a contiguous copy (cupy.ascontiguousarray) or the pointer itself as np.uint64"
         )
-    return int(ptr)
+    return int(info.ptr)
 
 
 # --------------------------------------------------------------------- errors
