@@ -51,39 +51,34 @@ async def main():
                 return t
 
             gc.disable()
-            loop = asyncio.get_running_loop()
             for _ in range(4000):
                 t = t0 = clock()
-                fut = loop.create_future()
-                t = mark("future", t)
                 GENERATIONS.current(0)
                 t = mark("generation", t)
-                name, symbol, params = handle.resolve(msg.name)
+                plan = actor._plans[(id(handle), msg.name)]
+                name, symbol, params = plan.name, plan.symbol, plan.params
                 L.check_arity(msg.args, params, name)
-                t = mark("resolve+arity", t)
-                values = L.marshal_args(msg.args, params, 0, name)
-                t = mark("marshal", t)
+                t = mark("plan+arity", t)
+                L.pack_args(msg.args, params, 0, name, actor._params)
+                t = mark("pack_args", t)
                 gpu = actor._gpu_for(handle.generation)
                 stream = gpu.stream
                 t = mark("gpu_for", t)
                 assert cp.cuda.runtime.getDevice() == 0  # the actor's check: no switch
                 t = mark("device check", t)
-                function = gpu.function(handle, symbol, 0, actor._arch)
-                t = mark("function lookup", t)
-                start, end = actor._poller.events.take(False)
-                t = mark("event take", t)
+                loaded = plan.loaded
+                assert plan.loaded_in is gpu
+                t = mark("function (the plan's)", t)
                 if msg.after == "current_stream":
-                    A._after_current_stream(stream)
+                    stream = A._after_current_stream(stream, gpu, own=True)
                 t = mark("after_current_stream", t)
-                function(msg.grid, msg.block, values, shared_mem=0, stream=stream)
-                t = mark("cupy launch", t)
-                end.record(stream)
-                t = mark("event record", t)
-                p = L.PendingLaunch(fut, (start, end), name, symbol, stream.ptr, (msg, function))
-                t = mark("PendingLaunch", t)
-                actor._poller.add(p)
-                t = mark("poller.add (spin until done)", t)
-                assert fut.done()
+                L.launch_kernel(
+                    loaded.driver, msg.grid, msg.block, 0, gpu.driver_stream(stream), actor._params
+                )
+                t = mark("cuLaunchKernel", t)
+                reply = actor._poller.spin_alone(stream, None, name, symbol)
+                t = mark("spin_alone (until done)", t)
+                assert reply is not None
                 steps.setdefault("TOTAL", []).append(t - t0)
             gc.enable()
             print(f"after={after}")
@@ -116,7 +111,6 @@ async def main():
                 fn()
                 v.append(clock() - t)
             print(f"{label:28} p50 {np.median(v) / 1000:.2f} us")
-        # poller spin internals: harvest cost when done
 
 
 asyncio.run(main())

@@ -22,7 +22,14 @@ from gpuactors.engine import (
     PersistentThreadMode,
     ScalarParam,
 )
-from gpuactors.errors import EngineStopped, InvalidArgument, TaskFailed, UnknownOp, WrongDevice
+from gpuactors.errors import (
+    EngineStopped,
+    InvalidArgument,
+    TaskFailed,
+    TaskTimeout,
+    UnknownOp,
+    WrongDevice,
+)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -314,6 +321,42 @@ async def test_all_modes_give_identical_results(mode: PersistentThreadMode) -> N
         await engine.enqueue("sum", total, y, n=4096)
         assert float(total[0]) == pytest.approx(float((2 * x_h.astype(np.float64)).sum()), abs=1e-2)
         np.testing.assert_allclose(cp.asnumpy(y), 2 * x_h, rtol=1e-6, atol=1e-6)
+        await engine.shutdown(timeout=30)
+
+
+@pytest.mark.parametrize("inline_max_n", [1 << 12, 0])
+async def test_lone_tasks_run_alike_on_the_dispatcher_block(inline_max_n: int) -> None:
+    """A lone one-block task runs on block 0 itself (n <= inline_max_n) or on a worker:
+    the same results, failure codes and deadlines either way."""
+    import cupy as cp
+
+    rng = _rng()
+    config = EngineConfig(inline_max_n=inline_max_n, idle_park_ms=50.0)
+    async with ActorSystem(f"inline-{inline_max_n}") as system:
+        engine = await Engine.start(system, ops=USER_OPS, config=config)
+        for n in (1, 1000, 4096, 4097, 30_000):  # beyond 4096: the workers, even inlining
+            x_h = rng.standard_normal(n).astype(np.float32)
+            y_h = rng.standard_normal(n).astype(np.float32)
+            x, y = cp.asarray(x_h), cp.asarray(y_h)
+            total = cp.full(1, np.nan, dtype=cp.float32)
+            cp.cuda.get_current_stream().synchronize()
+            for _ in range(3):
+                await engine.ref.ask(
+                    Enqueue(op="axpy", args=(y, x, 0.5), n=n, after="none"), timeout=30
+                )
+            np.testing.assert_allclose(cp.asnumpy(y), y_h + 1.5 * x_h, rtol=1e-5, atol=1e-5)
+            await engine.ref.ask(Enqueue(op="sum", args=(total, x), n=n, after="none"))
+            expected = float(x_h.astype(np.float64).sum())
+            assert float(total[0]) == pytest.approx(expected, rel=1e-4, abs=1e-2)
+        with pytest.raises(TaskFailed) as info:
+            await engine.enqueue("fail_if_negative", -1, n=1)
+        assert info.value.code == 42
+        with pytest.raises(TaskTimeout):  # expired before it started: never run
+            await engine.ref.ask(
+                Enqueue(op="fail_if_negative", args=(-1,), n=1, timeout=1e-7, after="none")
+            )
+        stats = await engine.stats()
+        assert stats.processed == 5 * 4 and stats.failed == 2
         await engine.shutdown(timeout=30)
 
 

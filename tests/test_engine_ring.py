@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from gpuactors.engine.abi import COMPLETION, TASK_RECORD
 from gpuactors.engine.ring import HostConsumer, HostRing, reset_ring, run_to_completion
@@ -196,3 +197,14 @@ def test_harvest_window_out_of_order() -> None:
     done, status = ring.harvest_window(1, 64, already)
     assert done.tolist() == [True] + [False] * 63 and status[0] == -2
     assert ring.free_count() == 64
+
+
+def test_completion_of_equals_a_validated_completion() -> None:
+    from gpuactors.engine.messages import Completion, completion_of
+
+    fast = completion_of(7, "axpy", 2, 3, 1234)
+    slow = Completion(seq=7, op="axpy", version=2, status=0, units=3, device_ns=1234)
+    assert fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
+    assert fast.model_dump() == slow.model_dump() and fast.model_fields_set == slow.model_fields_set
+    with pytest.raises(ValidationError):  # as frozen as any reply
+        fast.seq = 8  # type: ignore[misc]

@@ -145,6 +145,84 @@ async def test_launch_matches_numpy(nvrtc: ActorRef) -> None:
     assert stats.launches == 4 and stats.launches_in_flight == 0 and stats.loaded_modules == 1
 
 
+ORDERING = r"""
+extern "C" __global__ void read_flag(const int* flag, int* out) {
+    *out = *(volatile const int*)flag;
+}
+"""
+SCALARS = r"""
+struct c64 { float x, y; };
+struct __align__(16) c128 { double x, y; };
+extern "C" __global__ void scalars(double* out, bool b, signed char i8, short i16, int i32,
+                                   long long i64, unsigned char u8, unsigned short u16,
+                                   unsigned int u32, unsigned long long u64, float f32,
+                                   double f64, c64 z64, c128 z128) {
+    double v[] = {(double)b, (double)i8, (double)i16, (double)i32, (double)i64, (double)u8,
+                  (double)u16, (double)u32, (double)u64, (double)f32, f64,
+                  (double)z64.x, (double)z64.y, z128.x, z128.y};
+    for (int i = 0; i < 15; ++i) out[i] = v[i];
+}
+"""
+
+
+async def test_every_scalar_type_reaches_the_kernel_exactly(nvrtc: ActorRef) -> None:
+    import cupy as cp
+
+    handle = await _compile(nvrtc, SCALARS, ("scalars",), name="scalars.cu")
+    rng = _rng()
+    values = (
+        np.bool_(rng.integers(2)),
+        np.int8(rng.integers(-128, 128)),
+        np.int16(rng.integers(-(2**15), 2**15)),
+        np.int32(rng.integers(-(2**31), 2**31)),
+        np.int64(rng.integers(-(2**62), 2**62)),
+        np.uint8(rng.integers(256)),
+        np.uint16(rng.integers(2**16)),
+        np.uint32(rng.integers(2**32)),
+        np.uint64(rng.integers(2**63, 2**64 - 1, dtype=np.uint64)),
+        np.float32(rng.standard_normal()),
+        np.float64(rng.standard_normal() * 1e-300),
+        np.complex64(complex(rng.standard_normal(), rng.standard_normal())),
+        np.complex128(complex(rng.standard_normal(), rng.standard_normal())),
+    )
+    expected = [float(np.float64(v)) for v in values[:11]]
+    expected += [float(values[11].real), float(values[11].imag)]
+    expected += [float(values[12].real), float(values[12].imag)]
+    out = cp.full(15, np.nan)
+    await nvrtc.ask(
+        Launch(kernel=handle, grid=1, block=1, args=(out, *values)), timeout=30, expect=Launched
+    )
+    np.testing.assert_array_equal(cp.asnumpy(out), np.array(expected))
+
+
+async def test_launch_runs_after_the_current_stream_unless_told_not_to(nvrtc: ActorRef) -> None:
+    import cupy as cp
+
+    handle = await _compile(nvrtc, KERNELS + ORDERING, ("wait_ns", "read_flag"))
+    wait_ns = cp.RawKernel(KERNELS, "wait_ns")  # CuPy's own launch, on its current stream
+    flag = cp.zeros(1, dtype=cp.int32)
+    out = cp.full(1, -1, dtype=cp.int32)
+    read = Launch(kernel=handle, name="read_flag", grid=1, block=1, args=(flag, out))
+
+    async def check(expected: int, **launch: Any) -> None:
+        flag.fill(0)
+        out.fill(-1)
+        cp.cuda.runtime.deviceSynchronize()
+        wait_ns((1,), (1,), (np.uint64(100_000_000), flag))  # sets the flag after 100 ms
+        await nvrtc.ask(read.model_copy(update=launch), timeout=30)
+        busy = not cp.cuda.get_current_stream().done
+        cp.cuda.runtime.deviceSynchronize()
+        assert int(out[0]) == expected
+        assert busy == (expected == 0)  # "none" replied while the current stream still ran
+
+    await check(1)  # the legacy default stream is current: the ordered stream waits for it
+    with cp.cuda.Stream(non_blocking=True):
+        await check(1)  # a caller's stream is current: an event wait
+    await check(0, after="none")  # launched at once, ahead of the busy stream
+    with cp.cuda.Stream(non_blocking=True):
+        await check(0, after="none")
+
+
 async def test_template_kernels_by_lowered_name(nvrtc: ActorRef) -> None:
     import cupy as cp
 

@@ -81,10 +81,11 @@ ENGINE_PARAMS = np.dtype(
             "max_residency_ns",
             "max_units_per_task",
             "persistent",
+            "inline_max_n",
         ],
-        "formats": [np.uint64] * 13 + [np.uint32, np.uint32],
-        "offsets": [0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 108],
-        "itemsize": 112,
+        "formats": [np.uint64] * 13 + [np.uint32, np.uint32, np.uint64],
+        "offsets": [0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 108, 112],
+        "itemsize": 120,
     }
 )
 DEVICE_STATE = np.dtype(

@@ -30,7 +30,6 @@ from gpuactors.actors import (
     Props,
     failed_reply,
     handles,
-    reply_from,
 )
 from gpuactors.cuda.generation import GENERATIONS
 from gpuactors.cuda.polling import SLEEP_MIN_SECONDS, SPIN_PHASE_SECONDS, SPIN_SECONDS
@@ -59,6 +58,7 @@ from gpuactors.engine.messages import (
     Shutdown,
     ShutdownReport,
     Stats,
+    completion_of,
 )
 from gpuactors.engine.ops import BUILTIN_OPS, OpSpec
 from gpuactors.engine.optable import OpTable
@@ -148,6 +148,10 @@ class PersistentEngineActor(Actor):
         self._modules_built = 0
         self._arch = ""
         self._config = config or EngineConfig()
+        default_timeout = self._config.default_task_timeout_s
+        self._default_timeout_ns = (
+            0 if default_timeout is None else max(1, int(default_timeout * 1e9))
+        )
         self._device_id = device_id
         self._compiler = compiler
         self._full_policy = full_policy
@@ -205,25 +209,59 @@ class PersistentEngineActor(Actor):
     # ------------------------------------------------------------------ enqueue
     @handles(Enqueue)
     def enqueue(self, msg: Enqueue) -> Completion | Deferred[Completion]:
-        future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
+        accepted_at = time.perf_counter()
         try:
-            task = self._accept(msg, future)
+            self._check_serving()
+            resolved = self._ops.resolve(msg.op)  # the version is bound here, at acceptance
+            n, blocks = check_count(resolved.spec, msg.n, msg.blocks)
+            words = resolved.encoder.encode(msg.args, n, self._device_id)
+            deadline = self._deadline_ns(msg.timeout)
+            ready_event = _pending_work_event() if msg.after == "current_stream" else None
         except GpuActorsError as exc:
-            future.set_exception(exc)  # the caller's error, not the actor's failure
+            return failed_reply(exc)  # the caller's error, not the actor's failure
+        seq = None
+        if (
+            ready_event is None
+            and not self._pending
+            and not self._staged
+            and not (self._backlog and self._full_policy != "fail")
+        ):
+            # An idle engine (the latency path): publish before anything else, then
+            # spin briefly; a task that finishes meanwhile is answered without a future.
+            assert self._runtime is not None
+            runtime = self._runtime
+            seq = runtime.ring.try_publish(
+                resolved.op_id, n, words, blocks=blocks, deadline_ns=deadline
+            )
+            if seq is not None:
+                runtime.kick()
+                if self._spin_for(seq):
+                    outcome = self._outcome(seq, resolved.spec, resolved.op_id, accepted_at)
+                    if isinstance(outcome, GpuActorsError):
+                        return failed_reply(outcome)
+                    return outcome
+        future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
+        task = _Task(
+            future,
+            resolved.spec,
+            resolved.op_id,
+            n,
+            words,
+            blocks,
+            deadline,
+            msg.args,
+            accepted_at,
+            ready_event,
+        )
+        if seq is not None:  # published, still running: the poller answers it
+            self._pending[seq] = task
+            self._wake.set()
             return Deferred(future)
         # Under "fail" a task never queues behind tasks that wait for their inputs.
-        if task.ready_event is not None or (self._backlog and self._full_policy != "fail"):
+        if ready_event is not None or (self._backlog and self._full_policy != "fail"):
             self._backlog.append(task)
             self._wake.set()
             return Deferred(future)
-        if not self._pending and not self._staged:
-            # An idle engine: publish at once and spin briefly for the reply (latency path).
-            seq = self._publish(task)
-            if seq is not None:
-                self._finish_inline(seq)
-                if self._pending:
-                    self._wake.set()
-                return reply_from(future)
         # A busy engine: coalesce. Every task that arrives before the loop turns is
         # published together, with one store and one kick.
         self._staged.append(task)
@@ -303,17 +341,16 @@ class PersistentEngineActor(Actor):
         self._wake.set()  # the poller publishes it (and owns every CUDA call that may fail)
         return Deferred(future)
 
-    def _finish_inline(self, seq: int) -> None:
-        """Light load: spin briefly for the only task in flight instead of handing it to
-        the poller. Saves two event-loop hops on the latency path; bounded like the
-        poller's own spin."""
+    def _spin_for(self, seq: int) -> bool:
+        """Light load: spin briefly on the only task in flight instead of handing it to
+        the poller (saves two event-loop hops); bounded like the poller's own spin."""
         assert self._runtime is not None
-        ring = self._runtime.ring
+        is_done = self._runtime.ring.is_done
         until = time.perf_counter() + SPIN_SECONDS
         while time.perf_counter() < until:
-            if ring.is_done(seq):
-                self._finish(seq)
-                return
+            if is_done(seq):
+                return True
+        return False
 
     def _check_serving(self) -> None:
         if self._faulted is not None:
@@ -322,32 +359,15 @@ class PersistentEngineActor(Actor):
             raise EngineStopped("the engine is shutting down and accepts no new tasks")
         GENERATIONS.check_current("this engine", self._device_id, self._generation)
 
-    def _accept(self, msg: Enqueue, future: asyncio.Future[Completion]) -> _Task:
-        self._check_serving()
-        resolved = self._ops.resolve(msg.op)  # the version is bound here, at acceptance
-        op = resolved.spec
-        n, blocks = check_count(op, msg.n, msg.blocks)
-        words = resolved.encoder.encode(msg.args, n, self._device_id)
-        deadline = self._deadline_ns(msg.timeout)
-        task = _Task(
-            future,
-            op,
-            resolved.op_id,
-            n,
-            words,
-            blocks,
-            deadline,
-            msg.args,
-            time.perf_counter(),
-        )
-        if msg.after == "current_stream":
-            task.ready_event = _pending_work_event()
-        return task
-
     def _deadline_ns(self, timeout: float | None) -> int:
         """The %globaltimer deadline of a task (the device clock is Unix-epoch nanoseconds)."""
-        timeout = timeout if timeout is not None else self._config.default_task_timeout_s
-        return min(time.time_ns() + int(timeout * 1e9), _MAX_DEADLINE_NS) if timeout else 0
+        if timeout is None:
+            timeout_ns = self._default_timeout_ns
+            if not timeout_ns:  # no default: tasks may wait forever
+                return 0
+        else:
+            timeout_ns = int(timeout * 1e9)
+        return min(time.time_ns() + timeout_ns, _MAX_DEADLINE_NS)
 
     def _publish(self, task: _Task) -> int | None:
         assert self._runtime is not None
@@ -537,36 +557,33 @@ class PersistentEngineActor(Actor):
         return len(finished)
 
     def _finish(self, seq: int) -> None:
-        assert self._runtime is not None
         task = self._pending.pop(seq)
+        outcome = self._outcome(seq, task.op, task.op_id, task.accepted_at)
+        if task.future.done():
+            return
+        if isinstance(outcome, GpuActorsError):
+            task.future.set_exception(outcome)
+        else:
+            task.future.set_result(outcome)
+
+    def _outcome(
+        self, seq: int, op: OpSpec, op_id: int, accepted_at: float
+    ) -> Completion | GpuActorsError:
+        """Read and retire finished task ``seq``'s marker: its reply, or its error."""
+        assert self._runtime is not None
         harvested = self._runtime.ring.harvest(seq)
         assert harvested is not None
         status, units, device_ns = harvested
-        self._latencies.append(time.perf_counter() - task.accepted_at)
-        if task.future.done():
-            return
+        self._latencies.append(time.perf_counter() - accepted_at)
         if status == abi.STATUS_OK:
             self._processed += 1
-            task.future.set_result(
-                Completion(  # (validating in pydantic-core beats model_construct here)
-                    seq=seq,
-                    op=task.op.name,
-                    version=task.op.version,
-                    status=0,
-                    units=units,
-                    device_ns=device_ns,
-                )
-            )
-            return
+            return completion_of(seq, op.name, op.version, units, device_ns)
         self._failed += 1
-        error: GpuActorsError
         if status == abi.STATUS_DEADLINE:
-            error = TaskTimeout(f"task {seq} of op {task.op.name!r} missed its deadline")
-        elif status == abi.STATUS_UNKNOWN_OP:
-            error = UnknownOp(f"op id {task.op_id} is not in the running engine module")
-        else:
-            error = TaskFailed(task.op.name, seq, status)
-        task.future.set_exception(error)
+            return TaskTimeout(f"task {seq} of op {op.name!r} missed its deadline")
+        if status == abi.STATUS_UNKNOWN_OP:
+            return UnknownOp(f"op id {op_id} is not in the running engine module")
+        return TaskFailed(op.name, seq, status)
 
     def _note_parks(self) -> None:
         assert self._runtime is not None

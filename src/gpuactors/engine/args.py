@@ -149,7 +149,7 @@ class _ParamPlan:
         if self.is_array:
             if (
                 type(value) is cupy_ndarray()
-                and value.dtype == self.dtype
+                and value.dtype is self.dtype  # (NumPy's builtin dtypes are singletons)
                 and value.size >= (n if self.fixed_length is None else self.fixed_length)
                 and value.data.device_id == device_id
                 and cupy_c_contiguous(value)

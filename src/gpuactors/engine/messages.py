@@ -46,6 +46,35 @@ class Completion(Reply):
     device_ns: int
 
 
+_COMPLETION_FIELDS = frozenset(Completion.model_fields)
+_new_completion = Completion.__new__
+_set = object.__setattr__
+
+
+def completion_of(seq: int, op: str, version: int, units: int, device_ns: int) -> Completion:
+    """A successful task's reply from values the engine produced itself (all ints and
+    the op's own name): built the way ``model_construct`` builds a model, without
+    validation, in half the time of validating; every engine reply comes through here.
+    """
+    reply = _new_completion(Completion)
+    _set(
+        reply,
+        "__dict__",
+        {
+            "seq": seq,
+            "op": op,
+            "version": version,
+            "status": 0,
+            "units": units,
+            "device_ns": device_ns,
+        },
+    )
+    _set(reply, "__pydantic_fields_set__", _COMPLETION_FIELDS)
+    _set(reply, "__pydantic_extra__", None)
+    _set(reply, "__pydantic_private__", None)
+    return reply
+
+
 class EnqueueBatch(Message):
     """Many tasks of one op in one message, described by NumPy arrays; one reply.
 

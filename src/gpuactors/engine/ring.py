@@ -32,7 +32,9 @@ from gpuactors.engine.abi import COMPLETION, MAX_ARGS, TASK_RECORD
 from gpuactors.errors import InvalidArgument
 
 _BODY = struct.Struct(f"<IIQQ{MAX_ARGS}QQQ")  # record bytes 8..128 (everything after seq)
-_RECORD_WORDS = TASK_RECORD.itemsize // 8
+_RECORD_BYTES = TASK_RECORD.itemsize
+_RECORD_WORDS = _RECORD_BYTES // 8
+_ZERO_ARGS = (0,) * MAX_ARGS
 _COMPLETION_WORDS = COMPLETION.itemsize // 8
 
 
@@ -140,10 +142,17 @@ class HostRing:
         word = slot * _RECORD_WORDS
         if self._words[word] != pos or self._unretired[slot]:
             return None
-        padded = list(args) + [0] * (MAX_ARGS - len(args))
-        offset = slot * TASK_RECORD.itemsize
-        self._bytes[offset + 8 : offset + TASK_RECORD.itemsize] = _BODY.pack(
-            op, blocks, n, deadline_ns, *padded, tag, 0
+        _BODY.pack_into(
+            self._bytes,
+            slot * _RECORD_BYTES + 8,
+            op,
+            blocks,
+            n,
+            deadline_ns,
+            *args,
+            *_ZERO_ARGS[len(args) :],
+            tag,
+            0,
         )
         self._words[word] = pos + 1  # publish last
         self._unretired[slot] = 1

@@ -9,6 +9,9 @@
 //     for it on device memory, runs the op and, if it is the task's last unit,
 //     publishes the completion to host memory with release semantics and hands
 //     the ring slot back to the producer.
+//   * a lone one-block task that an idle poll finds (one request at a time: the
+//     latency-bound case) is run by block 0 itself, all its warps together, with
+//     no hand-off; the poll resumes when it is done. Bounded by `inline_max_n`.
 // The kernel parks (exits) when it has been idle for `idle_ns`, when it has
 // run for `max_residency_ns` (so a module load elsewhere in the process can
 // proceed), or when the host asks; everything it needs to resume lives in
@@ -59,6 +62,7 @@ struct EngineParams {
     u64 max_residency_ns;      // 0 = unbounded
     u32 max_units_per_task;
     u32 persistent;            // 0 = launch-per-batch: exit as soon as drained
+    u64 inline_max_n;          // a lone one-block task up to this n runs on block 0; 0 = never
 };
 
 __device__ __forceinline__ u64 now_ns() {
@@ -107,11 +111,69 @@ __device__ __forceinline__ void st_release_gpu32(u32* p, u32 v) {
     asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
+// Publish a finished task: its completion marker, then its ring slot for the next lap.
+// One release covers both markers: the task's results (every thread's, ordered by the
+// caller's barrier) and the completion fields before either of them.
+__device__ __forceinline__ void publish_completion(const EngineParams& P, u32 slot, u64 seq,
+                                                   i32 status, u32 units, u64 t_start) {
+    Completion* c = &P.completions[slot];
+    volatile Completion* vc = c;
+    vc->status = status;
+    vc->units = units;
+    vc->t_start_ns = t_start;
+    vc->t_end_ns = now_ns();
+    fence_acq_rel_sys();
+    st_relaxed_sys(&c->seq, seq);
+    st_relaxed_sys(&P.ring[slot].seq, seq - 1 + P.capacity);
+}
+
+// The lone task block 0 runs itself (see run_dispatcher): shared by its warps.
+struct InlineTask {
+    TaskRecord rec;
+    u64 t_start;
+    u32 slot;
+    u32 run;       // 1: run `rec`; 0: the dispatcher has exited
+    u32 expired;
+    i32 status;
+};
+
+// Block 0's warps meet here: warp 0 with a lone task (or its exit), the others waiting.
+__device__ __forceinline__ void dispatcher_block_barrier() {
+    asm volatile("bar.sync 1, %0;" ::"r"(blockDim.x) : "memory");
+}
+
+// Every thread of block 0 runs the lone task's op: a worker's one-block unit without
+// the hand-off through device memory (the unit queue, the device copy of the record).
+__device__ void run_inline(const EngineParams& P, InlineTask& t) {
+    if (threadIdx.x == 0) {
+        const u64 now = now_ns();
+        t.t_start = now;
+        t.expired = (t.rec.deadline_ns != 0 && now > t.rec.deadline_ns) ? 1u : 0u;
+        t.status = 0;
+    }
+    __syncthreads();
+    i32 rc;
+    if (t.expired) {
+        rc = kStatusDeadline;
+    } else {
+        TaskCtx ctx;
+        ctx.rec = &t.rec;
+        ctx.rank = 0;
+        ctx.units = 1;
+        rc = dispatch(ctx);
+    }
+    if (rc != 0) t.status = rc;
+    __syncthreads();
+    if (threadIdx.x == 0) publish_completion(P, t.slot, t.rec.seq, t.status, 1u, t.t_start);
+}
+
 // Ring positions the dispatcher examines per poll, in groups of one per lane.
 constexpr u32 kTakeGroups = 4;
 
 // Warp 0 of block 0. All lanes run it; lane 0 owns the scalar state writes.
-__device__ void run_dispatcher(const EngineParams& P) {
+// A lone task found by an idle poll (the latency-bound case: one request, nothing else
+// in flight) runs on block 0 itself, with the block's other warps (`inline_task`).
+__device__ void run_dispatcher(const EngineParams& P, InlineTask& inline_task) {
     const u32 lane = threadIdx.x & 31u;
     const u32 full = 0xffffffffu;
     DeviceState* S = P.state;
@@ -134,23 +196,14 @@ __device__ void run_dispatcher(const EngineParams& P) {
         st_release_sys(&ctrl->launched_epoch, ctrl->launched_epoch + 1);
     }
     while (true) {
-        if (!parking && (iter++ & 15u) == 0) {
-            const u64 t = now_ns();
-            u64 request = 0;
-            if (lane == 0) {
-                request = ld_acquire_sys(&ctrl->park_request);
-                *(volatile u64*)&ctrl->heartbeat_ns = t;
-            }
-            request = __shfl_sync(full, request, 0);
-            if (request) {
-                parking = true;
-                reason = kExitParkRequest;
-            } else if (P.max_residency_ns && t - started > P.max_residency_ns) {
-                parking = true;
-                reason = kExitResidency;
-            }
-        }
+        // Every 16th poll also reads the park request and beats the heartbeat. The
+        // request is loaded relaxed and before the poll's acquire, so both PCIe reads
+        // are in flight together (nothing read later depends on the request).
+        const bool check_host = !parking && (iter++ & 15u) == 0;
+        u64 request = 0;
+        if (check_host && lane == 0) request = ld_relaxed_sys(&ctrl->park_request);
         u32 taken = 0;
+        const bool was_idle = !busy;
         if (!parking) {
             // Each lane looks at one ring position, or in a burst (the last take was a
             // full 32) at kTakeGroups positions 32 apart: one PCIe round trip reads up
@@ -182,89 +235,129 @@ __device__ void run_dispatcher(const EngineParams& P) {
             busy = taken > 0u;
             if (taken > 32u) fence_acq_rel_sys();
             __syncwarp();  // every lane's acquire is ordered before any lane's record loads
-            if (taken > 0) {
-                // Copy the taken records to device memory, 16 bytes a lane (four
-                // records per warp-wide load). All loads are issued before any
-                // store, so the PCIe round trips overlap. The ballots order these
-                // loads after each record's acquire of its sequence number.
-                u64 lo[8 * kTakeGroups], hi[8 * kTakeGroups];
-                hi[0] = 0;  // every lane passes it to the shuffle below, loaded or not
+        }
+        if (check_host) {  // what it found is still taken below: parking waits for it
+            const u64 t = now_ns();
+            if (lane == 0) *(volatile u64*)&ctrl->heartbeat_ns = t;
+            request = __shfl_sync(full, request, 0);
+            if (request) {
+                parking = true;
+                reason = kExitParkRequest;
+            } else if (P.max_residency_ns && t - started > P.max_residency_ns) {
+                parking = true;
+                reason = kExitResidency;
+            }
+        }
+        if (taken > 0) {
+            // Copy the taken records to device memory, 16 bytes a lane (four
+            // records per warp-wide load). All loads are issued before any
+            // store, so the PCIe round trips overlap. The ballots order these
+            // loads after each record's acquire of its sequence number.
+            u64 lo[8 * kTakeGroups], hi[8 * kTakeGroups];
+            lo[0] = hi[0] = 0;  // every lane passes them to the shuffles below, loaded or not
 #pragma unroll
-                for (u32 k = 0; k < 8 * kTakeGroups; ++k) {
-                    const u32 rec = (lane >> 3) + 4u * k;
-                    if (rec < taken) {
-                        const u64 s = (tail + rec) & ring_mask;
-                        const u64* src = reinterpret_cast<const u64*>(&P.ring[s]) + 2 * (lane & 7u);
-                        asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];"
-                                     : "=l"(lo[k]), "=l"(hi[k]) : "l"(src));
-                    }
+            for (u32 k = 0; k < 8 * kTakeGroups; ++k) {
+                const u32 rec = (lane >> 3) + 4u * k;
+                if (rec < taken) {
+                    const u64 s = (tail + rec) & ring_mask;
+                    const u64* src = reinterpret_cast<const u64*>(&P.ring[s]) + 2 * (lane & 7u);
+                    asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];"
+                                 : "=l"(lo[k]), "=l"(hi[k]) : "l"(src));
                 }
-#pragma unroll
-                for (u32 k = 0; k < 8 * kTakeGroups; ++k) {
-                    const u32 rec = (lane >> 3) + 4u * k;
-                    if (rec < taken) {
-                        const u64 s = (tail + rec) & ring_mask;
-                        u64* dst = reinterpret_cast<u64*>(&P.tasks[s]) + 2 * (lane & 7u);
-                        dst[0] = lo[k];
-                        dst[1] = hi[k];
-                    }
+            }
+            // A lone one-block task after an idle poll runs here and now: lanes 0..7
+            // hold its record (lane 0: seq, op | blocks << 32; lane 1: n, deadline).
+            const u32 lone_blocks = __shfl_sync(full, (u32)(hi[0] >> 32), 0);
+            const u64 lone_n = __shfl_sync(full, lo[0], 1);
+            if (taken == 1u && was_idle && lone_blocks <= 1u && lone_n <= P.inline_max_n &&
+                P.inline_max_n != 0) {
+                if (lane < 8u) {
+                    reinterpret_cast<u64*>(&inline_task.rec)[2 * lane] = lo[0];
+                    reinterpret_cast<u64*>(&inline_task.rec)[2 * lane + 1] = hi[0];
+                }
+                if (lane == 0) {
+                    inline_task.slot = (u32)(tail & ring_mask);
+                    inline_task.run = 1u;
                 }
                 __syncwarp();
-                // Hand the tasks to the workers 32 at a time: each group's units fit
-                // the unit queue (sized for 32 maximal tasks).
-                // With four records or fewer (the latency path) each lane takes its
-                // task's block count from the registers that loaded the record (word 1,
-                // high half, held by lane 8 * record) instead of reading it back.
-                const u32 near_blocks = __shfl_sync(full, (u32)(hi[0] >> 32), (lane & 3u) * 8u);
-                for (u32 first = 0; first < taken; first += 32u) {
-                    const u32 index = first + lane;
-                    const u64 slot = (tail + index) & ring_mask;
-                    u32 my_units = 0;
-                    if (index < taken) {
-                        const u32 asked = taken <= 4u ? near_blocks : P.tasks[slot].blocks;
-                        my_units = asked == 0 ? 1u : (asked > P.max_units_per_task ? P.max_units_per_task : asked);
+                dispatcher_block_barrier();  // the block's other warps join
+                run_inline(P, inline_task);
+                tail += 1;
+                busy = true;
+                last_work = now_ns();
+                continue;
+            }
+#pragma unroll
+            for (u32 k = 0; k < 8 * kTakeGroups; ++k) {
+                const u32 rec = (lane >> 3) + 4u * k;
+                if (rec < taken) {
+                    const u64 s = (tail + rec) & ring_mask;
+                    u64* dst = reinterpret_cast<u64*>(&P.tasks[s]) + 2 * (lane & 7u);
+                    dst[0] = lo[k];
+                    dst[1] = hi[k];
+                }
+            }
+            __syncwarp();
+            // Hand the tasks to the workers 32 at a time: each group's units fit
+            // the unit queue (sized for 32 maximal tasks).
+            // With four records or fewer (the latency path) each lane takes its
+            // task's block count from the registers that loaded the record (word 1,
+            // high half, held by lane 8 * record) instead of reading it back.
+            const u32 near_blocks = __shfl_sync(full, (u32)(hi[0] >> 32), (lane & 3u) * 8u);
+            for (u32 first = 0; first < taken; first += 32u) {
+                const u32 index = first + lane;
+                const u64 slot = (tail + index) & ring_mask;
+                u32 my_units = 0;
+                if (index < taken) {
+                    const u32 asked = taken <= 4u ? near_blocks : P.tasks[slot].blocks;
+                    my_units = asked == 0 ? 1u : (asked > P.max_units_per_task ? P.max_units_per_task : asked);
+                    if (my_units > 1u) {  // (a one-block task needs no merging)
                         P.units_left[slot] = my_units;
                         P.task_status[slot] = 0;
                     }
-                    u32 incl = my_units;
-#pragma unroll
-                    for (int off = 1; off < 32; off <<= 1) {
-                        const u32 v = __shfl_up_sync(full, incl, off);
-                        if (lane >= (u32)off) incl += v;
-                    }
-                    const u32 total = __shfl_sync(full, incl, 31);
-                    // Room in the unit queue: never overwrite a unit not yet finished.
-                    while (unit_head + total - known_done > P.unit_capacity) {
-                        u64 done = 0;
-                        if (lane == 0) done = ld_acquire_gpu(&S->unit_done);
-                        known_done = __shfl_sync(full, done, 0);
-                        if (unit_head + total - known_done <= P.unit_capacity) break;
-                        __nanosleep(64);
-                    }
-                    const u32 excl = incl - my_units;
-                    for (u32 r = 0; r < my_units; ++r) {
-                        Unit u;
-                        u.slot = (u32)slot;
-                        u.rank = r;
-                        u.count = my_units;
-                        u.reserved = 0;
-                        P.units[(unit_head + excl + r) & unit_mask] = u;
-                    }
-                    // The warp barrier orders every lane's stores before lane 0's release
-                    // (a release is cumulative): workers that see the head see the units.
-                    __syncwarp();
-                    if (lane == 0) st_release_gpu(&S->unit_head, unit_head + total);
-                    unit_head += total;
                 }
-                tail += taken;
-                last_work = now_ns();
+                u32 incl = my_units;
+#pragma unroll
+                for (int off = 1; off < 32; off <<= 1) {
+                    const u32 v = __shfl_up_sync(full, incl, off);
+                    if (lane >= (u32)off) incl += v;
+                }
+                const u32 total = __shfl_sync(full, incl, 31);
+                // Room in the unit queue: never overwrite a unit not yet finished.
+                while (unit_head + total - known_done > P.unit_capacity) {
+                    u64 done = 0;
+                    if (lane == 0) done = ld_acquire_gpu(&S->unit_done);
+                    known_done = __shfl_sync(full, done, 0);
+                    if (unit_head + total - known_done <= P.unit_capacity) break;
+                    __nanosleep(64);
+                }
+                const u32 excl = incl - my_units;
+                for (u32 r = 0; r < my_units; ++r) {
+                    Unit u;
+                    u.slot = (u32)slot;
+                    u.rank = r;
+                    u.count = my_units;
+                    u.reserved = 0;
+                    P.units[(unit_head + excl + r) & unit_mask] = u;
+                }
+                // The warp barrier orders every lane's stores before lane 0's release
+                // (a release is cumulative): workers that see the head see the units.
+                __syncwarp();
+                if (lane == 0) st_release_gpu(&S->unit_head, unit_head + total);
+                unit_head += total;
             }
+            tail += taken;
+            last_work = now_ns();
         }
         if (taken == 0) {
-            u64 done = 0;
-            if (lane == 0) done = ld_acquire_gpu(&S->unit_done);
-            done = known_done = __shfl_sync(full, done, 0);
-            if (done == unit_head) {  // nothing in flight
+            // Units in flight unless the lower bound already says all are done (always,
+            // after lone tasks run on this block): then an idle poll loads nothing more.
+            if (known_done != unit_head) {
+                u64 done = 0;
+                if (lane == 0) done = ld_acquire_gpu(&S->unit_done);
+                known_done = __shfl_sync(full, done, 0);
+            }
+            if (known_done == unit_head) {  // nothing in flight
                 if (parking) break;
                 if (!P.persistent) {
                     reason = kExitDrained;
@@ -361,20 +454,7 @@ __device__ void run_worker(const EngineParams& P) {
                     t_start = *(volatile u64*)&P.t_start[unit.slot];
                 }
             }
-            if (last) {
-                Completion* c = &P.completions[unit.slot];
-                volatile Completion* vc = c;
-                vc->status = status;
-                vc->units = unit.count;
-                vc->t_start_ns = t_start;
-                vc->t_end_ns = now_ns();
-                // One release for both markers: the task's results (every thread's,
-                // ordered by the barrier above) and the fields before either of them.
-                fence_acq_rel_sys();
-                st_relaxed_sys(&c->seq, s_rec.seq);
-                // Hand the slot back to the producer for the next lap.
-                st_relaxed_sys(&P.ring[unit.slot].seq, s_rec.seq - 1 + P.capacity);
-            }
+            if (last) publish_completion(P, unit.slot, s_rec.seq, status, unit.count, t_start);
             __threadfence();
             atomicAdd(&S->unit_done, 1ULL);
         }
@@ -388,7 +468,19 @@ extern "C" __global__ void __launch_bounds__(GPA_BLOCK_THREADS)
 gpa_engine(const gpa::EngineParams* params) {
     const gpa::EngineParams P = *params;
     if (blockIdx.x == 0) {
-        if (threadIdx.x < 32) gpa::run_dispatcher(P);
+        __shared__ gpa::InlineTask inline_task;
+        if (threadIdx.x < 32) {
+            gpa::run_dispatcher(P, inline_task);
+            if (threadIdx.x == 0) inline_task.run = 0;
+            __syncwarp();
+            gpa::dispatcher_block_barrier();  // release the other warps
+        } else {
+            while (true) {
+                gpa::dispatcher_block_barrier();
+                if (!inline_task.run) break;
+                gpa::run_inline(P, inline_task);
+            }
+        }
     } else {
         gpa::run_worker(P);
     }

@@ -10,9 +10,16 @@ GPU (set ``opts.arch`` there).
 device and generation, the kernel name, the arguments against the kernel's
 parameters, the launch shape), loads the module on first use (through
 ``MODULE_LOADS``, which parks persistent engines first; once per module and
-device generation), launches between two CUDA events and replies
-:class:`~gpuactors.nvrtc.messages.Launched` when the GPU work has completed. One
-poller task resolves the launches (see :mod:`gpuactors.nvrtc.launch`).
+device generation), launches, records a CUDA event after the kernel and replies
+:class:`~gpuactors.nvrtc.messages.Launched` when the GPU work has completed (see
+:mod:`gpuactors.nvrtc.launch`).
+
+Streams: a launch with ``after="current_stream"`` (the default) while CuPy's
+current stream is the legacy default stream runs on the actor's *ordered*
+stream, a blocking stream: CUDA itself makes it wait for the work queued on the
+legacy stream, so the launch costs no stream query. Every other launch runs on
+the actor's non-blocking stream (or the one the message names), after an event
+wait on CuPy's current stream where ``after`` asks for it.
 
 Errors of a request (bad source, bad argument, stale handle, CUDA errors of a
 launch) are the asker's: they come back as the ask's exception and never fail
@@ -26,7 +33,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from gpuactors.actors import Actor, ActorRef, Deferred, failed_reply, handles, reply_from
+from gpuactors.actors import Actor, ActorRef, Deferred, failed_reply, handles
 from gpuactors.cuda import no_device_reason
 from gpuactors.cuda.device import ReportFault, probe_device
 from gpuactors.cuda.generation import GENERATIONS
@@ -40,7 +47,7 @@ from gpuactors.errors import (
     NoCudaDevice,
     WrongDevice,
 )
-from gpuactors.nvrtc.handle import KernelHandle, make_handle
+from gpuactors.nvrtc.handle import KernelHandle, Params, make_handle
 from gpuactors.nvrtc.kernel_compiler import KernelCompiler, Origin, default_compiler
 from gpuactors.nvrtc.launch import (
     CompletionPoller,
@@ -48,7 +55,9 @@ from gpuactors.nvrtc.launch import (
     check_arity,
     cuda_error,
     cupy_module,
-    marshal_args,
+    driver_handle,
+    launch_kernel,
+    pack_args,
 )
 from gpuactors.nvrtc.messages import (
     Compile,
@@ -61,9 +70,14 @@ from gpuactors.nvrtc.messages import (
 )
 from gpuactors.nvrtc.module import CompiledModule
 from gpuactors.nvrtc.options import ARCH_PATTERN
+from gpuactors.nvrtc.params import ParamBuffer
 
 #: Dynamic shared memory a kernel may use without opting in (bytes).
 _DEFAULT_DYNAMIC_SMEM = 48 * 1024
+#: Driver handles of CuPy streams kept per device generation (then made afresh).
+_MAX_DRIVER_STREAMS = 64
+#: Launch plans kept (one per handle and kernel name launched); then made afresh.
+_MAX_PLANS = 1024
 
 
 def _probe_arch(device_id: int) -> tuple[str | None, str | None]:
@@ -96,7 +110,7 @@ def check_runs_on(module: CompiledModule, device_arch: str) -> None:
 
 
 class _GpuState:
-    """What one device generation has loaded: modules, functions, the default stream."""
+    """What one device generation has loaded: modules, functions, the actor's streams."""
 
     def __init__(self, device_id: int, generation: int) -> None:
         cupy = cupy_module()
@@ -104,15 +118,26 @@ class _GpuState:
         self.device = cupy.cuda.Device(device_id)
         with self.device:
             self.stream = cupy.cuda.Stream(non_blocking=True)
+            self.ordered_stream = cupy.cuda.Stream(non_blocking=False)
         self.modules: dict[str, Any] = {}
-        self.functions: dict[tuple[str, str], Any] = {}
+        self.functions: dict[tuple[str, str], _Loaded] = {}
         self.dynamic_smem: dict[tuple[str, str], int] = {}
+        self._driver_streams: dict[int, Any] = {}
 
-    def function(self, handle: KernelHandle, symbol: str, shared_mem: int, arch: str) -> Any:
+    def driver_stream(self, stream: Any) -> Any:
+        """The ``CUstream`` of a CuPy stream (made once per stream)."""
+        handle = self._driver_streams.get(stream.ptr)
+        if handle is None:
+            if len(self._driver_streams) >= _MAX_DRIVER_STREAMS:
+                self._driver_streams.clear()
+            handle = self._driver_streams[stream.ptr] = driver_handle("stream", stream.ptr)
+        return handle
+
+    def function(self, handle: KernelHandle, symbol: str, shared_mem: int, arch: str) -> _Loaded:
         """The CUDA function ``symbol`` of the handle's module, loading the module once."""
         key = (handle.cache_key, symbol)
-        function = self.functions.get(key)
-        if function is None:
+        loaded = self.functions.get(key)
+        if loaded is None:
             module = self.modules.get(handle.cache_key)
             if module is None:
                 check_runs_on(handle.module, arch)
@@ -125,16 +150,43 @@ class _GpuState:
                     f"no kernel symbol {symbol!r} in the module of {handle.module.source_name!r}:"
                     f" {exc}"
                 ) from exc
-            self.functions[key] = function
+            loaded = self.functions[key] = _Loaded(
+                function, driver_handle("function", function.ptr)
+            )
         if shared_mem > _DEFAULT_DYNAMIC_SMEM and self.dynamic_smem.get(key, 0) < shared_mem:
             try:
-                function.max_dynamic_shared_size_bytes = shared_mem
+                loaded.function.max_dynamic_shared_size_bytes = shared_mem
             except Exception as exc:
                 raise LaunchError(
                     f"{symbol!r} cannot use {shared_mem} bytes of dynamic shared memory: {exc}"
                 ) from exc
             self.dynamic_smem[key] = shared_mem
-        return function
+        return loaded
+
+
+class _LaunchPlan:
+    """A kernel of a handle as launches find it: its name, symbol and parameter sizes,
+    and the function loaded for it in the device generation ``loaded_in``."""
+
+    __slots__ = ("handle", "loaded", "loaded_in", "name", "params", "symbol")
+
+    def __init__(self, handle: KernelHandle, name: str, symbol: str, params: Params) -> None:
+        self.handle = handle
+        self.name = name
+        self.symbol = symbol
+        self.params = params
+        self.loaded: _Loaded | None = None
+        self.loaded_in: _GpuState | None = None
+
+
+class _Loaded:
+    """A loaded kernel: CuPy's function (it holds the module) and its ``CUfunction``."""
+
+    __slots__ = ("driver", "function")
+
+    def __init__(self, function: Any, driver: Any) -> None:
+        self.function = function
+        self.driver = driver
 
 
 class NvrtcActor(Actor):
@@ -164,6 +216,8 @@ class NvrtcActor(Actor):
         self._launches = 0
         self._poller = CompletionPoller(on_fault=self._on_fault)
         self._gpu: _GpuState | None = None
+        self._params = ParamBuffer()
+        self._plans: dict[tuple[int, str | None], _LaunchPlan] = {}
 
     # ---------------------------------------------------------------- lifecycle
     async def pre_start(self) -> None:
@@ -274,37 +328,32 @@ class NvrtcActor(Actor):
     # ---------------------------------------------------------------- launching
     @handles(Launch)
     def launch(self, msg: Launch) -> Launched | Deferred[Launched]:
-        future: asyncio.Future[Launched] = asyncio.get_running_loop().create_future()
         try:
-            self._launch(msg, future)
+            return self._launch(msg)
         except GpuActorsError as exc:
-            if not future.done():
-                future.set_exception(exc)
-        return reply_from(future)  # done already if it finished while we spun on it
+            return failed_reply(exc)  # the asker's error, not the actor's failure
 
-    def _launch(self, msg: Launch, future: asyncio.Future[Launched]) -> None:
+    def _launch(self, msg: Launch) -> Launched | Deferred[Launched]:
         handle = msg.kernel
         device_id = self._device_id
-        if handle.device_id != device_id:
-            raise WrongDevice(
-                f"{handle!r} was made for device {handle.device_id}, this actor owns device "
-                f"{device_id}"
-            )
+        plan = self._plans.get((id(handle), msg.name))
+        if plan is None or plan.handle is not handle:
+            plan = self._plan(handle, msg.name)
         current = GENERATIONS.current(device_id)
         if handle.generation != current:
             what = f"the kernel handle of {handle.module.source_name!r}"
             raise GpuRefStale(what, handle.generation, current)
-        name, symbol, params = handle.resolve(msg.name)
-        check_arity(msg.args, params, name)
-        values = marshal_args(msg.args, params, device_id, name)
+        name = plan.name
+        check_arity(msg.args, plan.params, name)
+        pack_args(msg.args, plan.params, device_id, name, self._params)
         try:
             gpu = self._gpu_for(handle.generation)
             stream = gpu.stream if msg.stream is None else self._check_stream(msg.stream)
             if cupy_module().cuda.runtime.getDevice() == device_id:  # (entering costs more)
-                function, events = self._issue(msg, gpu, symbol, values, stream)
+                issued = self._issue(msg, gpu, plan, stream)
             else:
                 with gpu.device:
-                    function, events = self._issue(msg, gpu, symbol, values, stream)
+                    issued = self._issue(msg, gpu, plan, stream)
         except GpuActorsError:
             raise
         except Exception as exc:  # CUDA said no: the asker's error, or a device fault
@@ -312,25 +361,66 @@ class NvrtcActor(Actor):
             if isinstance(error, DeviceFault):
                 self._poller.fail_all(error)
             raise error from exc
-        self._launches += 1
+        if isinstance(issued, Launched):
+            return issued
+        loaded, stream, events = issued
+        future: asyncio.Future[Launched] = asyncio.get_running_loop().create_future()
         # The function holds its module: a module is not unloaded under a running kernel.
-        keepalive = (msg, function)
-        self._poller.add(PendingLaunch(future, events, name, symbol, stream.ptr, keepalive))
+        keepalive = (msg, loaded)
+        self._poller.add(PendingLaunch(future, events, name, plan.symbol, stream.ptr, keepalive))
+        return Deferred(future)
+
+    def _plan(self, handle: KernelHandle, name: str | None) -> _LaunchPlan:
+        """What a launch of ``name`` from ``handle`` needs that never changes, checked once."""
+        if handle.device_id != self._device_id:
+            raise WrongDevice(
+                f"{handle!r} was made for device {handle.device_id}, this actor owns device "
+                f"{self._device_id}"
+            )
+        plan = _LaunchPlan(handle, *handle.resolve(name))
+        if len(self._plans) >= _MAX_PLANS:
+            self._plans.clear()
+        self._plans[(id(handle), name)] = plan  # (the plan holds the handle: its id stays)
+        return plan
 
     def _issue(
-        self, msg: Launch, gpu: _GpuState, symbol: str, values: tuple[Any, ...], stream: Any
-    ) -> tuple[Any, tuple[Any | None, Any]]:
-        """Queue the kernel (and its events) on ``stream``, with the device current."""
+        self, msg: Launch, gpu: _GpuState, plan: _LaunchPlan, stream: Any
+    ) -> Launched | tuple[_Loaded, Any, tuple[Any | None, Any]]:
+        """Launch with the device current. A launch made while no other is in flight is
+        spun on briefly right here: its reply if it finished. Otherwise what the poller
+        needs: the function, the stream it went to and its events."""
         assert self._arch is not None  # a GPU state exists only where a device was found
-        function = gpu.function(msg.kernel, symbol, msg.shared_mem, self._arch)
-        start, end = events = self._poller.events.take(msg.timed)
+        loaded = plan.loaded
+        if loaded is None or plan.loaded_in is not gpu or msg.shared_mem > _DEFAULT_DYNAMIC_SMEM:
+            loaded = gpu.function(msg.kernel, plan.symbol, msg.shared_mem, self._arch)
+            plan.loaded, plan.loaded_in = loaded, gpu
         if msg.after == "current_stream":
-            _after_current_stream(stream)
-        if start is not None:
+            stream = _after_current_stream(stream, gpu, own=msg.stream is None)
+        poller = self._poller
+        events = poller.events.take(True) if msg.timed else None
+        if events is not None:
+            start, _ = events
+            assert start is not None  # a timed pair
             start.record(stream)
-        function(msg.grid, msg.block, values, shared_mem=msg.shared_mem, stream=stream)
-        end.record(stream)
-        return function, events
+        launch_kernel(
+            loaded.driver,
+            msg.grid,
+            msg.block,
+            msg.shared_mem,
+            gpu.driver_stream(stream),
+            self._params,
+        )
+        self._launches += 1
+        if events is not None:
+            events[1].record(stream)
+        if not poller.in_flight:
+            reply = poller.spin_alone(stream, events, plan.name, plan.symbol)
+            if reply is not None:
+                return reply
+        if events is None:  # recorded only now: nothing was queued on the stream since
+            events = poller.events.take(False)
+            events[1].record(stream)
+        return loaded, stream, events
 
     def _gpu_for(self, generation: int) -> _GpuState:
         """The loaded state of this generation (a new generation starts afresh)."""
@@ -377,8 +467,14 @@ class NvrtcActor(Actor):
                 self.log.warning("could not report the fault", error=str(exc))
 
 
-def _after_current_stream(stream: Any) -> None:
-    """Make ``stream`` wait for the work queued so far on CuPy's current stream."""
+def _after_current_stream(stream: Any, gpu: _GpuState, *, own: bool) -> Any:
+    """The stream to launch on so that the kernel runs after the work queued so far on
+    CuPy's current stream: with the actor's ``own`` stream and the legacy default
+    stream current, the ordered stream (CUDA orders it after the legacy stream);
+    otherwise ``stream``, made to wait on an event if the current stream is busy."""
     current = cupy_module().cuda.get_current_stream()
+    if own and current.ptr == 0:
+        return gpu.ordered_stream
     if current.ptr != stream.ptr and not current.done:
         stream.wait_event(current.record())
+    return stream

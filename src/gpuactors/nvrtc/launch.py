@@ -2,15 +2,19 @@
 completion waiting.
 
 Arguments become what ``cuLaunchKernel`` gets: a device array its pointer (an
-8-byte value), a NumPy scalar itself. Every check happens before the launch.
+8-byte value), a NumPy scalar its bytes, written into the actor's
+:class:`~gpuactors.nvrtc.params.ParamBuffer`; every check happens before the
+launch. The launch itself is one ``cuLaunchKernel`` through cuda-bindings (CuPy's
+launcher would convert the arguments a second time).
 
-Completion: each launch records a CUDA event pair around the kernel; one
-:class:`CompletionPoller` task per actor queries the events (oldest first per
-stream: work on one stream completes in order) and resolves the launches'
-futures. A lone launch is first spun on for a few microseconds where it was
-launched; then the poller spins in short bounded bursts, yielding to the loop
-between them, and after a couple of milliseconds backs off to sleeps. No thread
-per launch, and the loop is never held for more than one burst.
+Completion: each launch records a CUDA event after the kernel (and one before it
+when timed). A launch made while no other is in flight is first spun on for a
+few microseconds where it was made, and answered at once if it finished. The
+others go to one :class:`CompletionPoller` task per actor, which queries the
+events (oldest first per stream: work on one stream completes in order) and
+resolves the launches' futures: it spins in short bounded bursts, yielding to
+the loop between them, and after a couple of milliseconds backs off to sleeps.
+No thread per launch, and the loop is never held for more than one burst.
 
 This module imports CuPy only when an array argument or a launch needs it.
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import struct
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -29,6 +34,7 @@ import numpy as np
 
 from gpuactors.cuda import polling
 from gpuactors.cuda import status as cuda_status
+from gpuactors.cuda.arrays import check_device, cupy_c_contiguous, cupy_ndarray, describe_array
 from gpuactors.errors import (
     ActorStopped,
     DeviceFault,
@@ -36,13 +42,13 @@ from gpuactors.errors import (
     LaunchError,
 )
 from gpuactors.nvrtc.handle import Params
-from gpuactors.nvrtc.messages import Launched
+from gpuactors.nvrtc.messages import Dims, Launched
+from gpuactors.nvrtc.params import SLOT_BYTES, ParamBuffer
 
-#: NumPy scalar types a launch passes by value (what CuPy's launcher accepts).
+#: NumPy scalar types a launch passes by value.
 _SCALAR_CHARS = frozenset("?bhilqBHILQefdFD")
 _POINTER_BYTES = 8
-#: The most dimensions CuPy's launcher takes an array with (its CArray limit).
-_CUPY_MAX_NDIM = 25
+_POINTER = struct.Struct("<Q")
 
 _STICKY_TEXT = re.compile(
     r"ILLEGAL_ADDRESS|IllegalAddress|MISALIGNED|Misaligned|LAUNCH_FAILED|LaunchFailure|"
@@ -66,17 +72,35 @@ def cupy_module() -> Any:
     return module
 
 
-def _arrays() -> Any:
-    module = _modules.get("arrays")
+def _driver() -> Any:
+    """cuda-bindings' driver API, imported on first use."""
+    module = _modules.get("driver")
     if module is None:
-        from gpuactors.cuda import arrays
+        from cuda.bindings import driver
 
-        module = _modules["arrays"] = arrays
+        module = _modules["driver"] = driver
     return module
 
 
 # ------------------------------------------------------------------ arguments
-_SCALAR_TYPES = frozenset(np.dtype(char).type for char in _SCALAR_CHARS)
+#: struct codes (standard sizes, little-endian) by NumPy kind and size.
+_STRUCT_CODES = {
+    ("b", 1): "?",
+    ("i", 1): "b", ("i", 2): "h", ("i", 4): "i", ("i", 8): "q",
+    ("u", 1): "B", ("u", 2): "H", ("u", 4): "I", ("u", 8): "Q",
+    ("f", 2): "e", ("f", 4): "f", ("f", 8): "d",
+}  # fmt: skip
+
+
+def _scalar_packer(char: str) -> tuple[struct.Struct | None, int]:
+    """How a NumPy scalar type is stored: a struct of its C type (None for complex,
+    stored by its bytes) and its size."""
+    dtype = np.dtype(char)
+    code = _STRUCT_CODES.get((dtype.kind, dtype.itemsize))
+    return (None if code is None else struct.Struct("<" + code)), dtype.itemsize
+
+
+_SCALAR_PACKERS = {np.dtype(char).type: _scalar_packer(char) for char in _SCALAR_CHARS}
 
 
 def check_arity(args: Sequence[Any], params: Params, name: str) -> None:
@@ -88,38 +112,49 @@ def check_arity(args: Sequence[Any], params: Params, name: str) -> None:
         )
 
 
-def marshal_args(args: Sequence[Any], params: Params, device_id: int, name: str) -> tuple[Any, ...]:
-    """The launch values of ``args`` for kernel ``name``, or InvalidArgument saying which
-    one is wrong and why. CuPy arrays and NumPy scalars that fit take a fast path."""
-    arrays = _arrays()
-    ndarray = arrays.cupy_ndarray()
-    contiguous = arrays.cupy_c_contiguous
-    values: list[Any] = []
+def pack_args(
+    args: Sequence[Any], params: Params, device_id: int, name: str, buffer: ParamBuffer
+) -> None:
+    """Write the launch values of ``args`` for kernel ``name`` into ``buffer``, or raise
+    InvalidArgument saying which one is wrong and why. CuPy arrays and NumPy scalars
+    that fit take a fast path: a few checks and one struct store each."""
+    ndarray = cupy_ndarray()
+    buffer.reserve(len(args))
+    data = buffer.data
+    offset = 0
     for index, value in enumerate(args):
         size = None if params is None else params[index]
         kind = type(value)
         if kind is ndarray:
             if (
                 (size is None or size == _POINTER_BYTES)
-                and value.ndim <= _CUPY_MAX_NDIM  # (beyond: the pointer, by the general path)
                 and value.data.device_id == device_id
-                and contiguous(value)
+                and cupy_c_contiguous(value)
             ):
-                values.append(value)  # CuPy's launcher passes its pointer
+                _POINTER.pack_into(data, offset, value.data.ptr)
+                offset += SLOT_BYTES
                 continue
-        elif kind in _SCALAR_TYPES and (size is None or value.itemsize == size):
-            values.append(value)
-            continue
-        values.append(_checked(value, size, device_id, f"argument {index} of kernel {name!r}"))
-    return tuple(values)
+        else:
+            scalar = _SCALAR_PACKERS.get(kind)
+            if scalar is not None and (size is None or scalar[1] == size):
+                packer, itemsize = scalar
+                if packer is None:  # complex: no struct code
+                    data[offset : offset + itemsize] = value.tobytes()
+                else:
+                    packer.pack_into(data, offset, value)
+                offset += SLOT_BYTES
+                continue
+        raw = _checked(value, size, device_id, f"argument {index} of kernel {name!r}")
+        data[offset : offset + len(raw)] = raw
+        offset += SLOT_BYTES
 
 
-def _checked(value: Any, size: int | None, device_id: int, where: str) -> Any:
-    """The launch value of one argument, by the general path that says what is wrong."""
+def _checked(value: Any, size: int | None, device_id: int, where: str) -> bytes:
+    """The launch bytes of one argument, by the general path that says what is wrong."""
     if isinstance(value, np.ndarray) and value.ndim == 0:
         value = value[()]
     if isinstance(value, np.generic):
-        return _scalar(value, size, where)
+        return _scalar(value, size, where).tobytes()
     if isinstance(value, bool | int | float | complex):
         raise InvalidArgument(
             f"{where} is a Python {type(value).__name__} ({value!r}): pass a typed NumPy "
@@ -131,7 +166,7 @@ def _checked(value: Any, size: int | None, device_id: int, where: str) -> Any:
             f"{where} is a device array (passed as an 8-byte pointer) but the kernel's "
             f"parameter is {size} bytes"
         )
-    return np.uint64(_pointer(value, device_id, where))
+    return np.uint64(_pointer(value, device_id, where)).tobytes()
 
 
 def _scalar(value: np.generic, size: int | None, where: str) -> np.generic:
@@ -150,15 +185,47 @@ def _scalar(value: np.generic, size: int | None, where: str) -> np.generic:
 
 
 def _pointer(value: Any, device_id: int, where: str) -> int:
-    arrays = _arrays()
-    info = arrays.describe_array(value, where)
-    arrays.check_device(info, device_id, where)
+    info = describe_array(value, where)
+    check_device(info, device_id, where)
     if not info.contiguous:
         raise InvalidArgument(
             f"{where} is not C-contiguous: the kernel gets a pointer to its first element; "
             "pass a contiguous copy (cupy.ascontiguousarray) or the pointer itself as np.uint64"
         )
     return int(info.ptr)
+
+
+# --------------------------------------------------------------------- launch
+class CudaDriverError(RuntimeError):
+    """A CUDA driver call failed; ``status`` is its CUresult (same numbers as the
+    runtime's for the errors gpuactors acts on)."""
+
+    def __init__(self, call: str, status: int) -> None:
+        self.status = status
+        try:
+            _, raw = _driver().cuGetErrorName(status)
+            label = raw.decode() if isinstance(raw, bytes) else str(raw)
+        except Exception:  # an unknown code: the number says it
+            label = cuda_status.error_name(status)
+        super().__init__(f"{call} failed: {label} ({status})")
+
+
+def launch_kernel(
+    function: Any, grid: Dims, block: Dims, shared_mem: int, stream: Any, params: ParamBuffer
+) -> None:
+    """``cuLaunchKernel`` of a loaded function (a ``CUfunction``) on ``stream`` (a
+    ``CUstream``) with the values in ``params``; the device must be current."""
+    (status,) = _driver().cuLaunchKernel(
+        function, *grid, *block, shared_mem, stream, params.address, 0
+    )
+    if status:
+        raise CudaDriverError("cuLaunchKernel", int(status))
+
+
+def driver_handle(kind: str, pointer: int) -> Any:
+    """``CUfunction`` or ``CUstream`` wrapping ``pointer`` (made once, then reused)."""
+    driver = _driver()
+    return (driver.CUfunction if kind == "function" else driver.CUstream)(pointer)
 
 
 # --------------------------------------------------------------------- errors
@@ -284,16 +351,50 @@ class CompletionPoller:
         self._wake = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._run(), name="launch-poller")
 
+    def spin_alone(
+        self, stream: Any, events: tuple[Any | None, Any] | None, name: str, symbol: str
+    ) -> Launched | None:
+        """A launch made while no other was in flight: spin on it briefly right here.
+
+        An untimed launch has no event yet: ``stream`` holds nothing queued after it,
+        so the stream's own state is the launch's. Its reply if it finished, None if it
+        still runs (then :meth:`add` it); its error if it failed (a device fault also
+        fails the actor's launches to come).
+        """
+        cuda = cupy_module().cuda
+        runtime = cuda.runtime
+        if events is None:
+            query, target = runtime.streamQuery, stream.ptr
+        else:
+            query, target = runtime.eventQuery, events[1].ptr
+        until = time.perf_counter() + polling.SPIN_SECONDS
+        try:
+            while (status := query(target)) == cuda_status.NOT_READY:
+                if time.perf_counter() >= until:
+                    return None
+            if status != 0:
+                raise runtime.CUDARuntimeError(status)
+            elapsed_ms = None
+            if events is not None and events[0] is not None:
+                elapsed_ms = cuda.get_elapsed_time(events[0], events[1])
+        except Exception as exc:
+            error = cuda_error(exc, f"kernel {name!r}")
+            if isinstance(error, DeviceFault):
+                self.fail_all(error)
+            raise error from exc
+        self.completed += 1
+        if events is not None:
+            self.events.give(*events)
+        return self._reply(name, symbol, elapsed_ms)
+
     def add(self, launch: PendingLaunch) -> None:
-        """Track a launch just made; a lone one is spun on briefly right here."""
+        """Track a launch just made; the poller task answers it."""
         queue = self._queues.get(launch.stream_key)
         if queue is None:
             queue = self._queues[launch.stream_key] = deque()
         queue.append(launch)
         self.in_flight += 1
-        if self.in_flight == 1:
-            self.spin(time.perf_counter() + polling.SPIN_SECONDS)
-        if self.in_flight and self._wake is not None:
+        if self._wake is not None:
             self._wake.set()
 
     def spin(self, until: float) -> None:
@@ -336,22 +437,22 @@ class CompletionPoller:
                 settled += 1
                 self.events.give(launch.start, launch.end)
                 if not launch.future.done():
-                    launch.future.set_result(self._reply(launch, elapsed_ms))
+                    launch.future.set_result(self._reply(launch.name, launch.symbol, elapsed_ms))
             if not queue:
                 del self._queues[key]
         return settled
 
-    def _reply(self, launch: PendingLaunch, elapsed_ms: float | None) -> Launched:
-        """The launch's reply; untimed replies are immutable, so one per kernel is shared."""
+    def _reply(self, name: str, symbol: str, elapsed_ms: float | None) -> Launched:
+        """A launch's reply; untimed replies are immutable, so one per kernel is shared."""
         # (validating is cheaper than model_construct)
         if elapsed_ms is not None:
-            return Launched(name=launch.name, symbol=launch.symbol, elapsed_us=elapsed_ms * 1e3)
-        key = (launch.name, launch.symbol)
+            return Launched(name=name, symbol=symbol, elapsed_us=elapsed_ms * 1e3)
+        key = (name, symbol)
         reply = self._replies.get(key)
         if reply is None:
             if len(self._replies) >= _REPLY_CACHE_SIZE:
                 self._replies.clear()
-            reply = self._replies[key] = Launched(name=launch.name, symbol=launch.symbol)
+            reply = self._replies[key] = Launched(name=name, symbol=symbol)
         return reply
 
     def fail_all(self, error: DeviceFault) -> int:

@@ -1,0 +1,97 @@
+"""Launch arguments packed for cuLaunchKernel: the bytes each parameter gets, the
+pointer array, and the errors that stop a launch before the GPU (no GPU needed)."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gpuactors.errors import DeviceFault, InvalidArgument, LaunchError, WrongDevice
+from gpuactors.nvrtc.launch import CudaDriverError, cuda_error, pack_args
+from gpuactors.nvrtc.params import SLOT_BYTES, ParamBuffer
+
+
+class FakeDeviceArray:
+    """A device array as torch shows one: the CUDA array interface and a device index."""
+
+    def __init__(self, ptr: int, shape: tuple[int, ...] = (4,), strides: Any = None) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": shape,
+            "typestr": "<f4",
+            "data": (ptr, False),
+            "strides": strides,
+            "version": 3,
+        }
+        self.device = type("Device", (), {"index": 0})()
+
+
+def test_buffer_pointers_address_their_slots_and_survive_growth() -> None:
+    buffer = ParamBuffer(2)
+    buffer.reserve(40)
+    assert buffer.slots == 40
+    pointers = (ctypes.c_void_p * 40).from_address(buffer.address)
+    assert [pointers[i] - pointers[0] for i in (1, 39)] == [SLOT_BYTES, 39 * SLOT_BYTES]
+    pack_args((np.int8(0),) * 39 + (np.complex128(1.5 - 2j),), None, 0, "k", buffer)
+    assert ctypes.string_at(pointers[39], 16) == np.complex128(1.5 - 2j).tobytes()
+    buffer.reserve(8)  # never shrinks
+    assert buffer.slots == 40
+
+
+def test_scalars_and_device_pointers_become_their_bytes() -> None:
+    buffer = ParamBuffer()
+    values = (np.float32(2.5), np.int8(-3), np.uint64(2**64 - 1), np.complex64(1 + 2j))
+    array = FakeDeviceArray(0xABCDEF00)
+    pack_args((array, *values), (8, 4, 1, 8, 8), 0, "k", buffer)
+    assert buffer.get(0, 8) == (0xABCDEF00).to_bytes(8, "little")
+    for index, value in enumerate(values, start=1):
+        assert buffer.get(index, value.itemsize) == value.tobytes()
+    pack_args((np.ndarray((), np.float64, np.array(0.25)),), None, 0, "k", buffer)
+    assert buffer.get(0, 8) == np.float64(0.25).tobytes()  # a 0-d NumPy array: its value
+
+
+@pytest.mark.parametrize("char", sorted(set("?bhilqBHILQefdFD")))
+def test_every_scalar_type_is_stored_as_its_own_bytes(char: str) -> None:
+    kind = np.dtype(char).type
+    rng = np.random.default_rng()
+    value = kind(rng.integers(0, 2)) if kind is np.bool_ else kind(rng.integers(-100, 100))
+    if np.dtype(char).kind in "fc":
+        value = kind(rng.standard_normal() * 100)
+    buffer = ParamBuffer()
+    pack_args((value,), (value.itemsize,), 0, "k", buffer)
+    assert buffer.get(0, value.itemsize) == value.tobytes()
+    with pytest.raises(InvalidArgument, match="parameter is 3 bytes"):
+        pack_args((value,), (3,), 0, "k", buffer)
+
+
+@pytest.mark.parametrize(
+    ("args", "params", "error", "match"),
+    [
+        ((1.5,), (4,), InvalidArgument, "Python float"),
+        ((np.float64(1.5),), (4,), InvalidArgument, "8 bytes\\) but the kernel's parameter is 4"),
+        ((np.datetime64(1, "s"),), None, InvalidArgument, "cannot be passed"),
+        ((FakeDeviceArray(0x1000),), (4,), InvalidArgument, "8-byte pointer"),
+        ((FakeDeviceArray(0x1000, (2, 2), (4, 16)),), (8,), InvalidArgument, "C-contiguous"),
+        (("text",), (8,), InvalidArgument, "argument 0 of kernel 'k'"),
+    ],
+)
+def test_a_bad_argument_says_which_and_why(
+    args: tuple[Any, ...], params: tuple[int, ...] | None, error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        pack_args(args, params, 0, "k", ParamBuffer())
+
+
+def test_an_array_on_another_device_is_refused() -> None:
+    with pytest.raises(WrongDevice, match="device 0, this actor owns device 1"):
+        pack_args((FakeDeviceArray(0x1000),), (8,), 1, "k", ParamBuffer())
+
+
+def test_driver_errors_map_to_faults_or_launch_errors() -> None:
+    sticky = cuda_error(CudaDriverError("cuLaunchKernel", 700), "launching kernel 'k'")
+    assert isinstance(sticky, DeviceFault) and "(700)" in str(sticky)
+    plain = cuda_error(CudaDriverError("cuLaunchKernel", 1), "launching kernel 'k'")
+    assert isinstance(plain, LaunchError) and not isinstance(plain, DeviceFault)
+    assert "cuLaunchKernel failed" in str(plain)
