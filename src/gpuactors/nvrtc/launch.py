@@ -126,12 +126,13 @@ def pack_args(
         size = None if params is None else params[index]
         kind = type(value)
         if kind is ndarray:
+            memory = value.data
             if (
                 (size is None or size == _POINTER_BYTES)
-                and value.data.device_id == device_id
+                and memory.device_id == device_id
                 and cupy_c_contiguous(value)
             ):
-                _POINTER.pack_into(data, offset, value.data.ptr)
+                _POINTER.pack_into(data, offset, memory.ptr)
                 offset += SLOT_BYTES
                 continue
         else:
