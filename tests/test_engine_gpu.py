@@ -324,6 +324,13 @@ async def test_all_modes_give_identical_results(mode: PersistentThreadMode) -> N
         await engine.shutdown(timeout=30)
 
 
+WHICH_BLOCK = OpSpec(
+    name="which_block",
+    params=(ArrayParam(name="out", dtype="int32", direction="out"),),
+    body="if (threadIdx.x == 0) out[0] = (int)blockIdx.x;\nreturn 0;",
+)
+
+
 @pytest.mark.parametrize("inline_max_n", [1 << 12, 0])
 async def test_lone_tasks_run_alike_on_the_dispatcher_block(inline_max_n: int) -> None:
     """A lone one-block task runs on block 0 itself (n <= inline_max_n) or on a worker:
@@ -333,7 +340,12 @@ async def test_lone_tasks_run_alike_on_the_dispatcher_block(inline_max_n: int) -
     rng = _rng()
     config = EngineConfig(inline_max_n=inline_max_n, idle_park_ms=50.0)
     async with ActorSystem(f"inline-{inline_max_n}") as system:
-        engine = await Engine.start(system, ops=USER_OPS, config=config)
+        engine = await Engine.start(system, ops=(*USER_OPS, WHICH_BLOCK), config=config)
+        where = cp.full(1, -1, dtype=cp.int32)
+        cp.cuda.get_current_stream().synchronize()
+        for _ in range(3):  # one request at a time: block 0 when inlining, else a worker
+            await engine.ref.ask(Enqueue(op="which_block", args=(where,), n=1, after="none"))
+            assert (int(where[0]) == 0) == (inline_max_n > 0)
         for n in (1, 1000, 4096, 4097, 30_000):  # beyond 4096: the workers, even inlining
             x_h = rng.standard_normal(n).astype(np.float32)
             y_h = rng.standard_normal(n).astype(np.float32)
@@ -351,12 +363,17 @@ async def test_lone_tasks_run_alike_on_the_dispatcher_block(inline_max_n: int) -
         with pytest.raises(TaskFailed) as info:
             await engine.enqueue("fail_if_negative", -1, n=1)
         assert info.value.code == 42
-        with pytest.raises(TaskTimeout):  # expired before it started: never run
-            await engine.ref.ask(
-                Enqueue(op="fail_if_negative", args=(-1,), n=1, timeout=1e-7, after="none")
+        async with engine.parked():  # its deadline passes while it waits: never run
+            late = asyncio.ensure_future(
+                engine.ref.ask(
+                    Enqueue(op="fail_if_negative", args=(-1,), n=1, timeout=0.01, after="none")
+                )
             )
+            await asyncio.sleep(0.1)
+        with pytest.raises(TaskTimeout):
+            await late
         stats = await engine.stats()
-        assert stats.processed == 5 * 4 and stats.failed == 2
+        assert stats.processed == 3 + 5 * 4 and stats.failed == 2
         await engine.shutdown(timeout=30)
 
 

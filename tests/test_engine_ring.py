@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from gpuactors.engine.abi import COMPLETION, TASK_RECORD
 from gpuactors.engine.ring import HostConsumer, HostRing, reset_ring, run_to_completion
@@ -208,3 +208,11 @@ def test_completion_of_equals_a_validated_completion() -> None:
     assert fast.model_dump() == slow.model_dump() and fast.model_fields_set == slow.model_fields_set
     with pytest.raises(ValidationError):  # as frozen as any reply
         fast.seq = 8  # type: ignore[misc]
+    copied = fast.model_copy(update={"units": 5})
+    assert copied.units == 5 and copied.model_fields_set == slow.model_copy().model_fields_set
+    assert fast.model_fields_set is not completion_of(1, "axpy", 1, 1, 1).model_fields_set
+    # What makes the shortcut exact: no private attributes, no post-init hook, no defaults
+    # that validation would fill in.
+    assert not Completion.__private_attributes__
+    assert Completion.model_post_init is BaseModel.model_post_init
+    assert all(field.is_required() for field in Completion.model_fields.values())

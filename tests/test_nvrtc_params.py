@@ -55,7 +55,7 @@ def test_scalars_and_device_pointers_become_their_bytes() -> None:
 @pytest.mark.parametrize("char", sorted(set("?bhilqBHILQefdFD")))
 def test_every_scalar_type_is_stored_as_its_own_bytes(char: str) -> None:
     kind = np.dtype(char).type
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(sum(map(ord, char)))
     value = kind(rng.integers(0, 2)) if kind is np.bool_ else kind(rng.integers(-100, 100))
     if np.dtype(char).kind in "fc":
         value = kind(rng.standard_normal() * 100)
@@ -64,6 +64,26 @@ def test_every_scalar_type_is_stored_as_its_own_bytes(char: str) -> None:
     assert buffer.get(0, value.itemsize) == value.tobytes()
     with pytest.raises(InvalidArgument, match="parameter is 3 bytes"):
         pack_args((value,), (3,), 0, "k", buffer)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "bits"),
+    [(np.float16, 0x7D01), (np.float32, 0x7FA00001), (np.float64, 0x7FF0000000000001)],
+)
+def test_nan_payloads_reach_the_kernel_unchanged(dtype: type, bits: int) -> None:
+    size = np.dtype(dtype).itemsize
+    value = np.frombuffer(bits.to_bytes(size, "little"), dtype=dtype)[0]
+    buffer = ParamBuffer()
+    pack_args((value,), (size,), 0, "k", buffer)
+    assert buffer.get(0, size) == bits.to_bytes(size, "little")
+
+
+def test_unknown_parameter_sizes_leave_no_stale_bytes() -> None:
+    buffer = ParamBuffer()
+    pack_args((np.float64(-1.0), np.complex128(-1 - 1j)), None, 0, "k", buffer)
+    pack_args((np.int8(5), np.float32(2.0)), None, 0, "k", buffer)
+    assert buffer.get(0, SLOT_BYTES) == np.int8(5).tobytes().ljust(SLOT_BYTES, b"\0")
+    assert buffer.get(1, SLOT_BYTES) == np.float32(2.0).tobytes().ljust(SLOT_BYTES, b"\0")
 
 
 @pytest.mark.parametrize(

@@ -69,7 +69,7 @@ def completion_of(seq: int, op: str, version: int, units: int, device_ns: int) -
             "device_ns": device_ns,
         },
     )
-    _set(reply, "__pydantic_fields_set__", _COMPLETION_FIELDS)
+    _set(reply, "__pydantic_fields_set__", set(_COMPLETION_FIELDS))  # its own, as pydantic's
     _set(reply, "__pydantic_extra__", None)
     _set(reply, "__pydantic_private__", None)
     return reply

@@ -69,8 +69,8 @@ class EngineConfig:
     max_residency_ms: float = 100.0  # 0: never park for residency
     max_units_per_task: int = 128
     # A lone one-block task with n up to this runs on the dispatcher's block, with no
-    # hand-off to a worker (the latency path); 0: every task goes to the workers.
-    inline_max_n: int = 1 << 16
+    # hand-off to a worker (the latency path); polling waits for it. 0: never.
+    inline_max_n: int = 1 << 12
     mode: PersistentThreadMode = PersistentThreadMode.AUTO
     hang_grace_ms: float = 1000.0  # a task this late past its deadline hangs the engine
     # Deadline of tasks sent without one: every wait ends (None: tasks may wait forever).
@@ -90,7 +90,11 @@ class EngineConfig:
             raise InvalidArgument("default_task_timeout_s must be > 0 or None")
         if not 1 <= self.max_units_per_task <= 65536:
             raise InvalidArgument("max_units_per_task must be in 1..65536")
-        if not isinstance(self.inline_max_n, int) or not 0 <= self.inline_max_n < 1 << 64:
+        if (
+            isinstance(self.inline_max_n, bool)
+            or not isinstance(self.inline_max_n, int)
+            or not 0 <= self.inline_max_n < 1 << 64
+        ):
             raise InvalidArgument(f"inline_max_n must be an int >= 0, got {self.inline_max_n!r}")
 
     @property

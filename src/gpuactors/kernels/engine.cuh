@@ -9,9 +9,9 @@
 //     for it on device memory, runs the op and, if it is the task's last unit,
 //     publishes the completion to host memory with release semantics and hands
 //     the ring slot back to the producer.
-//   * a lone one-block task that an idle poll finds (one request at a time: the
-//     latency-bound case) is run by block 0 itself, all its warps together, with
-//     no hand-off; the poll resumes when it is done. Bounded by `inline_max_n`.
+//   * a lone one-block task (one request at a time: the latency-bound case) is
+//     run by block 0 itself, all its warps together, with no hand-off; the poll
+//     resumes when it is done. Bounded by `inline_max_n`.
 // The kernel parks (exits) when it has been idle for `idle_ns`, when it has
 // run for `max_residency_ns` (so a module load elsewhere in the process can
 // proceed), or when the host asks; everything it needs to resume lives in
@@ -114,9 +114,10 @@ __device__ __forceinline__ void st_release_gpu32(u32* p, u32 v) {
 // Publish a finished task: its completion marker, then its ring slot for the next lap.
 // One release covers both markers: the task's results (every thread's, ordered by the
 // caller's barrier) and the completion fields before either of them.
-__device__ __forceinline__ void publish_completion(const EngineParams& P, u32 slot, u64 seq,
-                                                   i32 status, u32 units, u64 t_start) {
-    Completion* c = &P.completions[slot];
+__device__ __forceinline__ void publish_completion(Completion* completions, TaskRecord* ring,
+                                                   u64 capacity, u32 slot, u64 seq, i32 status,
+                                                   u32 units, u64 t_start) {
+    Completion* c = &completions[slot];
     volatile Completion* vc = c;
     vc->status = status;
     vc->units = units;
@@ -124,12 +125,15 @@ __device__ __forceinline__ void publish_completion(const EngineParams& P, u32 sl
     vc->t_end_ns = now_ns();
     fence_acq_rel_sys();
     st_relaxed_sys(&c->seq, seq);
-    st_relaxed_sys(&P.ring[slot].seq, seq - 1 + P.capacity);
+    st_relaxed_sys(&ring[slot].seq, seq - 1 + capacity);
 }
 
 // The lone task block 0 runs itself (see run_dispatcher): shared by its warps.
 struct InlineTask {
     TaskRecord rec;
+    Completion* completions;  // where it completes (copies of the engine's params)
+    TaskRecord* ring;
+    u64 capacity;
     u64 t_start;
     u32 slot;
     u32 run;       // 1: run `rec`; 0: the dispatcher has exited
@@ -138,13 +142,18 @@ struct InlineTask {
 };
 
 // Block 0's warps meet here: warp 0 with a lone task (or its exit), the others waiting.
+// Warp 0 and the others reach it from different places, so it is the non-aligned form.
 __device__ __forceinline__ void dispatcher_block_barrier() {
-    asm volatile("bar.sync 1, %0;" ::"r"(blockDim.x) : "memory");
+    asm volatile("barrier.sync 1, %0;" ::"r"(blockDim.x) : "memory");
 }
 
 // Every thread of block 0 runs the lone task's op: a worker's one-block unit without
 // the hand-off through device memory (the unit queue, the device copy of the record).
-__device__ void run_inline(const EngineParams& P, InlineTask& t) {
+// Not inlined: warp 0 and the other warps call it from different places, and the op's
+// barriers must be the same instructions for every thread of the block.
+// It takes everything it needs from `t` (a reference to the params would put them on
+// the stack of the whole kernel).
+__device__ __noinline__ void run_inline(InlineTask& t) {
     if (threadIdx.x == 0) {
         const u64 now = now_ns();
         t.t_start = now;
@@ -164,7 +173,10 @@ __device__ void run_inline(const EngineParams& P, InlineTask& t) {
     }
     if (rc != 0) t.status = rc;
     __syncthreads();
-    if (threadIdx.x == 0) publish_completion(P, t.slot, t.rec.seq, t.status, 1u, t.t_start);
+    if (threadIdx.x == 0) {
+        publish_completion(t.completions, t.ring, t.capacity, t.slot, t.rec.seq, t.status, 1u,
+                           t.t_start);
+    }
 }
 
 // Ring positions the dispatcher examines per poll, in groups of one per lane.
@@ -249,12 +261,46 @@ __device__ void run_dispatcher(const EngineParams& P, InlineTask& inline_task) {
             }
         }
         if (taken > 0) {
+            // A lone task: the first one an idle poll finds, with no unit in flight,
+            // the next slot not ready, one block and n <= inline_max_n. It runs here
+            // and now, on this block (lanes 0..7 load its record; lane 8 looks at the
+            // next slot in the same round trip). Otherwise it takes the general path.
+            if (taken == 1u && was_idle && known_done == unit_head && P.inline_max_n != 0) {
+                u64 a = 0, b = 0, next = 0;
+                if (lane < 8u) {
+                    const u64* src = reinterpret_cast<const u64*>(&P.ring[tail & ring_mask]) + 2 * lane;
+                    asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];"
+                                 : "=l"(a), "=l"(b) : "l"(src));
+                } else if (lane == 8u) {
+                    next = ld_relaxed_sys(&P.ring[(tail + 1) & ring_mask].seq);
+                }
+                // lane 0: seq, op | blocks << 32; lane 1: n, deadline
+                const u32 blocks = __shfl_sync(full, (u32)(b >> 32), 0);
+                const u64 n = __shfl_sync(full, a, 1);
+                const bool next_ready = __shfl_sync(full, next, 8) == tail + 2;
+                if (blocks <= 1u && n <= P.inline_max_n && !next_ready) {
+                    if (lane < 8u) {
+                        reinterpret_cast<u64*>(&inline_task.rec)[2 * lane] = a;
+                        reinterpret_cast<u64*>(&inline_task.rec)[2 * lane + 1] = b;
+                    }
+                    if (lane == 0) {
+                        inline_task.slot = (u32)(tail & ring_mask);
+                        inline_task.run = 1u;
+                    }
+                    __syncwarp();
+                    dispatcher_block_barrier();  // the block's other warps join
+                    run_inline(inline_task);
+                    tail += 1;
+                    last_work = now_ns();
+                    continue;
+                }
+            }
             // Copy the taken records to device memory, 16 bytes a lane (four
             // records per warp-wide load). All loads are issued before any
             // store, so the PCIe round trips overlap. The ballots order these
             // loads after each record's acquire of its sequence number.
             u64 lo[8 * kTakeGroups], hi[8 * kTakeGroups];
-            lo[0] = hi[0] = 0;  // every lane passes them to the shuffles below, loaded or not
+            hi[0] = 0;  // every lane passes it to the shuffle below, loaded or not
 #pragma unroll
             for (u32 k = 0; k < 8 * kTakeGroups; ++k) {
                 const u32 rec = (lane >> 3) + 4u * k;
@@ -264,28 +310,6 @@ __device__ void run_dispatcher(const EngineParams& P, InlineTask& inline_task) {
                     asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];"
                                  : "=l"(lo[k]), "=l"(hi[k]) : "l"(src));
                 }
-            }
-            // A lone one-block task after an idle poll runs here and now: lanes 0..7
-            // hold its record (lane 0: seq, op | blocks << 32; lane 1: n, deadline).
-            const u32 lone_blocks = __shfl_sync(full, (u32)(hi[0] >> 32), 0);
-            const u64 lone_n = __shfl_sync(full, lo[0], 1);
-            if (taken == 1u && was_idle && lone_blocks <= 1u && lone_n <= P.inline_max_n &&
-                P.inline_max_n != 0) {
-                if (lane < 8u) {
-                    reinterpret_cast<u64*>(&inline_task.rec)[2 * lane] = lo[0];
-                    reinterpret_cast<u64*>(&inline_task.rec)[2 * lane + 1] = hi[0];
-                }
-                if (lane == 0) {
-                    inline_task.slot = (u32)(tail & ring_mask);
-                    inline_task.run = 1u;
-                }
-                __syncwarp();
-                dispatcher_block_barrier();  // the block's other warps join
-                run_inline(P, inline_task);
-                tail += 1;
-                busy = true;
-                last_work = now_ns();
-                continue;
             }
 #pragma unroll
             for (u32 k = 0; k < 8 * kTakeGroups; ++k) {
@@ -454,7 +478,10 @@ __device__ void run_worker(const EngineParams& P) {
                     t_start = *(volatile u64*)&P.t_start[unit.slot];
                 }
             }
-            if (last) publish_completion(P, unit.slot, s_rec.seq, status, unit.count, t_start);
+            if (last) {
+                publish_completion(P.completions, P.ring, P.capacity, unit.slot, s_rec.seq, status,
+                                   unit.count, t_start);
+            }
             __threadfence();
             atomicAdd(&S->unit_done, 1ULL);
         }
@@ -469,6 +496,12 @@ gpa_engine(const gpa::EngineParams* params) {
     const gpa::EngineParams P = *params;
     if (blockIdx.x == 0) {
         __shared__ gpa::InlineTask inline_task;
+        if (threadIdx.x == 0) {
+            inline_task.completions = P.completions;
+            inline_task.ring = P.ring;
+            inline_task.capacity = P.capacity;
+        }
+        __syncthreads();
         if (threadIdx.x < 32) {
             gpa::run_dispatcher(P, inline_task);
             if (threadIdx.x == 0) inline_task.run = 0;
@@ -478,7 +511,7 @@ gpa_engine(const gpa::EngineParams* params) {
             while (true) {
                 gpa::dispatcher_block_barrier();
                 if (!inline_task.run) break;
-                gpa::run_inline(P, inline_task);
+                gpa::run_inline(inline_task);
             }
         }
     } else {

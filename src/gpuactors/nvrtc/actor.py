@@ -442,6 +442,7 @@ class NvrtcActor(Actor):
             )
         self._poller.fault = None
         self._poller.events.clear()
+        self._plans.clear()  # (they hold the last generation's functions)
         self._gpu = gpu = _GpuState(self._device_id, generation)
         return gpu
 

@@ -49,6 +49,7 @@ from gpuactors.nvrtc.params import SLOT_BYTES, ParamBuffer
 _SCALAR_CHARS = frozenset("?bhilqBHILQefdFD")
 _POINTER_BYTES = 8
 _POINTER = struct.Struct("<Q")
+_EMPTY_SLOT = bytes(SLOT_BYTES)
 
 _STICKY_TEXT = re.compile(
     r"ILLEGAL_ADDRESS|IllegalAddress|MISALIGNED|Misaligned|LAUNCH_FAILED|LaunchFailure|"
@@ -56,6 +57,7 @@ _STICKY_TEXT = re.compile(
     r"ERROR_ASSERT|cudaErrorAssert|ECC_UNCORRECTABLE|ECCUncorrectable|LAUNCH_TIMEOUT|LaunchTimeout"
 )
 
+_CU_STREAM_LEGACY = 0x1  # the driver's handle of the legacy default stream
 _EVENT_POOL_SIZE = 64
 _REPLY_CACHE_SIZE = 1024
 
@@ -83,18 +85,19 @@ def _driver() -> Any:
 
 
 # ------------------------------------------------------------------ arguments
-#: struct codes (standard sizes, little-endian) by NumPy kind and size.
+#: struct codes (standard sizes, little-endian) by NumPy kind and size. float16 and
+#: float32 are not here: struct goes through a Python float, which changes NaN payloads.
 _STRUCT_CODES = {
     ("b", 1): "?",
     ("i", 1): "b", ("i", 2): "h", ("i", 4): "i", ("i", 8): "q",
     ("u", 1): "B", ("u", 2): "H", ("u", 4): "I", ("u", 8): "Q",
-    ("f", 2): "e", ("f", 4): "f", ("f", 8): "d",
+    ("f", 8): "d",
 }  # fmt: skip
 
 
 def _scalar_packer(char: str) -> tuple[struct.Struct | None, int]:
-    """How a NumPy scalar type is stored: a struct of its C type (None for complex,
-    stored by its bytes) and its size."""
+    """How a NumPy scalar type is stored: a struct of its C type, or None where only
+    its own bytes are exact (complex, float16, float32), and its size."""
     dtype = np.dtype(char)
     code = _STRUCT_CODES.get((dtype.kind, dtype.itemsize))
     return (None if code is None else struct.Struct("<" + code)), dtype.itemsize
@@ -139,14 +142,16 @@ def pack_args(
             scalar = _SCALAR_PACKERS.get(kind)
             if scalar is not None and (size is None or scalar[1] == size):
                 packer, itemsize = scalar
-                if packer is None:  # complex: no struct code
+                if params is None:  # the kernel's own size is unknown: no stale bytes
+                    data[offset : offset + SLOT_BYTES] = _EMPTY_SLOT
+                if packer is None:
                     data[offset : offset + itemsize] = value.tobytes()
                 else:
                     packer.pack_into(data, offset, value)
                 offset += SLOT_BYTES
                 continue
         raw = _checked(value, size, device_id, f"argument {index} of kernel {name!r}")
-        data[offset : offset + len(raw)] = raw
+        data[offset : offset + SLOT_BYTES] = raw.ljust(SLOT_BYTES, b"\0")
         offset += SLOT_BYTES
 
 
@@ -204,7 +209,8 @@ class CudaDriverError(RuntimeError):
     def __init__(self, call: str, status: int) -> None:
         self.status = status
         try:
-            _, raw = _driver().cuGetErrorName(status)
+            driver = _driver()
+            _, raw = driver.cuGetErrorName(driver.CUresult(status))
             label = raw.decode() if isinstance(raw, bytes) else str(raw)
         except Exception:  # an unknown code: the number says it
             label = cuda_status.error_name(status)
@@ -224,9 +230,15 @@ def launch_kernel(
 
 
 def driver_handle(kind: str, pointer: int) -> Any:
-    """``CUfunction`` or ``CUstream`` wrapping ``pointer`` (made once, then reused)."""
+    """``CUfunction`` or ``CUstream`` wrapping ``pointer`` (made once, then reused).
+
+    Stream 0 is CuPy's legacy default stream: it becomes ``CU_STREAM_LEGACY``, which
+    means that stream whatever cuda-bindings' per-thread default stream setting.
+    """
     driver = _driver()
-    return (driver.CUfunction if kind == "function" else driver.CUstream)(pointer)
+    if kind == "function":
+        return driver.CUfunction(pointer)
+    return driver.CUstream(pointer or _CU_STREAM_LEGACY)
 
 
 # --------------------------------------------------------------------- errors

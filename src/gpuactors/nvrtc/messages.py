@@ -178,10 +178,13 @@ class Launch(LaunchShape):
     (``np.float32(2.0)``, ``np.int32(n)``) whose size must match the kernel's
     parameter. Plain Python numbers are refused: their C type would be a guess.
 
-    The kernel runs on ``stream`` (a CuPy stream) or, by default, on the actor's own
-    non-blocking stream. With ``after="current_stream"`` (the default) it first
-    waits for the work already queued on CuPy's current stream (e.g. the kernel
-    that filled an input); ``"none"`` launches at once.
+    The kernel runs on ``stream`` (a CuPy stream) or on one of the actor's own streams.
+    With ``after="current_stream"`` (the default) it first waits for the work already
+    queued on CuPy's current stream (e.g. the kernel that filled an input): while that
+    is CuPy's legacy default stream, by running on the actor's blocking "ordered"
+    stream, which CUDA orders after it (and later legacy-stream work after the
+    kernel); otherwise through an event. ``"none"`` launches at once, on the actor's
+    non-blocking stream. The table in docs/configuration.md has every case.
 
     ``timed=True`` records CUDA timing events around the kernel and reports its GPU
     time in :attr:`Launched.elapsed_us`; it costs 3 to 5 us a launch on an H200, so it
