@@ -85,22 +85,24 @@ def _driver() -> Any:
 
 
 # ------------------------------------------------------------------ arguments
-#: struct codes (standard sizes, little-endian) by NumPy kind and size. float16 and
-#: float32 are not here: struct goes through a Python float, which changes NaN payloads.
+#: struct codes (standard sizes, little-endian) by NumPy kind and size.
 _STRUCT_CODES = {
     ("b", 1): "?",
     ("i", 1): "b", ("i", 2): "h", ("i", 4): "i", ("i", 8): "q",
     ("u", 1): "B", ("u", 2): "H", ("u", 4): "I", ("u", 8): "Q",
-    ("f", 8): "d",
+    ("f", 2): "e", ("f", 4): "f", ("f", 8): "d",
 }  # fmt: skip
 
 
-def _scalar_packer(char: str) -> tuple[struct.Struct | None, int]:
-    """How a NumPy scalar type is stored: a struct of its C type, or None where only
-    its own bytes are exact (complex, float16, float32), and its size."""
+def _scalar_packer(char: str) -> tuple[struct.Struct | None, int, bool]:
+    """How a NumPy scalar type is stored: a struct of its C type (None for complex,
+    stored by its bytes), its size, and whether a NaN must be stored by its bytes too
+    (float16 and float32 go through a Python float in struct, which changes NaN
+    payloads)."""
     dtype = np.dtype(char)
     code = _STRUCT_CODES.get((dtype.kind, dtype.itemsize))
-    return (None if code is None else struct.Struct("<" + code)), dtype.itemsize
+    packer = None if code is None else struct.Struct("<" + code)
+    return packer, dtype.itemsize, dtype.kind == "f" and dtype.itemsize < 8
 
 
 _SCALAR_PACKERS = {np.dtype(char).type: _scalar_packer(char) for char in _SCALAR_CHARS}
@@ -141,10 +143,10 @@ def pack_args(
         else:
             scalar = _SCALAR_PACKERS.get(kind)
             if scalar is not None and (size is None or scalar[1] == size):
-                packer, itemsize = scalar
+                packer, itemsize, nan_by_bytes = scalar
                 if params is None:  # the kernel's own size is unknown: no stale bytes
                     data[offset : offset + SLOT_BYTES] = _EMPTY_SLOT
-                if packer is None:
+                if packer is None or (nan_by_bytes and value != value):
                     data[offset : offset + itemsize] = value.tobytes()
                 else:
                     packer.pack_into(data, offset, value)
