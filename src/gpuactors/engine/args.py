@@ -15,18 +15,13 @@ from typing import Any
 import numpy as np
 
 from gpuactors.cuda.arrays import check_device, cupy_c_contiguous, cupy_ndarray, describe_array
+from gpuactors.cuda.scalars import struct_code
 from gpuactors.engine.messages import MAX_BATCH_TASKS, EnqueueBatch
 from gpuactors.engine.ops import ArrayParam, OpSpec, ScalarParam
 from gpuactors.engine.ring import RecordColumns
 from gpuactors.errors import InvalidArgument
 
 MAX_ELEMENTS = 2**62
-# struct codes (standard sizes) per NumPy kind and itemsize
-_STRUCT_CODES = {
-    ("f", 4): "f", ("f", 8): "d",
-    ("i", 1): "b", ("i", 2): "h", ("i", 4): "i", ("i", 8): "q",
-    ("u", 1): "B", ("u", 2): "H", ("u", 4): "I", ("u", 8): "Q",
-}  # fmt: skip
 
 
 def check_count(op: OpSpec, n: object, blocks: object) -> tuple[int, int]:
@@ -138,8 +133,8 @@ class _ParamPlan:
         else:
             info = np.iinfo(self.dtype)
             self.low, self.high = int(info.min), int(info.max)
-        size = self.dtype.itemsize
-        code = _STRUCT_CODES[(self.dtype.kind, size)]
+        code = struct_code(self.dtype)
+        assert code is not None  # an op's dtypes are real numbers (ops.Dtype)
         self.pack = struct.Struct("<" + code).pack
         self.unpack = struct.Struct(
             f"<{ {1: 'B', 2: 'H', 4: 'I', 8: 'Q'}[self.dtype.itemsize] }"

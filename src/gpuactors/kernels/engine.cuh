@@ -324,7 +324,7 @@ __device__ void run_dispatcher(const EngineParams& P, InlineTask& inline_task) {
             __syncwarp();
             // Hand the tasks to the workers 32 at a time: each group's units fit
             // the unit queue (sized for 32 maximal tasks).
-            // With four records or fewer (the latency path) each lane takes its
+            // With four records or fewer (a light load) each lane takes its
             // task's block count from the registers that loaded the record (word 1,
             // high half, held by lane 8 * record) instead of reading it back.
             const u32 near_blocks = __shfl_sync(full, (u32)(hi[0] >> 32), (lane & 3u) * 8u);

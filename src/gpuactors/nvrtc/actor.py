@@ -55,7 +55,8 @@ from gpuactors.nvrtc.launch import (
     check_arity,
     cuda_error,
     cupy_module,
-    driver_handle,
+    driver_function,
+    driver_stream,
     launch_kernel,
     pack_args,
 )
@@ -130,7 +131,7 @@ class _GpuState:
         if handle is None:
             if len(self._driver_streams) >= _MAX_DRIVER_STREAMS:
                 self._driver_streams.clear()
-            handle = self._driver_streams[stream.ptr] = driver_handle("stream", stream.ptr)
+            handle = self._driver_streams[stream.ptr] = driver_stream(stream.ptr)
         return handle
 
     def function(self, handle: KernelHandle, symbol: str, shared_mem: int, arch: str) -> _Loaded:
@@ -150,9 +151,7 @@ class _GpuState:
                     f"no kernel symbol {symbol!r} in the module of {handle.module.source_name!r}:"
                     f" {exc}"
                 ) from exc
-            loaded = self.functions[key] = _Loaded(
-                function, driver_handle("function", function.ptr)
-            )
+            loaded = self.functions[key] = _Loaded(function, driver_function(function.ptr))
         if shared_mem > _DEFAULT_DYNAMIC_SMEM and self.dynamic_smem.get(key, 0) < shared_mem:
             try:
                 loaded.function.max_dynamic_shared_size_bytes = shared_mem

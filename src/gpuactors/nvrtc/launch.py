@@ -35,6 +35,7 @@ import numpy as np
 from gpuactors.cuda import polling
 from gpuactors.cuda import status as cuda_status
 from gpuactors.cuda.arrays import check_device, cupy_c_contiguous, cupy_ndarray, describe_array
+from gpuactors.cuda.scalars import struct_code
 from gpuactors.errors import (
     ActorStopped,
     DeviceFault,
@@ -85,22 +86,13 @@ def _driver() -> Any:
 
 
 # ------------------------------------------------------------------ arguments
-#: struct codes (standard sizes, little-endian) by NumPy kind and size.
-_STRUCT_CODES = {
-    ("b", 1): "?",
-    ("i", 1): "b", ("i", 2): "h", ("i", 4): "i", ("i", 8): "q",
-    ("u", 1): "B", ("u", 2): "H", ("u", 4): "I", ("u", 8): "Q",
-    ("f", 2): "e", ("f", 4): "f", ("f", 8): "d",
-}  # fmt: skip
-
-
 def _scalar_packer(char: str) -> tuple[struct.Struct | None, int, bool]:
     """How a NumPy scalar type is stored: a struct of its C type (None for complex,
     stored by its bytes), its size, and whether a NaN must be stored by its bytes too
     (float16 and float32 go through a Python float in struct, which changes NaN
     payloads)."""
     dtype = np.dtype(char)
-    code = _STRUCT_CODES.get((dtype.kind, dtype.itemsize))
+    code = struct_code(dtype)
     packer = None if code is None else struct.Struct("<" + code)
     return packer, dtype.itemsize, dtype.kind == "f" and dtype.itemsize < 8
 
@@ -231,16 +223,16 @@ def launch_kernel(
         raise CudaDriverError("cuLaunchKernel", int(status))
 
 
-def driver_handle(kind: str, pointer: int) -> Any:
-    """``CUfunction`` or ``CUstream`` wrapping ``pointer`` (made once, then reused).
+def driver_function(pointer: int) -> Any:
+    """The ``CUfunction`` of a loaded function's pointer (the caller keeps it)."""
+    return _driver().CUfunction(pointer)
 
-    Stream 0 is CuPy's legacy default stream: it becomes ``CU_STREAM_LEGACY``, which
-    means that stream whatever cuda-bindings' per-thread default stream setting.
-    """
-    driver = _driver()
-    if kind == "function":
-        return driver.CUfunction(pointer)
-    return driver.CUstream(pointer or _CU_STREAM_LEGACY)
+
+def driver_stream(pointer: int) -> Any:
+    """The ``CUstream`` of a stream's pointer (the caller keeps it). Stream 0 is
+    CuPy's legacy default stream: it becomes ``CU_STREAM_LEGACY``, which means that
+    stream whatever cuda-bindings' per-thread default stream setting."""
+    return _driver().CUstream(pointer or _CU_STREAM_LEGACY)
 
 
 # --------------------------------------------------------------------- errors
@@ -320,6 +312,15 @@ class EventPool:
         self._plain.clear()
 
 
+def _finished(status: int, start: Any | None, end: Any) -> float | None:
+    """A launch whose query no longer says NOT_READY: its GPU time in ms when it was
+    timed (``start`` recorded), else None; raises the CUDA error it ended with."""
+    cuda = cupy_module().cuda
+    if status != 0:
+        raise cuda.runtime.CUDARuntimeError(status)
+    return None if start is None else float(cuda.get_elapsed_time(start, end))
+
+
 #: Launches whose actor stopped before they completed: kept here so their buffers
 #: stay alive until the GPU is done with them (pruned at every poller close).
 _ORPHANS: list[PendingLaunch] = []
@@ -376,8 +377,7 @@ class CompletionPoller:
         still runs (then :meth:`add` it); its error if it failed (a device fault also
         fails the actor's launches to come).
         """
-        cuda = cupy_module().cuda
-        runtime = cuda.runtime
+        runtime = cupy_module().cuda.runtime
         if events is None:
             query, target = runtime.streamQuery, stream.ptr
         else:
@@ -387,11 +387,7 @@ class CompletionPoller:
             while (status := query(target)) == cuda_status.NOT_READY:
                 if time.perf_counter() >= until:
                     return None
-            if status != 0:
-                raise runtime.CUDARuntimeError(status)
-            elapsed_ms = None
-            if events is not None and events[0] is not None:
-                elapsed_ms = cuda.get_elapsed_time(events[0], events[1])
+            elapsed_ms = _finished(status, *(events or (None, None)))
         except Exception as exc:
             error = cuda_error(exc, f"kernel {name!r}")
             if isinstance(error, DeviceFault):
@@ -423,8 +419,7 @@ class CompletionPoller:
         settled = 0
         if not self._queues:
             return 0
-        cuda = cupy_module().cuda
-        query = cuda.runtime.eventQuery
+        query = cupy_module().cuda.runtime.eventQuery
         for key in list(self._queues):
             queue = self._queues[key]
             while queue:
@@ -433,10 +428,7 @@ class CompletionPoller:
                     status = query(launch.end.ptr)
                     if status == cuda_status.NOT_READY:
                         break
-                    if status != 0:
-                        raise cuda.runtime.CUDARuntimeError(status)
-                    start = launch.start
-                    elapsed_ms = None if start is None else cuda.get_elapsed_time(start, launch.end)
+                    elapsed_ms = _finished(status, launch.start, launch.end)
                 except Exception as exc:
                     error = cuda_error(exc, f"kernel {launch.name!r}")
                     if isinstance(error, DeviceFault):
