@@ -57,9 +57,8 @@ async def main():
             t = mark("try_publish", t)
             a._runtime.kick()
             t = mark("kick", t)
-            while not ring.is_done(seq):
-                if not a._runtime.running:
-                    a._runtime.kick()
+            while not ring.wait_done(seq, 1e-3):
+                a._runtime.kick()
             t = mark("spin (device)", t)
             a._outcome(seq, resolved.spec, resolved.op_id, accepted_at)
             t = mark("_outcome", t)

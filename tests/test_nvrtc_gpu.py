@@ -195,6 +195,51 @@ async def test_every_scalar_type_reaches_the_kernel_exactly(nvrtc: ActorRef) -> 
     np.testing.assert_array_equal(cp.asnumpy(out), np.array(expected))
 
 
+ECHO = r"""
+extern "C" __global__ void echo(unsigned long long* out, float f, double d, long long q,
+                                unsigned char b) {
+    out[0] = __float_as_uint(f);
+    out[1] = __double_as_longlong(d);
+    out[2] = (unsigned long long)q;
+    out[3] = b;
+}
+"""
+
+
+async def test_repeated_launches_take_each_launchs_own_values(nvrtc: ActorRef) -> None:
+    """After its first launch a kernel's arguments go through its signature's packer:
+    every launch must still deliver its own values, and anything unlike the signature
+    (a NaN, another type, a strided array) must take the general path, exactly."""
+    import cupy as cp
+
+    handle = await _compile(nvrtc, ECHO, ("echo",), name="echo.cu")
+    rng = _rng()
+
+    async def echo(out: Any, *values: Any) -> None:
+        await nvrtc.ask(
+            Launch(kernel=handle, grid=1, block=1, args=(out, *values)), timeout=30, expect=Launched
+        )
+
+    for round_ in range(40):
+        out = cp.full(4, 0xDEAD, dtype=cp.uint64)  # a new array every time
+        f = np.float32(rng.standard_normal())
+        if round_ % 10 == 5:  # a NaN with a payload: stored by its bits
+            f = np.frombuffer(np.uint32(0x7FC0_1234 + round_).tobytes(), np.float32)[0]
+        q = np.int64(rng.integers(-(2**62), 2**62))
+        values = (f, np.float64(rng.standard_normal()), q, np.uint8(rng.integers(256)))
+        await echo(out, *values)
+        expected = [int(values[0].view(np.uint32)), int(values[1].view(np.uint64))]
+        expected += [int(values[2]) % 2**64, int(values[3])]
+        assert cp.asnumpy(out).tolist() == expected, round_
+    out = cp.zeros(8, dtype=cp.uint64)
+    with pytest.raises(InvalidArgument, match="4 bytes"):
+        await echo(out, np.float64(1), np.float64(1), np.int64(1), np.uint8(1))
+    with pytest.raises(InvalidArgument, match="not C-contiguous"):
+        await echo(out[::2], np.float32(1), np.float64(1), np.int64(1), np.uint8(1))
+    await echo(out, np.float32(0.5), np.float64(2), np.int64(-1), np.uint8(7))
+    assert cp.asnumpy(out[:4]).tolist() == [0x3F00_0000, 0x4000_0000_0000_0000, 2**64 - 1, 7]
+
+
 async def test_launch_runs_after_the_current_stream_unless_told_not_to(nvrtc: ActorRef) -> None:
     import cupy as cp
 

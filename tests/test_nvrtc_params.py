@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from gpuactors.errors import DeviceFault, InvalidArgument, LaunchError, WrongDevice
-from gpuactors.nvrtc.launch import CudaDriverError, cuda_error, pack_args
+from gpuactors.nvrtc.launch import cuda_error, pack_args
 from gpuactors.nvrtc.params import SLOT_BYTES, ParamBuffer
 
 
@@ -109,9 +109,20 @@ def test_an_array_on_another_device_is_refused() -> None:
         pack_args((FakeDeviceArray(0x1000),), (8,), 1, "k", ParamBuffer())
 
 
+class DriverError(RuntimeError):
+    """Shaped like CuPy's CUDADriverError (what a failed launch raises): a message
+    and the ``CUresult`` as ``status``."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 def test_driver_errors_map_to_faults_or_launch_errors() -> None:
-    sticky = cuda_error(CudaDriverError("cuLaunchKernel", 700), "launching kernel 'k'")
-    assert isinstance(sticky, DeviceFault) and "(700)" in str(sticky)
-    plain = cuda_error(CudaDriverError("cuLaunchKernel", 1), "launching kernel 'k'")
+    illegal = DriverError(700, "CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access")
+    sticky = cuda_error(illegal, "k")
+    assert isinstance(sticky, DeviceFault) and "CUDA_ERROR_ILLEGAL_ADDRESS" in str(sticky)
+    assert "poisoned" in str(sticky)
+    plain = cuda_error(DriverError(1, "CUDA_ERROR_INVALID_VALUE: invalid argument"), "launching k")
     assert isinstance(plain, LaunchError) and not isinstance(plain, DeviceFault)
-    assert "cuLaunchKernel failed" in str(plain)
+    assert str(plain) == "launching k: CUDA_ERROR_INVALID_VALUE: invalid argument"

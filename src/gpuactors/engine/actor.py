@@ -211,7 +211,13 @@ class PersistentEngineActor(Actor):
     def enqueue(self, msg: Enqueue) -> Completion | Deferred[Completion]:
         accepted_at = time.perf_counter()
         try:
-            self._check_serving()
+            if (  # serving: the common case in a few comparisons, else the precise error
+                self._faulted is not None
+                or self._closing
+                or self._runtime is None
+                or GENERATIONS.current(self._device_id) != self._generation
+            ):
+                self._check_serving()
             resolved = self._ops.resolve(msg.op)  # the version is bound here, at acceptance
             n, blocks = check_count(resolved.spec, msg.n, msg.blocks)
             words = resolved.encoder.encode(msg.args, n, self._device_id)
@@ -345,12 +351,7 @@ class PersistentEngineActor(Actor):
         """Light load: spin briefly on the only task in flight instead of handing it to
         the poller (saves two event-loop hops); bounded like the poller's own spin."""
         assert self._runtime is not None
-        is_done = self._runtime.ring.is_done
-        until = time.perf_counter() + SPIN_SECONDS
-        while time.perf_counter() < until:
-            if is_done(seq):
-                return True
-        return False
+        return self._runtime.ring.wait_done(seq, SPIN_SECONDS)
 
     def _check_serving(self) -> None:
         if self._faulted is not None:
@@ -535,11 +536,8 @@ class PersistentEngineActor(Actor):
         assert self._runtime is not None
         ring = self._runtime.ring
         oldest = next(iter(self._pending), None)
-        if oldest is None:
-            return
-        while time.perf_counter() < until:
-            if ring.is_done(oldest):
-                return
+        if oldest is not None:
+            ring.wait_done(oldest, until - time.perf_counter())
 
     def _harvest(self) -> int:
         if not self._pending:

@@ -19,6 +19,7 @@ from gpuactors.cuda.scalars import struct_code
 from gpuactors.engine.messages import MAX_BATCH_TASKS, EnqueueBatch
 from gpuactors.engine.ops import ArrayParam, OpSpec, ScalarParam
 from gpuactors.engine.ring import RecordColumns
+from gpuactors.engine.word_encoders import word_encoder
 from gpuactors.errors import InvalidArgument
 
 MAX_ELEMENTS = 2**62
@@ -54,6 +55,10 @@ def _scalar_bits(param: ScalarParam, value: Any, where: str) -> int:
             raise InvalidArgument(f"{where} must be a real number, got {type(value).__name__}")
         if not math.isfinite(float(value)):
             raise InvalidArgument(f"{where} must be finite, got {value!r}")
+        with np.errstate(over="ignore"):  # NumPy would make it inf with a warning
+            fits = np.isfinite(np.array(value, dtype=param.dtype))
+        if not fits:
+            raise InvalidArgument(f"{where} does not fit {param.dtype}: {value!r}")
     elif isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise InvalidArgument(f"{where} must be an integer ({param.dtype}), got {value!r}")
     try:
@@ -81,18 +86,25 @@ class ArgEncoder:
     """Check one op's arguments and encode them as record words, the per-parameter
     work done once.
 
-    CuPy arrays and Python floats/ints (the common case) take a fast path of
-    plain attribute reads and one struct pack; anything else, and anything the
-    fast path doubts, goes through the general checks, which also say precisely
-    what is wrong.
+    CuPy arrays and Python floats/ints (the common case) take a fast path: one
+    straight-line function for the whole signature (:mod:`.word_encoders`), then,
+    per argument, plain attribute reads and one struct pack; anything else, and
+    anything the fast path doubts, goes through the general checks, which also say
+    precisely what is wrong.
     """
 
     def __init__(self, op: OpSpec) -> None:
         self.op = op
         self._arity = len(op.params)
         self._plan = [_ParamPlan(param, op.name) for param in op.params]
+        self._fast = word_encoder(op, cupy_ndarray())
 
     def encode(self, args: Sequence[Any], n: int, device_id: int) -> list[int]:
+        fast = self._fast
+        if fast is not None:
+            words = fast(args, n, device_id)
+            if words is not None:
+                return words
         if len(args) != self._arity:
             names = ", ".join(p.name for p in self.op.params) or "none"
             raise InvalidArgument(
@@ -154,8 +166,11 @@ class _ParamPlan:
             return _array_ptr(self.param, value, n, device_id, self.where)
         kind = type(value)
         if self.is_float and kind is float and math.isfinite(value):
-            return int(self.unpack(self.pack(value))[0])
-        if not self.is_float and kind is int and self.low <= value <= self.high:
+            try:
+                return int(self.unpack(self.pack(value))[0])
+            except OverflowError:  # too large for float32: the general path says so
+                pass
+        elif not self.is_float and kind is int and self.low <= value <= self.high:
             return int(self.unpack(self.pack(value))[0])
         assert isinstance(self.param, ScalarParam)
         return _scalar_bits(self.param, value, self.where)

@@ -23,6 +23,7 @@ side on the CPU so the protocol is tested without a GPU.
 from __future__ import annotations
 
 import struct
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -31,10 +32,12 @@ import numpy as np
 from gpuactors.engine.abi import COMPLETION, MAX_ARGS, TASK_RECORD
 from gpuactors.errors import InvalidArgument
 
-_BODY = struct.Struct(f"<IIQQ{MAX_ARGS}QQQ")  # record bytes 8..128 (everything after seq)
+# Record bytes 8..128 (everything after seq) for a task of k arguments: op, blocks, n,
+# deadline, the k argument words, zeros for the other argument slots, tag, reserved.
+# One struct per arity, so a publish passes only its own values (pad bytes are zeros).
+_BODIES = [struct.Struct(f"<IIQQ{k}Q{(MAX_ARGS - k) * 8}xQ8x") for k in range(MAX_ARGS + 1)]
 _RECORD_BYTES = TASK_RECORD.itemsize
 _RECORD_WORDS = _RECORD_BYTES // 8
-_ZERO_ARGS = (0,) * MAX_ARGS
 _COMPLETION_WORDS = COMPLETION.itemsize // 8
 
 
@@ -140,21 +143,13 @@ class HostRing:
         pos = self.published
         slot = pos & self.mask
         word = slot * _RECORD_WORDS
-        if self._words[word] != pos or self._unretired[slot]:
+        words = self._words
+        if words[word] != pos or self._unretired[slot]:
             return None
-        _BODY.pack_into(
-            self._bytes,
-            slot * _RECORD_BYTES + 8,
-            op,
-            blocks,
-            n,
-            deadline_ns,
-            *args,
-            *_ZERO_ARGS[len(args) :],
-            tag,
-            0,
+        _BODIES[len(args)].pack_into(
+            self._bytes, slot * _RECORD_BYTES + 8, op, blocks, n, deadline_ns, *args, tag
         )
-        self._words[word] = pos + 1  # publish last
+        words[word] = pos + 1  # publish last
         self._unretired[slot] = 1
         self.published = pos + 1
         return pos + 1
@@ -227,6 +222,23 @@ class HostRing:
     # ----------------------------------------------------------- completions
     def is_done(self, seq: int) -> bool:
         return self._done_words[((seq - 1) & self.mask) * _COMPLETION_WORDS] == seq
+
+    def wait_done(self, seq: int, seconds: float) -> bool:
+        """Spin until task ``seq``'s marker is there (True) or ``seconds`` pass (False).
+
+        The marker is read eight times per clock read: a clock read can cost more than
+        a marker read (on virtual machines it may be a system call), and it would set
+        how soon a finished task is seen."""
+        words = self._done_words
+        index = ((seq - 1) & self.mask) * _COMPLETION_WORDS
+        clock = time.perf_counter
+        until = clock() + seconds
+        while True:
+            for _ in range(8):
+                if words[index] == seq:
+                    return True
+            if clock() >= until:
+                return words[index] == seq
 
     def harvest_window(
         self, first_seq: int, count: int, already: np.ndarray

@@ -145,6 +145,9 @@ class EngineRuntime:
             control[...] = np.zeros((), dtype=HOST_CONTROL)
             self.ring = HostRing(records, completions)
             self.control = control.view(np.uint64)
+            # The same words as a memoryview: reading one gives an int without a NumPy
+            # scalar (``running`` is read on every kick).
+            self._control_words = memoryview(control.view(np.uint8).reshape(-1).data).cast("Q")
 
             ucap = config.unit_capacity
             self._state = cupy.zeros(DEVICE_STATE.itemsize, dtype=cupy.uint8)
@@ -222,12 +225,12 @@ class EngineRuntime:
     @property
     def running(self) -> bool:
         """A kernel instance was launched and has not announced its exit yet."""
-        return self.launches != int(self.control[_PARKED_EPOCH])
+        return self.launches != self._control_words[_PARKED_EPOCH]
 
     @property
     def consumed(self) -> int:
         """Ring positions the device has taken (valid while parked)."""
-        return int(self.control[_CONSUMED])
+        return self._control_words[_CONSUMED]
 
     @property
     def exit_reason(self) -> int:

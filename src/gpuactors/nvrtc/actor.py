@@ -31,10 +31,12 @@ with :class:`~gpuactors.errors.DeviceFault`, is told to the DeviceActor given as
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 from gpuactors.actors import Actor, ActorRef, Deferred, failed_reply, handles
 from gpuactors.cuda import no_device_reason
+from gpuactors.cuda.arrays import cupy_ndarray
 from gpuactors.cuda.device import ReportFault, probe_device
 from gpuactors.cuda.generation import GENERATIONS
 from gpuactors.cuda.loader import MODULE_LOADS
@@ -55,8 +57,6 @@ from gpuactors.nvrtc.launch import (
     check_arity,
     cuda_error,
     cupy_module,
-    driver_function,
-    driver_stream,
     launch_kernel,
     pack_args,
 )
@@ -71,12 +71,12 @@ from gpuactors.nvrtc.messages import (
 )
 from gpuactors.nvrtc.module import CompiledModule
 from gpuactors.nvrtc.options import ARCH_PATTERN
+from gpuactors.nvrtc.packers import Packer, signature_packer
 from gpuactors.nvrtc.params import ParamBuffer
 
 #: Dynamic shared memory a kernel may use without opting in (bytes).
 _DEFAULT_DYNAMIC_SMEM = 48 * 1024
 #: Driver handles of CuPy streams kept per device generation (then made afresh).
-_MAX_DRIVER_STREAMS = 64
 #: Launch plans kept (one per handle and kernel name launched); then made afresh.
 _MAX_PLANS = 1024
 
@@ -123,16 +123,6 @@ class _GpuState:
         self.modules: dict[str, Any] = {}
         self.functions: dict[tuple[str, str], _Loaded] = {}
         self.dynamic_smem: dict[tuple[str, str], int] = {}
-        self._driver_streams: dict[int, Any] = {}
-
-    def driver_stream(self, stream: Any) -> Any:
-        """The ``CUstream`` of a CuPy stream (made once per stream)."""
-        handle = self._driver_streams.get(stream.ptr)
-        if handle is None:
-            if len(self._driver_streams) >= _MAX_DRIVER_STREAMS:
-                self._driver_streams.clear()
-            handle = self._driver_streams[stream.ptr] = driver_stream(stream.ptr)
-        return handle
 
     def function(self, handle: KernelHandle, symbol: str, shared_mem: int, arch: str) -> _Loaded:
         """The CUDA function ``symbol`` of the handle's module, loading the module once."""
@@ -151,7 +141,7 @@ class _GpuState:
                     f"no kernel symbol {symbol!r} in the module of {handle.module.source_name!r}:"
                     f" {exc}"
                 ) from exc
-            loaded = self.functions[key] = _Loaded(function, driver_function(function.ptr))
+            loaded = self.functions[key] = _Loaded(function, function.ptr)
         if shared_mem > _DEFAULT_DYNAMIC_SMEM and self.dynamic_smem.get(key, 0) < shared_mem:
             try:
                 loaded.function.max_dynamic_shared_size_bytes = shared_mem
@@ -165,9 +155,10 @@ class _GpuState:
 
 class _LaunchPlan:
     """A kernel of a handle as launches find it: its name, symbol and parameter sizes,
-    and the function loaded for it in the device generation ``loaded_in``."""
+    the function loaded for it in the device generation ``loaded_in``, and the
+    argument packer of the signature its first launch used (``None`` until then)."""
 
-    __slots__ = ("handle", "loaded", "loaded_in", "name", "params", "symbol")
+    __slots__ = ("handle", "loaded", "loaded_in", "name", "packer", "params", "symbol")
 
     def __init__(self, handle: KernelHandle, name: str, symbol: str, params: Params) -> None:
         self.handle = handle
@@ -176,16 +167,18 @@ class _LaunchPlan:
         self.params = params
         self.loaded: _Loaded | None = None
         self.loaded_in: _GpuState | None = None
+        self.packer: Packer | None = None
 
 
 class _Loaded:
-    """A loaded kernel: CuPy's function (it holds the module) and its ``CUfunction``."""
+    """A loaded kernel: CuPy's function (it holds the module) and its ``CUfunction``
+    as an int."""
 
-    __slots__ = ("driver", "function")
+    __slots__ = ("function", "pointer")
 
-    def __init__(self, function: Any, driver: Any) -> None:
+    def __init__(self, function: Any, pointer: int) -> None:
         self.function = function
-        self.driver = driver
+        self.pointer = pointer
 
 
 class NvrtcActor(Actor):
@@ -343,8 +336,9 @@ class NvrtcActor(Actor):
             what = f"the kernel handle of {handle.module.source_name!r}"
             raise GpuRefStale(what, handle.generation, current)
         name = plan.name
-        check_arity(msg.args, plan.params, name)
-        pack_args(msg.args, plan.params, device_id, name, self._params)
+        packer = plan.packer
+        if packer is None or not packer(msg.args, self._params.data, device_id):
+            self._pack_generally(msg.args, plan)
         try:
             gpu = self._gpu_for(handle.generation)
             stream = gpu.stream if msg.stream is None else self._check_stream(msg.stream)
@@ -368,6 +362,15 @@ class NvrtcActor(Actor):
         keepalive = (msg, loaded)
         self._poller.add(PendingLaunch(future, events, name, plan.symbol, stream.ptr, keepalive))
         return Deferred(future)
+
+    def _pack_generally(self, args: Sequence[Any], plan: _LaunchPlan) -> None:
+        """Check and pack ``args`` one by one (raising what is wrong); the first launch
+        of a plan also gets the packer of its signature, used from then on."""
+        check_arity(args, plan.params, plan.name)
+        pack_args(args, plan.params, self._device_id, plan.name, self._params)
+        if plan.packer is None:
+            packer = signature_packer(tuple(map(type, args)), plan.params, cupy_ndarray())
+            plan.packer = _no_packer if packer is None else packer
 
     def _plan(self, handle: KernelHandle, name: str | None) -> _LaunchPlan:
         """What a launch of ``name`` from ``handle`` needs that never changes, checked once."""
@@ -401,14 +404,7 @@ class NvrtcActor(Actor):
             start, _ = events
             assert start is not None  # a timed pair
             start.record(stream)
-        launch_kernel(
-            loaded.driver,
-            msg.grid,
-            msg.block,
-            msg.shared_mem,
-            gpu.driver_stream(stream),
-            self._params,
-        )
+        launch_kernel(loaded.pointer, msg.grid, msg.block, msg.shared_mem, stream.ptr, self._params)
         self._launches += 1
         if events is not None:
             events[1].record(stream)
@@ -465,6 +461,11 @@ class NvrtcActor(Actor):
                 self._device_ref.tell(ReportFault(reason=str(error)))
             except GpuActorsError as exc:  # full or stopped: the fault is logged anyway
                 self.log.warning("could not report the fault", error=str(exc))
+
+
+def _no_packer(args: Sequence[Any], data: memoryview, device_id: int) -> bool:
+    """The packer of a signature only the general path packs."""
+    return False
 
 
 def _after_current_stream(stream: Any, gpu: _GpuState, *, own: bool) -> Any:

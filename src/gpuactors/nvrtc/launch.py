@@ -4,8 +4,8 @@ completion waiting.
 Arguments become what ``cuLaunchKernel`` gets: a device array its pointer (an
 8-byte value), a NumPy scalar its bytes, written into the actor's
 :class:`~gpuactors.nvrtc.params.ParamBuffer`; every check happens before the
-launch. The launch itself is one ``cuLaunchKernel`` through cuda-bindings (CuPy's
-launcher would convert the arguments a second time).
+launch. The launch itself is one ``cuLaunchKernel`` through CuPy's driver binding
+(CuPy's kernel launcher would convert the arguments a second time).
 
 Completion: each launch records a CUDA event after the kernel (and one before it
 when timed). A launch made while no other is in flight is first spun on for a
@@ -72,16 +72,6 @@ def cupy_module() -> Any:
         import cupy
 
         module = _modules["cupy"] = cupy
-    return module
-
-
-def _driver() -> Any:
-    """cuda-bindings' driver API, imported on first use."""
-    module = _modules.get("driver")
-    if module is None:
-        from cuda.bindings import driver
-
-        module = _modules["driver"] = driver
     return module
 
 
@@ -196,43 +186,20 @@ def _pointer(value: Any, device_id: int, where: str) -> int:
 
 
 # --------------------------------------------------------------------- launch
-class CudaDriverError(RuntimeError):
-    """A CUDA driver call failed; ``status`` is its CUresult (same numbers as the
-    runtime's for the errors gpuactors acts on)."""
-
-    def __init__(self, call: str, status: int) -> None:
-        self.status = status
-        try:
-            driver = _driver()
-            _, raw = driver.cuGetErrorName(driver.CUresult(status))
-            label = raw.decode() if isinstance(raw, bytes) else str(raw)
-        except Exception:  # an unknown code: the number says it
-            label = cuda_status.error_name(status)
-        super().__init__(f"{call} failed: {label} ({status})")
-
-
 def launch_kernel(
-    function: Any, grid: Dims, block: Dims, shared_mem: int, stream: Any, params: ParamBuffer
+    function: int, grid: Dims, block: Dims, shared_mem: int, stream: int, params: ParamBuffer
 ) -> None:
-    """``cuLaunchKernel`` of a loaded function (a ``CUfunction``) on ``stream`` (a
-    ``CUstream``) with the values in ``params``; the device must be current."""
-    (status,) = _driver().cuLaunchKernel(
-        function, *grid, *block, shared_mem, stream, params.address, 0
+    """``cuLaunchKernel`` of a loaded function (its ``CUfunction`` as an int) on
+    ``stream`` (a stream pointer; 0 is CuPy's legacy default stream) with the values in
+    ``params``; the device must be current. Through CuPy's driver binding, which takes
+    plain ints (cuda-bindings wants handle objects, about 0.5 us more per launch);
+    a failure raises CuPy's ``CUDADriverError`` with the ``CUresult`` as ``status``.
+
+    Stream 0 is passed as ``CU_STREAM_LEGACY``: that stream whatever the process's
+    per-thread default stream setting."""
+    cupy_module().cuda.driver.launchKernel(
+        function, *grid, *block, shared_mem, stream or _CU_STREAM_LEGACY, params.address, 0
     )
-    if status:
-        raise CudaDriverError("cuLaunchKernel", int(status))
-
-
-def driver_function(pointer: int) -> Any:
-    """The ``CUfunction`` of a loaded function's pointer (the caller keeps it)."""
-    return _driver().CUfunction(pointer)
-
-
-def driver_stream(pointer: int) -> Any:
-    """The ``CUstream`` of a stream's pointer (the caller keeps it). Stream 0 is
-    CuPy's legacy default stream: it becomes ``CU_STREAM_LEGACY``, which means that
-    stream whatever cuda-bindings' per-thread default stream setting."""
-    return _driver().CUstream(pointer or _CU_STREAM_LEGACY)
 
 
 # --------------------------------------------------------------------- errors

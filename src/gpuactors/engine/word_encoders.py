@@ -1,0 +1,89 @@
+"""Straight-line encoders of one op's usual arguments into record words.
+
+Most tasks pass CuPy arrays for an op's array parameters and Python floats or ints
+for its scalars. For that case this module writes, once per op signature, a small
+function that makes exactly the checks of :class:`~gpuactors.engine.args.ArgEncoder`'s
+fast path (type, dtype, length, device and contiguity of each array; finiteness and
+range of each scalar) with no call per argument (:mod:`gpuactors.straight_line`),
+and returns the record words. It
+returns None whenever anything differs; the caller then takes the general path,
+which handles every other kind of argument and says what is wrong. The source is
+short and :func:`word_encoder_source` prints it.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from gpuactors.cuda.scalars import struct_code
+from gpuactors.engine.ops import ArrayParam, OpSpec
+from gpuactors.straight_line import checks_source, compile_function
+
+#: ``encode(args, n, device_id) -> words | None``.
+WordEncoder = Callable[[Sequence[Any], int, int], "list[int] | None"]
+
+_BITS_CODES = {1: "B", 2: "H", 4: "I", 8: "Q"}
+
+
+def word_encoder(op: OpSpec, ndarray: type | None) -> WordEncoder | None:
+    """The straight-line encoder of ``op``'s arguments, or None where CuPy (its array
+    type ``ndarray``) is missing or the array type lacks the contiguity flag read."""
+    if ndarray is None or not hasattr(ndarray, "_c_contiguous"):
+        return None
+    namespace: dict[str, Any] = {"ND": ndarray, "isfinite": math.isfinite}
+    for index, param in enumerate(op.params):
+        dtype = np.dtype(param.dtype)
+        namespace[f"D{index}"] = dtype
+        if not isinstance(param, ArrayParam):
+            code = struct_code(dtype)
+            assert code is not None  # an op's dtypes are real numbers (ops.Dtype)
+            namespace[f"P{index}"] = struct.Struct("<" + code).pack
+            namespace[f"U{index}"] = struct.Struct("<" + _BITS_CODES[dtype.itemsize]).unpack
+            if dtype.kind != "f":
+                info = np.iinfo(dtype)
+                namespace[f"LOW{index}"], namespace[f"HIGH{index}"] = int(info.min), int(info.max)
+    source = word_encoder_source(op)
+    encoder: WordEncoder = compile_function(
+        source, f"<gpuactors word encoder of {op.name}>", namespace, "encode"
+    )
+    return encoder
+
+
+def word_encoder_source(op: OpSpec) -> str:
+    """The Python source of :func:`word_encoder`'s function for ``op``."""
+    names = [f"a{index}" for index in range(len(op.params))]
+    type_checks, loads, refusals, words, conversions = [], [], [], [], []
+    for index, param in enumerate(op.params):
+        name = names[index]
+        if isinstance(param, ArrayParam):
+            length = "n" if param.length == "n" else str(int(param.length))
+            type_checks.append(f"type({name}) is not ND")
+            loads.append(f"    m{index} = {name}.data")
+            refusals += [
+                f"{name}.dtype is not D{index}",
+                f"{name}.size < {length}",
+                f"m{index}.device_id != device_id",
+                f"not {name}._c_contiguous",
+            ]
+            words.append(f"m{index}.ptr")
+        else:
+            if np.dtype(param.dtype).kind == "f":
+                type_checks.append(f"type({name}) is not float")
+                refusals.append(f"not isfinite({name})")
+            else:
+                type_checks.append(f"type({name}) is not int")
+                refusals.append(f"not LOW{index} <= {name} <= HIGH{index}")
+            conversions.append(f"        w{index} = U{index}(P{index}({name}))[0]")
+            words.append(f"w{index}")
+    lines = checks_source(
+        "encode(args, n, device_id)", len(names), type_checks, loads, refusals, "None"
+    )
+    if conversions:  # a float too large for float32 (or float16) does not pack
+        lines += ["    try:", *conversions, "    except OverflowError:", "        return None"]
+    lines += [f"    return [{', '.join(words)}]"]
+    return "\n".join(lines) + "\n"

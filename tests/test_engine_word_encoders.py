@@ -1,0 +1,134 @@
+"""Straight-line word encoders: the words the per-argument path gives, and None
+(never a wrong word) for anything else, which the general path then refuses with
+a clear error (no GPU needed: a CuPy-like array type stands in for CuPy's)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gpuactors.engine import args as args_module
+from gpuactors.engine.args import ArgEncoder
+from gpuactors.engine.ops import BUILTIN_OPS, ArrayParam, OpSpec, ScalarParam
+from gpuactors.engine.word_encoders import word_encoder, word_encoder_source
+from gpuactors.errors import InvalidArgument
+
+
+class Memory:
+    def __init__(self, ptr: int, device_id: int) -> None:
+        self.ptr = ptr
+        self.device_id = device_id
+
+
+class CupyLikeArray:
+    """What the encoders read of a CuPy array."""
+
+    _c_contiguous = True
+
+    def __init__(
+        self, dtype: Any, size: int, ptr: int = 0x7F00_0000_0000, device_id: int = 0
+    ) -> None:
+        self.dtype = np.dtype(dtype)
+        self.size = size
+        self.data = Memory(ptr, device_id)
+        self._c_contiguous = True
+
+
+@pytest.fixture(autouse=True)
+def cupy_like_arrays(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(args_module, "cupy_ndarray", lambda: CupyLikeArray)
+
+
+MIXED = OpSpec(
+    name="mixed",
+    params=(
+        ArrayParam(name="out", dtype="float64", direction="out", length=3),
+        ArrayParam(name="x", dtype="int32"),
+        ScalarParam(name="a", dtype="float32"),
+        ScalarParam(name="b", dtype="int8"),
+        ScalarParam(name="c", dtype="uint64"),
+        ScalarParam(name="d", dtype="float64"),
+    ),
+    body="return 0;",
+)
+
+
+def sample_args(op: OpSpec, n: int, rng: np.random.Generator) -> tuple[Any, ...]:
+    values: list[Any] = []
+    for param in op.params:
+        if isinstance(param, ArrayParam):
+            length = n if param.length == "n" else int(param.length)
+            ptr = int(rng.integers(1, 2**40)) * 256
+            values.append(CupyLikeArray(param.dtype, length + int(rng.integers(0, 3)), ptr))
+        elif np.dtype(param.dtype).kind == "f":
+            values.append(float(rng.normal() * 1e3))
+        else:
+            info = np.iinfo(np.dtype(param.dtype))
+            span = int(info.max) - int(info.min)
+            values.append(int(info.min) + int(rng.integers(0, 2**62)) * span // (2**62 - 1))
+    return tuple(values)
+
+
+@pytest.mark.parametrize("op", [*BUILTIN_OPS, MIXED], ids=lambda op: op.name)
+def test_words_are_those_of_the_per_argument_path(op: OpSpec) -> None:
+    fast = word_encoder(op, CupyLikeArray)
+    assert fast is not None
+    encoder = ArgEncoder(op)
+    rng = np.random.default_rng(7)
+    for n in (0, 1, 1000):
+        args = sample_args(op, n, rng)
+        general = [plan.encode(value, n, 0) for plan, value in zip(encoder._plan, args)]  # noqa: B905
+        assert fast(args, n, 0) == general
+        assert encoder.encode(args, n, 0) == general
+
+
+BAD = {
+    "wrong dtype": lambda a: (CupyLikeArray("float32", 8), *a[1:]),
+    "too short for n": lambda a: (a[0], CupyLikeArray("int32", 3), *a[2:]),
+    "too short for its length": lambda a: (CupyLikeArray("float64", 2), *a[1:]),
+    "another device": lambda a: (a[0], CupyLikeArray("int32", 8, device_id=1), *a[2:]),
+    "not contiguous": lambda a: (_strided(a[0]), *a[1:]),
+    "a host array": lambda a: (np.zeros(8), *a[1:]),
+    "a NaN": lambda a: (*a[:2], float("nan"), *a[3:]),
+    "an infinity": lambda a: (*a[:5], float("-inf")),
+    "too large for float32": lambda a: (*a[:2], 1e300, *a[3:]),
+    "an int for a float": lambda a: (*a[:2], 1, *a[3:]),
+    "a bool for an int": lambda a: (*a[:3], True, *a[4:]),
+    "below int8": lambda a: (*a[:3], -129, *a[4:]),
+    "above uint64": lambda a: (*a[:4], 2**64, a[5]),
+    "a NumPy scalar": lambda a: (*a[:4], np.uint64(1), a[5]),
+    "one argument fewer": lambda a: a[:-1],
+}
+
+
+def _strided(array: CupyLikeArray) -> CupyLikeArray:
+    array._c_contiguous = False
+    return array
+
+
+@pytest.mark.parametrize("change", sorted(BAD))
+def test_anything_else_is_left_to_the_general_path(change: str) -> None:
+    good = (CupyLikeArray("float64", 3), CupyLikeArray("int32", 8), 1.5, -3, 2**63, 0.25)
+    fast = word_encoder(MIXED, CupyLikeArray)
+    assert fast is not None and fast(good, 8, 0) is not None
+    bad = BAD[change](good)
+    assert fast(bad, 8, 0) is None
+    if change not in ("a NumPy scalar", "an int for a float"):  # (the general path takes them)
+        with pytest.raises(InvalidArgument):
+            ArgEncoder(MIXED).encode(bad, 8, 0)
+
+
+def test_a_float_too_large_for_float32_is_refused_by_the_general_path_too() -> None:
+    op = OpSpec(name="f32", params=(ScalarParam(name="v", dtype="float32"),), body="return 0;")
+    for value in (1e300, np.float64(1e300), -3.5e38):
+        with pytest.raises(InvalidArgument, match="does not fit float32"):
+            ArgEncoder(op).encode((value,), 1, 0)
+
+
+def test_no_encoder_without_cupy_and_a_readable_source() -> None:
+    assert word_encoder(MIXED, None) is None
+    source = word_encoder_source(MIXED)
+    assert "a0.size < 3" in source and "a1.size < n" in source
+    assert "not LOW3 <= a3 <= HIGH3" in source and "not isfinite(a2)" in source
