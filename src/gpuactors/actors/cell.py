@@ -364,8 +364,8 @@ class ActorCell:
         the asker and, through the system lane, to the supervisor as usual. False when
         the ask must go through the mailbox instead: also when other askers wait on this
         actor (concurrent asks coalesce better through the mailbox, and one asker must
-        not overtake the others) and when asks handled at once have held the loop for
-        ``AT_ONCE_STREAK_SECONDS`` (see ``AtOnceStreak``).
+        not overtake the others). Asks handled at once that have held the loop for
+        ``AT_ONCE_STREAK_SECONDS`` make their askers yield once (see ``AtOnceStreak``).
         """
         if (
             not self.idle
@@ -385,8 +385,7 @@ class ActorCell:
             or not self.instance.answers_at_once
         ):
             return False
-        if not self.system.at_once.admit(time.perf_counter(), self.loop):
-            return False
+        self.system.at_once.admit(time.perf_counter(), self.loop)
         self.idle = False
         try:
             self._context.run(self._handle_now, handler[0], envelope)
