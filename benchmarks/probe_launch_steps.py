@@ -74,7 +74,7 @@ async def main():
                 t = mark("after_current_stream", t)
                 L.launch_kernel(loaded.pointer, msg.grid, msg.block, 0, stream.ptr, actor._params)
                 t = mark("cuLaunchKernel", t)
-                reply = actor._poller.spin_alone(stream, None, name, symbol)
+                reply = actor._poller.spin_alone(stream, None, name, symbol, gpu.done_word)
                 t = mark("spin_alone (until done)", t)
                 if reply is None:  # (longer than the spin: waited for here, counted)
                     stream.synchronize()

@@ -214,12 +214,15 @@ async def test_repeated_launches_take_each_launchs_own_values(nvrtc: ActorRef) -
 
     handle = await _compile(nvrtc, ECHO, ("echo",), name="echo.cu")
     rng = _rng()
+    actor = nvrtc._cell.instance
 
     async def echo(out: Any, *values: Any) -> None:
         await nvrtc.ask(
             Launch(kernel=handle, grid=1, block=1, args=(out, *values)), timeout=30, expect=Launched
         )
 
+    await echo(cp.zeros(4, dtype=cp.uint64), np.float32(0), np.float64(0), np.int64(0), np.uint8(0))
+    first_token = actor._gpu.done_word.token
     for round_ in range(40):
         out = cp.full(4, 0xDEAD, dtype=cp.uint64)  # a new array every time
         f = np.float32(rng.standard_normal())
@@ -238,6 +241,10 @@ async def test_repeated_launches_take_each_launchs_own_values(nvrtc: ActorRef) -
         await echo(out[::2], np.float32(1), np.float64(1), np.int64(1), np.uint8(1))
     await echo(out, np.float32(0.5), np.float64(2), np.int64(-1), np.uint8(7))
     assert cp.asnumpy(out[:4]).tolist() == [0x3F00_0000, 0x4000_0000_0000_0000, 2**64 - 1, 7]
+    # Each of the 41 launches made was alone: each queued a write of the done word
+    # behind it to be seen finished by (the refused two never reached the GPU).
+    done_word = actor._gpu.done_word
+    assert done_word.usable and done_word.token == first_token + 41
 
 
 async def test_launch_runs_after_the_current_stream_unless_told_not_to(nvrtc: ActorRef) -> None:

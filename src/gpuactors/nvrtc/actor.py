@@ -38,6 +38,7 @@ from gpuactors.actors import Actor, ActorRef, Deferred, failed_reply, handles
 from gpuactors.cuda import no_device_reason
 from gpuactors.cuda.arrays import cupy_ndarray
 from gpuactors.cuda.device import ReportFault, probe_device
+from gpuactors.cuda.done_word import device_done_word
 from gpuactors.cuda.generation import GENERATIONS
 from gpuactors.cuda.loader import MODULE_LOADS
 from gpuactors.errors import (
@@ -120,6 +121,7 @@ class _GpuState:
         with self.device:
             self.stream = cupy.cuda.Stream(non_blocking=True)
             self.ordered_stream = cupy.cuda.Stream(non_blocking=False)
+            self.done_word = device_done_word(cupy)  # how a lone launch is seen finished
         self.modules: dict[str, Any] = {}
         self.functions: dict[tuple[str, str], _Loaded] = {}
         self.dynamic_smem: dict[tuple[str, str], int] = {}
@@ -409,7 +411,7 @@ class NvrtcActor(Actor):
         if events is not None:
             events[1].record(stream)
         if not poller.in_flight:
-            reply = poller.spin_alone(stream, events, plan.name, plan.symbol)
+            reply = poller.spin_alone(stream, events, plan.name, plan.symbol, gpu.done_word)
             if reply is not None:
                 return reply
         if events is None:  # recorded only now: nothing was queued on the stream since

@@ -7,10 +7,13 @@ Arguments become what ``cuLaunchKernel`` gets: a device array its pointer (an
 launch. The launch itself is one ``cuLaunchKernel`` through CuPy's driver binding
 (CuPy's kernel launcher would convert the arguments a second time).
 
-Completion: each launch records a CUDA event after the kernel (and one before it
-when timed). A launch made while no other is in flight is first spun on for a
-few microseconds where it was made, and answered at once if it finished. The
-others go to one :class:`CompletionPoller` task per actor, which queries the
+Completion: a launch made while no other is in flight is first spun on for a few
+microseconds where it was made, and answered at once if it finished: an untimed
+one through a :class:`~gpuactors.cuda.done_word.DoneWord` its stream writes behind
+it, a timed one through its end event (timed launches record events before and
+after the kernel). Every other launch, and a lone one still running after its
+spin, gets an event after the kernel and goes to one :class:`CompletionPoller`
+task per actor, which queries the
 events (oldest first per stream: work on one stream completes in order) and
 resolves the launches' futures: it spins in short bounded bursts, yielding to
 the loop between them, and after a couple of milliseconds backs off to sleeps.
@@ -35,6 +38,7 @@ import numpy as np
 from gpuactors.cuda import polling
 from gpuactors.cuda import status as cuda_status
 from gpuactors.cuda.arrays import check_device, cupy_c_contiguous, cupy_ndarray, describe_array
+from gpuactors.cuda.done_word import DoneWord
 from gpuactors.cuda.scalars import struct_code
 from gpuactors.errors import (
     ActorStopped,
@@ -335,22 +339,36 @@ class CompletionPoller:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="launch-poller")
 
     def spin_alone(
-        self, stream: Any, events: tuple[Any | None, Any] | None, name: str, symbol: str
+        self,
+        stream: Any,
+        events: tuple[Any | None, Any] | None,
+        name: str,
+        symbol: str,
+        done_word: DoneWord | None = None,
     ) -> Launched | None:
         """A launch made while no other was in flight: spin on it briefly right here.
 
         An untimed launch has no event yet: ``stream`` holds nothing queued after it,
-        so the stream's own state is the launch's. Its reply if it finished, None if it
-        still runs (then :meth:`add` it); its error if it failed (a device fault also
-        fails the actor's launches to come).
+        so the stream's own state is the launch's. With a usable ``done_word`` the
+        launch queues the word's write behind the kernel and spins on the word (a
+        memory read per check instead of a stream query). Its reply if it finished,
+        None if it still runs (then :meth:`add` it); its error if it failed (a device
+        fault also fails the actor's launches to come).
         """
         runtime = cupy_module().cuda.runtime
         if events is None:
             query, target = runtime.streamQuery, stream.ptr
         else:
             query, target = runtime.eventQuery, events[1].ptr
-        until = time.perf_counter() + polling.SPIN_SECONDS
         try:
+            if events is None and done_word is not None and done_word.usable:
+                token = done_word.arm(stream.ptr)
+                if token is not None:
+                    if not done_word.wait(token, polling.SPIN_SECONDS):
+                        return None  # still running, or faulted: the event path says which
+                    self.completed += 1
+                    return self._reply(name, symbol, None)
+            until = time.perf_counter() + polling.SPIN_SECONDS
             while (status := query(target)) == cuda_status.NOT_READY:
                 if time.perf_counter() >= until:
                     return None

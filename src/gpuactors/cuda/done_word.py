@@ -1,0 +1,95 @@
+"""A word in pinned host memory that a stream sets when its work is done.
+
+Asking CUDA whether a stream is done (``cudaStreamQuery``) costs about 1.5 us per
+call, so a spin on it sees a finished kernel 0.75 us late on average. Instead, the
+launcher queues ``cuStreamWriteValue32(stream, word, token)`` behind the kernel
+(the call returns while the kernel runs, so it costs no time on the critical path)
+and spins on the word: one memory read per check. The word is written only if
+everything queued before it succeeded; a kernel that faults leaves it unwritten,
+and the spin's timeout hands the launch to the event-based path that reports the
+fault.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from gpuactors.cuda import status as cuda_status
+
+#: ``write(stream_ptr, address, value) -> CUresult``: queue the word's write on a stream.
+WriteValue = Callable[[int, int, int], int]
+
+_CU_STREAM_LEGACY = 0x1  # the driver's handle of the legacy default stream
+
+
+class DoneWord:
+    """One 32-bit word (``word``, at device-visible ``address``) and the token of the
+    last write queued. ``usable`` turns False for good when a write cannot be queued
+    for a reason other than a device fault (the launcher then queries the stream)."""
+
+    def __init__(
+        self, word: memoryview, address: int, write: WriteValue, keepalive: Any = None
+    ) -> None:
+        self._word = word
+        self._write = write
+        self._keepalive = keepalive  # what holds the word's memory
+        self.address = address
+        self.token = 0
+        self.usable = True
+        word[0] = 0
+
+    def arm(self, stream_ptr: int) -> int | None:
+        """Queue the write of a fresh token after the work queued on the stream so far;
+        the token, or None where the write could not be queued (not a fault). A device
+        fault raises ``CUDADriverError``-like errors carrying ``status``."""
+        token = (self.token + 1) & 0xFFFF_FFFF or 1  # never 0, the word's first value
+        status = self._write(stream_ptr or _CU_STREAM_LEGACY, self.address, token)
+        if status:
+            if status in cuda_status.STICKY:
+                raise DoneWordError(status)
+            self.usable = False
+            return None
+        self.token = token
+        return token
+
+    def wait(self, token: int, seconds: float) -> bool:
+        """Spin until the word holds ``token`` (True) or ``seconds`` pass (False); the
+        word is read eight times per clock read (a clock read costs more)."""
+        word = self._word
+        clock = time.perf_counter
+        until = clock() + seconds
+        while True:
+            for _ in range(8):
+                if word[0] == token:
+                    return True
+            if clock() >= until:
+                return word[0] == token
+
+
+class DoneWordError(RuntimeError):
+    """Queuing the word's write failed with a sticky CUDA error (the context faulted)."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(
+            f"cuStreamWriteValue32 failed: {cuda_status.error_name(status)} ({status})"
+        )
+        self.status = status
+
+
+def device_done_word(cupy: Any) -> DoneWord:
+    """A done word in pinned host memory for the current device (cuda-bindings queues
+    its writes); the caller keeps it as long as launches may write it."""
+    from cuda.bindings import driver
+
+    memory = cupy.cuda.alloc_pinned_memory(64)
+    word = np.frombuffer(memory, dtype=np.uint8, count=4).data.cast("I")
+
+    def write(stream_ptr: int, address: int, value: int) -> int:
+        (status,) = driver.cuStreamWriteValue32(driver.CUstream(stream_ptr), address, value, 0)
+        return int(status)
+
+    return DoneWord(word, memory.ptr, write, keepalive=memory)
