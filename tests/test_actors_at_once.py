@@ -177,6 +177,20 @@ async def test_a_tight_loop_of_asks_still_lets_other_tasks_run() -> None:
         await asyncio.gather(other, return_exceptions=True)
 
 
+async def test_cancelling_the_yield_of_an_overdue_streak_sends_nothing() -> None:
+    async with ActorSystem() as system:
+        ref = system.spawn(Counter)
+        await ref.ask(Add(value=0))
+        streak = system.at_once
+        streak.started, streak.overdue = time.perf_counter() - 1.0, True
+        asking = asyncio.create_task(ref.ask(Add(value=1)))
+        await asyncio.sleep(0)  # the asker is now in its yield, before sending
+        asking.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asking
+        assert await ref.ask(Add(value=0)) == 0  # the cancelled Add was never handled
+
+
 async def test_an_ask_never_overtakes_askers_already_waiting() -> None:
     async with ActorSystem() as system:
         ref = system.spawn(Counter)

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from gpuactors.cuda import done_word as done_word_module
 from gpuactors.cuda.done_word import DoneWord, DoneWordError
 from gpuactors.errors import DeviceFault
 from gpuactors.nvrtc import launch as launch_module
@@ -37,16 +38,24 @@ class Stream:
 def test_each_arm_queues_a_fresh_token_on_its_stream() -> None:
     stream = Stream()
     done = stream.done_word()
-    assert [done.arm(5), done.arm(0)] == [1, 2]
+    first, second = done.arm(5), done.arm(0)
+    assert first is not None and second is not None and second > first
     # stream 0 is the legacy default stream, by its driver handle
-    assert stream.writes == [(5, 0x7000, 1), (1, 0x7000, 2)]
-    assert done.wait(2, 1e-3) and not done.wait(3, 1e-4)
+    assert stream.writes == [(5, 0x7000, first), (1, 0x7000, second)]
+    assert done.wait(second, 1e-3) and not done.wait(first, 1e-4)
 
 
-def test_tokens_wrap_around_without_zero() -> None:
-    done = Stream().done_word()
-    done.token = 0xFFFF_FFFF
-    assert done.arm(5) == 1
+def test_no_two_words_share_a_token() -> None:
+    """A write still queued from an earlier word (whose memory a new word may reuse)
+    never carries a token a later spin waits for."""
+    old, new = Stream(lands=False).done_word(), Stream().done_word()
+    tokens = [old.arm(1), new.arm(1), old.arm(1), new.arm(1)]
+    assert len(set(tokens)) == 4 and None not in tokens
+
+
+def test_tokens_wrap_around_without_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(done_word_module, "_tokens", lambda: 2**32)
+    assert Stream().done_word().arm(5) == 1
 
 
 def test_a_write_that_never_lands_times_out() -> None:
@@ -55,9 +64,17 @@ def test_a_write_that_never_lands_times_out() -> None:
     assert token is not None and done.wait(token, 2e-4) is False
 
 
-def test_a_write_that_cannot_be_queued_turns_the_word_off() -> None:
+def test_a_write_the_driver_cannot_do_turns_the_word_off() -> None:
     done = Stream(status=801).done_word()  # CUDA_ERROR_NOT_SUPPORTED
     assert done.arm(5) is None and done.usable is False
+
+
+def test_another_refused_write_falls_back_for_that_launch_only() -> None:
+    stream = Stream(status=1)  # CUDA_ERROR_INVALID_VALUE (e.g. a capturing stream)
+    done = stream.done_word()
+    assert done.arm(5) is None and done.usable is True
+    stream.status = 0
+    assert done.arm(5) is not None
 
 
 def test_a_write_refused_by_a_faulted_context_is_a_device_fault() -> None:

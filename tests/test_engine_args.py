@@ -126,6 +126,24 @@ def test_bad_batches_are_refused(message: EnqueueBatch) -> None:
         encode_batch(SCALARS, 0, message, 0)
 
 
+F32 = OpSpec(name="f32", params=(ScalarParam(name="v", dtype="float32"),), body="return 0;")
+
+
+@pytest.mark.parametrize("value", [10**400, -(10**400), 1e300, 3.5e38])
+def test_a_value_a_float_parameter_cannot_hold_is_refused(value: object) -> None:
+    """Not an OverflowError out of the handler, and not turned into inf."""
+    with pytest.raises(InvalidArgument, match="does not fit"):
+        ArgEncoder(F32).encode((value,), 1, 0)
+    with pytest.raises(InvalidArgument, match="does not fit"):
+        encode_batch(F32, 0, EnqueueBatch(op="f32", args=(value,), count=2), 0)
+
+
+def test_per_task_floats_a_float32_cannot_hold_are_refused() -> None:
+    message = EnqueueBatch(op="f32", args=(0.0,), scalars={"v": np.array([1.0, 1e39])})
+    with pytest.raises(InvalidArgument, match="do not fit float32"):
+        encode_batch(F32, 0, message, 0)
+
+
 def test_array_param_needs_offsets_within_its_array_shape() -> None:
     param = ArrayParam(name="x", dtype="float32", length=4)
     assert param.required_length(100) == 4

@@ -226,8 +226,8 @@ async def test_repeated_launches_take_each_launchs_own_values(nvrtc: ActorRef) -
     for round_ in range(40):
         out = cp.full(4, 0xDEAD, dtype=cp.uint64)  # a new array every time
         f = np.float32(rng.standard_normal())
-        if round_ % 10 == 5:  # a NaN with a payload: stored by its bits
-            f = np.frombuffer(np.uint32(0x7FC0_1234 + round_).tobytes(), np.float32)[0]
+        if round_ % 10 == 5:  # a signaling NaN: only its bytes keep it (struct quiets it)
+            f = np.frombuffer(np.uint32(0x7F80_1234 + round_).tobytes(), np.float32)[0]
         q = np.int64(rng.integers(-(2**62), 2**62))
         values = (f, np.float64(rng.standard_normal()), q, np.uint8(rng.integers(256)))
         await echo(out, *values)

@@ -364,8 +364,9 @@ class ActorCell:
         the asker and, through the system lane, to the supervisor as usual. False when
         the ask must go through the mailbox instead: also when other askers wait on this
         actor (concurrent asks coalesce better through the mailbox, and one asker must
-        not overtake the others). Asks handled at once that have held the loop for
-        ``AT_ONCE_STREAK_SECONDS`` make their askers yield once (see ``AtOnceStreak``).
+        not overtake the others). Once asks handled at once have held the loop for
+        ``AT_ONCE_STREAK_SECONDS``, the next asker yields once before asking (see
+        ``AtOnceStreak``).
         """
         if (
             not self.idle

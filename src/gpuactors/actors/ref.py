@@ -19,8 +19,8 @@ R = TypeVar("R")
 _next_id = itertools.count(1).__next__
 
 
-#: How long asks handled at once may hold the loop back to back: past it, the next ask
-#: goes through the mailbox, so its asker yields and other tasks get their turn.
+#: How long asks handled at once may hold the loop back to back: past it, the next
+#: asker yields once before its ask, so other tasks get their turn.
 AT_ONCE_STREAK_SECONDS = 2e-3
 
 
@@ -32,8 +32,8 @@ class AtOnceStreak:
     asking in a tight loop would never let the loop turn. The run ends when an asker
     waits for a reply or when the loop runs the callback the run's first ask scheduled.
     Once a run has held the loop for ``AT_ONCE_STREAK_SECONDS`` it is ``overdue``: the
-    next ask handled at once yields to the loop after its reply (one loop turn, much
-    cheaper than sending that ask through the mailbox).
+    next asker yields to the loop once before it sends (one loop turn, much cheaper
+    than sending that ask through the mailbox; a cancel during it sends nothing).
     """
 
     __slots__ = ("overdue", "started")
@@ -141,6 +141,8 @@ class ActorRef:
         is skipped, a late reply dropped.
         """
         cell = self._cell
+        if cell.system.at_once.overdue:
+            await asyncio.sleep(0)  # let the loop turn first (it ends the streak)
         loop = cell.loop
         reply: asyncio.Future[Any] = loop.create_future()
         envelope: Envelope = (message, reply, new_correlation_id())
@@ -154,8 +156,6 @@ class ActorRef:
         try:
             if reply.done():  # answered at once
                 result = reply.result()
-                if cell.system.at_once.overdue:
-                    await asyncio.sleep(0)  # let the loop turn (it ends the streak)
             else:
                 cell.system.at_once.end()  # this asker yields: the loop turns
                 cell.askers_waiting += 1

@@ -53,7 +53,11 @@ def _scalar_bits(param: ScalarParam, value: Any, where: str) -> int:
     if kind == "f":
         if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
             raise InvalidArgument(f"{where} must be a real number, got {type(value).__name__}")
-        if not math.isfinite(float(value)):
+        try:
+            as_float = float(value)
+        except OverflowError:  # an int beyond any float
+            raise InvalidArgument(f"{where} does not fit {param.dtype}: {value!r}") from None
+        if not math.isfinite(as_float):
             raise InvalidArgument(f"{where} must be finite, got {value!r}")
         with np.errstate(over="ignore"):  # NumPy would make it inf with a warning
             fits = np.isfinite(np.array(value, dtype=param.dtype))
@@ -230,7 +234,10 @@ def _scalar_column(param: ScalarParam, values: Any, where: str) -> np.ndarray:
     if target.kind == "f":
         if not np.isfinite(array).all():
             raise InvalidArgument(f"{where} per-task values must be finite")
-        converted = array.astype(target)
+        with np.errstate(over="ignore"):  # NumPy would make them inf with a warning
+            converted = array.astype(target)
+        if not np.isfinite(converted).all():
+            raise InvalidArgument(f"{where} per-task values do not fit {param.dtype}")
     else:
         if array.dtype.kind == "f":
             raise InvalidArgument(f"{where} per-task values must be integers ({param.dtype})")

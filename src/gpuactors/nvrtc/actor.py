@@ -77,7 +77,6 @@ from gpuactors.nvrtc.params import ParamBuffer
 
 #: Dynamic shared memory a kernel may use without opting in (bytes).
 _DEFAULT_DYNAMIC_SMEM = 48 * 1024
-#: Driver handles of CuPy streams kept per device generation (then made afresh).
 #: Launch plans kept (one per handle and kernel name launched); then made afresh.
 _MAX_PLANS = 1024
 
@@ -360,8 +359,9 @@ class NvrtcActor(Actor):
             return issued
         loaded, stream, events = issued
         future: asyncio.Future[Launched] = asyncio.get_running_loop().create_future()
-        # The function holds its module: a module is not unloaded under a running kernel.
-        keepalive = (msg, loaded)
+        # The function holds its module: a module is not unloaded under a running kernel;
+        # the done word's memory may still receive the write queued behind the kernel.
+        keepalive = (msg, loaded, gpu.done_word)
         self._poller.add(PendingLaunch(future, events, name, plan.symbol, stream.ptr, keepalive))
         return Deferred(future)
 

@@ -43,8 +43,10 @@ def signature_packer(
     the general path handles (or one it would refuse). Shared by every kernel with
     the same signature."""
     key = (types, sizes, ndarray)
-    if key in _cache:
+    try:
         return _cache[key]
+    except KeyError:  # (also when another thread cleared the cache just now)
+        pass
     source = packer_source(types, sizes, ndarray)
     packer = None
     if source is not None:
