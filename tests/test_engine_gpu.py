@@ -101,6 +101,21 @@ async def _check_all_ops(engine: Engine) -> dict[str, Any]:
     results["byte_hist"] = cp.asnumpy(hist)
     np.testing.assert_array_equal(results["byte_hist"], np.bincount(data_h, minlength=256))
 
+    # Small tasks (run by the dispatcher's block when alone), at sizes that do and do
+    # not fill the four-elements-a-thread loops of copy, axpy and sum.
+    for small in (1, 3, 255, 257, 1023, 1024, 1029, 4096):
+        xs_h, ys_h = x_h[:small], y_h[:small]
+        out.fill(np.nan)
+        await engine.enqueue("copy", out, x, n=small)
+        np.testing.assert_array_equal(cp.asnumpy(out[:small]), xs_h)
+        assert bool(cp.isnan(out[small:]).all()), "copy wrote past n"
+        ys = cp.asarray(ys_h)
+        await engine.enqueue("axpy", ys, x, -0.5, n=small)
+        np.testing.assert_allclose(cp.asnumpy(ys), -0.5 * xs_h + ys_h, rtol=1e-5, atol=1e-6)
+        await engine.enqueue("sum", total, x, n=small)
+        expected = float(xs_h.astype(np.float64).sum())
+        assert float(total[0]) == pytest.approx(expected, rel=1e-4, abs=1e-3), small
+
     x64 = rng.standard_normal(n)
     y64 = cp.full(n, np.nan)
     await engine.enqueue("scale64", y64, cp.asarray(x64), -3.25, n=n)
@@ -112,7 +127,7 @@ async def _check_all_ops(engine: Engine) -> dict[str, Any]:
 async def test_every_op_matches_numpy(engine: Engine) -> None:
     await _check_all_ops(engine)
     stats = await engine.stats()
-    assert stats.processed == 6 and stats.failed == 0
+    assert stats.processed == 6 + 8 * 3 and stats.failed == 0
 
 
 async def test_op_failure_code_becomes_task_failed(engine: Engine) -> None:

@@ -155,7 +155,14 @@ BUILTIN_OPS: tuple[OpSpec, ...] = (
             ArrayParam(name="dst", dtype="float32", direction="out"),
             ArrayParam(name="src", dtype="float32", direction="in"),
         ),
-        body="GPA_FOR_EACH(i) { dst[i] = src[i]; }\nreturn 0;",
+        body=(
+            "GPA_FOR_EACH_4(i) {\n"
+            "    float v[4];\n"
+            "    GPA_EACH_OF_4(i, k, j) v[k] = src[j];\n"
+            "    GPA_EACH_OF_4(i, k, j) dst[j] = v[k];\n"
+            "}\n"
+            "return 0;"
+        ),
     ),
     OpSpec(
         name="axpy",
@@ -164,7 +171,14 @@ BUILTIN_OPS: tuple[OpSpec, ...] = (
             ArrayParam(name="x", dtype="float32", direction="in"),
             ScalarParam(name="a", dtype="float32"),
         ),
-        body="GPA_FOR_EACH(i) { y[i] = a * x[i] + y[i]; }\nreturn 0;",
+        body=(
+            "GPA_FOR_EACH_4(i) {\n"
+            "    float xv[4], yv[4];\n"
+            "    GPA_EACH_OF_4(i, k, j) { xv[k] = x[j]; yv[k] = y[j]; }\n"
+            "    GPA_EACH_OF_4(i, k, j) y[j] = a * xv[k] + yv[k];\n"
+            "}\n"
+            "return 0;"
+        ),
     ),
     OpSpec(
         name="sum",
@@ -174,7 +188,11 @@ BUILTIN_OPS: tuple[OpSpec, ...] = (
         ),
         body=(
             "float acc = 0.0f;\n"
-            "GPA_FOR_EACH(i) { acc += x[i]; }\n"
+            "GPA_FOR_EACH_4(i) {\n"
+            "    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};\n"
+            "    GPA_EACH_OF_4(i, k, j) v[k] = x[j];\n"
+            "    acc += (v[0] + v[1]) + (v[2] + v[3]);\n"
+            "}\n"
             "acc = gpa::block_sum(acc);\n"
             "if (threadIdx.x == 0) out[0] = acc;\n"
             "return 0;"
