@@ -45,8 +45,8 @@ EDITS = [  # (text of engine.cuh, the same with a stamp)
         "            if (lane == 0) { g_t[0] = t_issue; g_t[1] = now_ns(); }\n",
     ),
     (
-        "                const bool next_ready = __shfl_sync(full, next, 8) == tail + 2;\n",
-        "                const bool next_ready = __shfl_sync(full, next, 8) == tail + 2;\n"
+        "                const bool next_ready = __shfl_sync(full, a, 8) == tail + 2;\n",
+        "                const bool next_ready = __shfl_sync(full, a, 8) == tail + 2;\n"
         "                if (lane == 0) g_t[2] = now_ns();\n",
     ),
     (

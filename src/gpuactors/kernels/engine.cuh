@@ -266,18 +266,20 @@ __device__ void run_dispatcher(const EngineParams& P, InlineTask& inline_task) {
             // and now, on this block (lanes 0..7 load its record; lane 8 looks at the
             // next slot in the same round trip). Otherwise it takes the general path.
             if (taken == 1u && was_idle && known_done == unit_head && P.inline_max_n != 0) {
-                u64 a = 0, b = 0, next = 0;
-                if (lane < 8u) {
-                    const u64* src = reinterpret_cast<const u64*>(&P.ring[tail & ring_mask]) + 2 * lane;
+                // One load instruction for lanes 0..8 (two branches would be two, and
+                // the second may wait for the first under register pressure).
+                u64 a = 0, b = 0;
+                if (lane <= 8u) {
+                    const u64* src =
+                        lane < 8u ? reinterpret_cast<const u64*>(&P.ring[tail & ring_mask]) + 2 * lane
+                                  : &P.ring[(tail + 1) & ring_mask].seq;  // (16-byte aligned)
                     asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];"
                                  : "=l"(a), "=l"(b) : "l"(src));
-                } else if (lane == 8u) {
-                    next = ld_relaxed_sys(&P.ring[(tail + 1) & ring_mask].seq);
                 }
-                // lane 0: seq, op | blocks << 32; lane 1: n, deadline
+                // lane 0: seq, op | blocks << 32; lane 1: n, deadline; lane 8: next seq
                 const u32 blocks = __shfl_sync(full, (u32)(b >> 32), 0);
                 const u64 n = __shfl_sync(full, a, 1);
-                const bool next_ready = __shfl_sync(full, next, 8) == tail + 2;
+                const bool next_ready = __shfl_sync(full, a, 8) == tail + 2;
                 if (blocks <= 1u && n <= P.inline_max_n && !next_ready) {
                     if (lane < 8u) {
                         reinterpret_cast<u64*>(&inline_task.rec)[2 * lane] = a;
