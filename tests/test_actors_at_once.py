@@ -167,28 +167,11 @@ async def test_a_tight_loop_of_asks_still_lets_other_tasks_run() -> None:
         await asyncio.sleep(0)
         before = ticks
         started = time.perf_counter()
-        tasks = set()
         while time.perf_counter() - started < 20 * AT_ONCE_STREAK_SECONDS:
-            tasks.add((await ref.ask(Where()))[0])
+            await ref.ask(Add(value=1))
         assert ticks - before >= 5  # the loop turned at least once per streak
-        # ... by the asker yielding after an answer, never through the mailbox
-        assert tasks == {asyncio.current_task()}
         other.cancel()
         await asyncio.gather(other, return_exceptions=True)
-
-
-async def test_cancelling_the_yield_of_an_overdue_streak_sends_nothing() -> None:
-    async with ActorSystem() as system:
-        ref = system.spawn(Counter)
-        await ref.ask(Add(value=0))
-        streak = system.at_once
-        streak.started, streak.overdue = time.perf_counter() - 1.0, True
-        asking = asyncio.create_task(ref.ask(Add(value=1)))
-        await asyncio.sleep(0)  # the asker is now in its yield, before sending
-        asking.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await asking
-        assert await ref.ask(Add(value=0)) == 0  # the cancelled Add was never handled
 
 
 async def test_an_ask_never_overtakes_askers_already_waiting() -> None:

@@ -364,9 +364,8 @@ class ActorCell:
         the asker and, through the system lane, to the supervisor as usual. False when
         the ask must go through the mailbox instead: also when other askers wait on this
         actor (concurrent asks coalesce better through the mailbox, and one asker must
-        not overtake the others). Once asks handled at once have held the loop for
-        ``AT_ONCE_STREAK_SECONDS``, the next asker yields once before asking (see
-        ``AtOnceStreak``).
+        not overtake the others) and when asks handled at once have held the loop for
+        ``AT_ONCE_STREAK_SECONDS`` (see ``AtOnceStreak``).
         """
         if (
             not self.idle
@@ -386,7 +385,8 @@ class ActorCell:
             or not self.instance.answers_at_once
         ):
             return False
-        self.system.at_once.admit(time.perf_counter(), self.loop)
+        if not self.system.at_once.admit(time.perf_counter(), self.loop):
+            return False
         self.idle = False
         try:
             self._context.run(self._handle_now, handler[0], envelope)

@@ -19,8 +19,8 @@ R = TypeVar("R")
 _next_id = itertools.count(1).__next__
 
 
-#: How long asks handled at once may hold the loop back to back: past it, the next
-#: asker yields once before its ask, so other tasks get their turn.
+#: How long asks handled at once may hold the loop back to back: past it, the next ask
+#: goes through the mailbox, so its asker yields and other tasks get their turn.
 AT_ONCE_STREAK_SECONDS = 2e-3
 
 
@@ -31,29 +31,27 @@ class AtOnceStreak:
     An ask handled at once whose reply is ready never suspends its asker, so a caller
     asking in a tight loop would never let the loop turn. The run ends when an asker
     waits for a reply or when the loop runs the callback the run's first ask scheduled.
-    Once a run has held the loop for ``AT_ONCE_STREAK_SECONDS`` it is ``overdue``: the
-    next asker yields to the loop once before it sends (one loop turn, much cheaper
-    than sending that ask through the mailbox; a cancel during it sends nothing).
     """
 
-    __slots__ = ("overdue", "started")
+    __slots__ = ("started",)
 
     def __init__(self) -> None:
         self.started: float | None = None
-        self.overdue = False
 
-    def admit(self, now: float, loop: asyncio.AbstractEventLoop) -> None:
-        """Count one more ask handled at once at ``now`` (perf_counter seconds)."""
+    def admit(self, now: float, loop: asyncio.AbstractEventLoop) -> bool:
+        """May one more ask be handled at once at ``now`` (perf_counter seconds)?"""
         started = self.started
         if started is None:
             self.started = now
             loop.call_soon(self.end)
-        elif now - started > AT_ONCE_STREAK_SECONDS:
-            self.overdue = True
+            return True
+        if now - started > AT_ONCE_STREAK_SECONDS:
+            self.started = None
+            return False
+        return True
 
     def end(self) -> None:
         self.started = None
-        self.overdue = False
 
 
 def new_correlation_id() -> str:
@@ -141,8 +139,6 @@ class ActorRef:
         is skipped, a late reply dropped.
         """
         cell = self._cell
-        if cell.system.at_once.overdue:
-            await asyncio.sleep(0)  # let the loop turn first (it ends the streak)
         loop = cell.loop
         reply: asyncio.Future[Any] = loop.create_future()
         envelope: Envelope = (message, reply, new_correlation_id())
