@@ -18,19 +18,17 @@ launch that outlives its spin keeps its word's memory alive until it completes.
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from gpuactors.cuda import status as cuda_status
+from gpuactors.cuda.polling import spin_until_equal
 
 #: ``write(stream_ptr, address, value) -> CUresult``: queue the word's write on a stream.
 WriteValue = Callable[[int, int, int], int]
 
-_CU_STREAM_LEGACY = 0x1  # the driver's handle of the legacy default stream
-_NOT_SUPPORTED = 801  # CUDA_ERROR_NOT_SUPPORTED: this device or driver has no stream memops
 _tokens = itertools.count(1).__next__  # (atomic under the GIL)
 
 
@@ -55,28 +53,19 @@ class DoneWord:
         the token, or None where this write could not be queued (not a fault: this
         launch queries its stream instead). A device fault raises DoneWordError."""
         token = _tokens() & 0xFFFF_FFFF or 1  # never 0, the word's first value
-        status = self._write(stream_ptr or _CU_STREAM_LEGACY, self.address, token)
+        status = self._write(stream_ptr or cuda_status.CU_STREAM_LEGACY, self.address, token)
         if status:
             if status in cuda_status.STICKY:
                 raise DoneWordError(status)
-            if status == _NOT_SUPPORTED:
+            if status == cuda_status.NOT_SUPPORTED:
                 self.usable = False
             return None
         self.token = token
         return token
 
     def wait(self, token: int, seconds: float) -> bool:
-        """Spin until the word holds ``token`` (True) or ``seconds`` pass (False); the
-        word is read eight times per clock read (a clock read costs more)."""
-        word = self._word
-        clock = time.perf_counter
-        until = clock() + seconds
-        while True:
-            for _ in range(8):
-                if word[0] == token:
-                    return True
-            if clock() >= until:
-                return word[0] == token
+        """Spin until the word holds ``token`` (True) or ``seconds`` pass (False)."""
+        return spin_until_equal(self._word, 0, token, seconds)
 
 
 class DoneWordError(RuntimeError):

@@ -9,7 +9,26 @@ at most ``SPIN_SECONDS`` at a time, alternate spinning with yielding for
 
 from __future__ import annotations
 
+import time
+
 SPIN_SECONDS = 30e-6
 SPIN_PHASE_SECONDS = 2e-3
 SLEEP_MIN_SECONDS = 2e-4
 SLEEP_MAX_SECONDS = 2e-3
+
+
+def spin_until_equal(words: memoryview, index: int, value: int, seconds: float) -> bool:
+    """Spin until ``words[index] == value`` (True) or ``seconds`` pass (False): a word
+    in pinned host memory the GPU writes (a completion marker, a done word).
+
+    The word is read eight times per clock read: a clock read can cost more than a
+    word read (on virtual machines it may be a system call), and it would set how soon
+    a finished task is seen."""
+    clock = time.perf_counter
+    until = clock() + seconds
+    while True:
+        for _ in range(8):
+            if words[index] == value:
+                return True
+        if clock() >= until:
+            return words[index] == value

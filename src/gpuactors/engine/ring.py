@@ -23,12 +23,12 @@ side on the CPU so the protocol is tested without a GPU.
 from __future__ import annotations
 
 import struct
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from gpuactors.cuda.polling import spin_until_equal
 from gpuactors.engine.abi import COMPLETION, MAX_ARGS, TASK_RECORD
 from gpuactors.errors import InvalidArgument
 
@@ -224,21 +224,9 @@ class HostRing:
         return self._done_words[((seq - 1) & self.mask) * _COMPLETION_WORDS] == seq
 
     def wait_done(self, seq: int, seconds: float) -> bool:
-        """Spin until task ``seq``'s marker is there (True) or ``seconds`` pass (False).
-
-        The marker is read eight times per clock read: a clock read can cost more than
-        a marker read (on virtual machines it may be a system call), and it would set
-        how soon a finished task is seen."""
-        words = self._done_words
+        """Spin until task ``seq``'s marker is there (True) or ``seconds`` pass (False)."""
         index = ((seq - 1) & self.mask) * _COMPLETION_WORDS
-        clock = time.perf_counter
-        until = clock() + seconds
-        while True:
-            for _ in range(8):
-                if words[index] == seq:
-                    return True
-            if clock() >= until:
-                return words[index] == seq
+        return spin_until_equal(self._done_words, index, seq, seconds)
 
     def harvest_window(
         self, first_seq: int, count: int, already: np.ndarray

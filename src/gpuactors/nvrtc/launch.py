@@ -62,7 +62,6 @@ _STICKY_TEXT = re.compile(
     r"ERROR_ASSERT|cudaErrorAssert|ECC_UNCORRECTABLE|ECCUncorrectable|LAUNCH_TIMEOUT|LaunchTimeout"
 )
 
-_CU_STREAM_LEGACY = 0x1  # the driver's handle of the legacy default stream
 _EVENT_POOL_SIZE = 64
 _REPLY_CACHE_SIZE = 1024
 
@@ -202,7 +201,13 @@ def launch_kernel(
     Stream 0 is passed as ``CU_STREAM_LEGACY``: that stream whatever the process's
     per-thread default stream setting."""
     cupy_module().cuda.driver.launchKernel(
-        function, *grid, *block, shared_mem, stream or _CU_STREAM_LEGACY, params.address, 0
+        function,
+        *grid,
+        *block,
+        shared_mem,
+        stream or cuda_status.CU_STREAM_LEGACY,
+        params.address,
+        0,
     )
 
 
@@ -355,11 +360,6 @@ class CompletionPoller:
         None if it still runs (then :meth:`add` it); its error if it failed (a device
         fault also fails the actor's launches to come).
         """
-        runtime = cupy_module().cuda.runtime
-        if events is None:
-            query, target = runtime.streamQuery, stream.ptr
-        else:
-            query, target = runtime.eventQuery, events[1].ptr
         try:
             if events is None and done_word is not None and done_word.usable:
                 token = done_word.arm(stream.ptr)
@@ -368,6 +368,11 @@ class CompletionPoller:
                         return None  # still running, or faulted: the event path says which
                     self.completed += 1
                     return self._reply(name, symbol, None)
+            runtime = cupy_module().cuda.runtime
+            if events is None:
+                query, target = runtime.streamQuery, stream.ptr
+            else:
+                query, target = runtime.eventQuery, events[1].ptr
             until = time.perf_counter() + polling.SPIN_SECONDS
             while (status := query(target)) == cuda_status.NOT_READY:
                 if time.perf_counter() >= until:
