@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from gpuactors.cuda import arrays as arrays_module
 from gpuactors.engine import args as args_module
 from gpuactors.engine.args import ArgEncoder
 from gpuactors.engine.ops import BUILTIN_OPS, ArrayParam, OpSpec, ScalarParam
@@ -38,7 +39,9 @@ class CupyLikeArray:
 
 @pytest.fixture(autouse=True)
 def cupy_like_arrays(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The encoders and the general path's array checks take CupyLikeArray for CuPy's."""
     monkeypatch.setattr(args_module, "cupy_ndarray", lambda: CupyLikeArray)
+    monkeypatch.setattr(arrays_module, "cupy_ndarray", lambda: CupyLikeArray)
 
 
 MIXED = OpSpec(
@@ -79,7 +82,7 @@ def test_words_are_those_of_the_per_argument_path(op: OpSpec) -> None:
     rng = np.random.default_rng(7)
     for n in (0, 1, 1000):
         args = sample_args(op, n, rng)
-        general = [plan.encode(value, n, 0) for plan, value in zip(encoder._plan, args)]  # noqa: B905
+        general = encoder.encode_generally(args, n, 0)
         assert fast(args, n, 0) == general
         assert encoder.encode(args, n, 0) == general
 

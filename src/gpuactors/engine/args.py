@@ -8,14 +8,12 @@ reaches the GPU, and the error says which argument is wrong and why.
 from __future__ import annotations
 
 import math
-import struct
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from gpuactors.cuda.arrays import check_device, cupy_c_contiguous, cupy_ndarray, describe_array
-from gpuactors.cuda.scalars import struct_code
+from gpuactors.cuda.arrays import check_device, cupy_ndarray, describe_array
 from gpuactors.engine.messages import MAX_BATCH_TASKS, EnqueueBatch
 from gpuactors.engine.ops import ArrayParam, OpSpec, ScalarParam
 from gpuactors.engine.ring import RecordColumns
@@ -87,20 +85,17 @@ def _array_ptr(param: ArrayParam, value: Any, n: int, device_id: int, where: str
 
 
 class ArgEncoder:
-    """Check one op's arguments and encode them as record words, the per-parameter
-    work done once.
+    """Check one op's arguments and encode them as record words.
 
     CuPy arrays and Python floats/ints (the common case) take a fast path: one
-    straight-line function for the whole signature (:mod:`.word_encoders`), then,
-    per argument, plain attribute reads and one struct pack; anything else, and
-    anything the fast path doubts, goes through the general checks, which also say
-    precisely what is wrong.
+    straight-line function for the whole signature (:mod:`.word_encoders`). Anything
+    else, and anything the fast path doubts, goes through the checks of each argument
+    (:meth:`encode_generally`), which also say precisely what is wrong.
     """
 
     def __init__(self, op: OpSpec) -> None:
         self.op = op
-        self._arity = len(op.params)
-        self._plan = [_ParamPlan(param, op.name) for param in op.params]
+        self._wheres = [f"argument {param.name!r} of op {op.name!r}" for param in op.params]
         self._fast = word_encoder(op, cupy_ndarray())
 
     def encode(self, args: Sequence[Any], n: int, device_id: int) -> list[int]:
@@ -109,75 +104,22 @@ class ArgEncoder:
             words = fast(args, n, device_id)
             if words is not None:
                 return words
-        if len(args) != self._arity:
-            names = ", ".join(p.name for p in self.op.params) or "none"
+        return self.encode_generally(args, n, device_id)
+
+    def encode_generally(self, args: Sequence[Any], n: int, device_id: int) -> list[int]:
+        """The words of ``args`` through every argument's own checks."""
+        params = self.op.params
+        if len(args) != len(params):
+            names = ", ".join(p.name for p in params) or "none"
             raise InvalidArgument(
-                f"op {self.op.name!r} takes {self._arity} arguments ({names}), got {len(args)}"
+                f"op {self.op.name!r} takes {len(params)} arguments ({names}), got {len(args)}"
             )
         return [
-            plan.encode(value, n, device_id) for plan, value in zip(self._plan, args, strict=True)
+            _array_ptr(param, value, n, device_id, where)
+            if isinstance(param, ArrayParam)
+            else _scalar_bits(param, value, where)
+            for param, value, where in zip(params, args, self._wheres, strict=True)
         ]
-
-
-class _ParamPlan:
-    """How to turn one argument into its record word, precomputed per parameter."""
-
-    __slots__ = (
-        "dtype",
-        "fixed_length",
-        "high",
-        "is_array",
-        "is_float",
-        "low",
-        "pack",
-        "param",
-        "unpack",
-        "where",
-    )
-
-    def __init__(self, param: ArrayParam | ScalarParam, op_name: str) -> None:
-        self.param = param
-        self.where = f"argument {param.name!r} of op {op_name!r}"
-        self.dtype = np.dtype(param.dtype)
-        self.is_array = isinstance(param, ArrayParam)
-        self.fixed_length = (
-            None if not isinstance(param, ArrayParam) or param.length == "n" else (param.length)
-        )
-        self.is_float = self.dtype.kind == "f"
-        if self.is_float:
-            self.low = self.high = 0
-        else:
-            info = np.iinfo(self.dtype)
-            self.low, self.high = int(info.min), int(info.max)
-        code = struct_code(self.dtype)
-        assert code is not None  # an op's dtypes are real numbers (ops.Dtype)
-        self.pack = struct.Struct("<" + code).pack
-        self.unpack = struct.Struct(
-            f"<{ {1: 'B', 2: 'H', 4: 'I', 8: 'Q'}[self.dtype.itemsize] }"
-        ).unpack
-
-    def encode(self, value: Any, n: int, device_id: int) -> int:
-        if self.is_array:
-            if (
-                type(value) is cupy_ndarray()
-                and value.dtype is self.dtype  # (NumPy's builtin dtypes are singletons)
-                and value.size >= (n if self.fixed_length is None else self.fixed_length)
-                and value.data.device_id == device_id
-                and cupy_c_contiguous(value)
-            ):
-                return int(value.data.ptr)
-            assert isinstance(self.param, ArrayParam)
-            return _array_ptr(self.param, value, n, device_id, self.where)
-        kind = type(value)
-        if self.is_float and kind is float and math.isfinite(value):
-            try:
-                return int(self.unpack(self.pack(value))[0])
-            except OverflowError:  # too large for float32: the general path says so
-                pass
-        elif not self.is_float and kind is int and self.low <= value <= self.high:
-            return int(self.unpack(self.pack(value))[0])
-        assert isinstance(self.param, ScalarParam)
-        return _scalar_bits(self.param, value, self.where)
 
 
 def _is_count(value: object) -> bool:

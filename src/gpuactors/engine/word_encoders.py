@@ -2,13 +2,13 @@
 
 Most tasks pass CuPy arrays for an op's array parameters and Python floats or ints
 for its scalars. For that case this module writes, once per op signature, a small
-function that makes exactly the checks of :class:`~gpuactors.engine.args.ArgEncoder`'s
-fast path (type, dtype, length, device and contiguity of each array; finiteness and
-range of each scalar) with no call per argument (:mod:`gpuactors.straight_line`),
-and returns the record words. It
-returns None whenever anything differs; the caller then takes the general path,
-which handles every other kind of argument and says what is wrong. The source is
-short and :func:`word_encoder_source` prints it.
+function that makes the checks :meth:`~gpuactors.engine.args.ArgEncoder.encode_generally`
+would make for such arguments (type, dtype, length, device and contiguity of each
+array; finiteness and range of each scalar) with no call per argument
+(:mod:`gpuactors.straight_line`), and returns the record words. It returns None
+whenever anything differs; the caller then takes the general path, which handles
+every other kind of argument and says what is wrong. The source is short and
+:func:`word_encoder_source` prints it.
 """
 
 from __future__ import annotations
