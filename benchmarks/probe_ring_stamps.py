@@ -2,9 +2,9 @@
 ``%globaltimer`` stamps added (by text edits of ``kernels/engine.cuh``, asserted to
 apply) at the lone-task path's steps, averaged over a few thousand round trips:
 
-* poll: the idle poll's acquire load of the sequence number that saw the task (one
-  PCIe round trip);
-* record: loading the task record (a second round trip);
+* poll: the idle poll that saw the task: one load instruction of its sequence number
+  and tagged words (one PCIe round trip) and the tag check;
+* record: decoding the words;
 * to op start: the hand-over to block 0's warps (shared memory, named barrier);
 * op: the op itself (axpy, n=1024, one block);
 * fence: the system-scope fence before the completion marker.
@@ -35,18 +35,19 @@ EDITS = [  # (text of engine.cuh, the same with a stamp)
         "__device__ __forceinline__ void publish_completion(",
     ),
     (
-        "            seen[0] = (lane == 0 || busy) ? ld_acquire_sys",
-        "            const u64 t_issue = now_ns();\n"
-        "            seen[0] = (lane == 0 || busy) ? ld_acquire_sys",
+        "            const u64 slot = tail & ring_mask;\n",
+        "            const u64 slot = tail & ring_mask;\n"
+        "            const u64 t_issue = now_ns();\n",
+    ),
+    (  # count the polls that saw the sequence number but a word from before the host's write
+        "            taken = (whole && __shfl_sync(full, spec, 0) == tail + 1) ? 1u : 0u;\n",
+        "            taken = (whole && __shfl_sync(full, spec, 0) == tail + 1) ? 1u : 0u;\n"
+        "            if (lane == 0 && !whole && spec == tail + 1) g_acc[6] += 1;\n"
+        "            if (lane == 0 && taken) { g_t[0] = t_issue; g_t[1] = now_ns(); }\n",
     ),
     (
-        "before any lane's record loads\n",
-        "before any lane's record loads\n"
-        "            if (lane == 0) { g_t[0] = t_issue; g_t[1] = now_ns(); }\n",
-    ),
-    (
-        "                const bool next_ready = __shfl_sync(full, a, 8) == tail + 2;\n",
-        "                const bool next_ready = __shfl_sync(full, a, 8) == tail + 2;\n"
+        "                const bool next_ready = __shfl_sync(full, spec, 16) == tail + 2;\n",
+        "                const bool next_ready = __shfl_sync(full, spec, 16) == tail + 2;\n"
         "                if (lane == 0) g_t[2] = now_ns();\n",
     ),
     (
@@ -120,7 +121,7 @@ def main() -> None:
         steps = " | ".join(f"{s} {int(sums[i]) / count:5.0f}" for i, s in enumerate(STEPS))
         print(
             f"  round trip p50 {np.median(samples[300:]) / 1000:5.2f} us (stamped) | mean ns over"
-            f" {count} tasks: {steps}"
+            f" {count} tasks: {steps} | torn polls: {int(sums[6])}"
         )
 
 

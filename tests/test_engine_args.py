@@ -5,10 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuactors.engine.abi import TASK_RECORD
+from gpuactors.engine import wire
+from gpuactors.engine.abi import RING_RECORD
 from gpuactors.engine.args import ArgEncoder, check_count, encode_batch
 from gpuactors.engine.messages import EnqueueBatch
 from gpuactors.engine.ops import BUILTIN_OPS, ArrayParam, OpSpec, ScalarParam
+from gpuactors.engine.ring import RecordColumns
 from gpuactors.errors import InvalidArgument
 
 SCALARS = OpSpec(
@@ -98,8 +100,7 @@ def test_encode_batch_builds_one_record_per_task() -> None:
         0,
     )
     assert len(columns) == 3 and columns.op == 7
-    records = np.zeros(3, dtype=TASK_RECORD)
-    columns.write(records, 0, 3)
+    records = _written(columns)
     assert records["op"].tolist() == [7, 7, 7]
     assert records["n"].tolist() == [1, 2, 3]
     assert records["args"][:, 0].tolist() == [0xFFFFFFFF, 0, 1]
@@ -158,3 +159,10 @@ def test_hostile_timeouts_and_batch_sizes_are_refused() -> None:
             Enqueue(op="fill", n=1, timeout=timeout)
     with pytest.raises(InvalidArgument):
         EnqueueBatch(op="scalars", args=(0, 2.0, 3), count=2**40)
+
+
+def _written(columns: RecordColumns) -> np.ndarray:
+    """What ``columns`` writes into a ring, decoded as the device decodes it."""
+    ring = np.zeros(len(columns), dtype=RING_RECORD)
+    columns.write(ring["words"], wire.wire_tag(0, 10), 0, len(columns))
+    return wire.decode_rows(ring)

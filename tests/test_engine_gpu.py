@@ -70,7 +70,7 @@ async def _check_all_ops(engine: Engine) -> dict[str, Any]:
     import cupy as cp
 
     rng = _rng()
-    n = int(rng.integers(1000, 50_000))
+    n = int(rng.integers(5000, 50_000))  # the small sizes below go up to 4096
     x_h = rng.standard_normal(n).astype(np.float32)
     y_h = rng.standard_normal(n).astype(np.float32)
     x, y = cp.asarray(x_h), cp.asarray(y_h)
@@ -389,6 +389,84 @@ async def test_lone_tasks_run_alike_on_the_dispatcher_block(inline_max_n: int) -
             await late
         stats = await engine.stats()
         assert stats.processed == 3 + 5 * 4 and stats.failed == 2
+        await engine.shutdown(timeout=30)
+
+
+ECHO_WORDS = OpSpec(  # every scalar's bits and n, back out: the ring's wire form end to end
+    name="echo_words",
+    params=(
+        ArrayParam(name="out", dtype="uint64", direction="out", length=10),
+        *(ScalarParam(name=f"f{i}", dtype="float64") for i in range(3)),
+        *(ScalarParam(name=f"i{i}", dtype="int64") for i in range(3)),
+        *(ScalarParam(name=f"u{i}", dtype="uint64") for i in range(3)),
+    ),
+    body="""if (ctx.rank == 0 && threadIdx.x == 0) {
+    out[0] = __double_as_longlong(f0); out[1] = __double_as_longlong(f1);
+    out[2] = __double_as_longlong(f2); out[3] = i0; out[4] = i1; out[5] = i2;
+    out[6] = u0; out[7] = u1; out[8] = u2; out[9] = n;
+}
+return 0;""",
+)
+
+
+@pytest.mark.parametrize("inline_max_n", [1 << 12, 0])
+async def test_wide_values_cross_the_ring_intact(inline_max_n: int) -> None:
+    """Arguments and counts whose top bytes are set travel in the ring's high-byte words;
+    alone (the lone task's one-round-trip read), with a deadline, and in a batch (the
+    general path), the op sees every bit."""
+    import cupy as cp
+
+    from gpuactors.engine import EnqueueBatch
+
+    rng = _rng()
+    config = EngineConfig(inline_max_n=inline_max_n, idle_park_ms=50.0)
+    async with ActorSystem(f"wide-{inline_max_n}") as system:
+        engine = await Engine.start(system, ops=(ECHO_WORDS,), config=config)
+        out = cp.zeros(10, dtype=cp.uint64)
+        cp.cuda.get_current_stream().synchronize()
+        for round_ in range(20):
+            floats = [float(v) for v in rng.standard_normal(3) * 10.0 ** rng.integers(-300, 300)]
+            ints = [int(v) for v in rng.integers(-(2**63), 2**63 - 1, 3, dtype=np.int64)]
+            uints = [int(v) for v in rng.integers(0, 2**64 - 1, 3, dtype=np.uint64)]
+            n = int(rng.integers(0, 2**62)) if round_ % 2 else int(rng.integers(1, 4096))
+            timeout = 30.0 if round_ % 3 == 0 else None
+            await engine.ref.ask(
+                Enqueue(
+                    op="echo_words",
+                    args=(out, *floats, *ints, *uints),
+                    n=n,
+                    timeout=timeout,
+                    after="none",
+                ),
+                timeout=30,
+            )
+            expected = [*np.array(floats).view(np.uint64).tolist()]
+            expected += [v % 2**64 for v in ints] + uints + [n]
+            assert cp.asnumpy(out).tolist() == expected, round_
+        count = 64
+        outs = cp.zeros(10 * count, dtype=cp.uint64)
+        f0 = rng.standard_normal(count) * 1e200
+        u0 = rng.integers(2**56, 2**64 - 1, count, dtype=np.uint64)
+        n = rng.integers(2**56, 2**62, count)
+        reply = await engine.ref.ask(
+            EnqueueBatch(
+                op="echo_words",
+                args=(outs, 1.0, -2.5, 3.0, -1, -(2**62), 5, 6, 2**63, 7),
+                n=n,
+                offsets={"out": np.arange(count) * 10},
+                scalars={"f0": f0, "u0": u0},
+                timeout=30.0,
+            ),
+            timeout=60,
+        )
+        assert reply.failed == 0
+        got = cp.asnumpy(outs).reshape(count, 10)
+        assert got[:, 0].tolist() == f0.view(np.uint64).tolist()
+        assert got[:, 1].tolist() == [np.float64(-2.5).view(np.uint64)] * count
+        assert got[:, 3].tolist() == [2**64 - 1] * count
+        assert got[:, 4].tolist() == [2**64 - 2**62] * count
+        assert got[:, 6].tolist() == u0.tolist() and got[:, 7].tolist() == [2**63] * count
+        assert got[:, 9].tolist() == n.tolist()
         await engine.shutdown(timeout=30)
 
 

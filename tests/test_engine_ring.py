@@ -10,13 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
-from gpuactors.engine.abi import COMPLETION, TASK_RECORD
+from gpuactors.engine.abi import COMPLETION, RING_RECORD, TASK_RECORD
 from gpuactors.engine.ring import HostConsumer, HostRing, reset_ring, run_to_completion
 from gpuactors.errors import InvalidArgument
 
 
 def make_ring(capacity: int) -> tuple[HostRing, HostConsumer]:
-    records = np.zeros(capacity, dtype=TASK_RECORD)
+    records = np.zeros(capacity, dtype=RING_RECORD)
     completions = np.zeros(capacity, dtype=COMPLETION)
     reset_ring(records, completions)
     return HostRing(records, completions), HostConsumer(records, completions)
@@ -30,14 +30,15 @@ def test_capacity_must_be_power_of_two_at_least_64(capacity: int) -> None:
 
 def test_publish_take_complete_roundtrip() -> None:
     ring, consumer = make_ring(64)
-    seq = ring.try_publish(3, 1000, [11, 22, 33], blocks=4, deadline_ns=5, tag=99)
+    seq = ring.try_publish(3, 1000, [11, 22, 33], blocks=4, deadline_ns=5000)
     assert seq == 1
     assert not ring.is_done(seq)
     ((taken_seq, record),) = consumer.take()
     assert taken_seq == 1
     assert int(record["op"]) == 3 and int(record["n"]) == 1000 and int(record["blocks"]) == 4
     assert record["args"][:3].tolist() == [11, 22, 33] and int(record["args"][3]) == 0
-    assert int(record["deadline_ns"]) == 5 and int(record["tag"]) == 99
+    # deadlines travel in units of 1024 ns, rounded up: never earlier than asked
+    assert int(record["deadline_ns"]) == 5120 and int(record["tag"]) == 0
     consumer.complete(taken_seq, status=7, units=4, t_ns=10)
     done = ring.completion(seq)
     assert done is not None and done.status == 7 and done.units == 4
@@ -145,14 +146,14 @@ def test_no_loss_no_duplication_order_per_producer(
         action = rng.random()
         if action < 0.45 and any(remaining.values()):
             p = rng.choice([p for p, left in remaining.items() if left])
-            seq = ring.try_publish(op=p, n=next_index[p], args=[p, next_index[p]], tag=p)
+            seq = ring.try_publish(op=p, n=next_index[p], args=[p, next_index[p]])
             if seq is not None:
                 produced[seq] = (p, next_index[p])
                 next_index[p] += 1
                 remaining[p] -= 1
         elif action < 0.75:
             for seq, record in consumer.take(limit=rng.randint(1, 40)):
-                p, index = int(record["tag"]), int(record["n"])
+                p, index = int(record["args"][0]), int(record["n"])
                 assert produced[seq] == (p, index)
                 taken_order[p].append(index)
                 executed.append(seq)

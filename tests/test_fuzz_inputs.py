@@ -16,7 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuactors.engine.abi import TASK_RECORD
+from gpuactors.engine import wire
+from gpuactors.engine.abi import RING_RECORD
 from gpuactors.engine.args import ArgEncoder, check_count, encode_batch
 from gpuactors.engine.codegen import build_engine_module
 from gpuactors.engine.messages import (
@@ -29,6 +30,7 @@ from gpuactors.engine.messages import (
     Shutdown,
 )
 from gpuactors.engine.ops import BUILTIN_OPS, OpSpec, ScalarParam
+from gpuactors.engine.ring import RecordColumns
 from gpuactors.errors import GpuActorsError, InvalidArgument
 from gpuactors.nvrtc import KernelCompiler, NvrtcOpts
 from gpuactors.nvrtc.messages import Compile, CompileAsync
@@ -188,8 +190,7 @@ def test_batches_validate_up_front_or_fail_typed(n: Any, a: Any, b: Any, count: 
     except Exception as exc:
         assert _is_typed(exc), f"{type(exc).__name__}: {exc}"
         return
-    records = np.zeros(len(columns), dtype=TASK_RECORD)
-    columns.write(records, 0, len(columns))
+    records = _written(columns)
     assert (records["op"] == 3).all()
     assert (records["n"] >= 0).all()
     assert np.array_equal(
@@ -206,3 +207,10 @@ def test_oversized_and_empty_sources_fail_typed() -> None:
         OpSpec(name="huge", body="x" * (2 << 20))
     with pytest.raises(InvalidArgument):
         NvrtcOpts(arch="not-an-arch")
+
+
+def _written(columns: RecordColumns) -> np.ndarray:
+    """What ``columns`` writes into a ring, decoded as the device decodes it."""
+    ring = np.zeros(len(columns), dtype=RING_RECORD)
+    columns.write(ring["words"], wire.wire_tag(0, 10), 0, len(columns))
+    return wire.decode_rows(ring)

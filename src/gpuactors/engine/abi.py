@@ -33,6 +33,25 @@ TASK_RECORD = np.dtype(
     }
 )
 
+# The ring's wire form of a record: ``seq`` and 15 tagged words (see ``abi.cuh`` and
+# :mod:`gpuactors.engine.wire`).
+WIRE_WORDS = 15
+RING_RECORD = np.dtype(
+    {
+        "names": ["seq", "words"],
+        "formats": [np.uint64, (np.uint64, (WIRE_WORDS,))],
+        "offsets": [0, 8],
+        "itemsize": 128,
+        "aligned": True,
+    }
+)
+WIRE_TAG_SHIFT = 56
+DEADLINE_SHIFT = 10
+WIRE_FIRST_ARG = 4
+WIRE_HIGH_WORD0 = 14
+WIRE_HIGH_WORD1 = 15
+WIRE_ARGS_IN_WORD0 = 7
+
 COMPLETION = np.dtype(
     {
         "names": ["seq", "status", "units", "t_start_ns", "t_end_ns"],
@@ -111,6 +130,7 @@ EXIT_DRAINED = 4
 
 _CPP_STRUCTS = {
     "TaskRecord": TASK_RECORD,
+    "RingRecord": RING_RECORD,
     "Completion": COMPLETION,
     "HostControl": HOST_CONTROL,
     "EngineParams": ENGINE_PARAMS,
@@ -118,6 +138,12 @@ _CPP_STRUCTS = {
 }
 _CPP_CONSTANTS = {
     "kMaxArgs": MAX_ARGS,
+    "kWireTagShift": WIRE_TAG_SHIFT,
+    "kDeadlineShift": DEADLINE_SHIFT,
+    "kWireFirstArg": WIRE_FIRST_ARG,
+    "kWireHighWord0": WIRE_HIGH_WORD0,
+    "kWireHighWord1": WIRE_HIGH_WORD1,
+    "kWireArgsInWord0": WIRE_ARGS_IN_WORD0,
     "kStatusOk": STATUS_OK,
     "kStatusUnknownOp": STATUS_UNKNOWN_OP,
     "kStatusDeadline": STATUS_DEADLINE,

@@ -3,9 +3,10 @@
 Protocol (the device side in ``kernels/engine.cuh`` does the same steps):
 
 * Slot ``p & mask`` is free for the producer at ring position ``p`` while its
-  ``seq == p``. The producer writes the record body, then ``seq = p + 1``
-  (on x86-64 stores become visible in program order, so the body is visible
-  before the sequence number; the device reads ``seq`` with acquire).
+  ``seq == p``. The producer writes the record's 15 tagged words
+  (:mod:`gpuactors.engine.wire`), then ``seq = p + 1`` (on x86-64 stores become
+  visible in program order, so the words are visible before the sequence number;
+  the device reads ``seq`` with acquire, or checks each word's lap tag).
 * The consumer at position ``t`` takes the slot when ``seq == t + 1``.
 * When the task has completed, the consumer writes the completion marker
   (status first, then ``completion.seq = t + 1``, release) and hands the slot
@@ -22,21 +23,17 @@ side on the CPU so the protocol is tested without a GPU.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from gpuactors.cuda.polling import spin_until_equal
-from gpuactors.engine.abi import COMPLETION, MAX_ARGS, TASK_RECORD
+from gpuactors.engine import wire
+from gpuactors.engine.abi import COMPLETION, RING_RECORD, TASK_RECORD
 from gpuactors.errors import InvalidArgument
 
-# Record bytes 8..128 (everything after seq) for a task of k arguments: op, blocks, n,
-# deadline, the k argument words, zeros for the other argument slots, tag, reserved.
-# One struct per arity, so a publish passes only its own values (pad bytes are zeros).
-_BODIES = [struct.Struct(f"<IIQQ{k}Q{(MAX_ARGS - k) * 8}xQ8x") for k in range(MAX_ARGS + 1)]
-_RECORD_BYTES = TASK_RECORD.itemsize
+_RECORD_BYTES = RING_RECORD.itemsize
 _RECORD_WORDS = _RECORD_BYTES // 8
 _COMPLETION_WORDS = COMPLETION.itemsize // 8
 
@@ -63,14 +60,6 @@ class CompletionView:
         return max(0, self.t_end_ns - self.t_start_ns)
 
 
-_BODY_FIELDS = [name for name in TASK_RECORD.names or () if name != "seq"]
-
-
-def _copy_bodies(view: np.ndarray, batch: np.ndarray) -> None:
-    for name in _BODY_FIELDS:
-        view[name] = batch[name]
-
-
 @dataclass(frozen=True)
 class RecordColumns:
     """Many tasks of one op as columns (what an EnqueueBatch becomes).
@@ -88,21 +77,39 @@ class RecordColumns:
     def __len__(self) -> int:
         return len(self.n)
 
-    def write(self, view: np.ndarray, start: int, stop: int) -> None:
-        """Fill record bodies (everything but ``seq``) for tasks ``start..stop-1``."""
-        view["op"] = self.op
-        view["blocks"] = self.blocks
-        view["n"] = self.n[start:stop]
-        view["deadline_ns"] = self.deadline_ns
-        view["tag"] = 0
-        words = view["args"]
-        for index, column in enumerate(self.args):
-            words[:, index] = column if isinstance(column, int) else column[start:stop]
+    def write(self, words: np.ndarray, tag: int, start: int, stop: int) -> None:
+        """Write the wire words (everything but ``seq``) of tasks ``start..stop-1``."""
+        args = [column if isinstance(column, int) else column[start:stop] for column in self.args]
+        wire.encode_rows(
+            words, tag, self.op, self.blocks, self.n[start:stop], self.deadline_ns, args
+        )
+
+
+def _write_batch(batch: np.ndarray) -> Callable[[np.ndarray, int, int, int], None]:
+    """A ``_publish`` writer of TASK_RECORD rows (their ``seq`` is not used)."""
+
+    def write(words: np.ndarray, tag: int, start: int, stop: int) -> None:
+        rows = batch[start:stop]
+        args = rows["args"]
+        wire.encode_rows(
+            words,
+            tag,
+            rows["op"],
+            rows["blocks"],
+            rows["n"],
+            rows["deadline_ns"],
+            [args[:, index] for index in range(args.shape[1])],
+        )
+
+    return write
 
 
 def reset_ring(records: np.ndarray, completions: np.ndarray) -> None:
-    """Put freshly allocated ring memory into the empty state (slot i free at position i)."""
-    records[...] = np.zeros((), dtype=TASK_RECORD)
+    """Put freshly allocated ring memory into the empty state (slot i free at position i).
+
+    Zeroed words carry tag 0, which no lap has: they never read as a whole record.
+    """
+    records[...] = np.zeros((), dtype=RING_RECORD)
     records["seq"] = np.arange(len(records), dtype=np.uint64)
     completions[...] = np.zeros((), dtype=COMPLETION)
 
@@ -111,12 +118,13 @@ class HostRing:
     """The producer side: publishes records and reads completion markers."""
 
     def __init__(self, records: np.ndarray, completions: np.ndarray) -> None:
-        if records.dtype != TASK_RECORD or completions.dtype != COMPLETION:
-            raise InvalidArgument("ring buffers must use the TASK_RECORD and COMPLETION dtypes")
+        if records.dtype != RING_RECORD or completions.dtype != COMPLETION:
+            raise InvalidArgument("ring buffers must use the RING_RECORD and COMPLETION dtypes")
         if len(records) != len(completions):
             raise InvalidArgument("records and completions must have the same length")
         self.capacity = check_capacity(len(records))
         self.mask = self.capacity - 1
+        self.lap_shift = wire.lap_shift(self.capacity)
         self.records = records
         self.completions = completions
         # Word views as memoryviews: indexing gives Python ints without NumPy scalars
@@ -137,17 +145,20 @@ class HostRing:
         *,
         blocks: int = 1,
         deadline_ns: int = 0,
-        tag: int = 0,
     ) -> int | None:
-        """Publish one task; its sequence number, or None when the ring is full."""
+        """Publish one task; its sequence number, or None when the ring is full.
+
+        ``args`` are the argument words (below 2**64); ``n`` is below 2**64 too.
+        """
         pos = self.published
         slot = pos & self.mask
         word = slot * _RECORD_WORDS
         words = self._words
         if words[word] != pos or self._unretired[slot]:
             return None
-        _BODIES[len(args)].pack_into(
-            self._bytes, slot * _RECORD_BYTES + 8, op, blocks, n, deadline_ns, *args, tag
+        tag = 0x80 | ((pos >> self.lap_shift) & 0x7F)  # wire.wire_tag, inline
+        wire.PACKERS[len(args)](
+            self._bytes, slot * _RECORD_BYTES + 8, tag, op, blocks, n, deadline_ns, *args
         )
         words[word] = pos + 1  # publish last
         self._unretired[slot] = 1
@@ -182,9 +193,11 @@ class HostRing:
 
         ``room_measured``: the caller has just measured the room (``free_count``).
         """
+        if batch.dtype != TASK_RECORD:
+            raise InvalidArgument("publish_batch takes a TASK_RECORD array")
         if not room_measured:
             self._check_room(len(batch))
-        return self._publish(len(batch), lambda view, i0, i1: _copy_bodies(view, batch[i0:i1]))
+        return self._publish(len(batch), _write_batch(batch))
 
     def publish_columns(self, columns: RecordColumns, start: int, count: int) -> range:
         """Publish tasks ``start..start+count-1`` of ``columns`` straight into the ring.
@@ -192,24 +205,28 @@ class HostRing:
         The caller has just measured the room (``free_count``); it is not re-checked.
         """
         return self._publish(
-            count, lambda view, i0, i1: columns.write(view, start + i0, start + i1)
+            count, lambda words, tag, i0, i1: columns.write(words, tag, start + i0, start + i1)
         )
 
     def _check_room(self, count: int) -> None:
         if count > self.free_count(count):
             raise InvalidArgument(f"batch of {count} does not fit in the ring's free slots")
 
-    def _publish(self, count: int, write: Callable[[np.ndarray, int, int], None]) -> range:
-        """Write bodies slice by slice, then the sequence numbers, in ring order.
+    def _publish(self, count: int, write: Callable[[np.ndarray, int, int, int], None]) -> range:
+        """Write wire words slice by slice, then the sequence numbers, in ring order.
 
-        The caller checks room first (``free_count(count) >= count``). Until its
-        sequence number moves, a slot reads as free (``seq == position``), never as
-        ready, so a half-written body is never taken.
+        ``write(words, tag, i0, i1)`` fills tasks ``i0..i1-1``; a slice never wraps, so
+        its positions share one lap and one tag. The caller checks room first
+        (``free_count(count) >= count``). Until its sequence number moves, a slot reads
+        as free (``seq == position``), never as ready, so a half-written record is never
+        taken by the acquire path, and its stale tags keep the tag path off it.
         """
         first = self.published
         segments = self._segments(count)
+        words = self.records["words"]
         for slot0, slot1, index0 in segments:
-            write(self.records[slot0:slot1], index0, index0 + slot1 - slot0)
+            tag = wire.wire_tag(first + index0, self.lap_shift)
+            write(words[slot0:slot1], tag, index0, index0 + slot1 - slot0)
         seq = self.records["seq"]
         for slot0, slot1, index0 in segments:
             seq[slot0:slot1] = np.arange(
@@ -310,14 +327,21 @@ class HostConsumer:
         self.tail = 0
 
     def take(self, limit: int = 32) -> list[tuple[int, np.void]]:
-        """Claim up to ``limit`` consecutive ready tasks: (seq, copy of record)."""
+        """Claim up to ``limit`` consecutive ready tasks: (seq, decoded TASK_RECORD).
+
+        Like the device after its acquire, it expects every word of a ready record to
+        carry the record's lap tag; anything else is a producer bug.
+        """
         taken: list[tuple[int, np.void]] = []
+        shift = wire.lap_shift(self.capacity)
         while len(taken) < limit:
             pos = self.tail
             record = self.records[pos & self.mask]
             if int(record["seq"]) != pos + 1:
                 break
-            taken.append((pos + 1, record.copy()))
+            if not wire.is_whole(record["words"], pos, shift):
+                raise AssertionError(f"ring position {pos} is ready but not whole")
+            taken.append((pos + 1, wire.decode(pos + 1, record["words"])))
             self.tail = pos + 1
         return taken
 

@@ -28,6 +28,7 @@ from gpuactors.engine.abi import (
     DEVICE_STATE,
     ENGINE_PARAMS,
     HOST_CONTROL,
+    RING_RECORD,
     TASK_RECORD,
     UNIT_BYTES,
 )
@@ -138,7 +139,7 @@ class EngineRuntime:
             self.stream = cupy.cuda.Stream(non_blocking=True)
 
             cap = config.capacity
-            self._ring_mem, records = _pinned(cupy, TASK_RECORD, cap)
+            self._ring_mem, records = _pinned(cupy, RING_RECORD, cap)
             self._done_mem, completions = _pinned(cupy, COMPLETION, cap)
             self._ctrl_mem, control = _pinned(cupy, HOST_CONTROL, 1)
             reset_ring(records, completions)

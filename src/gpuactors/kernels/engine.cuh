@@ -47,7 +47,7 @@ struct DeviceState {
 };
 
 struct EngineParams {
-    TaskRecord* ring;          // pinned host
+    RingRecord* ring;          // pinned host
     Completion* completions;   // pinned host
     HostControl* control;      // pinned host
     DeviceState* state;        // device
@@ -114,7 +114,7 @@ __device__ __forceinline__ void st_release_gpu32(u32* p, u32 v) {
 // Publish a finished task: its completion marker, then its ring slot for the next lap.
 // One release covers both markers: the task's results (every thread's, ordered by the
 // caller's barrier) and the completion fields before either of them.
-__device__ __forceinline__ void publish_completion(Completion* completions, TaskRecord* ring,
+__device__ __forceinline__ void publish_completion(Completion* completions, RingRecord* ring,
                                                    u64 capacity, u32 slot, u64 seq, i32 status,
                                                    u32 units, u64 t_start) {
     Completion* c = &completions[slot];
@@ -132,7 +132,7 @@ __device__ __forceinline__ void publish_completion(Completion* completions, Task
 struct InlineTask {
     TaskRecord rec;
     Completion* completions;  // where it completes (copies of the engine's params)
-    TaskRecord* ring;
+    RingRecord* ring;
     u64 capacity;
     u64 t_start;
     u32 slot;
@@ -192,6 +192,12 @@ __device__ void run_dispatcher(const EngineParams& P, InlineTask& inline_task) {
     HostControl* ctrl = P.control;
     const u64 ring_mask = P.capacity - 1;
     const u64 unit_mask = P.unit_capacity - 1;
+    const u32 lap_shift = (u32)(__ffsll((long long)P.capacity) - 1);
+    // This lane's words of a record: word `lane` as the idle poll reads them, words
+    // 2 * (lane % 8) and the next as the general path's 16-byte loads do.
+    const WireDecoder idle_decoder = wire_decoder(lane);
+    const WireDecoder pair_decoder[2] = {wire_decoder(2 * (lane & 7u)),
+                                         wire_decoder(2 * (lane & 7u) + 1)};
 
     u64 tail = S->tail;
     u64 unit_head = S->unit_head;
@@ -216,25 +222,45 @@ __device__ void run_dispatcher(const EngineParams& P, InlineTask& inline_task) {
         if (check_host && lane == 0) request = ld_relaxed_sys(&ctrl->park_request);
         u32 taken = 0;
         const bool was_idle = !busy;
-        if (!parking) {
+        u64 spec = 0;  // idle: lane r (0..15) holds the slot's word r, lane 16 the next seq
+        if (!parking && !busy) {
+            // Idle: ONE relaxed load instruction reads the slot's sequence number (lane 0),
+            // its 15 tagged words (lanes 1..15) and the next slot's sequence number (lane
+            // 16), so a lone task costs one PCIe round trip, not two (sequence number, then
+            // record). Nothing orders these reads, so a word may predate the host's write
+            // of it: its tag says (abi.cuh). A torn read is not taken; the next poll reads
+            // the slot again. A whole record is all the device reads of the host's (the
+            // op's data is in device memory), so no acquire is needed. (An acquire load of
+            // the sequence number beside relaxed loads of the words made the poll a round
+            // trip longer: it waited for them.) Polling one slot makes each poll short, so
+            // a lone task is seen sooner; tasks that arrive together are all taken one
+            // poll later.
+            const u64 slot = tail & ring_mask;
+            if (lane <= 16u) {
+                spec = ld_relaxed_sys(lane == 0u   ? &P.ring[slot].seq
+                                      : lane <= 15u ? &P.ring[slot].words[lane - 1]
+                                                    : &P.ring[(tail + 1) & ring_mask].seq);
+            }
+            const u64 tag = wire_tag(tail, lap_shift);
+            const bool whole =
+                __all_sync(full, lane == 0u || lane > 15u || (spec >> kWireTagShift) == tag);
+            taken = (whole && __shfl_sync(full, spec, 0) == tail + 1) ? 1u : 0u;
+            busy = taken > 0u;
+        } else if (!parking) {
             // Each lane looks at one ring position, or in a burst (the last take was a
             // full 32) at kTakeGroups positions 32 apart: one PCIe round trip reads up
             // to 32 * kTakeGroups sequence numbers. Groups 1.. are read relaxed and
             // first, group 0 with an acquire last: an acquire holds back later loads,
             // not earlier ones, so all of them are in flight at once. A take beyond
             // group 0 is made an acquire of every group by one fence. Out of a burst
-            // the poll is one acquire load per lane; idle, one load in all.
+            // the poll is one acquire load per lane.
             u64 seen[kTakeGroups];
 #pragma unroll
             for (u32 g = 1; g < kTakeGroups; ++g) {
                 seen[g] = burst ? ld_relaxed_sys(&P.ring[(tail + lane + 32u * g) & ring_mask].seq)
                                 : 0;  // never a sequence number (they start at 1)
             }
-            // Idle (nothing taken last time), lane 0 polls alone: one PCIe read per
-            // round trip instead of 32 makes each poll shorter, so a lone task is seen
-            // sooner. Tasks that arrive together are all taken one poll later.
-            seen[0] = (lane == 0 || busy) ? ld_acquire_sys(&P.ring[(tail + lane) & ring_mask].seq)
-                                          : 0;
+            seen[0] = ld_acquire_sys(&P.ring[(tail + lane) & ring_mask].seq);
             bool ready[kTakeGroups];
 #pragma unroll
             for (u32 g = 0; g < kTakeGroups; ++g) ready[g] = seen[g] == tail + lane + 32u * g + 1;
@@ -261,30 +287,21 @@ __device__ void run_dispatcher(const EngineParams& P, InlineTask& inline_task) {
             }
         }
         if (taken > 0) {
-            // A lone task: the first one an idle poll finds, with no unit in flight,
-            // the next slot not ready, one block and n <= inline_max_n. It runs here
-            // and now, on this block (lanes 0..7 load its record; lane 8 looks at the
-            // next slot in the same round trip). Otherwise it takes the general path.
-            if (taken == 1u && was_idle && known_done == unit_head && P.inline_max_n != 0) {
-                // One load instruction for lanes 0..8 (two branches would be two, and
-                // the second may wait for the first under register pressure).
-                u64 a = 0, b = 0;
-                if (lane <= 8u) {
-                    const u64* src =
-                        lane < 8u ? reinterpret_cast<const u64*>(&P.ring[tail & ring_mask]) + 2 * lane
-                                  : &P.ring[(tail + 1) & ring_mask].seq;  // (16-byte aligned)
-                    asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];"
-                                 : "=l"(a), "=l"(b) : "l"(src));
-                }
-                // lane 0: seq, op | blocks << 32; lane 1: n, deadline; lane 8: next seq
-                const u32 blocks = __shfl_sync(full, (u32)(b >> 32), 0);
-                const u64 n = __shfl_sync(full, a, 1);
-                const bool next_ready = __shfl_sync(full, a, 8) == tail + 2;
-                if (blocks <= 1u && n <= P.inline_max_n && !next_ready) {
-                    if (lane < 8u) {
-                        reinterpret_cast<u64*>(&inline_task.rec)[2 * lane] = a;
-                        reinterpret_cast<u64*>(&inline_task.rec)[2 * lane + 1] = b;
-                    }
+            // A task an idle poll found is in the registers (lane r: word r). It runs
+            // here and now, on this block, if it is a lone task: no unit in flight, the
+            // next slot not ready, one block and n <= inline_max_n. Otherwise it takes
+            // the general path, with the record already read.
+            u32 near_blocks = 0;  // with four records or fewer: this lane's task's blocks
+            if (was_idle) {
+                const u64 high0 = __shfl_sync(full, spec, kWireHighWord0);
+                const u64 high1 = __shfl_sync(full, spec, kWireHighWord1);
+                const u64 word = decode_wire(idle_decoder, spec, high0, high1);
+                const u32 blocks = (u32)(__shfl_sync(full, word, 1) >> 32);
+                const u64 n = __shfl_sync(full, word, 2);
+                const bool next_ready = __shfl_sync(full, spec, 16) == tail + 2;
+                if (known_done == unit_head && P.inline_max_n != 0 && blocks <= 1u &&
+                    n <= P.inline_max_n && !next_ready) {
+                    if (lane < 16u) reinterpret_cast<u64*>(&inline_task.rec)[lane] = word;
                     if (lane == 0) {
                         inline_task.slot = (u32)(tail & ring_mask);
                         inline_task.run = 1u;
@@ -296,40 +313,49 @@ __device__ void run_dispatcher(const EngineParams& P, InlineTask& inline_task) {
                     last_work = now_ns();
                     continue;
                 }
-            }
-            // Copy the taken records to device memory, 16 bytes a lane (four
-            // records per warp-wide load). All loads are issued before any
-            // store, so the PCIe round trips overlap. The ballots order these
-            // loads after each record's acquire of its sequence number.
-            u64 lo[8 * kTakeGroups], hi[8 * kTakeGroups];
-            hi[0] = 0;  // every lane passes it to the shuffle below, loaded or not
+                if (lane < 16u) reinterpret_cast<u64*>(&P.tasks[tail & ring_mask])[lane] = word;
+                near_blocks = blocks;
+            } else {
+                // Copy the taken records to device memory, 16 bytes a lane (four
+                // records per warp-wide load), decoded. All loads are issued before any
+                // store, so the PCIe round trips overlap. The ballots order these
+                // loads after each record's acquire of its sequence number, so every
+                // word is this lap's.
+                u64 lo[8 * kTakeGroups], hi[8 * kTakeGroups];  // every lane shuffles them below
 #pragma unroll
-            for (u32 k = 0; k < 8 * kTakeGroups; ++k) {
-                const u32 rec = (lane >> 3) + 4u * k;
-                if (rec < taken) {
-                    const u64 s = (tail + rec) & ring_mask;
-                    const u64* src = reinterpret_cast<const u64*>(&P.ring[s]) + 2 * (lane & 7u);
-                    asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];"
-                                 : "=l"(lo[k]), "=l"(hi[k]) : "l"(src));
-                }
-            }
+                for (u32 k = 0; k < 8 * kTakeGroups; ++k) lo[k] = hi[k] = 0;
 #pragma unroll
-            for (u32 k = 0; k < 8 * kTakeGroups; ++k) {
-                const u32 rec = (lane >> 3) + 4u * k;
-                if (rec < taken) {
-                    const u64 s = (tail + rec) & ring_mask;
-                    u64* dst = reinterpret_cast<u64*>(&P.tasks[s]) + 2 * (lane & 7u);
-                    dst[0] = lo[k];
-                    dst[1] = hi[k];
+                for (u32 k = 0; k < 8 * kTakeGroups; ++k) {
+                    const u32 rec = (lane >> 3) + 4u * k;
+                    if (rec < taken) {
+                        const u64 s = (tail + rec) & ring_mask;
+                        const u64* src = reinterpret_cast<const u64*>(&P.ring[s]) + 2 * (lane & 7u);
+                        asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];"
+                                     : "=l"(lo[k]), "=l"(hi[k]) : "l"(src));
+                    }
                 }
+#pragma unroll
+                for (u32 k = 0; k < 8 * kTakeGroups; ++k) {
+                    // Lane 7 of each group of 8 holds its record's words 14 and 15.
+                    const u64 high0 = __shfl_sync(full, lo[k], lane | 7u);
+                    const u64 high1 = __shfl_sync(full, hi[k], lane | 7u);
+                    const u32 rec = (lane >> 3) + 4u * k;
+                    if (rec < taken) {
+                        const u64 s = (tail + rec) & ring_mask;
+                        u64* dst = reinterpret_cast<u64*>(&P.tasks[s]) + 2 * (lane & 7u);
+                        dst[0] = decode_wire(pair_decoder[0], lo[k], high0, high1);
+                        dst[1] = decode_wire(pair_decoder[1], hi[k], high0, high1);
+                    }
+                }
+                // With four records or fewer (a light load) each lane takes its
+                // task's block count from the registers that loaded the record (word 1,
+                // bits 32..55, held by lane 8 * record) instead of reading it back.
+                near_blocks =
+                    __shfl_sync(full, (u32)((hi[0] & kWirePayloadMask) >> 32), (lane & 3u) * 8u);
             }
             __syncwarp();
             // Hand the tasks to the workers 32 at a time: each group's units fit
             // the unit queue (sized for 32 maximal tasks).
-            // With four records or fewer (a light load) each lane takes its
-            // task's block count from the registers that loaded the record (word 1,
-            // high half, held by lane 8 * record) instead of reading it back.
-            const u32 near_blocks = __shfl_sync(full, (u32)(hi[0] >> 32), (lane & 3u) * 8u);
             for (u32 first = 0; first < taken; first += 32u) {
                 const u32 index = first + lane;
                 const u64 slot = (tail + index) & ring_mask;

@@ -1,0 +1,217 @@
+"""The ring's wire form of a task record: words the device can check one by one.
+
+A :data:`~gpuactors.engine.abi.RING_RECORD` is ``seq`` and 15 words. Each word holds
+56 bits of a :data:`~gpuactors.engine.abi.TASK_RECORD` word and, in its top byte, the
+tag of the ring lap it was written for (:func:`wire_tag`). The producer writes all 15
+on every lap, each word's payload before its tag byte, and all before ``seq``. A word
+whose tag is the current lap's is therefore this lap's value (the device reads each
+word in one 8-byte load), whatever order the device's reads arrive in, and a record
+whose 15 tags match is whole. That is what lets the idle device read a record in the
+same PCIe round trip as its sequence number (``kernels/engine.cuh``).
+``kernels/abi.cuh`` lists the words; the top bytes of the arguments and of ``n``
+travel in words 14 and 15, and deadlines in units of 1024 ns (rounded up, so a task
+never expires early).
+
+:func:`record_packer` writes one record: its payloads with one ``struct`` call, then
+its tag bytes; :func:`encode_rows` writes many, vectorised, each word whole (payload
+and tag in one store); :func:`decode` and :func:`is_whole` mirror the device for tests
+and the CPU consumer.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from gpuactors.engine.abi import (
+    DEADLINE_SHIFT,
+    MAX_ARGS,
+    TASK_RECORD,
+    WIRE_ARGS_IN_WORD0,
+    WIRE_FIRST_ARG,
+    WIRE_TAG_SHIFT,
+    WIRE_WORDS,
+)
+from gpuactors.straight_line import compile_function
+
+PAYLOAD_MASK = (1 << WIRE_TAG_SHIFT) - 1
+MAX_BLOCKS = (1 << 24) - 1  # op | blocks << 32 stays under the tag; the device clamps far lower
+_DEADLINE_ROUND = (1 << DEADLINE_SHIFT) - 1
+_N_HIGH_SHIFT = 8 * (MAX_ARGS - WIRE_ARGS_IN_WORD0)  # n's top byte follows args[7..9]'s
+_WORDS = struct.Struct(f"<{WIRE_WORDS}Q")
+TAG_BYTES = tuple(bytes([tag]) * WIRE_WORDS for tag in range(256))
+
+#: ``pack(buffer, offset, tag, op, blocks, n, deadline_ns, *args)``: words 1..15.
+RecordPacker = Callable[..., None]
+
+
+def lap_shift(capacity: int) -> int:
+    """log2 of a power-of-two ring capacity: ``position >> lap_shift`` is the lap."""
+    return capacity.bit_length() - 1
+
+
+def wire_tag(position: int, shift: int) -> int:
+    """The tag byte of ``position``'s lap: never 0, and unlike the previous lap's."""
+    return 0x80 | ((position >> shift) & 0x7F)
+
+
+def _pack_generally(
+    buf: memoryview, off: int, tag: int, op: int, blocks: int, n: int, dl: int, *args: int
+) -> None:
+    """:func:`record_packer`'s path for deadlines, huge block counts and wide values."""
+    high0 = high1 = 0
+    payload = [0] * MAX_ARGS
+    for index, value in enumerate(args):
+        payload[index] = value & PAYLOAD_MASK
+        if index < WIRE_ARGS_IN_WORD0:
+            high0 |= (value >> WIRE_TAG_SHIFT) << (8 * index)
+        else:
+            high1 |= (value >> WIRE_TAG_SHIFT) << (8 * (index - WIRE_ARGS_IN_WORD0))
+    high1 |= (n >> WIRE_TAG_SHIFT) << _N_HIGH_SHIFT
+    _WORDS.pack_into(
+        buf,
+        off,
+        op | min(blocks, MAX_BLOCKS) << 32,
+        n & PAYLOAD_MASK,
+        (dl + _DEADLINE_ROUND) >> DEADLINE_SHIFT,
+        *payload,
+        high0,
+        high1,
+    )
+    buf[off + 7 : off + 8 * WIRE_WORDS : 8] = TAG_BYTES[tag]
+
+
+def record_packer_source(arity: int) -> str:
+    """The Python source of :func:`record_packer`'s function for ``arity`` arguments."""
+    names = [f"a{index}" for index in range(arity)]
+    params = "".join(", " + name for name in names)
+    lines = [
+        f"def pack(buf, off, tag, op, blocks, n, dl{params}):",
+        f"    if dl or ({' | '.join(['n', *names])}) >> 56 or blocks > MAX_BLOCKS:",
+        f"        return GENERALLY(buf, off, tag, op, blocks, n, dl{params})",
+        f"    W(buf, off, op, blocks, n{params})",
+        f"    buf[off + 7 : off + {8 * WIRE_WORDS} : 8] = TAG_BYTES[tag]",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def record_packer(arity: int) -> RecordPacker:
+    """Write words 1..15 of a record of ``arity`` arguments at ``buffer[offset:]`` with
+    tag byte ``tag``: first the payloads, whose top bytes are zeros (no lap's tag), then
+    the 15 tag bytes, so no word shows its new tag before its new payload. The usual
+    task (no deadline, every value under 2**56) is one ``struct`` call and one strided
+    byte copy; :func:`_pack_generally` takes the others."""
+    usual = struct.Struct(f"<IIQ8x{arity}Q{(MAX_ARGS - arity + 2) * 8}x")
+    namespace: dict[str, Any] = {
+        "W": usual.pack_into,
+        "TAG_BYTES": TAG_BYTES,
+        "MAX_BLOCKS": MAX_BLOCKS,
+        "GENERALLY": _pack_generally,
+    }
+    packer: RecordPacker = compile_function(
+        record_packer_source(arity), f"<gpuactors wire packer of arity {arity}>", namespace, "pack"
+    )
+    return packer
+
+
+PACKERS: tuple[RecordPacker, ...] = tuple(record_packer(k) for k in range(MAX_ARGS + 1))
+
+_U64 = np.uint64
+
+
+def _tagged_into(column: np.ndarray, value: int | np.ndarray, t: np.uint64) -> int:
+    """Store ``value`` (one per row, or one for all) into ``column`` with tag ``t``;
+    returns the top byte of a one-for-all value, or -1 when some row's top byte is set
+    (the caller then splits the column)."""
+    if isinstance(value, (int, np.integer)):
+        column[...] = _U64(int(value) & PAYLOAD_MASK) | t
+        return int(value) >> WIRE_TAG_SHIFT
+    array = np.asarray(value).astype(_U64, copy=False)
+    if array.size and int(array.max()) >> WIRE_TAG_SHIFT:
+        return -1
+    np.bitwise_or(array, t, out=column)
+    return 0
+
+
+def encode_rows(
+    words: np.ndarray,
+    tag: int,
+    op: int | np.ndarray,
+    blocks: int | np.ndarray,
+    n: int | np.ndarray,
+    deadline_ns: int | np.ndarray,
+    args: Sequence[int | np.ndarray],
+) -> None:
+    """Write the 15 wire words of ``len(words)`` records (``words``: a (rows, 15) uint64
+    view of the ring), vectorised. Each value is one per row or one for all; ``args``
+    covers the first ``len(args)`` argument slots, the rest are zero. Every element is
+    stored as one whole word, payload and tag together. The usual batch (values under
+    2**56) costs one pass per column; a column with a top byte set is split."""
+    t = _U64(tag << WIRE_TAG_SHIFT)
+    if isinstance(op, (int, np.integer)) and isinstance(blocks, (int, np.integer)):
+        words[:, 0] = _U64(int(op) | min(int(blocks), MAX_BLOCKS) << 32) | t
+    else:
+        blocks_column = np.minimum(np.asarray(blocks, dtype=_U64), _U64(MAX_BLOCKS))
+        words[:, 0] = np.asarray(op, dtype=_U64) | (blocks_column << _U64(32)) | t
+    if isinstance(deadline_ns, (int, np.integer)):
+        words[:, 2] = _U64((int(deadline_ns) + _DEADLINE_ROUND) >> DEADLINE_SHIFT) | t
+    else:
+        deadline = np.asarray(deadline_ns, dtype=_U64)
+        words[:, 2] = ((deadline + _U64(_DEADLINE_ROUND)) >> _U64(DEADLINE_SHIFT)) | t
+    words[:, 3 + len(args) : 13] = t
+    high: list[int | np.ndarray] = [0] * (MAX_ARGS + 1)  # top bytes: args, then n
+    for index, value in enumerate([*args, n]):
+        column = 1 if index == len(args) else WIRE_FIRST_ARG - 1 + index
+        fitted = _tagged_into(words[:, column], value, t)
+        if fitted < 0:  # a wide column: payloads and top bytes apart
+            array = np.asarray(value, dtype=_U64)
+            words[:, column] = (array & _U64(PAYLOAD_MASK)) | t
+            top_column = array >> _U64(WIRE_TAG_SHIFT)
+            high[MAX_ARGS if index == len(args) else index] = top_column
+        else:
+            high[MAX_ARGS if index == len(args) else index] = fitted
+    high0: int | np.ndarray = 0
+    high1: int | np.ndarray = 0
+    for index, top in enumerate(high):
+        if isinstance(top, int) and top == 0:
+            continue
+        if index < WIRE_ARGS_IN_WORD0:
+            high0 = high0 | (np.asarray(top, dtype=_U64) << _U64(8 * index))
+        else:
+            shift = _N_HIGH_SHIFT if index == MAX_ARGS else 8 * (index - WIRE_ARGS_IN_WORD0)
+            high1 = high1 | (np.asarray(top, dtype=_U64) << _U64(shift))
+    words[:, 13] = np.asarray(high0, dtype=_U64) | t
+    words[:, 14] = np.asarray(high1, dtype=_U64) | t
+
+
+def is_whole(words: Sequence[int] | np.ndarray, position: int, shift: int) -> bool:
+    """Whether all 15 words carry ``position``'s lap tag (what the device checks)."""
+    tag = wire_tag(position, shift)
+    return all(int(word) >> WIRE_TAG_SHIFT == tag for word in words)
+
+
+def decode(seq: int, words: Sequence[int] | np.ndarray) -> np.void:
+    """The TASK_RECORD a whole record's words decode to (the device's decode_wire)."""
+    w = [int(word) & PAYLOAD_MASK for word in words]
+    high0, high1 = w[13], w[14]
+    record: np.void = np.zeros(1, dtype=TASK_RECORD)[0]
+    record["seq"] = seq
+    record["op"] = w[0] & 0xFFFFFFFF
+    record["blocks"] = w[0] >> 32
+    record["n"] = w[1] | ((high1 >> _N_HIGH_SHIFT) & 0xFF) << 56
+    record["deadline_ns"] = w[2] << DEADLINE_SHIFT
+    for index in range(MAX_ARGS):
+        if index < WIRE_ARGS_IN_WORD0:
+            top = (high0 >> (8 * index)) & 0xFF
+        else:
+            top = (high1 >> (8 * (index - WIRE_ARGS_IN_WORD0))) & 0xFF
+        record["args"][index] = w[WIRE_FIRST_ARG - 1 + index] | top << 56
+    return record
+
+
+def decode_rows(records: np.ndarray) -> np.ndarray:
+    """The TASK_RECORD array that RING_RECORD rows decode to (``decode`` of each row)."""
+    return np.array([decode(int(row["seq"]), row["words"]) for row in records], dtype=TASK_RECORD)
