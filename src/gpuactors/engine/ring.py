@@ -324,6 +324,7 @@ class HostConsumer:
         self.completions = completions
         self.capacity = check_capacity(len(records))
         self.mask = self.capacity - 1
+        self.lap_shift = wire.lap_shift(self.capacity)
         self.tail = 0
 
     def take(self, limit: int = 32) -> list[tuple[int, np.void]]:
@@ -333,13 +334,12 @@ class HostConsumer:
         carry the record's lap tag; anything else is a producer bug.
         """
         taken: list[tuple[int, np.void]] = []
-        shift = wire.lap_shift(self.capacity)
         while len(taken) < limit:
             pos = self.tail
             record = self.records[pos & self.mask]
             if int(record["seq"]) != pos + 1:
                 break
-            if not wire.is_whole(record["words"], pos, shift):
+            if not wire.is_whole(record["words"], pos, self.lap_shift):
                 raise AssertionError(f"ring position {pos} is ready but not whole")
             taken.append((pos + 1, wire.decode(pos + 1, record["words"])))
             self.tail = pos + 1

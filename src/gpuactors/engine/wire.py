@@ -40,7 +40,13 @@ from gpuactors.straight_line import compile_function
 PAYLOAD_MASK = (1 << WIRE_TAG_SHIFT) - 1
 MAX_BLOCKS = (1 << 24) - 1  # op | blocks << 32 stays under the tag; the device clamps far lower
 _DEADLINE_ROUND = (1 << DEADLINE_SHIFT) - 1
-_N_HIGH_SHIFT = 8 * (MAX_ARGS - WIRE_ARGS_IN_WORD0)  # n's top byte follows args[7..9]'s
+# Where the top byte of each value wider than 56 bits travels: (high word, bit shift)
+# for args[0..9], then for n (index MAX_ARGS), whose byte follows those of args[7..9].
+# High word 0 is record word 14, high word 1 record word 15 (abi.cuh).
+_TOP_BYTES = tuple(
+    (0, 8 * index) if index < WIRE_ARGS_IN_WORD0 else (1, 8 * (index - WIRE_ARGS_IN_WORD0))
+    for index in range(MAX_ARGS + 1)
+)
 _WORDS = struct.Struct(f"<{WIRE_WORDS}Q")
 TAG_BYTES = tuple(bytes([tag]) * WIRE_WORDS for tag in range(256))
 
@@ -62,15 +68,13 @@ def _pack_generally(
     buf: memoryview, off: int, tag: int, op: int, blocks: int, n: int, dl: int, *args: int
 ) -> None:
     """:func:`record_packer`'s path for deadlines, huge block counts and wide values."""
-    high0 = high1 = 0
+    high = [0, 0]
     payload = [0] * MAX_ARGS
-    for index, value in enumerate(args):
-        payload[index] = value & PAYLOAD_MASK
-        if index < WIRE_ARGS_IN_WORD0:
-            high0 |= (value >> WIRE_TAG_SHIFT) << (8 * index)
-        else:
-            high1 |= (value >> WIRE_TAG_SHIFT) << (8 * (index - WIRE_ARGS_IN_WORD0))
-    high1 |= (n >> WIRE_TAG_SHIFT) << _N_HIGH_SHIFT
+    for index, value in enumerate([*args, n]):
+        word, shift = _TOP_BYTES[MAX_ARGS if index == len(args) else index]
+        high[word] |= (value >> WIRE_TAG_SHIFT) << shift
+        if index < len(args):
+            payload[index] = value & PAYLOAD_MASK
     _WORDS.pack_into(
         buf,
         off,
@@ -78,8 +82,7 @@ def _pack_generally(
         n & PAYLOAD_MASK,
         (dl + _DEADLINE_ROUND) >> DEADLINE_SHIFT,
         *payload,
-        high0,
-        high1,
+        *high,
     )
     buf[off + 7 : off + 8 * WIRE_WORDS : 8] = TAG_BYTES[tag]
 
@@ -122,16 +125,17 @@ PACKERS: tuple[RecordPacker, ...] = tuple(record_packer(k) for k in range(MAX_AR
 _U64 = np.uint64
 
 
-def _tagged_into(column: np.ndarray, value: int | np.ndarray, t: np.uint64) -> int:
-    """Store ``value`` (one per row, or one for all) into ``column`` with tag ``t``;
-    returns the top byte of a one-for-all value, or -1 when some row's top byte is set
-    (the caller then splits the column)."""
+def _tagged_into(column: np.ndarray, value: int | np.ndarray, t: np.uint64) -> int | np.ndarray:
+    """Store ``value``'s low 56 bits (one per row, or one for all) into ``column`` with
+    tag ``t``; returns its top byte (or bytes, one per row). The usual column, every
+    value under 2**56, is one pass."""
     if isinstance(value, (int, np.integer)):
         column[...] = _U64(int(value) & PAYLOAD_MASK) | t
         return int(value) >> WIRE_TAG_SHIFT
     array = np.asarray(value).astype(_U64, copy=False)
-    if array.size and int(array.max()) >> WIRE_TAG_SHIFT:
-        return -1
+    if array.size and int(array.max()) >> WIRE_TAG_SHIFT:  # a wide column: split it
+        column[...] = (array & _U64(PAYLOAD_MASK)) | t
+        return array >> _U64(WIRE_TAG_SHIFT)
     np.bitwise_or(array, t, out=column)
     return 0
 
@@ -162,29 +166,16 @@ def encode_rows(
         deadline = np.asarray(deadline_ns, dtype=_U64)
         words[:, 2] = ((deadline + _U64(_DEADLINE_ROUND)) >> _U64(DEADLINE_SHIFT)) | t
     words[:, 3 + len(args) : 13] = t
-    high: list[int | np.ndarray] = [0] * (MAX_ARGS + 1)  # top bytes: args, then n
+    high: list[int | np.ndarray] = [0, 0]
     for index, value in enumerate([*args, n]):
-        column = 1 if index == len(args) else WIRE_FIRST_ARG - 1 + index
-        fitted = _tagged_into(words[:, column], value, t)
-        if fitted < 0:  # a wide column: payloads and top bytes apart
-            array = np.asarray(value, dtype=_U64)
-            words[:, column] = (array & _U64(PAYLOAD_MASK)) | t
-            top_column = array >> _U64(WIRE_TAG_SHIFT)
-            high[MAX_ARGS if index == len(args) else index] = top_column
-        else:
-            high[MAX_ARGS if index == len(args) else index] = fitted
-    high0: int | np.ndarray = 0
-    high1: int | np.ndarray = 0
-    for index, top in enumerate(high):
+        is_n = index == len(args)
+        top = _tagged_into(words[:, 1 if is_n else WIRE_FIRST_ARG - 1 + index], value, t)
         if isinstance(top, int) and top == 0:
             continue
-        if index < WIRE_ARGS_IN_WORD0:
-            high0 = high0 | (np.asarray(top, dtype=_U64) << _U64(8 * index))
-        else:
-            shift = _N_HIGH_SHIFT if index == MAX_ARGS else 8 * (index - WIRE_ARGS_IN_WORD0)
-            high1 = high1 | (np.asarray(top, dtype=_U64) << _U64(shift))
-    words[:, 13] = np.asarray(high0, dtype=_U64) | t
-    words[:, 14] = np.asarray(high1, dtype=_U64) | t
+        word, shift = _TOP_BYTES[MAX_ARGS if is_n else index]
+        high[word] = high[word] | (np.asarray(top, dtype=_U64) << _U64(shift))
+    words[:, 13] = np.asarray(high[0], dtype=_U64) | t
+    words[:, 14] = np.asarray(high[1], dtype=_U64) | t
 
 
 def is_whole(words: Sequence[int] | np.ndarray, position: int, shift: int) -> bool:
@@ -196,19 +187,16 @@ def is_whole(words: Sequence[int] | np.ndarray, position: int, shift: int) -> bo
 def decode(seq: int, words: Sequence[int] | np.ndarray) -> np.void:
     """The TASK_RECORD a whole record's words decode to (the device's decode_wire)."""
     w = [int(word) & PAYLOAD_MASK for word in words]
-    high0, high1 = w[13], w[14]
+    high = w[13:15]
+    tops = [(high[word] >> shift) & 0xFF for word, shift in _TOP_BYTES]
     record: np.void = np.zeros(1, dtype=TASK_RECORD)[0]
     record["seq"] = seq
     record["op"] = w[0] & 0xFFFFFFFF
     record["blocks"] = w[0] >> 32
-    record["n"] = w[1] | ((high1 >> _N_HIGH_SHIFT) & 0xFF) << 56
+    record["n"] = w[1] | tops[MAX_ARGS] << WIRE_TAG_SHIFT
     record["deadline_ns"] = w[2] << DEADLINE_SHIFT
     for index in range(MAX_ARGS):
-        if index < WIRE_ARGS_IN_WORD0:
-            top = (high0 >> (8 * index)) & 0xFF
-        else:
-            top = (high1 >> (8 * (index - WIRE_ARGS_IN_WORD0))) & 0xFF
-        record["args"][index] = w[WIRE_FIRST_ARG - 1 + index] | top << 56
+        record["args"][index] = w[WIRE_FIRST_ARG - 1 + index] | tops[index] << WIRE_TAG_SHIFT
     return record
 
 
