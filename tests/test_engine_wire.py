@@ -120,7 +120,8 @@ def test_no_mix_of_two_laps_passes_for_a_whole_record(arity: int) -> None:
 
 
 @pytest.mark.parametrize("deadline", [0, 10**18])
-def test_payloads_are_written_before_their_tags(deadline: int) -> None:
+@pytest.mark.parametrize("first", [2**64 - 1, 2**56 - 1], ids=["wide", "narrow"])
+def test_payloads_are_written_before_their_tags(deadline: int, first: int) -> None:
     """The packer writes every payload byte (top bytes zero: no lap has tag 0) before any
     tag byte, on both of its paths; a word the device reads with the new tag therefore
     has its new payload, however the payload's bytes were stored."""
@@ -138,14 +139,17 @@ def test_payloads_are_written_before_their_tags(deadline: int) -> None:
     buffer = Recording(RING_RECORD.itemsize)
     buffer[8:] = b"\xee" * (RING_RECORD.itemsize - 8)  # the previous lap's words
     tag = wire.wire_tag(3, SHIFT)
-    wire.PACKERS[2](buffer, 8, tag, 1, 1, 5, deadline, 2**64 - 1, 7)
+    Recording.before_tags.clear()
+    wire.PACKERS[2](buffer, 8, tag, 1, 1, 5, deadline, first, 7)
     (before,) = Recording.before_tags
     payloads = np.frombuffer(before[8:], dtype=np.uint64)
     assert all(int(word) >> 56 == 0 for word in payloads), "every payload is in, no tag yet"
     final = np.frombuffer(bytes(buffer[8:]), dtype=np.uint64)
     assert {int(word) >> 56 for word in final} == {tag}
     assert (final & np.uint64(wire.PAYLOAD_MASK)).tolist() == payloads.tolist()
-    assert wire.decode(4, final)["args"][:2].tolist() == [2**64 - 1, 7]
+    record = wire.decode(4, final)
+    assert record["args"][:2].tolist() == [first, 7]
+    assert deadline <= int(record["deadline_ns"]) < deadline + 1024
 
 
 def test_decode_rows_reads_a_ring() -> None:

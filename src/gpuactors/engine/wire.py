@@ -67,7 +67,7 @@ def wire_tag(position: int, shift: int) -> int:
 def _pack_generally(
     buf: memoryview, off: int, tag: int, op: int, blocks: int, n: int, dl: int, *args: int
 ) -> None:
-    """:func:`record_packer`'s path for deadlines, huge block counts and wide values."""
+    """:func:`record_packer`'s path for huge block counts and values wider than 56 bits."""
     high = [0, 0]
     payload = [0] * MAX_ARGS
     for index, value in enumerate([*args, n]):
@@ -93,9 +93,9 @@ def record_packer_source(arity: int) -> str:
     params = "".join(", " + name for name in names)
     lines = [
         f"def pack(buf, off, tag, op, blocks, n, dl{params}):",
-        f"    if dl or ({' | '.join(['n', *names])}) >> 56 or blocks > MAX_BLOCKS:",
+        f"    if ({' | '.join(['n', *names])}) >> 56 or blocks > MAX_BLOCKS:",
         f"        return GENERALLY(buf, off, tag, op, blocks, n, dl{params})",
-        f"    W(buf, off, op, blocks, n{params})",
+        f"    W(buf, off, op, blocks, n, (dl + DEADLINE_ROUND) >> DEADLINE_SHIFT{params})",
         f"    buf[off + 7 : off + {8 * WIRE_WORDS} : 8] = TAG_BYTES[tag]",
     ]
     return "\n".join(lines) + "\n"
@@ -105,13 +105,16 @@ def record_packer(arity: int) -> RecordPacker:
     """Write words 1..15 of a record of ``arity`` arguments at ``buffer[offset:]`` with
     tag byte ``tag``: first the payloads, whose top bytes are zeros (no lap's tag), then
     the 15 tag bytes, so no word shows its new tag before its new payload. The usual
-    task (no deadline, every value under 2**56) is one ``struct`` call and one strided
-    byte copy; :func:`_pack_generally` takes the others."""
-    usual = struct.Struct(f"<IIQ8x{arity}Q{(MAX_ARGS - arity + 2) * 8}x")
+    task (every value under 2**56, with or without a deadline: a deadline below 2**64
+    is one in 1024-ns units) is one ``struct`` call and one strided byte copy;
+    :func:`_pack_generally` takes the others."""
+    usual = struct.Struct(f"<IIQQ{arity}Q{(MAX_ARGS - arity + 2) * 8}x")
     namespace: dict[str, Any] = {
         "W": usual.pack_into,
         "TAG_BYTES": TAG_BYTES,
         "MAX_BLOCKS": MAX_BLOCKS,
+        "DEADLINE_ROUND": _DEADLINE_ROUND,
+        "DEADLINE_SHIFT": DEADLINE_SHIFT,
         "GENERALLY": _pack_generally,
     }
     packer: RecordPacker = compile_function(
