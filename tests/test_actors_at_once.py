@@ -20,8 +20,8 @@ from gpuactors.actors import (
     SupervisorStrategy,
     handles,
 )
+from gpuactors.actors.at_once import AT_ONCE_STREAK_SECONDS
 from gpuactors.actors.cell import CURRENT_CELL
-from gpuactors.actors.ref import AT_ONCE_STREAK_SECONDS
 from gpuactors.errors import ActorStopped
 from gpuactors.messages import Message
 
@@ -167,11 +167,37 @@ async def test_a_tight_loop_of_asks_still_lets_other_tasks_run() -> None:
         await asyncio.sleep(0)
         before = ticks
         started = time.perf_counter()
+        handlers = set()
         while time.perf_counter() - started < 20 * AT_ONCE_STREAK_SECONDS:
             await ref.ask(Add(value=1))
+            handlers.add((await ref.ask(Where()))[0])
         assert ticks - before >= 5  # the loop turned at least once per streak
+        # The ask that ends a streak lets the loop turn, then is still handled at once.
+        assert handlers == {asyncio.current_task()}
         other.cancel()
         await asyncio.gather(other, return_exceptions=True)
+
+
+async def test_asks_past_a_long_run_keep_their_place_among_later_messages() -> None:
+    """Asks whose askers first run in one loop turn, with the run of asks handled at
+    once growing past its limit among them: each is still handled when its asker first
+    runs, so a message sent after them sees them all."""
+    async with ActorSystem() as system:
+        ref = system.spawn(Counter)
+        await ref.ask(Add(value=0))
+
+        async def hold_the_loop() -> None:
+            time.sleep(2 * AT_ONCE_STREAK_SECONDS)  # noqa: ASYNC251 - holds the loop on purpose
+
+        count = 100
+        first = [asyncio.ensure_future(ref.ask(Add(value=1))) for _ in range(count)]
+        holder = asyncio.ensure_future(hold_the_loop())
+        second = [asyncio.ensure_future(ref.ask(Add(value=1))) for _ in range(count)]
+        await asyncio.sleep(0)  # all of them ran to their first suspension, in order
+        assert await ref.ask(Add(value=0)) == 2 * count
+        replies = await asyncio.gather(*first, *second)
+        assert replies == list(range(1, 2 * count + 1))
+        await holder
 
 
 async def test_an_ask_never_overtakes_askers_already_waiting() -> None:

@@ -33,11 +33,12 @@ from gpuactors.actors.actor import (
     handled_types,
     resolve_handler,
 )
+from gpuactors.actors.at_once import NOT_AT_ONCE, AtOnceFailure
 from gpuactors.actors.context import ActorContext
 from gpuactors.actors.dead_letters import DeadLetter, DeadLetterReason
 from gpuactors.actors.deadlines import AskDeadlines
 from gpuactors.actors.deferred import Deferred
-from gpuactors.actors.mailbox import Envelope, Mailbox
+from gpuactors.actors.mailbox import Mailbox
 from gpuactors.actors.props import Props
 from gpuactors.actors.ref import ActorRef
 from gpuactors.actors.supervision import Directive, RestartBudget, SupervisorStrategy
@@ -173,12 +174,12 @@ class ActorCell:
         self.terminated: asyncio.Future[None] = self.loop.create_future()
         self.cause: BaseException | None = None
         self.stopping = False
-        #: True while the task waits for mail with nothing queued: see ``handle_at_once``.
+        #: True while the task waits for mail with nothing queued: see ``answer_at_once``.
         self.idle = False
         #: Asks to this actor whose askers wait for the reply (queued or deferred).
         self.askers_waiting = 0
         self.task: asyncio.Task[None] | None = None
-        self._context: contextvars.Context | None = None  # the task's, for handle_at_once
+        self._context: contextvars.Context | None = None  # the task's, for answer_at_once
         self._killed = False
         self._started = False
         self._suspension: asyncio.Future[Directive] | None = None
@@ -350,22 +351,24 @@ class ActorCell:
                     return
                 continue
             if isinstance(result, Deferred):
-                self._defer(result.future, reply)
+                self.defer_reply(result.future, reply)
             elif reply is not None and not reply.done():
                 reply.set_result(result)
 
-    def handle_at_once(self, envelope: Envelope) -> bool:
+    def answer_at_once(self, message: Any, cid: str) -> Any:
         """Run an ask's handler now, in the asker's task, where nobody could tell the
         difference: the actor is idle with nothing queued ahead, and the handler is
         synchronous (so it runs start to end with no other message in between).
 
-        Saves the two task switches of a mailbox round trip on the latency path. The
-        handler sees the actor's own context (logs, ``CURRENT_CELL``); a failure goes to
-        the asker and, through the system lane, to the supervisor as usual. False when
-        the ask must go through the mailbox instead: also when other askers wait on this
-        actor (concurrent asks coalesce better through the mailbox, and one asker must
-        not overtake the others) and when asks handled at once have held the loop for
-        ``AT_ONCE_STREAK_SECONDS`` (see ``AtOnceStreak``).
+        Saves the two task switches of a mailbox round trip, and the reply future, on
+        the latency path. The handler sees the actor's own context (logs,
+        ``CURRENT_CELL``). Returns the handler's reply; a :class:`Deferred` it returned;
+        an :class:`AtOnceFailure` if it raised (the supervisor hears of the failure
+        through the system lane, as usual); or ``NOT_AT_ONCE`` when the ask must go
+        through the mailbox instead: also when other askers wait on this actor
+        (concurrent asks coalesce better through the mailbox, and one asker must not
+        overtake the others). See ``AtOnceStreak`` for how long a run of asks answered
+        at once may hold the loop.
         """
         if (
             not self.idle
@@ -374,8 +377,7 @@ class ActorCell:
             or self.mailbox.user
             or self.mailbox.system
         ):
-            return False
-        message = envelope[0]
+            return NOT_AT_ONCE
         message_type = type(message)
         handler = self.handlers.get(message_type) or resolve_handler(self.handlers, message_type)
         if (
@@ -384,22 +386,19 @@ class ActorCell:
             or self._context is None
             or not self.instance.answers_at_once
         ):
-            return False
-        if not self.system.at_once.admit(time.perf_counter(), self.loop):
-            return False
+            return NOT_AT_ONCE
+        self.system.at_once.enter(time.perf_counter(), self.loop)
         self.idle = False
         try:
-            self._context.run(self._handle_now, handler[0], envelope)
+            return self._context.run(self._answer_now, handler[0], message, cid)
         finally:
             self.idle = not (self.stopping or self.mailbox.system)
-        return True
 
-    def _handle_now(self, method: Callable[[Any], Any], envelope: Envelope) -> None:
-        message, reply, cid = envelope
+    def _answer_now(self, method: Callable[[Any], Any], message: Any, cid: str) -> Any:
         _MESSAGE_TYPE.set(type(message).__name__)
-        _CORRELATION_ID.set(... if cid is None else cid)
+        _CORRELATION_ID.set(cid)
         try:
-            result = method(message)
+            return method(message)
         except (Exception, asyncio.CancelledError) as exc:
             failure: BaseException = exc
             if isinstance(exc, asyncio.CancelledError):
@@ -407,16 +406,10 @@ class ActorCell:
                     f"{self.path}: handler of {type(message).__name__} was cancelled"
                 )
                 failure.__cause__ = exc
-            if reply is not None and not reply.done():
-                reply.set_exception(failure)
             # First in the system lane: ahead of a stop the handler may have asked for,
             # as on the mailbox path, where the supervisor hears of a failure at once.
             self.mailbox.signal(_HandledAtOnceFailed(failure, message, cid), first=True)
-            return
-        if isinstance(result, Deferred):
-            self._defer(result.future, reply)
-        elif reply is not None and not reply.done():
-            reply.set_result(result)
+            return AtOnceFailure(failure)
 
     async def _handler_failed(
         self, exc: Exception, message: Any, reply: asyncio.Future[Any] | None
@@ -437,7 +430,8 @@ class ActorCell:
                 )
             )
 
-    def _defer(self, future: asyncio.Future[Any], reply: asyncio.Future[Any] | None) -> None:
+    def defer_reply(self, future: asyncio.Future[Any], reply: asyncio.Future[Any] | None) -> None:
+        """Settle ``reply`` with ``future``'s outcome once it has one (a Deferred reply)."""
         if future.done():
             _forward(future, reply, self)
             return

@@ -6,7 +6,9 @@ import asyncio
 import itertools
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
+from gpuactors.actors.at_once import NOT_AT_ONCE, AtOnceFailure
 from gpuactors.actors.deadlines import expire
+from gpuactors.actors.deferred import Deferred
 from gpuactors.actors.mailbox import Backpressure, Envelope
 from gpuactors.errors import ActorStopped, AskTimeout, MailboxFull
 from gpuactors.messages import Message
@@ -17,41 +19,6 @@ if TYPE_CHECKING:
 R = TypeVar("R")
 
 _next_id = itertools.count(1).__next__
-
-
-#: How long asks handled at once may hold the loop back to back: past it, the next ask
-#: goes through the mailbox, so its asker yields and other tasks get their turn.
-AT_ONCE_STREAK_SECONDS = 2e-3
-
-
-class AtOnceStreak:
-    """When the current run of asks handled at once began (None: the loop has turned
-    since). One per actor system, so one per event loop.
-
-    An ask handled at once whose reply is ready never suspends its asker, so a caller
-    asking in a tight loop would never let the loop turn. The run ends when an asker
-    waits for a reply or when the loop runs the callback the run's first ask scheduled.
-    """
-
-    __slots__ = ("started",)
-
-    def __init__(self) -> None:
-        self.started: float | None = None
-
-    def admit(self, now: float, loop: asyncio.AbstractEventLoop) -> bool:
-        """May one more ask be handled at once at ``now`` (perf_counter seconds)?"""
-        started = self.started
-        if started is None:
-            self.started = now
-            loop.call_soon(self.end)
-            return True
-        if now - started > AT_ONCE_STREAK_SECONDS:
-            self.started = None
-            return False
-        return True
-
-    def end(self) -> None:
-        self.started = None
 
 
 def new_correlation_id() -> str:
@@ -139,26 +106,53 @@ class ActorRef:
         is skipped, a late reply dropped.
         """
         cell = self._cell
-        loop = cell.loop
-        reply: asyncio.Future[Any] = loop.create_future()
-        envelope: Envelope = (message, reply, new_correlation_id())
-        timer: asyncio.TimerHandle | None = None
-        # An idle actor answers at once (no mailbox round trip); else queue if there is room.
-        if cell.handle_at_once(envelope) or cell.mailbox.offer(envelope):
+        cid = new_correlation_id()
+        # An idle actor answers at once, in this task: no mailbox round trip, no future.
+        answer = cell.answer_at_once(message, cid)
+        if answer is NOT_AT_ONCE:
+            reply, timer = await self._send(message, cid, timeout)
+        elif isinstance(answer, Deferred):  # answered at once with a reply still to come
+            reply, timer = cell.loop.create_future(), None
+            cell.defer_reply(answer.future, reply)
             if timeout is not None and not reply.done():
-                cell.deadlines.add(reply, envelope, timeout)
+                cell.deadlines.add(reply, (message, reply, cid), timeout)
         else:
-            timer = await self._send_slow(envelope, timeout)
+            if cell.system.at_once.turn_due:  # a long run of asks answered at once
+                await cell.system.at_once.turn()
+            if isinstance(answer, AtOnceFailure):
+                raise answer.error
+            return _checked(answer, message, expect, cell.path)
+        return _checked(await self._reply(reply, timer), message, expect, cell.path)
+
+    async def _send(
+        self, message: Message, cid: str, timeout: float | None
+    ) -> tuple[asyncio.Future[Any], asyncio.TimerHandle | None]:
+        """Queue an ask: its reply future, and the timer of what is left of its timeout
+        if it had to wait for room."""
+        cell = self._cell
+        reply: asyncio.Future[Any] = cell.loop.create_future()
+        envelope: Envelope = (message, reply, cid)
+        if cell.mailbox.offer(envelope):
+            if timeout is not None:
+                cell.deadlines.add(reply, envelope, timeout)
+            return reply, None
+        return reply, await self._send_slow(envelope, timeout)
+
+    async def _reply(self, reply: asyncio.Future[Any], timer: asyncio.TimerHandle | None) -> Any:
+        """Wait for ``reply``; cancelling the caller cancels it (a late reply is dropped)."""
+        cell = self._cell
+        at_once = cell.system.at_once
         try:
-            if reply.done():  # answered at once
-                result = reply.result()
-            else:
-                cell.system.at_once.end()  # this asker yields: the loop turns
-                cell.askers_waiting += 1
-                try:
-                    result = await reply
-                finally:
-                    cell.askers_waiting -= 1
+            if reply.done():  # a deferred reply that was ready at once
+                if at_once.turn_due:
+                    await at_once.turn()
+                return reply.result()
+            at_once.end()  # this asker yields: the loop turns
+            cell.askers_waiting += 1
+            try:
+                return await reply
+            finally:
+                cell.askers_waiting -= 1
         except BaseException:
             if not reply.done():
                 reply.cancel()
@@ -168,12 +162,6 @@ class ActorRef:
         finally:
             if timer is not None:
                 timer.cancel()
-        if expect is not None and not isinstance(result, expect):
-            raise TypeError(
-                f"{cell.path} replied {type(result).__name__} to {type(message).__name__}, "
-                f"expected {expect.__name__}"
-            )
-        return result
 
     async def _send_slow(
         self, envelope: Envelope, timeout: float | None
@@ -207,3 +195,12 @@ class ActorRef:
         if reply is None:
             return None
         raise ActorStopped(f"{cell.path} has stopped; {type(message).__name__} was not handled")
+
+
+def _checked(result: Any, message: Message, expect: type[Any] | None, path: str) -> Any:
+    if expect is not None and not isinstance(result, expect):
+        raise TypeError(
+            f"{path} replied {type(result).__name__} to {type(message).__name__}, "
+            f"expected {expect.__name__}"
+        )
+    return result

@@ -8,10 +8,11 @@ from collections.abc import Sequence
 from types import TracebackType
 
 from gpuactors.actors.actor import Actor
+from gpuactors.actors.at_once import AtOnceStreak
 from gpuactors.actors.cell import CURRENT_CELL, ActorCell
 from gpuactors.actors.dead_letters import DeadLetters
 from gpuactors.actors.props import Props
-from gpuactors.actors.ref import ActorRef, AtOnceStreak
+from gpuactors.actors.ref import ActorRef
 from gpuactors.actors.supervision import SupervisorStrategy
 from gpuactors.actors.terminated import Terminated
 from gpuactors.errors import (

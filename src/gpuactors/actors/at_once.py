@@ -1,0 +1,66 @@
+"""Asks answered at once: the handler runs in the asker's task, with no mailbox and no
+future, when the actor is idle (``ActorCell.answer_at_once``).
+
+This module holds what the asker and the actor's cell share about it: what the cell
+answers besides a plain reply, and the bound on how long such asks may hold the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Final
+
+#: How long asks answered at once may hold the loop back to back: past it, each asker
+#: answered at once lets the loop turn once before it takes its reply.
+AT_ONCE_STREAK_SECONDS = 2e-3
+
+#: ``answer_at_once``'s answer when the ask must go through the mailbox.
+NOT_AT_ONCE: Final = object()
+
+
+class AtOnceFailure:
+    """``answer_at_once``'s answer when the handler raised: the asker raises ``error``
+    (the supervisor hears of it through the actor's system lane, as always)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class AtOnceStreak:
+    """When the current run of asks answered at once began (None: the loop has turned
+    since). One per actor system, so one per event loop.
+
+    An ask answered at once never suspends its asker, so a caller asking in a tight
+    loop would never let the loop turn. The run ends when an asker waits for a reply
+    or when the loop runs the callback the run's first ask scheduled. An ask that comes
+    once the run is ``AT_ONCE_STREAK_SECONDS`` long is answered at once all the same
+    (so it keeps its place among messages sent after it), but its asker then lets the
+    loop turn before it takes the reply (``turn_due``).
+    """
+
+    __slots__ = ("started", "turn_due")
+
+    def __init__(self) -> None:
+        self.started: float | None = None
+        self.turn_due = False  # the ask just answered must let the loop turn
+
+    def enter(self, now: float, loop: asyncio.AbstractEventLoop) -> None:
+        """One more ask is answered at once at ``now`` (perf_counter seconds)."""
+        started = self.started
+        if started is None:
+            self.started = now
+            loop.call_soon(self.end)
+        elif now - started > AT_ONCE_STREAK_SECONDS:
+            self.turn_due = True
+
+    def end(self) -> None:
+        """The loop turns (or is about to: an asker suspends)."""
+        self.started = None
+        self.turn_due = False
+
+    async def turn(self) -> None:
+        """Let the loop turn once (the asker whose ask was due to)."""
+        self.turn_due = False
+        await asyncio.sleep(0)
