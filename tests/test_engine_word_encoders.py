@@ -123,6 +123,24 @@ def test_anything_else_is_left_to_the_general_path(change: str) -> None:
             ArgEncoder(MIXED).encode(bad, 8, 0)
 
 
+@pytest.mark.parametrize("change", sorted(BAD))
+def test_what_it_doubts_goes_to_the_general_path_it_was_given(change: str) -> None:
+    good = (CupyLikeArray("float64", 3), CupyLikeArray("int32", 8), 1.5, -3, 2**63, 0.25)
+    handed: list[tuple[Any, ...]] = []
+
+    def otherwise(args: Any, n: int, device_id: int) -> list[int]:
+        handed.append((args, n, device_id))
+        return [7]
+
+    fast = word_encoder(MIXED, CupyLikeArray, otherwise=otherwise)
+    assert fast is not None
+    assert fast(good, 8, 0) == word_encoder(MIXED, CupyLikeArray)(good, 8, 0)  # type: ignore[misc]
+    assert not handed
+    bad = BAD[change](good)
+    assert fast(bad, 8, 0) == [7]
+    assert handed == [(bad, 8, 0)]
+
+
 def test_a_float_too_large_for_float32_is_refused_by_the_general_path_too() -> None:
     op = OpSpec(name="f32", params=(ScalarParam(name="v", dtype="float32"),), body="return 0;")
     for value in (1e300, np.float64(1e300), -3.5e38):

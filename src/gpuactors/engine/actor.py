@@ -59,6 +59,7 @@ from gpuactors.engine.messages import (
     ShutdownReport,
     Stats,
     completion_of,
+    settle_completion,
 )
 from gpuactors.engine.ops import BUILTIN_OPS, OpSpec
 from gpuactors.engine.optable import OpTable
@@ -221,7 +222,11 @@ class PersistentEngineActor(Actor):
             resolved = self._ops.resolve(msg.op)  # the version is bound here, at acceptance
             n, blocks = check_count(resolved.spec, msg.n, msg.blocks)
             words = resolved.encoder.encode(msg.args, n, self._device_id)
-            deadline = self._deadline_ns(msg.timeout)
+            timeout = msg.timeout
+            if timeout is None and self._default_timeout_ns:  # the usual task, inline
+                deadline = min(time.time_ns() + self._default_timeout_ns, _MAX_DEADLINE_NS)
+            else:
+                deadline = self._deadline_ns(timeout)
             ready_event = _pending_work_event() if msg.after == "current_stream" else None
         except GpuActorsError as exc:
             return failed_reply(exc)  # the caller's error, not the actor's failure
@@ -236,13 +241,16 @@ class PersistentEngineActor(Actor):
             # spin briefly; a task that finishes meanwhile is answered without a future.
             assert self._runtime is not None
             runtime = self._runtime
-            seq = runtime.ring.try_publish(
-                resolved.op_id, n, words, blocks=blocks, deadline_ns=deadline
-            )
+            ring = runtime.ring
+            seq = ring.try_publish(resolved.op_id, n, words, blocks, deadline)
             if seq is not None:
                 runtime.kick()
-                if self._spin_for(seq):
-                    outcome = self._outcome(seq, resolved.spec, resolved.op_id, accepted_at)
+                # The GPU takes microseconds: build the reply meanwhile (the marker brings
+                # only its device figures). Bounded like the poller's own spin.
+                spec = resolved.spec
+                reply = completion_of(seq, spec.name, spec.version, 0, 0)
+                if ring.wait_done(seq, SPIN_SECONDS):
+                    outcome = self._outcome(seq, spec, resolved.op_id, accepted_at, reply)
                     if isinstance(outcome, GpuActorsError):
                         return failed_reply(outcome)
                     return outcome
@@ -346,12 +354,6 @@ class PersistentEngineActor(Actor):
         self._backlog.append(batch)
         self._wake.set()  # the poller publishes it (and owns every CUDA call that may fail)
         return Deferred(future)
-
-    def _spin_for(self, seq: int) -> bool:
-        """Light load: spin briefly on the only task in flight instead of handing it to
-        the poller (saves two event-loop hops); bounded like the poller's own spin."""
-        assert self._runtime is not None
-        return self._runtime.ring.wait_done(seq, SPIN_SECONDS)
 
     def _check_serving(self) -> None:
         if self._faulted is not None:
@@ -565,9 +567,15 @@ class PersistentEngineActor(Actor):
             task.future.set_result(outcome)
 
     def _outcome(
-        self, seq: int, op: OpSpec, op_id: int, accepted_at: float
+        self,
+        seq: int,
+        op: OpSpec,
+        op_id: int,
+        accepted_at: float,
+        reply: Completion | None = None,
     ) -> Completion | GpuActorsError:
-        """Read and retire finished task ``seq``'s marker: its reply, or its error."""
+        """Read and retire finished task ``seq``'s marker: its reply (``reply``, built
+        ahead by ``completion_of``, if given), or its error."""
         assert self._runtime is not None
         harvested = self._runtime.ring.harvest(seq)
         assert harvested is not None
@@ -575,6 +583,8 @@ class PersistentEngineActor(Actor):
         self._latencies.append(time.perf_counter() - accepted_at)
         if status == abi.STATUS_OK:
             self._processed += 1
+            if reply is not None:
+                return settle_completion(reply, units, device_ns)
             return completion_of(seq, op.name, op.version, units, device_ns)
         self._failed += 1
         if status == abi.STATUS_DEADLINE:

@@ -8,8 +8,8 @@ reaches the GPU, and the error says which argument is wrong and why.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import numpy as np
 
@@ -96,15 +96,12 @@ class ArgEncoder:
     def __init__(self, op: OpSpec) -> None:
         self.op = op
         self._wheres = [f"argument {param.name!r} of op {op.name!r}" for param in op.params]
-        self._fast = word_encoder(op, cupy_ndarray())
-
-    def encode(self, args: Sequence[Any], n: int, device_id: int) -> list[int]:
-        fast = self._fast
-        if fast is not None:
-            words = fast(args, n, device_id)
-            if words is not None:
-                return words
-        return self.encode_generally(args, n, device_id)
+        fast = word_encoder(op, cupy_ndarray(), otherwise=self.encode_generally)
+        #: ``encode(args, n, device_id) -> words``: the fast path where there is one
+        #: (it hands what it doubts to :meth:`encode_generally`), else the general one.
+        self.encode: Callable[[Sequence[Any], int, int], list[int]] = (
+            self.encode_generally if fast is None else cast(Any, fast)  # (never None here)
+        )
 
     def encode_generally(self, args: Sequence[Any], n: int, device_id: int) -> list[int]:
         """The words of ``args`` through every argument's own checks."""

@@ -142,7 +142,6 @@ class HostRing:
         op: int,
         n: int,
         args: Sequence[int],
-        *,
         blocks: int = 1,
         deadline_ns: int = 0,
     ) -> int | None:

@@ -5,10 +5,10 @@ for its scalars. For that case this module writes, once per op signature, a smal
 function that makes the checks :meth:`~gpuactors.engine.args.ArgEncoder.encode_generally`
 would make for such arguments (type, dtype, length, device and contiguity of each
 array; finiteness and range of each scalar) with no call per argument
-(:mod:`gpuactors.straight_line`), and returns the record words. It returns None
-whenever anything differs; the caller then takes the general path, which handles
-every other kind of argument and says what is wrong. The source is short and
-:func:`word_encoder_source` prints it.
+(:mod:`gpuactors.straight_line`), and returns the record words. Whenever anything
+differs it hands the arguments to the general path (or returns None where it was
+given none), which handles every other kind of argument and says what is wrong. The
+source is short and :func:`word_encoder_source` prints it.
 """
 
 from __future__ import annotations
@@ -30,12 +30,18 @@ WordEncoder = Callable[[Sequence[Any], int, int], "list[int] | None"]
 _BITS_CODES = {1: "B", 2: "H", 4: "I", 8: "Q"}
 
 
-def word_encoder(op: OpSpec, ndarray: type | None) -> WordEncoder | None:
+def word_encoder(
+    op: OpSpec, ndarray: type | None, otherwise: WordEncoder | None = None
+) -> WordEncoder | None:
     """The straight-line encoder of ``op``'s arguments, or None where CuPy (its array
-    type ``ndarray``) is missing or the array type lacks the contiguity flag read."""
+    type ``ndarray``) is missing or the array type lacks the contiguity flag read.
+
+    Arguments it doubts go to ``otherwise`` (its result is returned), or, without
+    one, make it return None. Calling the general path from inside saves the caller
+    a call per task."""
     if ndarray is None or not hasattr(ndarray, "_c_contiguous"):
         return None
-    namespace: dict[str, Any] = {"ND": ndarray, "isfinite": math.isfinite}
+    namespace: dict[str, Any] = {"ND": ndarray, "isfinite": math.isfinite, "OTHERWISE": otherwise}
     for index, param in enumerate(op.params):
         dtype = np.dtype(param.dtype)
         namespace[f"D{index}"] = dtype
@@ -47,15 +53,19 @@ def word_encoder(op: OpSpec, ndarray: type | None) -> WordEncoder | None:
             if dtype.kind != "f":
                 info = np.iinfo(dtype)
                 namespace[f"LOW{index}"], namespace[f"HIGH{index}"] = int(info.min), int(info.max)
-    source = word_encoder_source(op)
+    source = word_encoder_source(op, refuse="None" if otherwise is None else _OTHERWISE)
     encoder: WordEncoder = compile_function(
         source, f"<gpuactors word encoder of {op.name}>", namespace, "encode"
     )
     return encoder
 
 
-def word_encoder_source(op: OpSpec) -> str:
-    """The Python source of :func:`word_encoder`'s function for ``op``."""
+_OTHERWISE = "OTHERWISE(args, n, device_id)"
+
+
+def word_encoder_source(op: OpSpec, refuse: str = "None") -> str:
+    """The Python source of :func:`word_encoder`'s function for ``op``; ``refuse`` is
+    what it returns for arguments it doubts."""
     names = [f"a{index}" for index in range(len(op.params))]
     type_checks, loads, refusals, words, conversions = [], [], [], [], []
     for index, param in enumerate(op.params):
@@ -81,9 +91,9 @@ def word_encoder_source(op: OpSpec) -> str:
             conversions.append(f"        w{index} = U{index}(P{index}({name}))[0]")
             words.append(f"w{index}")
     lines = checks_source(
-        "encode(args, n, device_id)", len(names), type_checks, loads, refusals, "None"
+        "encode(args, n, device_id)", len(names), type_checks, loads, refusals, refuse
     )
     if conversions:  # a float too large for float32 (or float16) does not pack
-        lines += ["    try:", *conversions, "    except OverflowError:", "        return None"]
+        lines += ["    try:", *conversions, "    except OverflowError:", f"        return {refuse}"]
     lines += [f"    return [{', '.join(words)}]"]
     return "\n".join(lines) + "\n"
