@@ -6,6 +6,7 @@ Sections (each prints medians, p99 and the ratio to its baseline):
   1. ring round trip without asyncio: publish a record, spin on its marker
      vs. CuPy RawKernel launch + stream.synchronize() of the same op.
   2. ``await engine.ask(Enqueue(...))`` from one client vs. the same CuPy baseline.
+     Sections 1, 2 and their baseline are measured in interleaved blocks.
   3. many concurrent clients: tasks/s vs. CuPy back-to-back launches/s.
   4. EnqueueBatch of 1,000,000 tiny tasks: tasks/s (target >= 10M/s).
   5. 10,000 x 1 KiB byte-histogram jobs: one EnqueueBatch vs. one CuPy launch per job.
@@ -20,7 +21,6 @@ import statistics
 import sys
 import time
 from array import array
-from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -78,22 +78,30 @@ def report(
         print(f"  target p99 <= {target_p99}x CuPy p50: {verdict(ratio99 <= target_p99)}")
 
 
-def cupy_launch_sync(repeats: int) -> tuple[list[float], Callable[[], float]]:
-    import cupy as cp
+class CupyBaseline:
+    """The baseline: CuPy RawKernel launch + stream.synchronize() of the same axpy."""
 
-    kernel = cp.RawKernel(AXPY_SOURCE, "axpy")
-    x = cp.random.random(N, dtype=cp.float32)
-    y = cp.zeros(N, dtype=cp.float32)
-    stream = cp.cuda.Stream(non_blocking=True)
-    args = (y, x, np.float32(1.0), np.uint64(N))
-    samples = []
-    for _ in range(repeats + 200):
-        start = time.perf_counter()
-        kernel((N // 256,), (256,), args, stream=stream)
-        stream.synchronize()
-        samples.append(time.perf_counter() - start)
+    def __init__(self) -> None:
+        import cupy as cp
 
-    def back_to_back_rate(count: int = 20_000) -> float:
+        self.kernel = cp.RawKernel(AXPY_SOURCE, "axpy")
+        x = cp.random.random(N, dtype=cp.float32)
+        y = cp.zeros(N, dtype=cp.float32)
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.args = (y, x, np.float32(1.0), np.uint64(N))
+
+    def round_trips(self, count: int) -> list[float]:
+        kernel, args, stream = self.kernel, self.args, self.stream
+        samples = []
+        for _ in range(count):
+            start = time.perf_counter()
+            kernel((N // 256,), (256,), args, stream=stream)
+            stream.synchronize()
+            samples.append(time.perf_counter() - start)
+        return samples
+
+    def back_to_back_rate(self, count: int = 20_000) -> float:
+        kernel, args, stream = self.kernel, self.args, self.stream
         stream.synchronize()
         start = time.perf_counter()
         for _ in range(count):
@@ -101,44 +109,96 @@ def cupy_launch_sync(repeats: int) -> tuple[list[float], Callable[[], float]]:
         stream.synchronize()
         return count / (time.perf_counter() - start)
 
-    return samples[200:], back_to_back_rate
 
+class BareRing:
+    """Section 1: an engine runtime driven directly (no actors, no asyncio)."""
 
-def ring_round_trip(repeats: int) -> list[float]:
-    """Section 1: the engine runtime driven directly (no actors, no asyncio)."""
-    import cupy as cp
+    def __init__(self) -> None:
+        import cupy as cp
 
-    from gpuactors.engine.codegen import build_engine_module
-    from gpuactors.engine.ops import BUILTIN_OPS, ScalarParam
-    from gpuactors.engine.runtime import EngineConfig, EngineRuntime
+        from gpuactors.engine.codegen import build_engine_module
+        from gpuactors.engine.ops import BUILTIN_OPS, ScalarParam
+        from gpuactors.engine.runtime import EngineConfig, EngineRuntime
 
-    cc = cp.cuda.Device(0).compute_capability
-    module, engine = build_engine_module(BUILTIN_OPS, arch=f"sm_{cc}")
-    runtime = EngineRuntime(module.image, EngineConfig(idle_park_ms=50.0))
-    ring = runtime.ring
-    axpy = engine.op_ids["axpy@1"]
-    x = cp.random.random(N, dtype=cp.float32)
-    y = cp.zeros(N, dtype=cp.float32)
-    cp.cuda.runtime.deviceSynchronize()
-    words = [y.data.ptr, x.data.ptr, ScalarParam(name="a", dtype="float32").to_bits(1.0)]
-    samples = []
-    try:
-        for _ in range(repeats + 200):
+        cc = cp.cuda.Device(0).compute_capability
+        module, engine = build_engine_module(BUILTIN_OPS, arch=f"sm_{cc}")
+        self.runtime = EngineRuntime(module.image, EngineConfig(idle_park_ms=50.0))
+        self.axpy = engine.op_ids["axpy@1"]
+        self.x = cp.random.random(N, dtype=cp.float32)
+        self.y = cp.zeros(N, dtype=cp.float32)
+        cp.cuda.runtime.deviceSynchronize()
+        self.words = [
+            self.y.data.ptr,
+            self.x.data.ptr,
+            ScalarParam(name="a", dtype="float32").to_bits(1.0),
+        ]
+
+    def round_trips(self, count: int) -> list[float]:
+        runtime, ring, axpy, words = self.runtime, self.runtime.ring, self.axpy, self.words
+        samples = []
+        for _ in range(count):
             start = time.perf_counter()
-            seq = ring.try_publish(axpy, N, words, blocks=1)
+            seq = ring.try_publish(axpy, N, words)
             assert seq is not None
             runtime.kick()
             while not ring.wait_done(seq, 1e-3):
                 runtime.kick()  # (relaunches only a kernel that parked meanwhile)
             samples.append(time.perf_counter() - start)
             ring.retire(seq)
+        return samples
+
+
+async def latencies(
+    repeats: int, rounds: int = 10, warm_up: int = 50
+) -> tuple[list[float], list[float], list[float], CupyBaseline]:
+    """Sections 1 and 2 and their baseline, interleaved: ``rounds`` rounds of a block of
+    each (in a rotating order), so all three meet the same machine (a shared machine's
+    slow spells last seconds). The first ``warm_up`` samples of every block are dropped:
+    a block starts with a parked kernel (the other engine's, or CuPy's, ran meanwhile)."""
+    import cupy as cp
+
+    from gpuactors.actors import ActorSystem
+    from gpuactors.engine import Engine, EngineConfig, Enqueue
+
+    base = CupyBaseline()
+    bare = BareRing()
+    samples: dict[str, list[float]] = {"base": [], "ring": [], "ask": []}
+    per_block = -(-repeats // rounds) + warm_up
+    try:
+        async with ActorSystem("bench") as system:
+            engine = await Engine.start(system, config=EngineConfig(idle_park_ms=50.0))
+            x = cp.random.random(N, dtype=cp.float32)
+            y = cp.zeros(N, dtype=cp.float32)
+            cp.cuda.runtime.deviceSynchronize()
+            message = Enqueue(op="axpy", args=(y, x, 1.0), n=N, after="none")
+            ref = engine.ref
+
+            async def asks(count: int) -> list[float]:
+                taken = []
+                for _ in range(count):
+                    start = time.perf_counter()
+                    await ref.ask(message)
+                    taken.append(time.perf_counter() - start)
+                return taken
+
+            order = ["base", "ring", "ask"]
+            for round_index in range(rounds):
+                for kind in order[round_index % 3 :] + order[: round_index % 3]:
+                    if kind == "ask":
+                        block = await asks(per_block)
+                    else:
+                        async with engine.parked():
+                            block = (base if kind == "base" else bare).round_trips(per_block)
+                            bare.runtime.park_blocking()
+                    samples[kind] += block[warm_up:]
+            await engine.shutdown(timeout=60)
     finally:
-        runtime.close()
-    return samples[200:]
+        bare.runtime.close()
+    return samples["ring"], samples["ask"], samples["base"], base
 
 
-async def engine_ask(repeats: int, clients: int, per_client: int) -> tuple[list[float], float, Any]:
-    """Sections 2 and 3: through the actor, one client, then many concurrent clients."""
+async def engine_clients(clients: int, per_client: int) -> tuple[float, Any]:
+    """Section 3: many concurrent clients, each asking one task at a time."""
     import cupy as cp
 
     from gpuactors.actors import ActorSystem
@@ -146,17 +206,7 @@ async def engine_ask(repeats: int, clients: int, per_client: int) -> tuple[list[
 
     async with ActorSystem("bench") as system:
         engine = await Engine.start(system, config=EngineConfig(idle_park_ms=50.0))
-        x = cp.random.random(N, dtype=cp.float32)
-        y = cp.zeros(N, dtype=cp.float32)
-        cp.cuda.runtime.deviceSynchronize()
-        message = Enqueue(op="axpy", args=(y, x, 1.0), n=N, after="none")
         ref = engine.ref
-        samples = []
-        for _ in range(repeats + 200):
-            start = time.perf_counter()
-            await ref.ask(message)
-            samples.append(time.perf_counter() - start)
-
         acc = cp.zeros(clients, dtype=cp.float32)
         one = cp.ones(1, dtype=cp.float32)
         cp.cuda.runtime.deviceSynchronize()
@@ -172,7 +222,7 @@ async def engine_ask(repeats: int, clients: int, per_client: int) -> tuple[list[
         assert bool((acc == per_client).all()), "lost or duplicated increments"
         stats = await engine.stats()
         await engine.shutdown(timeout=60)
-    return samples[200:], rate, stats
+    return rate, stats
 
 
 async def asyncio_ceiling(clients: int, per_client: int) -> float:
@@ -341,14 +391,17 @@ def main(argv: list[str] | None = None) -> int:
         f"CuPy {cp.__version__}, Python {sys.version.split()[0]}, op axpy n={N}"
     )
 
-    base, back_to_back = cupy_launch_sync(repeats)
-    ring = ring_round_trip(repeats)
+    ring, asked, base, baseline = asyncio.run(latencies(repeats))
+    print(
+        f"(sections 1 and 2 interleaved with their baseline: 10 rounds of a block each, "
+        f"{len(base):,} samples of each kind)"
+    )
     report("1. ring round trip (no asyncio)", ring, base, target_p50=0.5)
-    asked, rate, stats = asyncio.run(engine_ask(repeats, args.clients, per_client))
     report(
         "2. await engine.ask(Enqueue) single client", asked, base, target_p50=1.0, target_p99=2.0
     )
-    base_rate = back_to_back()
+    rate, stats = asyncio.run(engine_clients(args.clients, per_client))
+    base_rate = baseline.back_to_back_rate()
     print(
         f"3. {args.clients} concurrent clients: {rate:,.0f} tasks/s | CuPy back-to-back "
         f"{base_rate:,.0f} launches/s | ratio {rate / base_rate:.2f}x (target >= 3x: "
