@@ -121,8 +121,9 @@ class ActorRef:
                 await cell.system.at_once.turn()
             if isinstance(answer, AtOnceFailure):
                 raise answer.error
-            return _checked(answer, message, expect, cell.path)
-        return _checked(await self._reply(reply, timer), message, expect, cell.path)
+            return answer if expect is None else _checked(answer, message, expect, cell.path)
+        result = await self._reply(reply, timer)
+        return result if expect is None else _checked(result, message, expect, cell.path)
 
     async def _send(
         self, message: Message, cid: str, timeout: float | None
@@ -197,8 +198,8 @@ class ActorRef:
         raise ActorStopped(f"{cell.path} has stopped; {type(message).__name__} was not handled")
 
 
-def _checked(result: Any, message: Message, expect: type[Any] | None, path: str) -> Any:
-    if expect is not None and not isinstance(result, expect):
+def _checked(result: Any, message: Message, expect: type[Any], path: str) -> Any:
+    if not isinstance(result, expect):
         raise TypeError(
             f"{path} replied {type(result).__name__} to {type(message).__name__}, "
             f"expected {expect.__name__}"
