@@ -167,21 +167,17 @@ async def test_a_tight_loop_of_asks_still_lets_other_tasks_run() -> None:
         await asyncio.sleep(0)
         before = ticks
         started = time.perf_counter()
-        handlers = set()
         while time.perf_counter() - started < 20 * AT_ONCE_STREAK_SECONDS:
             await ref.ask(Add(value=1))
-            handlers.add((await ref.ask(Where()))[0])
         assert ticks - before >= 5  # the loop turned at least once per streak
-        # The ask that ends a streak lets the loop turn, then is still handled at once.
-        assert handlers == {asyncio.current_task()}
         other.cancel()
         await asyncio.gather(other, return_exceptions=True)
 
 
 async def test_asks_past_a_long_run_keep_their_place_among_later_messages() -> None:
-    """Asks whose askers first run in one loop turn, with the run of asks handled at
-    once growing past its limit among them: each is still handled when its asker first
-    runs, so a message sent after them sees them all."""
+    """Asks whose askers first run in one loop turn, with the run of asks answered at
+    once growing past its limit among them: each is sent when its asker first runs
+    (answered at once, or queued), so a message sent after them sees them all."""
     async with ActorSystem() as system:
         ref = system.spawn(Counter)
         await ref.ask(Add(value=0))

@@ -367,8 +367,8 @@ class ActorCell:
         through the system lane, as usual); or ``NOT_AT_ONCE`` when the ask must go
         through the mailbox instead: also when other askers wait on this actor
         (concurrent asks coalesce better through the mailbox, and one asker must not
-        overtake the others). See ``AtOnceStreak`` for how long a run of asks answered
-        at once may hold the loop.
+        overtake the others) and when asks answered at once have held the loop for
+        ``AT_ONCE_STREAK_SECONDS`` (see ``AtOnceStreak``).
         """
         if (
             not self.idle
@@ -387,7 +387,8 @@ class ActorCell:
             or not self.instance.answers_at_once
         ):
             return NOT_AT_ONCE
-        self.system.at_once.enter(time.perf_counter(), self.loop)
+        if not self.system.at_once.admit(time.perf_counter(), self.loop):
+            return NOT_AT_ONCE
         self.idle = False
         try:
             return self._context.run(self._answer_now, handler[0], message, cid)

@@ -117,8 +117,6 @@ class ActorRef:
             if timeout is not None and not reply.done():
                 cell.deadlines.add(reply, (message, reply, cid), timeout)
         else:
-            if cell.system.at_once.turn_due:  # a long run of asks answered at once
-                await cell.system.at_once.turn()
             if isinstance(answer, AtOnceFailure):
                 raise answer.error
             return answer if expect is None else _checked(answer, message, expect, cell.path)
@@ -142,13 +140,10 @@ class ActorRef:
     async def _reply(self, reply: asyncio.Future[Any], timer: asyncio.TimerHandle | None) -> Any:
         """Wait for ``reply``; cancelling the caller cancels it (a late reply is dropped)."""
         cell = self._cell
-        at_once = cell.system.at_once
         try:
             if reply.done():  # a deferred reply that was ready at once
-                if at_once.turn_due:
-                    await at_once.turn()
                 return reply.result()
-            at_once.end()  # this asker yields: the loop turns
+            cell.system.at_once.end()  # this asker yields: the loop turns
             cell.askers_waiting += 1
             try:
                 return await reply
