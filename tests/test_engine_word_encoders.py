@@ -4,6 +4,8 @@ a clear error (no GPU needed: a CuPy-like array type stands in for CuPy's)."""
 
 from __future__ import annotations
 
+import gc
+import weakref
 from typing import Any
 
 import numpy as np
@@ -139,6 +141,28 @@ def test_what_it_doubts_goes_to_the_general_path_it_was_given(change: str) -> No
     bad = BAD[change](good)
     assert fast(bad, 8, 0) == [7]
     assert handed == [(bad, 8, 0)]
+
+
+def test_the_general_paths_error_comes_without_the_fast_paths_context() -> None:
+    good = (CupyLikeArray("float64", 3), CupyLikeArray("int32", 8), 1.5, -3, 2**63, 0.25)
+    too_large = (*good[:2], 1e300, *good[3:])  # struct's OverflowError on the fast path
+    with pytest.raises(InvalidArgument, match="does not fit float32") as caught:
+        ArgEncoder(MIXED).encode(too_large, 8, 0)
+    assert caught.value.__context__ is None
+
+
+def test_an_encoder_is_freed_when_its_op_goes() -> None:
+    """No reference cycle through the fast path's fallback: a replaced op's encoder
+    goes with its last reference, not at the next cyclic collection."""
+    encoder = ArgEncoder(MIXED)
+    assert encoder.encode is not encoder.encode_generally  # the fast path is there
+    gone = weakref.ref(encoder)
+    gc.disable()
+    try:
+        del encoder
+        assert gone() is None
+    finally:
+        gc.enable()
 
 
 def test_a_float_too_large_for_float32_is_refused_by_the_general_path_too() -> None:

@@ -7,9 +7,10 @@ reaches the GPU, and the error says which argument is wrong and why.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable, Sequence
-from typing import Any, cast
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -17,7 +18,7 @@ from gpuactors.cuda.arrays import check_device, cupy_ndarray, describe_array
 from gpuactors.engine.messages import MAX_BATCH_TASKS, EnqueueBatch
 from gpuactors.engine.ops import ArrayParam, OpSpec, ScalarParam
 from gpuactors.engine.ring import RecordColumns
-from gpuactors.engine.word_encoders import word_encoder
+from gpuactors.engine.word_encoders import Encoder, word_encoder
 from gpuactors.errors import InvalidArgument
 
 MAX_ELEMENTS = 2**62
@@ -90,33 +91,37 @@ class ArgEncoder:
     CuPy arrays and Python floats/ints (the common case) take a fast path: one
     straight-line function for the whole signature (:mod:`.word_encoders`). Anything
     else, and anything the fast path doubts, goes through the checks of each argument
-    (:meth:`encode_generally`), which also say precisely what is wrong.
+    (``encode_generally``), which also say precisely what is wrong.
     """
 
     def __init__(self, op: OpSpec) -> None:
         self.op = op
-        self._wheres = [f"argument {param.name!r} of op {op.name!r}" for param in op.params]
+        # A function of the op alone, not a method: the fast path holds it, and a
+        # cycle through self would leave a replaced op's encoder to the cyclic GC.
+        wheres = tuple(f"argument {param.name!r} of op {op.name!r}" for param in op.params)
+        self.encode_generally: Encoder = functools.partial(_encode_generally, op, wheres)
         fast = word_encoder(op, cupy_ndarray(), otherwise=self.encode_generally)
         #: ``encode(args, n, device_id) -> words``: the fast path where there is one
-        #: (it hands what it doubts to :meth:`encode_generally`), else the general one.
-        self.encode: Callable[[Sequence[Any], int, int], list[int]] = (
-            self.encode_generally if fast is None else cast(Any, fast)  # (never None here)
-        )
+        #: (it hands what it doubts to ``encode_generally``), else the general one.
+        self.encode: Encoder = self.encode_generally if fast is None else fast
 
-    def encode_generally(self, args: Sequence[Any], n: int, device_id: int) -> list[int]:
-        """The words of ``args`` through every argument's own checks."""
-        params = self.op.params
-        if len(args) != len(params):
-            names = ", ".join(p.name for p in params) or "none"
-            raise InvalidArgument(
-                f"op {self.op.name!r} takes {len(params)} arguments ({names}), got {len(args)}"
-            )
-        return [
-            _array_ptr(param, value, n, device_id, where)
-            if isinstance(param, ArrayParam)
-            else _scalar_bits(param, value, where)
-            for param, value, where in zip(params, args, self._wheres, strict=True)
-        ]
+
+def _encode_generally(
+    op: OpSpec, wheres: tuple[str, ...], args: Sequence[Any], n: int, device_id: int
+) -> list[int]:
+    """The words of ``args`` through every argument's own checks."""
+    params = op.params
+    if len(args) != len(params):
+        names = ", ".join(p.name for p in params) or "none"
+        raise InvalidArgument(
+            f"op {op.name!r} takes {len(params)} arguments ({names}), got {len(args)}"
+        )
+    return [
+        _array_ptr(param, value, n, device_id, where)
+        if isinstance(param, ArrayParam)
+        else _scalar_bits(param, value, where)
+        for param, value, where in zip(params, args, wheres, strict=True)
+    ]
 
 
 def _is_count(value: object) -> bool:

@@ -2,13 +2,13 @@
 
 Most tasks pass CuPy arrays for an op's array parameters and Python floats or ints
 for its scalars. For that case this module writes, once per op signature, a small
-function that makes the checks :meth:`~gpuactors.engine.args.ArgEncoder.encode_generally`
-would make for such arguments (type, dtype, length, device and contiguity of each
-array; finiteness and range of each scalar) with no call per argument
-(:mod:`gpuactors.straight_line`), and returns the record words. Whenever anything
-differs it hands the arguments to the general path (or returns None where it was
-given none), which handles every other kind of argument and says what is wrong. The
-source is short and :func:`word_encoder_source` prints it.
+function that makes the checks ``ArgEncoder.encode_generally`` would make for such
+arguments (type, dtype, length, device and contiguity of each array; finiteness and
+range of each scalar) with no call per argument (:mod:`gpuactors.straight_line`), and
+returns the record words. Whenever anything differs it hands the arguments to the
+general path (or returns None where it was given none), which handles every other
+kind of argument and says what is wrong. The source is short and
+:func:`word_encoder_source` prints it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -26,12 +26,22 @@ from gpuactors.straight_line import checks_source, compile_function
 
 #: ``encode(args, n, device_id) -> words | None``.
 WordEncoder = Callable[[Sequence[Any], int, int], "list[int] | None"]
+#: ``encode(args, n, device_id) -> words``: an encoder that always has an answer.
+Encoder = Callable[[Sequence[Any], int, int], "list[int]"]
 
 _BITS_CODES = {1: "B", 2: "H", 4: "I", 8: "Q"}
 
 
+@overload
+def word_encoder(op: OpSpec, ndarray: type | None) -> WordEncoder | None: ...
+
+
+@overload
+def word_encoder(op: OpSpec, ndarray: type | None, otherwise: Encoder) -> Encoder | None: ...
+
+
 def word_encoder(
-    op: OpSpec, ndarray: type | None, otherwise: WordEncoder | None = None
+    op: OpSpec, ndarray: type | None, otherwise: Encoder | None = None
 ) -> WordEncoder | None:
     """The straight-line encoder of ``op``'s arguments, or None where CuPy (its array
     type ``ndarray``) is missing or the array type lacks the contiguity flag read.
@@ -93,7 +103,11 @@ def word_encoder_source(op: OpSpec, refuse: str = "None") -> str:
     lines = checks_source(
         "encode(args, n, device_id)", len(names), type_checks, loads, refusals, refuse
     )
+    result = f"return [{', '.join(words)}]"
     if conversions:  # a float too large for float32 (or float16) does not pack
-        lines += ["    try:", *conversions, "    except OverflowError:", f"        return {refuse}"]
-    lines += [f"    return [{', '.join(words)}]"]
+        # (refused after the except block: the general path's error has no context)
+        lines += ["    try:", *conversions, "    except OverflowError:", "        pass"]
+        lines += ["    else:", f"        {result}", f"    return {refuse}"]
+    else:
+        lines += [f"    {result}"]
     return "\n".join(lines) + "\n"
