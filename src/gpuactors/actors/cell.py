@@ -74,7 +74,7 @@ class _HandledAtOnceFailed:
 
     __slots__ = ("cid", "error", "message")
 
-    def __init__(self, error: BaseException, message: Any, cid: str | None) -> None:
+    def __init__(self, error: BaseException, message: Any, cid: str) -> None:
         self.error = error
         self.message = message
         self.cid = cid
@@ -448,7 +448,7 @@ class ActorCell:
             return True
         if isinstance(signal, _HandledAtOnceFailed):
             _MESSAGE_TYPE.set(type(signal.message).__name__)
-            _CORRELATION_ID.set(... if signal.cid is None else signal.cid)
+            _CORRELATION_ID.set(signal.cid)
             return await self._on_failure(signal.error, signal.message)
         if isinstance(signal, _ChildFailed):
             child = signal.child

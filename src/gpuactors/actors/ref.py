@@ -109,46 +109,34 @@ class ActorRef:
         cid = new_correlation_id()
         # An idle actor answers at once, in this task: no mailbox round trip, no future.
         answer = cell.answer_at_once(message, cid)
+        timer: asyncio.TimerHandle | None = None
         if answer is NOT_AT_ONCE:
-            reply, timer = await self._send(message, cid, timeout)
-        elif isinstance(answer, Deferred):  # answered at once with a reply still to come
-            reply, timer = cell.loop.create_future(), None
+            reply: asyncio.Future[Any] = cell.loop.create_future()
+            envelope: Envelope = (message, reply, cid)
+            if cell.mailbox.offer(envelope):
+                if timeout is not None:
+                    cell.deadlines.add(reply, envelope, timeout)
+            else:
+                timer = await self._send_slow(envelope, timeout)
+        elif isinstance(answer, Deferred):  # answered at once, the reply still to come
+            reply = cell.loop.create_future()
             cell.defer_reply(answer.future, reply)
             if timeout is not None and not reply.done():
                 cell.deadlines.add(reply, (message, reply, cid), timeout)
+        elif isinstance(answer, AtOnceFailure):
+            raise answer.error
         else:
-            if isinstance(answer, AtOnceFailure):
-                raise answer.error
             return answer if expect is None else _checked(answer, message, expect, cell.path)
-        result = await self._reply(reply, timer)
-        return result if expect is None else _checked(result, message, expect, cell.path)
-
-    async def _send(
-        self, message: Message, cid: str, timeout: float | None
-    ) -> tuple[asyncio.Future[Any], asyncio.TimerHandle | None]:
-        """Queue an ask: its reply future, and the timer of what is left of its timeout
-        if it had to wait for room."""
-        cell = self._cell
-        reply: asyncio.Future[Any] = cell.loop.create_future()
-        envelope: Envelope = (message, reply, cid)
-        if cell.mailbox.offer(envelope):
-            if timeout is not None:
-                cell.deadlines.add(reply, envelope, timeout)
-            return reply, None
-        return reply, await self._send_slow(envelope, timeout)
-
-    async def _reply(self, reply: asyncio.Future[Any], timer: asyncio.TimerHandle | None) -> Any:
-        """Wait for ``reply``; cancelling the caller cancels it (a late reply is dropped)."""
-        cell = self._cell
         try:
             if reply.done():  # a deferred reply that was ready at once
-                return reply.result()
-            cell.system.at_once.end()  # this asker yields: the loop turns
-            cell.askers_waiting += 1
-            try:
-                return await reply
-            finally:
-                cell.askers_waiting -= 1
+                result = reply.result()
+            else:
+                cell.system.at_once.end()  # this asker yields: the loop turns
+                cell.askers_waiting += 1
+                try:
+                    result = await reply
+                finally:
+                    cell.askers_waiting -= 1
         except BaseException:
             if not reply.done():
                 reply.cancel()
@@ -158,6 +146,7 @@ class ActorRef:
         finally:
             if timer is not None:
                 timer.cancel()
+        return result if expect is None else _checked(result, message, expect, cell.path)
 
     async def _send_slow(
         self, envelope: Envelope, timeout: float | None

@@ -56,7 +56,7 @@ class ActorSystem:
         self._closing = False
         self._shutdown: asyncio.Future[None] | None = None
         self._serial = itertools.count(1)
-        #: How long asks handled at once have held this system's loop (see ActorCell).
+        #: When this loop's current run of asks answered at once began.
         self.at_once = AtOnceStreak()
 
     def __repr__(self) -> str:
