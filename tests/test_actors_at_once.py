@@ -174,6 +174,35 @@ async def test_a_tight_loop_of_asks_still_lets_other_tasks_run() -> None:
         await asyncio.gather(other, return_exceptions=True)
 
 
+async def test_the_ask_that_ends_a_run_costs_one_loop_turn() -> None:
+    """It goes through the idle actor's mailbox, and the actor's task answers it in the
+    next loop turn, ahead of the asker: the asker finds its reply after that one turn."""
+    async with ActorSystem() as system:
+        ref = system.spawn(Counter)
+        await ref.ask(Add(value=0))
+        turns = 0
+
+        async def count_turns() -> None:
+            nonlocal turns
+            while True:
+                turns += 1
+                await asyncio.sleep(0)
+
+        counter = asyncio.create_task(count_turns())
+        await asyncio.sleep(0)
+        started = time.perf_counter()
+        through_the_mailbox = []
+        while time.perf_counter() - started < 10 * AT_ONCE_STREAK_SECONDS:
+            before = turns
+            task, _, _ = await ref.ask(Where())
+            if task is not asyncio.current_task():
+                through_the_mailbox.append(turns - before)
+        counter.cancel()
+        await asyncio.gather(counter, return_exceptions=True)
+        assert through_the_mailbox, "no run of asks outlasted the bound"
+        assert set(through_the_mailbox) == {1}
+
+
 async def test_asks_past_a_long_run_keep_their_place_among_later_messages() -> None:
     """Asks whose askers first run in one loop turn, with the run of asks answered at
     once growing past its limit among them: each is sent when its asker first runs

@@ -17,6 +17,11 @@ AT_ONCE_STREAK_SECONDS = 2e-3
 #: ``answer_at_once``'s answer when the ask must go through the mailbox.
 NOT_AT_ONCE: Final = object()
 
+#: ``answer_at_once``'s answer when only the at-once streak's bound stands in the way:
+#: the ask goes through the mailbox of an idle actor, whose task then handles it first
+#: thing in the next loop turn, ahead of the asker.
+OVERDUE: Final = object()
+
 
 class AtOnceFailure:
     """``answer_at_once``'s answer when the handler raised: the asker raises ``error``
@@ -35,9 +40,9 @@ class AtOnceStreak:
     An ask answered at once never suspends its asker, so a caller asking in a tight
     loop would never let the loop turn. The run ends when an asker waits for a reply
     or when the loop runs the callback the run's first ask scheduled; the ask that
-    finds it over ``AT_ONCE_STREAK_SECONDS`` goes through the mailbox. That ask also
-    turns concurrent askers from the latency path to the coalescing one: while it
-    waits, every other ask queues behind it.
+    finds it over ``AT_ONCE_STREAK_SECONDS`` goes through the mailbox (``OVERDUE``).
+    That ask also turns concurrent askers from the latency path to the coalescing one:
+    while it waits, every other ask queues behind it.
     """
 
     __slots__ = ("started",)

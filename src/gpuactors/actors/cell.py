@@ -33,7 +33,7 @@ from gpuactors.actors.actor import (
     handled_types,
     resolve_handler,
 )
-from gpuactors.actors.at_once import NOT_AT_ONCE, AtOnceFailure
+from gpuactors.actors.at_once import NOT_AT_ONCE, OVERDUE, AtOnceFailure
 from gpuactors.actors.context import ActorContext
 from gpuactors.actors.dead_letters import DeadLetter, DeadLetterReason
 from gpuactors.actors.deadlines import AskDeadlines
@@ -367,8 +367,8 @@ class ActorCell:
         through the system lane, as usual); or ``NOT_AT_ONCE`` when the ask must go
         through the mailbox instead: also when other askers wait on this actor
         (concurrent asks coalesce better through the mailbox, and one asker must not
-        overtake the others) and when asks answered at once have held the loop for
-        ``AT_ONCE_STREAK_SECONDS`` (see ``AtOnceStreak``).
+        overtake the others). ``OVERDUE`` when asks answered at once have held the loop
+        for ``AT_ONCE_STREAK_SECONDS`` (see ``AtOnceStreak``): through the mailbox too.
         """
         if (
             not self.idle
@@ -388,7 +388,7 @@ class ActorCell:
         ):
             return NOT_AT_ONCE
         if not self.system.at_once.admit(time.perf_counter(), self.loop):
-            return NOT_AT_ONCE
+            return OVERDUE
         self.idle = False
         try:
             return self._context.run(self._answer_now, handler[0], message, cid)

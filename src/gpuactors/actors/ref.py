@@ -6,7 +6,7 @@ import asyncio
 import itertools
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from gpuactors.actors.at_once import NOT_AT_ONCE, AtOnceFailure
+from gpuactors.actors.at_once import NOT_AT_ONCE, OVERDUE, AtOnceFailure
 from gpuactors.actors.deadlines import expire
 from gpuactors.actors.deferred import Deferred
 from gpuactors.actors.mailbox import Backpressure, Envelope
@@ -110,7 +110,7 @@ class ActorRef:
         # An idle actor answers at once, in this task: no mailbox round trip, no future.
         answer = cell.answer_at_once(message, cid)
         timer: asyncio.TimerHandle | None = None
-        if answer is NOT_AT_ONCE:
+        if answer is NOT_AT_ONCE or answer is OVERDUE:
             reply: asyncio.Future[Any] = cell.loop.create_future()
             envelope: Envelope = (message, reply, cid)
             if cell.mailbox.offer(envelope):
@@ -134,7 +134,12 @@ class ActorRef:
                 cell.system.at_once.end()  # this asker yields: the loop turns
                 cell.askers_waiting += 1
                 try:
-                    result = await reply
+                    if answer is OVERDUE:
+                        # The idle actor's task runs ahead of this one in the next loop
+                        # turn: a synchronous handler's reply is there after one turn,
+                        # where awaiting the future would take a second.
+                        await asyncio.sleep(0)
+                    result = reply.result() if reply.done() else await reply
                 finally:
                     cell.askers_waiting -= 1
         except BaseException:
