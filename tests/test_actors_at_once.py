@@ -152,26 +152,37 @@ async def test_the_failure_is_logged_with_the_failing_message(
     assert failed[0]["directive"] == "restart"
 
 
-async def test_a_tight_loop_of_asks_still_lets_other_tasks_run() -> None:
-    async with ActorSystem() as system:
-        ref = system.spawn(Counter)
-        ticks = 0
+class LoopTurns:
+    """Counts the event loop's turns: a task that steps once per turn."""
 
-        async def ticker() -> None:
-            nonlocal ticks
-            while True:
-                ticks += 1
-                await asyncio.sleep(0)
+    def __init__(self) -> None:
+        self.count = 0
+        self._task: asyncio.Task[None] | None = None
 
-        other = asyncio.create_task(ticker())
+    async def __aenter__(self) -> LoopTurns:
+        self._task = asyncio.create_task(self._step())
         await asyncio.sleep(0)
-        before = ticks
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _step(self) -> None:
+        while True:
+            self.count += 1
+            await asyncio.sleep(0)
+
+
+async def test_a_tight_loop_of_asks_still_lets_other_tasks_run() -> None:
+    async with ActorSystem() as system, LoopTurns() as turns:
+        ref = system.spawn(Counter)
+        before = turns.count
         started = time.perf_counter()
         while time.perf_counter() - started < 20 * AT_ONCE_STREAK_SECONDS:
             await ref.ask(Add(value=1))
-        assert ticks - before >= 5  # the loop turned at least once per streak
-        other.cancel()
-        await asyncio.gather(other, return_exceptions=True)
+        assert turns.count - before >= 5  # the loop turned at least once per streak
 
 
 async def test_the_ask_that_ends_a_run_costs_one_loop_turn() -> None:
@@ -180,25 +191,14 @@ async def test_the_ask_that_ends_a_run_costs_one_loop_turn() -> None:
     async with ActorSystem() as system:
         ref = system.spawn(Counter)
         await ref.ask(Add(value=0))
-        turns = 0
-
-        async def count_turns() -> None:
-            nonlocal turns
-            while True:
-                turns += 1
-                await asyncio.sleep(0)
-
-        counter = asyncio.create_task(count_turns())
-        await asyncio.sleep(0)
-        started = time.perf_counter()
         through_the_mailbox = []
-        while time.perf_counter() - started < 10 * AT_ONCE_STREAK_SECONDS:
-            before = turns
-            task, _, _ = await ref.ask(Where())
-            if task is not asyncio.current_task():
-                through_the_mailbox.append(turns - before)
-        counter.cancel()
-        await asyncio.gather(counter, return_exceptions=True)
+        async with LoopTurns() as turns:
+            started = time.perf_counter()
+            while time.perf_counter() - started < 10 * AT_ONCE_STREAK_SECONDS:
+                before = turns.count
+                task, _, _ = await ref.ask(Where())
+                if task is not asyncio.current_task():
+                    through_the_mailbox.append(turns.count - before)
         assert through_the_mailbox, "no run of asks outlasted the bound"
         assert set(through_the_mailbox) == {1}
 
