@@ -222,11 +222,7 @@ class PersistentEngineActor(Actor):
             resolved = self._ops.resolve(msg.op)  # the version is bound here, at acceptance
             n, blocks = check_count(resolved.spec, msg.n, msg.blocks)
             words = resolved.encoder.encode(msg.args, n, self._device_id)
-            timeout = msg.timeout
-            if timeout is None and self._default_timeout_ns:  # the usual task, inline
-                deadline = min(time.time_ns() + self._default_timeout_ns, _MAX_DEADLINE_NS)
-            else:
-                deadline = self._deadline_ns(timeout)
+            deadline = self._deadline_ns(msg.timeout)
             ready_event = _pending_work_event() if msg.after == "current_stream" else None
         except GpuActorsError as exc:
             return failed_reply(exc)  # the caller's error, not the actor's failure

@@ -104,6 +104,12 @@ def _write_batch(batch: np.ndarray) -> Callable[[np.ndarray, int, int, int], Non
     return write
 
 
+def u64_words(array: np.ndarray) -> memoryview:
+    """``array``'s memory as 8-byte words: indexing gives Python ints without NumPy
+    scalars, each access one aligned 8-byte load or store (for words read per task)."""
+    return memoryview(array.view(np.uint8).reshape(-1).data).cast("Q")
+
+
 def reset_ring(records: np.ndarray, completions: np.ndarray) -> None:
     """Put freshly allocated ring memory into the empty state (slot i free at position i).
 
@@ -127,11 +133,10 @@ class HostRing:
         self.lap_shift = wire.lap_shift(self.capacity)
         self.records = records
         self.completions = completions
-        # Word views as memoryviews: indexing gives Python ints without NumPy scalars
-        # (this is the per-task hot path), and each access is one aligned 8-byte load/store.
+        # The records as bytes (what the packers write) and as words (``u64_words``).
         self._bytes = memoryview(records.view(np.uint8).reshape(-1).data)
         self._words = self._bytes.cast("Q")
-        self._done_words = memoryview(completions.view(np.uint8).reshape(-1).data).cast("Q")
+        self._done_words = u64_words(completions)
         self.published = 0  # next ring position to produce
         self._unretired = bytearray(self.capacity)  # 1: marker not read yet
         self._unretired_view = np.frombuffer(self._unretired, dtype=np.uint8)

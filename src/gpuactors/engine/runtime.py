@@ -33,7 +33,7 @@ from gpuactors.engine.abi import (
     UNIT_BYTES,
 )
 from gpuactors.engine.codegen import ENGINE_KERNEL_NAME
-from gpuactors.engine.ring import HostRing, check_capacity, reset_ring
+from gpuactors.engine.ring import HostRing, check_capacity, reset_ring, u64_words
 from gpuactors.errors import DeviceFault, EngineError, EngineModeError, InvalidArgument
 from gpuactors.logs import get_logger
 
@@ -146,9 +146,7 @@ class EngineRuntime:
             control[...] = np.zeros((), dtype=HOST_CONTROL)
             self.ring = HostRing(records, completions)
             self.control = control.view(np.uint64)
-            # The same words as a memoryview: reading one gives an int without a NumPy
-            # scalar (``running`` is read on every kick).
-            self._control_words = memoryview(control.view(np.uint8).reshape(-1).data).cast("Q")
+            self._control_words = u64_words(control)  # (``running`` is read on every kick)
 
             ucap = config.unit_capacity
             self._state = cupy.zeros(DEVICE_STATE.itemsize, dtype=cupy.uint8)
