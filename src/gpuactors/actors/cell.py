@@ -33,7 +33,7 @@ from gpuactors.actors.actor import (
     handled_types,
     resolve_handler,
 )
-from gpuactors.actors.at_once import NOT_AT_ONCE, OVERDUE, AtOnceFailure
+from gpuactors.actors.at_once import NOT_AT_ONCE, AtOnceFailure, Overdue
 from gpuactors.actors.context import ActorContext
 from gpuactors.actors.dead_letters import DeadLetter, DeadLetterReason
 from gpuactors.actors.deadlines import AskDeadlines
@@ -367,8 +367,9 @@ class ActorCell:
         through the system lane, as usual); or ``NOT_AT_ONCE`` when the ask must go
         through the mailbox instead: also when other askers wait on this actor
         (concurrent asks coalesce better through the mailbox, and one asker must not
-        overtake the others). ``OVERDUE`` when asks answered at once have held the loop
-        for ``AT_ONCE_STREAK_SECONDS`` (see ``AtOnceStreak``): through the mailbox too.
+        overtake the others). The answer comes wrapped in :class:`Overdue` when asks
+        answered at once have held the loop for ``AT_ONCE_STREAK_SECONDS`` (see
+        ``AtOnceStreak``): its asker lets the loop turn before it takes it.
         """
         if (
             not self.idle
@@ -387,13 +388,13 @@ class ActorCell:
             or not self.instance.answers_at_once
         ):
             return NOT_AT_ONCE
-        if not self.system.at_once.admit(time.perf_counter(), self.loop):
-            return OVERDUE
+        in_time = self.system.at_once.admit(time.perf_counter(), self.loop)
         self.idle = False
         try:
-            return self._context.run(self._answer_now, handler[0], message, cid)
+            answer = self._context.run(self._answer_now, handler[0], message, cid)
         finally:
             self.idle = not (self.stopping or self.mailbox.system)
+        return answer if in_time else Overdue(answer)
 
     def _answer_now(self, method: Callable[[Any], Any], message: Any, cid: str) -> Any:
         _MESSAGE_TYPE.set(type(message).__name__)

@@ -6,7 +6,7 @@ import asyncio
 import itertools
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from gpuactors.actors.at_once import NOT_AT_ONCE, OVERDUE, AtOnceFailure
+from gpuactors.actors.at_once import NOT_AT_ONCE, AtOnceFailure, Overdue
 from gpuactors.actors.deadlines import expire
 from gpuactors.actors.deferred import Deferred
 from gpuactors.actors.mailbox import Backpressure, Envelope
@@ -19,6 +19,12 @@ if TYPE_CHECKING:
 R = TypeVar("R")
 
 _next_id = itertools.count(1).__next__
+
+
+def _drop_outcome(future: asyncio.Future[Any]) -> None:
+    """Mark a reply nobody waits for any more as read (no "never retrieved" warning)."""
+    if not future.cancelled():
+        future.exception()
 
 
 def new_correlation_id() -> str:
@@ -109,8 +115,10 @@ class ActorRef:
         cid = new_correlation_id()
         # An idle actor answers at once, in this task: no mailbox round trip, no future.
         answer = cell.answer_at_once(message, cid)
+        if type(answer) is Overdue:  # a long run of asks answered at once: the loop turns
+            answer = await self._after_a_turn(answer.answer)
         timer: asyncio.TimerHandle | None = None
-        if answer is NOT_AT_ONCE or answer is OVERDUE:
+        if answer is NOT_AT_ONCE:
             reply: asyncio.Future[Any] = cell.loop.create_future()
             envelope: Envelope = (message, reply, cid)
             if cell.mailbox.offer(envelope):
@@ -119,6 +127,10 @@ class ActorRef:
             else:
                 timer = await self._send_slow(envelope, timeout)
         elif isinstance(answer, Deferred):  # answered at once, the reply still to come
+            settled = answer.future
+            if settled.done() and not settled.cancelled() and settled.exception() is None:
+                result = settled.result()  # already there (e.g. after a loop turn)
+                return result if expect is None else _checked(result, message, expect, cell.path)
             reply = cell.loop.create_future()
             cell.defer_reply(answer.future, reply)
             if timeout is not None and not reply.done():
@@ -134,12 +146,7 @@ class ActorRef:
                 cell.system.at_once.end()  # this asker yields: the loop turns
                 cell.askers_waiting += 1
                 try:
-                    if answer is OVERDUE:
-                        # The idle actor's task runs ahead of this one in the next loop
-                        # turn: a synchronous handler's reply is there after one turn,
-                        # where awaiting the future would take a second.
-                        await asyncio.sleep(0)
-                    result = reply.result() if reply.done() else await reply
+                    result = await reply
                 finally:
                     cell.askers_waiting -= 1
         except BaseException:
@@ -152,6 +159,25 @@ class ActorRef:
             if timer is not None:
                 timer.cancel()
         return result if expect is None else _checked(result, message, expect, cell.path)
+
+    async def _after_a_turn(self, answer: Any) -> Any:
+        """Let the loop turn once, then hand back ``answer`` (the handler's, given at once).
+
+        Other asks to the actor queue in its mailbox meanwhile. A reply the handler
+        deferred has had that turn to arrive: the actor's own tasks run first in it.
+        """
+        cell = self._cell
+        cell.system.at_once.end()
+        cell.askers_waiting += 1
+        try:
+            await asyncio.sleep(0)
+        except BaseException:
+            if isinstance(answer, Deferred):  # the caller went away: its reply is dropped
+                answer.future.add_done_callback(_drop_outcome)
+            raise
+        finally:
+            cell.askers_waiting -= 1
+        return answer
 
     async def _send_slow(
         self, envelope: Envelope, timeout: float | None
