@@ -62,7 +62,7 @@ from gpuactors.engine.messages import (
     settle_completion,
 )
 from gpuactors.engine.ops import BUILTIN_OPS, OpSpec
-from gpuactors.engine.optable import OpTable
+from gpuactors.engine.optable import OpTable, ResolvedOp
 from gpuactors.engine.ring import RecordColumns
 from gpuactors.engine.runtime import EngineConfig, EngineRuntime
 from gpuactors.errors import (
@@ -220,36 +220,76 @@ class PersistentEngineActor(Actor):
             ):
                 self._check_serving()
             resolved = self._ops.resolve(msg.op)  # the version is bound here, at acceptance
-            n, blocks = check_count(resolved.spec, msg.n, msg.blocks)
-            words = resolved.encoder.encode(msg.args, n, self._device_id)
             deadline = self._deadline_ns(msg.timeout)
-            ready_event = _pending_work_event() if msg.after == "current_stream" else None
         except GpuActorsError as exc:
             return failed_reply(exc)  # the caller's error, not the actor's failure
-        seq = None
+        if (
+            resolved.publish is not None
+            and msg.after == "none"
+            and not self._pending
+            and not self._staged
+            and not (self._backlog and self._full_policy != "fail")
+        ):
+            # An idle engine (the latency path): the usual task is checked, packed and
+            # published in one generated call, before anything else. What it refuses
+            # (0: not the usual task; None: the ring is full) takes the general path.
+            assert self._runtime is not None
+            seq = resolved.publish(
+                self._runtime.ring, msg.args, msg.n, msg.blocks, self._device_id, deadline
+            )
+            if seq:
+                return self._answer_published(seq, resolved, msg, deadline, accepted_at)
+        return self._accept_generally(msg, resolved, deadline, accepted_at)
+
+    def _answer_published(
+        self, seq: int, resolved: ResolvedOp, msg: Enqueue, deadline: int, accepted_at: float
+    ) -> Completion | Deferred[Completion]:
+        """Task ``seq``, just published by the latency path: spin briefly, and answer
+        it at once if it finishes meanwhile (no future), else leave it to the poller."""
+        runtime = self._runtime
+        assert runtime is not None
+        runtime.kick()
+        # The GPU takes microseconds: build the reply meanwhile (the marker brings only
+        # its device figures). Bounded like the poller's own spin.
+        spec = resolved.spec
+        reply = completion_of(seq, spec.name, spec.version, 0, 0)
+        if runtime.ring.wait_done(seq, SPIN_SECONDS):
+            outcome = self._outcome(seq, spec, resolved.op_id, accepted_at, reply)
+            if isinstance(outcome, GpuActorsError):
+                return failed_reply(outcome)
+            return outcome
+        future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
+        # Published: its words are in the ring, only its arguments must stay alive.
+        task = _Task(
+            future, spec, resolved.op_id, msg.n, [], msg.blocks, deadline, msg.args, accepted_at
+        )
+        self._pending[seq] = task
+        self._wake.set()
+        return Deferred(future)
+
+    def _accept_generally(
+        self, msg: Enqueue, resolved: ResolvedOp, deadline: int, accepted_at: float
+    ) -> Completion | Deferred[Completion]:
+        """Every task the latency path's generated publisher did not take: checked
+        argument by argument (a precise error for each mistake), then published at
+        once on an idle engine, or coalesced with the others of this loop turn, or
+        queued behind tasks that wait (for room in the ring, or for their inputs)."""
+        try:
+            n, blocks = check_count(resolved.spec, msg.n, msg.blocks)
+            words = resolved.encoder.encode(msg.args, n, self._device_id)
+            ready_event = _pending_work_event() if msg.after == "current_stream" else None
+        except GpuActorsError as exc:
+            return failed_reply(exc)
         if (
             ready_event is None
             and not self._pending
             and not self._staged
             and not (self._backlog and self._full_policy != "fail")
         ):
-            # An idle engine (the latency path): publish before anything else, then
-            # spin briefly; a task that finishes meanwhile is answered without a future.
             assert self._runtime is not None
-            runtime = self._runtime
-            ring = runtime.ring
-            seq = ring.try_publish(resolved.op_id, n, words, blocks, deadline)
+            seq = self._runtime.ring.try_publish(resolved.op_id, n, words, blocks, deadline)
             if seq is not None:
-                runtime.kick()
-                # The GPU takes microseconds: build the reply meanwhile (the marker brings
-                # only its device figures). Bounded like the poller's own spin.
-                spec = resolved.spec
-                reply = completion_of(seq, spec.name, spec.version, 0, 0)
-                if ring.wait_done(seq, SPIN_SECONDS):
-                    outcome = self._outcome(seq, spec, resolved.op_id, accepted_at, reply)
-                    if isinstance(outcome, GpuActorsError):
-                        return failed_reply(outcome)
-                    return outcome
+                return self._answer_published(seq, resolved, msg, deadline, accepted_at)
         future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
         task = _Task(
             future,
@@ -263,10 +303,6 @@ class PersistentEngineActor(Actor):
             accepted_at,
             ready_event,
         )
-        if seq is not None:  # published, still running: the poller answers it
-            self._pending[seq] = task
-            self._wake.set()
-            return Deferred(future)
         # Under "fail" a task never queues behind tasks that wait for their inputs.
         if ready_event is not None or (self._backlog and self._full_policy != "fail"):
             self._backlog.append(task)

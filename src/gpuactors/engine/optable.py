@@ -16,9 +16,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from gpuactors.cuda.arrays import cupy_ndarray
 from gpuactors.engine.args import ArgEncoder
 from gpuactors.engine.codegen import physical_key
 from gpuactors.engine.ops import OpSpec
+from gpuactors.engine.publishers import Publisher, publisher
 from gpuactors.errors import InvalidArgument, UnknownOp
 
 
@@ -29,6 +31,8 @@ class ResolvedOp:
     spec: OpSpec
     op_id: int
     encoder: ArgEncoder
+    #: The latency path's straight-line publisher (None without CuPy).
+    publish: Publisher | None
 
 
 class OpTable:
@@ -38,6 +42,7 @@ class OpTable:
         self._versions: dict[str, dict[int, OpSpec]] = {}
         self._ids: dict[str, int] = {}
         self._encoders: dict[str, ArgEncoder] = {}
+        self._publishers: dict[str, Publisher | None] = {}
         self._active: dict[str, int] = {}
         self._history: dict[str, list[int]] = {}
         self._resolved: dict[str, ResolvedOp] = {}  # per name, until its alias moves
@@ -56,7 +61,9 @@ class OpTable:
             raise UnknownOp(f"no op {name!r} in this engine (ops: {', '.join(self.names())})")
         spec = self._versions[name][version]
         key = physical_key(spec)
-        resolved = self._resolved[name] = ResolvedOp(spec, self._ids[key], self._encoders[key])
+        resolved = self._resolved[name] = ResolvedOp(
+            spec, self._ids[key], self._encoders[key], self._publishers[key]
+        )
         return resolved
 
     def names(self) -> list[str]:
@@ -98,6 +105,7 @@ class OpTable:
         key = physical_key(op)
         self._ids[key] = max(self._ids.values(), default=-1) + 1
         self._encoders[key] = ArgEncoder(op)
+        self._publishers[key] = publisher(op, self._ids[key], cupy_ndarray())
         self._versions.setdefault(op.name, {})[op.version] = op
         if activate or op.name not in self._active:
             self.alias(op.name, op.version)

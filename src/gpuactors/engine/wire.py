@@ -87,6 +87,28 @@ def _pack_generally(
     buf[off + 7 : off + 8 * WIRE_WORDS : 8] = TAG_BYTES[tag]
 
 
+def usual_pack_lines(op: str, values: Sequence[str]) -> list[str]:
+    """The lines that write a usual record (every value under 2**56) at ``buf[off:]``
+    with tag ``tag``: its payloads with one ``struct`` call, then its 15 tag bytes. They
+    read ``blocks``, ``n``, ``dl`` and the names :func:`usual_pack_namespace` gives."""
+    payloads = "".join(", " + value for value in values)
+    return [
+        f"    W(buf, off, {op}, blocks, n, (dl + DEADLINE_ROUND) >> DEADLINE_SHIFT{payloads})",
+        f"    buf[off + 7 : off + {8 * WIRE_WORDS} : 8] = TAG_BYTES[tag]",
+    ]
+
+
+def usual_pack_namespace(arity: int) -> dict[str, Any]:
+    """The globals :func:`usual_pack_lines` reads, for ``arity`` arguments."""
+    return {
+        "W": struct.Struct(f"<IIQQ{arity}Q{(MAX_ARGS - arity + 2) * 8}x").pack_into,
+        "TAG_BYTES": TAG_BYTES,
+        "MAX_BLOCKS": MAX_BLOCKS,
+        "DEADLINE_ROUND": _DEADLINE_ROUND,
+        "DEADLINE_SHIFT": DEADLINE_SHIFT,
+    }
+
+
 def record_packer_source(arity: int) -> str:
     """The Python source of :func:`record_packer`'s function for ``arity`` arguments."""
     names = [f"a{index}" for index in range(arity)]
@@ -95,8 +117,7 @@ def record_packer_source(arity: int) -> str:
         f"def pack(buf, off, tag, op, blocks, n, dl{params}):",
         f"    if ({' | '.join(['n', *names])}) >> 56 or blocks > MAX_BLOCKS:",
         f"        return GENERALLY(buf, off, tag, op, blocks, n, dl{params})",
-        f"    W(buf, off, op, blocks, n, (dl + DEADLINE_ROUND) >> DEADLINE_SHIFT{params})",
-        f"    buf[off + 7 : off + {8 * WIRE_WORDS} : 8] = TAG_BYTES[tag]",
+        *usual_pack_lines("op", names),
     ]
     return "\n".join(lines) + "\n"
 
@@ -108,15 +129,7 @@ def record_packer(arity: int) -> RecordPacker:
     task (every value under 2**56, with or without a deadline: a deadline below 2**64
     is one in 1024-ns units) is one ``struct`` call and one strided byte copy;
     :func:`_pack_generally` takes the others."""
-    usual = struct.Struct(f"<IIQQ{arity}Q{(MAX_ARGS - arity + 2) * 8}x")
-    namespace: dict[str, Any] = {
-        "W": usual.pack_into,
-        "TAG_BYTES": TAG_BYTES,
-        "MAX_BLOCKS": MAX_BLOCKS,
-        "DEADLINE_ROUND": _DEADLINE_ROUND,
-        "DEADLINE_SHIFT": DEADLINE_SHIFT,
-        "GENERALLY": _pack_generally,
-    }
+    namespace = {**usual_pack_namespace(arity), "GENERALLY": _pack_generally}
     packer: RecordPacker = compile_function(
         record_packer_source(arity), f"<gpuactors wire packer of arity {arity}>", namespace, "pack"
     )

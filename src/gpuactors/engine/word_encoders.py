@@ -49,9 +49,23 @@ def word_encoder(
     Arguments it doubts go to ``otherwise`` (its result is returned), or, without
     one, make it return None. Calling the general path from inside saves the caller
     a call per task."""
+    namespace = checks_namespace(op, ndarray)
+    if namespace is None:
+        return None
+    namespace["OTHERWISE"] = otherwise
+    source = word_encoder_source(op, refuse="None" if otherwise is None else _OTHERWISE)
+    encoder: WordEncoder = compile_function(
+        source, f"<gpuactors word encoder of {op.name}>", namespace, "encode"
+    )
+    return encoder
+
+
+def checks_namespace(op: OpSpec, ndarray: type | None) -> dict[str, Any] | None:
+    """The globals that :func:`argument_checks`' lines read (None: no CuPy, or an array
+    type without the contiguity flag they read)."""
     if ndarray is None or not hasattr(ndarray, "_c_contiguous"):
         return None
-    namespace: dict[str, Any] = {"ND": ndarray, "isfinite": math.isfinite, "OTHERWISE": otherwise}
+    namespace: dict[str, Any] = {"ND": ndarray, "isfinite": math.isfinite}
     for index, param in enumerate(op.params):
         dtype = np.dtype(param.dtype)
         namespace[f"D{index}"] = dtype
@@ -63,19 +77,16 @@ def word_encoder(
             if dtype.kind != "f":
                 info = np.iinfo(dtype)
                 namespace[f"LOW{index}"], namespace[f"HIGH{index}"] = int(info.min), int(info.max)
-    source = word_encoder_source(op, refuse="None" if otherwise is None else _OTHERWISE)
-    encoder: WordEncoder = compile_function(
-        source, f"<gpuactors word encoder of {op.name}>", namespace, "encode"
-    )
-    return encoder
+    return namespace
 
 
 _OTHERWISE = "OTHERWISE(args, n, device_id)"
 
 
-def word_encoder_source(op: OpSpec, refuse: str = "None") -> str:
-    """The Python source of :func:`word_encoder`'s function for ``op``; ``refuse`` is
-    what it returns for arguments it doubts."""
+def argument_checks(op: OpSpec, signature: str, refuse: str) -> tuple[list[str], list[str]]:
+    """The lines of ``def {signature}:`` that check ``args`` (CuPy arrays, Python
+    scalars) for ``op`` and leave its record words in locals, returning ``refuse`` at
+    the first doubt; and those words' names, in argument order."""
     names = [f"a{index}" for index in range(len(op.params))]
     type_checks, loads, refusals, words, conversions = [], [], [], [], []
     for index, param in enumerate(op.params):
@@ -90,7 +101,7 @@ def word_encoder_source(op: OpSpec, refuse: str = "None") -> str:
                 f"m{index}.device_id != device_id",
                 f"not {name}._c_contiguous",
             ]
-            words.append(f"m{index}.ptr")
+            conversions.append(f"    w{index} = m{index}.ptr")
         else:
             if np.dtype(param.dtype).kind == "f":
                 type_checks.append(f"type({name}) is not float")
@@ -98,16 +109,25 @@ def word_encoder_source(op: OpSpec, refuse: str = "None") -> str:
             else:
                 type_checks.append(f"type({name}) is not int")
                 refusals.append(f"not LOW{index} <= {name} <= HIGH{index}")
-            conversions.append(f"        w{index} = U{index}(P{index}({name}))[0]")
-            words.append(f"w{index}")
-    lines = checks_source(
-        "encode(args, n, device_id)", len(names), type_checks, loads, refusals, refuse
-    )
-    result = f"return [{', '.join(words)}]"
-    if conversions:  # a float too large for float32 (or float16) does not pack
-        # (refused after the except block: the general path's error has no context)
-        lines += ["    try:", *conversions, "    except OverflowError:", "        pass"]
-        lines += ["    else:", f"        {result}", f"    return {refuse}"]
-    else:
-        lines += [f"    {result}"]
-    return "\n".join(lines) + "\n"
+            # A float too large for float32 (or float16) does not pack: refused after
+            # the except block (the general path's error then has no context).
+            conversions += [
+                "    try:",
+                f"        w{index} = U{index}(P{index}({name}))[0]",
+                "    except OverflowError:",
+                "        overflow = True",
+                "    else:",
+                "        overflow = False",
+                "    if overflow:",
+                f"        return {refuse}",
+            ]
+        words.append(f"w{index}")
+    lines = checks_source(signature, len(names), type_checks, loads, refusals, refuse)
+    return lines + conversions, words
+
+
+def word_encoder_source(op: OpSpec, refuse: str = "None") -> str:
+    """The Python source of :func:`word_encoder`'s function for ``op``; ``refuse`` is
+    what it returns for arguments it doubts."""
+    lines, words = argument_checks(op, "encode(args, n, device_id)", refuse)
+    return "\n".join([*lines, f"    return [{', '.join(words)}]"]) + "\n"
