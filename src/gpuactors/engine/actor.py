@@ -721,7 +721,10 @@ class PersistentEngineActor(Actor):
             return Ack()  # after a forced shutdown, cancelled records must never run
         self._runtime.hold = False
         self._runtime.kick()
-        self._wake.set()
+        if self._pending or self._backlog or self._batches:
+            # Work held while parked: the poller serves it. (Woken for nothing, it would
+            # take a step of the next loop turn: an ask's that yields, about 10 us.)
+            self._wake.set()
         return Ack()
 
     # ------------------------------------------------------------- live operators
