@@ -9,6 +9,7 @@ from gpuactors.engine.ops import BUILTIN_OPS, OpSpec, ScalarParam
 from gpuactors.engine.optable import OpTable
 from gpuactors.errors import InvalidArgument, UnknownOp
 from gpuactors.nvrtc import KernelCompiler
+from gpuactors.straight_line import compile_function
 
 SCALE = OpSpec(name="scale", params=(ScalarParam(name="k", dtype="float32"),), body="return 0;")
 
@@ -64,3 +65,35 @@ def test_module_with_pinned_ids_compiles() -> None:
     assert engine.op_ids == ids
     assert f"case {ids['scale@2']}: return gpa_op_scale_v2(" in engine.source
     assert module.image[:4] == b"\x7fELF"
+
+
+def test_codecs_built_ahead_are_the_ones_added() -> None:
+    """The engine builds a new version's encoder and publisher before it parks."""
+    table = OpTable([SCALE])
+    v2 = SCALE.model_copy(update={"version": 2, "body": "return 1;"})
+    codecs = table.codecs_for(v2)
+    assert table.op_ids() == {"scale@1": 0}, "building them changes nothing"
+    table.add(v2, activate=True, codecs=codecs)
+    resolved = table.resolve("scale")
+    assert resolved.encoder is codecs.encoder and resolved.op_id == codecs.op_id == 1
+
+
+def test_codecs_that_no_longer_fit_are_built_again() -> None:
+    table = OpTable([SCALE])
+    v2 = SCALE.model_copy(update={"version": 2})
+    v3 = SCALE.model_copy(update={"version": 3})
+    stale = table.codecs_for(v3)  # built for id 1, which v2 takes first
+    table.add(v2, activate=False)
+    table.add(v3, activate=True, codecs=stale)
+    resolved = table.resolve("scale")
+    assert resolved.op_id == 2 and resolved.encoder is not stale.encoder
+
+
+def test_straight_line_functions_of_one_source_share_their_code() -> None:
+    """A hot swap's encoder and publisher cost no compile when the signature is the
+    same: only their globals (the new version's constants) differ."""
+    source = "def f(x):\n    return x + K\n"
+    first = compile_function(source, "<test>", {"K": 1}, "f")
+    second = compile_function(source, "<test>", {"K": 2}, "f")
+    assert first.__code__ is second.__code__
+    assert (first(0), second(0)) == (1, 2)

@@ -9,6 +9,8 @@ holds that shared head and the compiling, as ``dataclasses`` does for ``__init__
 
 from __future__ import annotations
 
+import functools
+from types import CodeType
 from typing import Any
 
 
@@ -34,6 +36,15 @@ def checks_source(
 
 
 def compile_function(source: str, filename: str, namespace: dict[str, Any], name: str) -> Any:
-    """The function ``name`` that ``source`` defines, its globals ``namespace``."""
-    exec(compile(source, filename, "exec"), namespace)
+    """The function ``name`` that ``source`` defines, its globals ``namespace``.
+
+    The compiled code is kept per source: a new version of an op with the same
+    signature (a hot swap) gets its functions without compiling again, which matters
+    because the engine builds them while its kernel is parked."""
+    exec(_compiled(source, filename), namespace)
     return namespace[name]
+
+
+@functools.lru_cache(maxsize=512)
+def _compiled(source: str, filename: str) -> CodeType:
+    return compile(source, filename, "exec")

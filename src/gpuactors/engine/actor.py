@@ -805,6 +805,7 @@ class PersistentEngineActor(Actor):
             ops, ids = self._ops.planned(op)  # raises before anything changes
             started = time.perf_counter()
             image = await self._engine_image(ops, ids)
+            codecs = self._ops.codecs_for(op)  # its encoder and publisher, before the park
             compiled = time.perf_counter()
             # Park without blocking the loop (tasks keep being accepted into the ring),
             # then load in a worker thread; the ring and every accepted task stay put.
@@ -817,7 +818,7 @@ class PersistentEngineActor(Actor):
             finally:
                 runtime.hold = held_before or self._forced or self._faulted is not None
             swapped = time.perf_counter()
-            self._ops.add(op, activate=activate)
+            self._ops.add(op, activate=activate, codecs=codecs)
             self._modules_built += 1
             self._wake.set()
             runtime.kick()

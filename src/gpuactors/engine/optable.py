@@ -35,6 +35,18 @@ class ResolvedOp:
     publish: Publisher | None
 
 
+@dataclass(frozen=True)
+class OpCodecs:
+    """A new op version's id and the functions that take time to build (its argument
+    encoder and publisher): :meth:`OpTable.codecs_for` builds them while the engine
+    still serves, so the hot swap's park does not wait for them."""
+
+    op: OpSpec
+    op_id: int
+    encoder: ArgEncoder
+    publish: Publisher | None
+
+
 class OpTable:
     """Versions, aliases and op ids of one engine (owned by its actor, not thread-safe)."""
 
@@ -88,6 +100,10 @@ class OpTable:
     def op_ids(self) -> dict[str, int]:
         return dict(self._ids)
 
+    def next_op_id(self) -> int:
+        """The op id the next physical op (version) gets."""
+        return max(self._ids.values(), default=-1) + 1
+
     def next_version(self, name: str) -> int:
         return max(self._versions.get(name, {}), default=0) + 1
 
@@ -95,17 +111,26 @@ class OpTable:
         """The physical ops and ids a module needs once ``op`` is added (nothing changes yet)."""
         self._check_new(op)
         ids = self.op_ids()
-        ids[physical_key(op)] = max(ids.values(), default=-1) + 1
+        ids[physical_key(op)] = self.next_op_id()
         return [*self.physical_ops(), op], ids
 
-    # ----------------------------------------------------------------- changes
-    def add(self, op: OpSpec, *, activate: bool) -> None:
-        """Register a new version (its module must already be running)."""
+    def codecs_for(self, op: OpSpec) -> OpCodecs:
+        """What :meth:`add` builds for ``op`` as the next op id (nothing changes yet)."""
         self._check_new(op)
+        op_id = self.next_op_id()
+        return OpCodecs(op, op_id, ArgEncoder(op), publisher(op, op_id, cupy_ndarray()))
+
+    # ----------------------------------------------------------------- changes
+    def add(self, op: OpSpec, *, activate: bool, codecs: OpCodecs | None = None) -> None:
+        """Register a new version (its module must already be running); ``codecs``
+        are its :meth:`codecs_for` (built again if they no longer fit)."""
+        self._check_new(op)
+        if codecs is None or codecs.op is not op or codecs.op_id != self.next_op_id():
+            codecs = self.codecs_for(op)
         key = physical_key(op)
-        self._ids[key] = max(self._ids.values(), default=-1) + 1
-        self._encoders[key] = ArgEncoder(op)
-        self._publishers[key] = publisher(op, self._ids[key], cupy_ndarray())
+        self._ids[key] = codecs.op_id
+        self._encoders[key] = codecs.encoder
+        self._publishers[key] = codecs.publish
         self._versions.setdefault(op.name, {})[op.version] = op
         if activate or op.name not in self._active:
             self.alias(op.name, op.version)
