@@ -78,6 +78,7 @@ from gpuactors.errors import (
     TaskTimeout,
     UnknownOp,
 )
+from gpuactors.gil import prompt_handover
 from gpuactors.messages import Ack
 from gpuactors.nvrtc import KernelCompiler, arch_from_capability
 
@@ -814,7 +815,8 @@ class PersistentEngineActor(Actor):
             try:
                 runtime.request_park()
                 await _wait_until(lambda: not runtime.running, "the engine to park")
-                await asyncio.to_thread(runtime.swap_module, image)
+                with prompt_handover():  # the loader must not wait 5 ms for the GIL
+                    await asyncio.to_thread(runtime.swap_module, image)
             finally:
                 runtime.hold = held_before or self._forced or self._faulted is not None
             swapped = time.perf_counter()
