@@ -222,11 +222,12 @@ class PersistentEngineActor(Actor):
                 self._check_serving()
             resolved = self._ops.resolve(msg.op)  # the version is bound here, at acceptance
             deadline = self._deadline_ns(msg.timeout)
+            ready_event = _pending_work_event() if msg.after == "current_stream" else None
         except GpuActorsError as exc:
             return failed_reply(exc)  # the caller's error, not the actor's failure
         if (
             resolved.publish is not None
-            and msg.after == "none"
+            and ready_event is None
             and not self._pending
             and not self._staged
             and not (self._backlog and self._full_policy != "fail")
@@ -240,7 +241,7 @@ class PersistentEngineActor(Actor):
             )
             if seq:
                 return self._answer_published(seq, resolved, msg, deadline, accepted_at)
-        return self._accept_generally(msg, resolved, deadline, accepted_at)
+        return self._accept_generally(msg, resolved, deadline, ready_event, accepted_at)
 
     def _answer_published(
         self, seq: int, resolved: ResolvedOp, msg: Enqueue, deadline: int, accepted_at: float
@@ -269,16 +270,21 @@ class PersistentEngineActor(Actor):
         return Deferred(future)
 
     def _accept_generally(
-        self, msg: Enqueue, resolved: ResolvedOp, deadline: int, accepted_at: float
+        self,
+        msg: Enqueue,
+        resolved: ResolvedOp,
+        deadline: int,
+        ready_event: Any,
+        accepted_at: float,
     ) -> Completion | Deferred[Completion]:
         """Every task the latency path's generated publisher did not take: checked
         argument by argument (a precise error for each mistake), then published at
         once on an idle engine, or coalesced with the others of this loop turn, or
-        queued behind tasks that wait (for room in the ring, or for their inputs)."""
+        queued behind tasks that wait (for room in the ring, or for their inputs:
+        ``ready_event``, a CuPy event, or None)."""
         try:
             n, blocks = check_count(resolved.spec, msg.n, msg.blocks)
             words = resolved.encoder.encode(msg.args, n, self._device_id)
-            ready_event = _pending_work_event() if msg.after == "current_stream" else None
         except GpuActorsError as exc:
             return failed_reply(exc)
         if (
