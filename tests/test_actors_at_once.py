@@ -220,6 +220,34 @@ async def test_other_asks_queue_while_an_asker_takes_its_turn() -> None:
         assert task is ref._cell.task  # through the mailbox
 
 
+class StopWithReplyOwed(Message):
+    """The handler stops its own actor and returns a Deferred it never settles."""
+
+
+class Owing(Actor):
+    @handles(Add)
+    def add(self, msg: Add) -> int:
+        return msg.value
+
+    @handles(StopWithReplyOwed)
+    def stop_owing(self, msg: StopWithReplyOwed) -> Deferred[int]:
+        self.context.stop(self.context.self_ref)
+        return Deferred(asyncio.get_running_loop().create_future())
+
+
+@pytest.mark.parametrize("overdue", [False, True], ids=["in time", "overdue"])
+async def test_an_actor_that_stops_owing_a_deferred_reply_fails_the_ask(overdue: bool) -> None:
+    """Also when it stops during the loop turn the overdue asker waits out."""
+    async with ActorSystem() as system:
+        ref = system.spawn(Owing)
+        await ref.ask(Add(value=0))
+        if overdue:
+            system.at_once.started = time.perf_counter() - 1.0  # the next ask ends a long run
+        with pytest.raises(ActorStopped):
+            await asyncio.wait_for(ref.ask(StopWithReplyOwed()), 5.0)
+        assert not ref._cell.links
+
+
 async def test_cancelling_the_asker_during_its_turn_drops_a_deferred_reply() -> None:
     async with ActorSystem() as system:
         ref = system.spawn(Counter)

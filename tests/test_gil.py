@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 
 from gpuactors.gil import PROMPT_SWITCH_SECONDS, prompt_handover
 
@@ -36,3 +37,22 @@ def test_a_shorter_interval_already_set_is_kept() -> None:
             assert sys.getswitchinterval() == shorter
     finally:
         sys.setswitchinterval(before)
+
+
+def test_blocks_overlapping_in_threads_restore_the_interval_once() -> None:
+    before = sys.getswitchinterval()
+    entered = threading.Barrier(2)
+    leave = threading.Event()
+
+    def hold() -> None:
+        with prompt_handover():
+            entered.wait()
+            leave.wait()
+
+    threads = [threading.Thread(target=hold) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    leave.set()
+    for thread in threads:
+        thread.join()
+    assert sys.getswitchinterval() == before

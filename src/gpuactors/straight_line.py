@@ -1,7 +1,8 @@
 """Straight-line Python functions written for one argument signature.
 
-The launch packers (:mod:`gpuactors.nvrtc.packers`) and the engine's word encoders
-(:mod:`gpuactors.engine.word_encoders`) each write, once per signature, a function
+The launch packers (:mod:`gpuactors.nvrtc.packers`), the engine's word encoders
+(:mod:`gpuactors.engine.word_encoders`) and publishers
+(:mod:`gpuactors.engine.publishers`) each write, once per signature, a function
 that unpacks a fixed number of arguments, checks their types, then checks what it
 reads of them, and refuses (returns a given value) at the first doubt. This module
 holds that shared head and the compiling, as ``dataclasses`` does for ``__init__``.
@@ -38,9 +39,9 @@ def checks_source(
 def compile_function(source: str, filename: str, namespace: dict[str, Any], name: str) -> Any:
     """The function ``name`` that ``source`` defines, its globals ``namespace``.
 
-    The compiled code is kept per source: a new version of an op with the same
-    signature (a hot swap) gets its functions without compiling again, which matters
-    because the engine builds them while its kernel is parked."""
+    The compiled code is kept per source and file name (which names the op): a new
+    version of an op with the same signature (a hot swap) gets its functions without
+    compiling again, while its tasks wait for the swap."""
     exec(_compiled(source, filename), namespace)
     return namespace[name]
 

@@ -21,12 +21,6 @@ R = TypeVar("R")
 _next_id = itertools.count(1).__next__
 
 
-def _drop_outcome(future: asyncio.Future[Any]) -> None:
-    """Mark a reply nobody waits for any more as read (no "never retrieved" warning)."""
-    if not future.cancelled():
-        future.exception()
-
-
 def new_correlation_id() -> str:
     """A short id, unique in this process, that follows one ask through the logs."""
     return f"{_next_id():x}"
@@ -164,20 +158,26 @@ class ActorRef:
         """Let the loop turn once, then hand back ``answer`` (the handler's, given at once).
 
         Other asks to the actor queue in its mailbox meanwhile. A reply the handler
-        deferred has had that turn to arrive: the actor's own tasks run first in it.
+        deferred is linked before the turn (so an actor that stops during it still
+        fails the ask) and comes back as a ``Deferred`` of the asker's own future,
+        which the actor's tasks have had that turn to settle.
         """
         cell = self._cell
+        reply: asyncio.Future[Any] | None = None
+        if isinstance(answer, Deferred):
+            reply = cell.loop.create_future()
+            cell.defer_reply(answer.future, reply)
         cell.system.at_once.end()
         cell.askers_waiting += 1
         try:
             await asyncio.sleep(0)
         except BaseException:
-            if isinstance(answer, Deferred):  # the caller went away: its reply is dropped
-                answer.future.add_done_callback(_drop_outcome)
+            if reply is not None:
+                reply.cancel()  # the caller went away: the deferred outcome is dropped
             raise
         finally:
             cell.askers_waiting -= 1
-        return answer
+        return answer if reply is None else Deferred(reply)
 
     async def _send_slow(
         self, envelope: Envelope, timeout: float | None

@@ -8,6 +8,11 @@ engine (CuPy arrays, Python scalars, every value under 2**56, the ring not full)
 module writes, once per op version, one function that does all three with its values
 in locals. It refuses (returns 0) whatever is not usual, and the engine then takes the
 general path, which says precisely what is wrong. :func:`publisher_source` prints it.
+
+Values of 2**56 and above go to the general path because the usual record packing
+leaves each word's top byte to the lap tag. That covers almost every float64 scalar
+(its exponent sits in the top byte) and every negative int64 one: ops with such
+scalars take the general path every time.
 """
 
 from __future__ import annotations
