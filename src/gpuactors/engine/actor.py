@@ -225,13 +225,13 @@ class PersistentEngineActor(Actor):
             ready_event = _pending_work_event() if msg.after == "current_stream" else None
         except GpuActorsError as exc:
             return failed_reply(exc)  # the caller's error, not the actor's failure
-        if (
-            resolved.publish is not None
-            and ready_event is None
-            and not self._pending
+        # Nothing in flight, staged or queued ahead: a ready task is published at once.
+        idle = (
+            not self._pending
             and not self._staged
             and not (self._backlog and self._full_policy != "fail")
-        ):
+        )
+        if idle and ready_event is None and resolved.publish is not None:
             # An idle engine (the latency path): the usual task is checked, packed and
             # published in one generated call, before anything else. What it refuses
             # (0: not the usual task; None: the ring is full) takes the general path.
@@ -241,7 +241,7 @@ class PersistentEngineActor(Actor):
             )
             if seq:
                 return self._answer_published(seq, resolved, msg, deadline, accepted_at)
-        return self._accept_generally(msg, resolved, deadline, ready_event, accepted_at)
+        return self._accept_generally(msg, resolved, deadline, ready_event, idle, accepted_at)
 
     def _answer_published(
         self, seq: int, resolved: ResolvedOp, msg: Enqueue, deadline: int, accepted_at: float
@@ -275,11 +275,12 @@ class PersistentEngineActor(Actor):
         resolved: ResolvedOp,
         deadline: int,
         ready_event: Any,
+        idle: bool,
         accepted_at: float,
     ) -> Completion | Deferred[Completion]:
         """Every task the latency path's generated publisher did not take: checked
         argument by argument (a precise error for each mistake), then published at
-        once on an idle engine, or coalesced with the others of this loop turn, or
+        once on an ``idle`` engine, or coalesced with the others of this loop turn, or
         queued behind tasks that wait (for room in the ring, or for their inputs:
         ``ready_event``, a CuPy event, or None)."""
         try:
@@ -287,12 +288,7 @@ class PersistentEngineActor(Actor):
             words = resolved.encoder.encode(msg.args, n, self._device_id)
         except GpuActorsError as exc:
             return failed_reply(exc)
-        if (
-            ready_event is None
-            and not self._pending
-            and not self._staged
-            and not (self._backlog and self._full_policy != "fail")
-        ):
+        if idle and ready_event is None:
             assert self._runtime is not None
             seq = self._runtime.ring.try_publish(resolved.op_id, n, words, blocks, deadline)
             if seq is not None:

@@ -88,7 +88,7 @@ def argument_checks(op: OpSpec, signature: str, refuse: str) -> tuple[list[str],
     scalars) for ``op`` and leave its record words in locals, returning ``refuse`` at
     the first doubt; and those words' names, in argument order."""
     names = [f"a{index}" for index in range(len(op.params))]
-    type_checks, loads, refusals, words, conversions = [], [], [], [], []
+    type_checks, loads, refusals, words, pointers, conversions = [], [], [], [], [], []
     for index, param in enumerate(op.params):
         name = names[index]
         if isinstance(param, ArrayParam):
@@ -101,7 +101,7 @@ def argument_checks(op: OpSpec, signature: str, refuse: str) -> tuple[list[str],
                 f"m{index}.device_id != device_id",
                 f"not {name}._c_contiguous",
             ]
-            conversions.append(f"    w{index} = m{index}.ptr")
+            pointers.append(f"    w{index} = m{index}.ptr")
         else:
             if np.dtype(param.dtype).kind == "f":
                 type_checks.append(f"type({name}) is not float")
@@ -109,21 +109,21 @@ def argument_checks(op: OpSpec, signature: str, refuse: str) -> tuple[list[str],
             else:
                 type_checks.append(f"type({name}) is not int")
                 refusals.append(f"not LOW{index} <= {name} <= HIGH{index}")
-            # A float too large for float32 (or float16) does not pack: refused after
-            # the except block (the general path's error then has no context).
-            conversions += [
-                "    try:",
-                f"        w{index} = U{index}(P{index}({name}))[0]",
-                "    except OverflowError:",
-                "        overflow = True",
-                "    else:",
-                "        overflow = False",
-                "    if overflow:",
-                f"        return {refuse}",
-            ]
+            conversions.append(f"        w{index} = U{index}(P{index}({name}))[0]")
         words.append(f"w{index}")
     lines = checks_source(signature, len(names), type_checks, loads, refusals, refuse)
-    return lines + conversions, words
+    lines += pointers
+    if conversions:
+        # A float too large for float32 (or float16) does not pack: refused after
+        # the except block (the general path's error then has no context).
+        lines += ["    try:", *conversions, "    except OverflowError:", "        overflow = True"]
+        lines += [
+            "    else:",
+            "        overflow = False",
+            "    if overflow:",
+            f"        return {refuse}",
+        ]
+    return lines, words
 
 
 def word_encoder_source(op: OpSpec, refuse: str = "None") -> str:
