@@ -14,6 +14,7 @@ import structlog
 
 from gpuactors.actors import (
     Actor,
+    ActorRef,
     ActorSystem,
     Deferred,
     Directive,
@@ -176,6 +177,19 @@ class LoopTurns:
             await asyncio.sleep(0)
 
 
+def end_the_run_at_the_next_ask(system: ActorSystem) -> None:
+    """As if asks answered at once had held the loop far past their bound."""
+    system.at_once.started = time.perf_counter() - 1.0
+
+
+def owing_a_reply(ref: ActorRef) -> Counter:
+    """The Counter behind ``ref``, its next ``Later`` answered when the test says so."""
+    counter = ref._cell.instance
+    assert isinstance(counter, Counter)
+    counter.pending = asyncio.get_running_loop().create_future()
+    return counter
+
+
 async def test_a_tight_loop_of_asks_still_lets_other_tasks_run() -> None:
     async with ActorSystem() as system, LoopTurns() as turns:
         ref = system.spawn(Counter)
@@ -209,7 +223,7 @@ async def test_other_asks_queue_while_an_asker_takes_its_turn() -> None:
     async with ActorSystem() as system:
         ref = system.spawn(Counter)
         await ref.ask(Add(value=0))
-        system.at_once.started = time.perf_counter() - 1.0  # the next ask ends a long run
+        end_the_run_at_the_next_ask(system)
         first = asyncio.ensure_future(ref.ask(Where()))
         others = [asyncio.ensure_future(ref.ask(Add(value=1))) for _ in range(3)]
         last = asyncio.ensure_future(ref.ask(Where()))
@@ -242,7 +256,7 @@ async def test_an_actor_that_stops_owing_a_deferred_reply_fails_the_ask(overdue:
         ref = system.spawn(Owing)
         await ref.ask(Add(value=0))
         if overdue:
-            system.at_once.started = time.perf_counter() - 1.0  # the next ask ends a long run
+            end_the_run_at_the_next_ask(system)
         with pytest.raises(ActorStopped):
             await asyncio.wait_for(ref.ask(StopWithReplyOwed()), 5.0)
         assert not ref._cell.links
@@ -252,10 +266,8 @@ async def test_cancelling_the_asker_during_its_turn_drops_a_deferred_reply() -> 
     async with ActorSystem() as system:
         ref = system.spawn(Counter)
         await ref.ask(Add(value=0))
-        counter = ref._cell.instance
-        assert isinstance(counter, Counter)
-        counter.pending = asyncio.get_running_loop().create_future()
-        system.at_once.started = time.perf_counter() - 1.0  # the next ask ends a long run
+        counter = owing_a_reply(ref)
+        end_the_run_at_the_next_ask(system)
         asker = asyncio.ensure_future(ref.ask(Later()))
         await asyncio.sleep(0)  # the handler ran at once; the asker waits out its turn
         assert ref._cell.askers_waiting == 1
@@ -295,9 +307,7 @@ async def test_an_ask_never_overtakes_askers_already_waiting() -> None:
     async with ActorSystem() as system:
         ref = system.spawn(Counter)
         await ref.ask(Add(value=0))
-        counter = ref._cell.instance
-        assert isinstance(counter, Counter)
-        counter.pending = asyncio.get_running_loop().create_future()
+        counter = owing_a_reply(ref)
         waiting = asyncio.create_task(ref.ask(Later()))
         await asyncio.sleep(0.01)
         assert not waiting.done() and ref._cell.askers_waiting == 1
