@@ -178,8 +178,10 @@ class LoopTurns:
 
 
 def end_the_run_at_the_next_ask(system: ActorSystem) -> None:
-    """As if asks answered at once had held the loop far past their bound."""
+    """As if asks answered at once had held the loop far past their bound, with a
+    callback waiting for the loop."""
     system.at_once.started = time.perf_counter() - 1.0
+    asyncio.get_running_loop().call_soon(lambda: None)
 
 
 def owing_a_reply(ref: ActorRef) -> Counter:
@@ -215,6 +217,21 @@ async def test_the_ask_that_ends_a_run_costs_one_loop_turn() -> None:
                 turns_taken.append(turns.count - before)
         assert 1 in turns_taken, "no run of asks outlasted the bound"
         assert set(turns_taken) == {0, 1}
+
+
+async def test_a_run_past_its_bound_goes_on_while_nothing_else_waits() -> None:
+    """The loop turn would only cost the asker time: a new stretch of the run begins."""
+    async with ActorSystem() as system:
+        ref = system.spawn(Counter)
+        await ref.ask(Add(value=0))
+        await ref.ask(Add(value=0))  # the run began; its end callback is queued
+        long_ago = time.perf_counter() - 1.0
+        system.at_once.started = long_ago
+        task, _, _ = await ref.ask(Where())
+        assert task is asyncio.current_task()
+        restarted = system.at_once.started
+        assert restarted is not None and restarted > long_ago  # no turn: a new stretch
+        assert ref._cell.askers_waiting == 0
 
 
 async def test_other_asks_queue_while_an_asker_takes_its_turn() -> None:
