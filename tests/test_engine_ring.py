@@ -44,6 +44,30 @@ def test_publish_take_complete_roundtrip() -> None:
     assert done is not None and done.status == 7 and done.units == 4
 
 
+@pytest.mark.parametrize(
+    ("status", "t_start", "t_end", "device_ns"),
+    [(0, 1_000, 4_500, 3_500), (-3, 2**60, 2**60 + 7, 7), (5, 900, 800, 0)],
+    ids=["ok", "negative status", "clock went back"],
+)
+def test_harvest_reads_one_marker_and_retires_it(
+    status: int, t_start: int, t_end: int, device_ns: int
+) -> None:
+    ring, consumer = make_ring(64)
+    seq = ring.try_publish(0, 1, [])
+    assert seq is not None
+    consumer.take()
+    assert ring.harvest(seq) is None  # running: nothing read, nothing retired
+    slot = (seq - 1) & ring.mask
+    entry = ring.completions[slot : slot + 1]
+    entry["status"], entry["units"] = status, 9
+    entry["t_start_ns"], entry["t_end_ns"] = t_start, t_end
+    entry["seq"] = seq  # marker last
+    assert ring._unretired[slot] == 1
+    assert ring.harvest(seq) == (status, 9, device_ns)
+    assert ring._unretired[slot] == 0
+    assert ring.harvest(seq + 64) is None  # a later lap's task in the same slot
+
+
 def test_full_ring_refuses_until_a_task_completes() -> None:
     ring, consumer = make_ring(64)
     seqs = [ring.try_publish(0, 1, []) for _ in range(64)]
