@@ -112,6 +112,23 @@ async def test_an_idle_actor_answers_in_the_askers_task_with_its_own_context() -
         assert context["message_type"] == "WhereAsync"
 
 
+async def test_each_handler_sees_its_own_message_type_on_both_paths_and_after_a_restart() -> None:
+    """The message type is bound in the actor's context only when it changes: asks at
+    once, through the mailbox and after a restart (a new context) all see their own."""
+    async with ActorSystem() as system:
+        ref = system.spawn(Counter)
+        await ref.ask(Add(value=0))
+        seen = []
+        for message in (Where(), Where(), WhereAsync(), Where(), WhereAsync(), WhereAsync()):
+            _, _, context = await ref.ask(message)
+            seen.append(context["message_type"])
+        assert seen == ["Where", "Where", "WhereAsync", "Where", "WhereAsync", "WhereAsync"]
+        with pytest.raises(ValueError, match="boom"):
+            await ref.ask(Boom())  # the supervisor restarts the actor
+        _, _, context = await ref.ask(Where())
+        assert context["message_type"] == "Where"
+
+
 async def test_messages_already_queued_are_handled_first() -> None:
     async with ActorSystem() as system:
         ref = system.spawn(Counter)

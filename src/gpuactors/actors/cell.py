@@ -33,7 +33,12 @@ from gpuactors.actors.actor import (
     handled_types,
     resolve_handler,
 )
-from gpuactors.actors.at_once import NOT_AT_ONCE, AtOnceFailure, Overdue
+from gpuactors.actors.at_once import (
+    AT_ONCE_STREAK_SECONDS,
+    NOT_AT_ONCE,
+    AtOnceFailure,
+    Overdue,
+)
 from gpuactors.actors.context import ActorContext
 from gpuactors.actors.dead_letters import DeadLetter, DeadLetterReason
 from gpuactors.actors.deadlines import AskDeadlines
@@ -180,6 +185,7 @@ class ActorCell:
         self.askers_waiting = 0
         self.task: asyncio.Task[None] | None = None
         self._context: contextvars.Context | None = None  # the task's, for answer_at_once
+        self._bound_type: type | None = None  # the message type bound in that context
         self._killed = False
         self._started = False
         self._suspension: asyncio.Future[Directive] | None = None
@@ -206,6 +212,7 @@ class ActorCell:
         # asker's task) runs in it too: it sees and sets what the actor's task would.
         # (Python 3.10 cannot give a task a context: there, every ask uses the mailbox.)
         name = f"actor {self.path}"
+        self._bound_type = None  # a new context: nothing of ours bound in it yet
         if sys.version_info >= (3, 11):
             self._context = contextvars.copy_context()
             self.task = self.loop.create_task(self._run(), name=name, context=self._context)
@@ -294,7 +301,6 @@ class ActorCell:
         user = mailbox.user
         system = mailbox.system
         putters = mailbox.putters
-        set_type = _MESSAGE_TYPE.set
         set_cid = _CORRELATION_ID.set
         burst = 0
         while True:
@@ -327,7 +333,8 @@ class ActorCell:
             if handler is None:
                 self._unhandled(message, reply)
                 continue
-            set_type(message_type.__name__)
+            if message_type is not self._bound_type:
+                self._bind_type(message_type)
             set_cid(... if cid is None else cid)
             method, is_async = handler
             try:
@@ -388,7 +395,13 @@ class ActorCell:
             or not self.instance.answers_at_once
         ):
             return NOT_AT_ONCE
-        in_time = self.system.at_once.admit(time.perf_counter(), self.loop)
+        streak = self.system.at_once
+        now = time.perf_counter()
+        started = streak.started
+        # Within a run (the common case) in one comparison; admit() begins or ends one.
+        in_time = (started is not None and now - started <= AT_ONCE_STREAK_SECONDS) or streak.admit(
+            now, self.loop
+        )
         self.idle = False
         try:
             answer = self._context.run(self._answer_now, handler[0], message, cid)
@@ -396,8 +409,15 @@ class ActorCell:
             self.idle = not (self.stopping or self.mailbox.system)
         return answer if in_time else Overdue(answer)
 
+    def _bind_type(self, message_type: type) -> None:
+        """Bind the message type in the actor's context for its logs. The context keeps
+        it from one message to the next: only a change of type costs a ``set``."""
+        _MESSAGE_TYPE.set(message_type.__name__)
+        self._bound_type = message_type
+
     def _answer_now(self, method: Callable[[Any], Any], message: Any, cid: str) -> Any:
-        _MESSAGE_TYPE.set(type(message).__name__)
+        if type(message) is not self._bound_type:
+            self._bind_type(type(message))
         _CORRELATION_ID.set(cid)
         try:
             return method(message)
@@ -448,7 +468,7 @@ class ActorCell:
         if signal is _STOP:
             return True
         if isinstance(signal, _HandledAtOnceFailed):
-            _MESSAGE_TYPE.set(type(signal.message).__name__)
+            self._bind_type(type(signal.message))
             _CORRELATION_ID.set(signal.cid)
             return await self._on_failure(signal.error, signal.message)
         if isinstance(signal, _ChildFailed):
