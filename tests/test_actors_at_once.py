@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sys
 import time
 from contextvars import ContextVar
 from typing import Any
@@ -114,7 +115,7 @@ async def test_an_idle_actor_answers_in_the_askers_task_with_its_own_context() -
 
 async def test_each_handler_sees_its_own_message_type_on_both_paths_and_after_a_restart() -> None:
     """The message type is bound in the actor's context only when it changes: asks at
-    once, through the mailbox and after a restart (a new context) all see their own."""
+    once, through the mailbox and after a restart all see their own."""
     async with ActorSystem() as system:
         ref = system.spawn(Counter)
         await ref.ask(Add(value=0))
@@ -236,6 +237,7 @@ async def test_the_ask_that_ends_a_run_costs_one_loop_turn() -> None:
         assert set(turns_taken) == {0, 1}
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="asks are answered at once on 3.11+")
 async def test_a_run_past_its_bound_goes_on_while_nothing_else_waits() -> None:
     """The loop turn would only cost the asker time: a new stretch of the run begins."""
     async with ActorSystem() as system:
@@ -249,6 +251,45 @@ async def test_a_run_past_its_bound_goes_on_while_nothing_else_waits() -> None:
         restarted = system.at_once.started
         assert restarted is not None and restarted > long_ago  # no turn: a new stretch
         assert ref._cell.askers_waiting == 0
+
+
+async def test_an_asker_in_a_tight_loop_that_is_cancelled_stops_at_once() -> None:
+    """``Task.cancel`` only marks the running task: a run of asks answered at once must
+    still reach a suspension soon after (past its bound), not run on forever."""
+    async with ActorSystem() as system:
+        ref = system.spawn(Counter)
+        await ref.ask(Add(value=0))
+        cancelled_at: list[float] = []
+
+        async def asker() -> None:
+            while True:
+                await ref.ask(Add(value=1))
+                if not cancelled_at and ref._cell.instance.total > 100:
+                    cancelled_at.append(time.perf_counter())
+                    task = asyncio.current_task()
+                    assert task is not None
+                    task.cancel()
+
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.ensure_future(asker()), 10.0)
+        assert time.perf_counter() - cancelled_at[0] < 1.0  # about the 2 ms bound
+
+
+class Rebinder(Actor):
+    """A handler that binds ``message_type`` itself, as a handler may."""
+
+    @handles(Where)
+    def where(self, msg: Where) -> dict[str, Any]:
+        seen = structlog.contextvars.get_contextvars()
+        structlog.contextvars.bind_contextvars(message_type="rebound by the handler")
+        return seen
+
+
+async def test_a_handler_that_rebinds_the_message_type_misleads_no_later_log() -> None:
+    async with ActorSystem() as system:
+        ref = system.spawn(Rebinder)
+        seen = [(await ref.ask(Where()))["message_type"] for _ in range(3)]
+        assert seen == ["Where", "Where", "Where"]
 
 
 async def test_other_asks_queue_while_an_asker_takes_its_turn() -> None:

@@ -6,6 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sys
+import threading
+import time
+
+import pytest
 
 from gpuactors.actors.loop_waiting import others_wait
 
@@ -20,7 +25,9 @@ async def test_a_ready_callback_waits() -> None:
     assert others_wait(loop, None)
     assert not others_wait(loop, handle)  # the run's own callback does not count
     handle.cancel()
-    assert not others_wait(loop, None)  # nor does a cancelled one
+    assert others_wait(loop, None)  # a cancelled one still does (one turn too many)
+    await asyncio.sleep(0)  # the loop drops it
+    assert not others_wait(loop, None)
 
 
 async def test_a_due_timer_waits_and_a_later_one_does_not() -> None:
@@ -78,3 +85,49 @@ class OpaqueLoop(asyncio.AbstractEventLoop):
 
 def test_a_loop_it_cannot_read_always_turns() -> None:
     assert others_wait(OpaqueLoop(), None)
+
+
+async def test_a_pending_cancellation_of_the_running_task_must_turn_the_loop() -> None:
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    assert not others_wait(loop, None)
+    task.cancel()  # only marks this task: nothing lands in the loop's queues
+    assert others_wait(loop, None)
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.sleep(0)
+    task.uncancel()
+    assert not others_wait(loop, None)
+
+
+def test_callbacks_added_from_another_thread_meanwhile_are_safe() -> None:
+    """Other threads append to the ready queue while the loop's thread peeks at it."""
+    loop = asyncio.new_event_loop()
+    stop = threading.Event()
+
+    def flood() -> None:
+        while not stop.is_set():
+            handle = loop.call_soon_threadsafe(lambda: None)
+            handle.cancel()
+
+    async def peek() -> int:
+        turns = 0
+        deadline = time.perf_counter() + 0.3
+        while time.perf_counter() < deadline:
+            others_wait(loop, None)  # raised "deque mutated during iteration" once
+            turns += 1
+            if turns % 1000 == 0:
+                await asyncio.sleep(0)  # drain what the other thread queued
+        return turns
+
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    flooder = threading.Thread(target=flood)
+    try:
+        flooder.start()
+        assert loop.run_until_complete(peek()) > 0
+    finally:
+        stop.set()
+        flooder.join()
+        sys.setswitchinterval(previous)
+        loop.close()

@@ -65,6 +65,16 @@ def _structlog_var(key: str) -> ContextVar[Any]:
 _MESSAGE_TYPE = _structlog_var("message_type")
 _CORRELATION_ID = _structlog_var("correlation_id")
 
+
+def _bind_type(message_type: type) -> None:
+    """Bind the message type for the handler's logs. The actor's context keeps it from
+    one message to the next, so a message of the same type costs a ``get``, not a
+    ``set`` (which makes a token); a handler that rebound it is put right."""
+    name = message_type.__name__
+    if _MESSAGE_TYPE.get(None) is not name:
+        _MESSAGE_TYPE.set(name)
+
+
 #: The cell whose task is running (None outside actors).
 CURRENT_CELL: ContextVar[ActorCell | None] = ContextVar("gpuactors_current_cell", default=None)
 
@@ -185,7 +195,6 @@ class ActorCell:
         self.askers_waiting = 0
         self.task: asyncio.Task[None] | None = None
         self._context: contextvars.Context | None = None  # the task's, for answer_at_once
-        self._bound_type: type | None = None  # the message type bound in that context
         self._killed = False
         self._started = False
         self._suspension: asyncio.Future[Directive] | None = None
@@ -212,7 +221,6 @@ class ActorCell:
         # asker's task) runs in it too: it sees and sets what the actor's task would.
         # (Python 3.10 cannot give a task a context: there, every ask uses the mailbox.)
         name = f"actor {self.path}"
-        self._bound_type = None  # a new context: nothing of ours bound in it yet
         if sys.version_info >= (3, 11):
             self._context = contextvars.copy_context()
             self.task = self.loop.create_task(self._run(), name=name, context=self._context)
@@ -333,8 +341,7 @@ class ActorCell:
             if handler is None:
                 self._unhandled(message, reply)
                 continue
-            if message_type is not self._bound_type:
-                self._bind_type(message_type)
+            _bind_type(message_type)
             set_cid(... if cid is None else cid)
             method, is_async = handler
             try:
@@ -409,15 +416,10 @@ class ActorCell:
             self.idle = not (self.stopping or self.mailbox.system)
         return answer if in_time else Overdue(answer)
 
-    def _bind_type(self, message_type: type) -> None:
-        """Bind the message type in the actor's context for its logs. The context keeps
-        it from one message to the next: only a change of type costs a ``set``."""
-        _MESSAGE_TYPE.set(message_type.__name__)
-        self._bound_type = message_type
-
     def _answer_now(self, method: Callable[[Any], Any], message: Any, cid: str) -> Any:
-        if type(message) is not self._bound_type:
-            self._bind_type(type(message))
+        name = type(message).__name__  # _bind_type, inline on the latency path
+        if _MESSAGE_TYPE.get(None) is not name:
+            _MESSAGE_TYPE.set(name)
         _CORRELATION_ID.set(cid)
         try:
             return method(message)
@@ -468,7 +470,7 @@ class ActorCell:
         if signal is _STOP:
             return True
         if isinstance(signal, _HandledAtOnceFailed):
-            self._bind_type(type(signal.message))
+            _bind_type(type(signal.message))
             _CORRELATION_ID.set(signal.cid)
             return await self._on_failure(signal.error, signal.message)
         if isinstance(signal, _ChildFailed):

@@ -84,7 +84,6 @@ from gpuactors.nvrtc import KernelCompiler, arch_from_capability
 
 T = TypeVar("T")
 _MAX_DEADLINE_NS = 2**63 - 1  # the record's u64; timeouts are bounded far below this anyway
-_time_ns = time.time_ns
 _VECTOR_MIN = 16  # from this many staged tasks on, one NumPy store beats packing each
 _BATCH_STEP = 16384  # records a batch publishes / harvests per poller round (bounds each round)
 _EXIT_REASONS = {
@@ -406,7 +405,7 @@ class PersistentEngineActor(Actor):
                 return 0
         else:
             timeout_ns = int(timeout * 1e9)
-        deadline = _time_ns() + timeout_ns  # (a conditional: cheaper than min() per task)
+        deadline = time.time_ns() + timeout_ns  # (a conditional: cheaper than min() per task)
         return deadline if deadline < _MAX_DEADLINE_NS else _MAX_DEADLINE_NS
 
     def _publish(self, task: _Task) -> int | None:
