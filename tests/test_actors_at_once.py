@@ -120,8 +120,8 @@ async def test_an_idle_actor_answers_in_the_askers_task_with_its_own_context() -
 
 
 async def test_each_handler_sees_its_own_message_type_on_both_paths_and_after_a_restart() -> None:
-    """The message type is bound in the actor's context only when it changes: asks at
-    once, through the mailbox and after a restart all see their own."""
+    """Asks at once and through the mailbox share the actor's context, alternating
+    types, and after a restart: each handler sees its own message type."""
     async with ActorSystem() as system:
         ref = system.spawn(Counter)
         await ref.ask(Add(value=0))

@@ -66,15 +66,6 @@ _MESSAGE_TYPE = _structlog_var("message_type")
 _CORRELATION_ID = _structlog_var("correlation_id")
 
 
-def _bind_type(message_type: type) -> None:
-    """Bind the message type for the handler's logs. The actor's context keeps it from
-    one message to the next, so a message of the same type costs a ``get``, not a
-    ``set`` (which makes a token); a handler that rebound it is put right."""
-    name = message_type.__name__
-    if _MESSAGE_TYPE.get(None) is not name:
-        _MESSAGE_TYPE.set(name)
-
-
 #: The cell whose task is running (None outside actors).
 CURRENT_CELL: ContextVar[ActorCell | None] = ContextVar("gpuactors_current_cell", default=None)
 
@@ -309,6 +300,7 @@ class ActorCell:
         user = mailbox.user
         system = mailbox.system
         putters = mailbox.putters
+        set_type = _MESSAGE_TYPE.set
         set_cid = _CORRELATION_ID.set
         burst = 0
         while True:
@@ -341,7 +333,7 @@ class ActorCell:
             if handler is None:
                 self._unhandled(message, reply)
                 continue
-            _bind_type(message_type)
+            set_type(message_type.__name__)
             set_cid(... if cid is None else cid)
             method, is_async = handler
             try:
@@ -417,9 +409,7 @@ class ActorCell:
         return answer if in_time else Overdue(answer)
 
     def _answer_now(self, method: Callable[[Any], Any], message: Any, cid: str) -> Any:
-        name = type(message).__name__  # _bind_type, inline on the latency path
-        if _MESSAGE_TYPE.get(None) is not name:
-            _MESSAGE_TYPE.set(name)
+        _MESSAGE_TYPE.set(type(message).__name__)
         _CORRELATION_ID.set(cid)
         try:
             return method(message)
@@ -470,7 +460,7 @@ class ActorCell:
         if signal is _STOP:
             return True
         if isinstance(signal, _HandledAtOnceFailed):
-            _bind_type(type(signal.message))
+            _MESSAGE_TYPE.set(type(signal.message).__name__)
             _CORRELATION_ID.set(signal.cid)
             return await self._on_failure(signal.error, signal.message)
         if isinstance(signal, _ChildFailed):
