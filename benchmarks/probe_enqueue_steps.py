@@ -15,7 +15,7 @@ import numpy as np
 from gpuactors.actors import ActorSystem
 from gpuactors.engine import Engine, EngineConfig, Enqueue
 from gpuactors.engine.args import check_count
-from gpuactors.engine.messages import Completion, completion_of
+from gpuactors.engine.messages import Completion, build_completion
 
 clock = time.perf_counter_ns
 N = 1024
@@ -85,9 +85,9 @@ async def main():
         v = []
         for _ in range(3000):
             t = clock()
-            completion_of(1, "axpy", 1, 1, 5)
+            build_completion(1, "axpy", 1, 1, 5)[0]
             v.append(clock() - t)
-        print(f"  completion_of() p50 {np.median(v) / 1000:.2f} us")
+        print(f"  build_completion() p50 {np.median(v) / 1000:.2f} us")
         v = []
         for _ in range(3000):
             t = clock()

@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
 from gpuactors.engine.abi import COMPLETION, RING_RECORD, TASK_RECORD
+from gpuactors.engine.messages import MAX_TIMEOUT_S
 from gpuactors.engine.ring import HostConsumer, HostRing, reset_ring, run_to_completion
+from gpuactors.engine.runtime import EngineConfig
 from gpuactors.errors import InvalidArgument
 
 
@@ -57,6 +59,7 @@ def test_harvest_reads_one_marker_and_retires_it(
     assert seq is not None
     consumer.take()
     assert ring.harvest(seq) is None  # running: nothing read, nothing retired
+    assert ring.wait_harvest(seq, 1e-4) is None
     slot = (seq - 1) & ring.mask
     entry = ring.completions[slot : slot + 1]
     entry["status"], entry["units"] = status, 9
@@ -66,6 +69,11 @@ def test_harvest_reads_one_marker_and_retires_it(
     assert ring.harvest(seq) == (status, 9, device_ns)
     assert ring._unretired[slot] == 0
     assert ring.harvest(seq + 64) is None  # a later lap's task in the same slot
+    # The latency path's twin (the wait and the read in one call) reads the same.
+    ring._unretired[slot] = 1
+    assert ring.wait_harvest(seq, 0.0) == (status, 9, device_ns)
+    assert ring._unretired[slot] == 0
+    assert ring.wait_harvest(seq + 64, 0.0) is None
 
 
 def test_full_ring_refuses_until_a_task_completes() -> None:
@@ -224,10 +232,10 @@ def test_harvest_window_out_of_order() -> None:
     assert ring.free_count() == 64
 
 
-def test_completion_of_equals_a_validated_completion() -> None:
-    from gpuactors.engine.messages import Completion, completion_of
+def test_build_completion_equals_a_validated_completion() -> None:
+    from gpuactors.engine.messages import Completion, build_completion
 
-    fast = completion_of(7, "axpy", 2, 3, 1234)
+    fast = build_completion(7, "axpy", 2, 3, 1234)[0]
     slow = Completion(seq=7, op="axpy", version=2, status=0, units=3, device_ns=1234)
     assert fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
     assert fast.model_dump() == slow.model_dump() and fast.model_fields_set == slow.model_fields_set
@@ -235,9 +243,25 @@ def test_completion_of_equals_a_validated_completion() -> None:
         fast.seq = 8  # type: ignore[misc]
     copied = fast.model_copy(update={"units": 5})
     assert copied.units == 5 and copied.model_fields_set == slow.model_copy().model_fields_set
-    assert fast.model_fields_set is not completion_of(1, "axpy", 1, 1, 1).model_fields_set
+    assert fast.model_fields_set is not build_completion(1, "axpy", 1, 1, 1)[0].model_fields_set
+    # Built ahead, its figures written into its field values later: the same reply.
+    ahead, fields = build_completion(7, "axpy", 2)
+    fields["units"], fields["device_ns"] = 3, 1234
+    assert ahead == slow and ahead.model_dump() == slow.model_dump()
     # What makes the shortcut exact: no private attributes, no post-init hook, no defaults
     # that validation would fill in.
     assert not Completion.__private_attributes__
     assert Completion.model_post_init is BaseModel.model_post_init
     assert all(field.is_required() for field in Completion.model_fields.values())
+
+
+def test_engine_config_is_checked() -> None:
+    EngineConfig(default_task_timeout_s=MAX_TIMEOUT_S)
+    EngineConfig(default_task_timeout_s=None)
+    for timeout in (0.0, -1.0, MAX_TIMEOUT_S * 2, float("nan"), float("inf")):
+        with pytest.raises(InvalidArgument, match="default_task_timeout_s"):
+            EngineConfig(default_task_timeout_s=timeout)
+    with pytest.raises(InvalidArgument, match="block_threads"):
+        EngineConfig(block_threads=100)
+    with pytest.raises(InvalidArgument, match="grid_blocks"):
+        EngineConfig(grid_blocks=1)

@@ -18,12 +18,9 @@ if TYPE_CHECKING:
 
 R = TypeVar("R")
 
+#: Correlation ids: a short id, unique in this process, follows each ask through the
+#: logs (``f"{_next_id():x}"``, written where the ask starts: no call per ask).
 _next_id = itertools.count(1).__next__
-
-
-def new_correlation_id() -> str:
-    """A short id, unique in this process, that follows one ask through the logs."""
-    return f"{_next_id():x}"
 
 
 class ActorRef:
@@ -106,7 +103,7 @@ class ActorRef:
         is skipped, a late reply dropped.
         """
         cell = self._cell
-        cid = new_correlation_id()
+        cid = f"{_next_id():x}"
         # An idle actor answers at once, in this task: no mailbox round trip, no future.
         answer = cell.answer_at_once(message, cid)
         if type(answer) is Overdue:  # a long run of asks answered at once: the loop turns

@@ -58,8 +58,7 @@ from gpuactors.engine.messages import (
     Shutdown,
     ShutdownReport,
     Stats,
-    completion_of,
-    settle_completion,
+    build_completion,
 )
 from gpuactors.engine.ops import BUILTIN_OPS, OpSpec
 from gpuactors.engine.optable import OpTable, ResolvedOp
@@ -83,7 +82,6 @@ from gpuactors.messages import Ack
 from gpuactors.nvrtc import KernelCompiler, arch_from_capability
 
 T = TypeVar("T")
-_MAX_DEADLINE_NS = 2**63 - 1  # the record's u64; timeouts are bounded far below this anyway
 _VECTOR_MIN = 16  # from this many staged tasks on, one NumPy store beats packing each
 _BATCH_STEP = 16384  # records a batch publishes / harvests per poller round (bounds each round)
 _EXIT_REASONS = {
@@ -220,8 +218,13 @@ class PersistentEngineActor(Actor):
                 or GENERATIONS.current(self._device_id) != self._generation
             ):
                 self._check_serving()
-            resolved = self._ops.resolve(msg.op)  # the version is bound here, at acceptance
-            deadline = self._deadline_ns(msg.timeout)
+            # The version is bound here, at acceptance.
+            resolved = self._ops.resolutions.get(msg.op) or self._ops.resolve(msg.op)
+            timeout = msg.timeout
+            if timeout is None and self._default_timeout_ns:  # (_deadline_ns, inline)
+                deadline = time.time_ns() + self._default_timeout_ns
+            else:
+                deadline = self._deadline_ns(timeout)
             ready_event = _pending_work_event() if msg.after == "current_stream" else None
         except GpuActorsError as exc:
             return failed_reply(exc)  # the caller's error, not the actor's failure
@@ -247,19 +250,31 @@ class PersistentEngineActor(Actor):
         self, seq: int, resolved: ResolvedOp, msg: Enqueue, deadline: int, accepted_at: float
     ) -> Completion | Deferred[Completion]:
         """Task ``seq``, just published by the latency path: spin briefly, and answer
-        it at once if it finishes meanwhile (no future), else leave it to the poller."""
+        it at once if it finishes meanwhile (no future), else leave it to the poller.
+
+        Everything after the GPU finished is on the asker's clock: the usual outcome
+        (success) is read and answered here in a few lines; anything else goes
+        through ``_outcome``."""
         runtime = self._runtime
         assert runtime is not None
         runtime.kick()
         # The GPU takes microseconds: build the reply meanwhile (the marker brings only
         # its device figures). Bounded like the poller's own spin.
         spec = resolved.spec
-        reply = completion_of(seq, spec.name, spec.version, 0, 0)
-        if runtime.ring.wait_done(seq, SPIN_SECONDS):
-            outcome = self._outcome(seq, spec, resolved.op_id, accepted_at, reply)
-            if isinstance(outcome, GpuActorsError):
-                return failed_reply(outcome)
-            return outcome
+        reply, fields = build_completion(seq, spec.name, spec.version)
+        ring = runtime.ring
+        harvested = ring.wait_harvest(seq, SPIN_SECONDS)
+        if harvested is not None:
+            status, units, device_ns = harvested
+            if status == abi.STATUS_OK:
+                self._latencies.append(time.perf_counter() - accepted_at)
+                self._processed += 1
+                fields["units"] = units
+                fields["device_ns"] = device_ns
+                return reply
+            outcome = self._outcome_of(seq, spec, resolved.op_id, accepted_at, status, 0, 0)
+            assert isinstance(outcome, GpuActorsError)
+            return failed_reply(outcome)
         future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
         # Published: its words are in the ring, only its arguments must stay alive.
         task = _Task(
@@ -398,15 +413,11 @@ class PersistentEngineActor(Actor):
         GENERATIONS.check_current("this engine", self._device_id, self._generation)
 
     def _deadline_ns(self, timeout: float | None) -> int:
-        """The %globaltimer deadline of a task (the device clock is Unix-epoch nanoseconds)."""
-        if timeout is None:
-            timeout_ns = self._default_timeout_ns
-            if not timeout_ns:  # no default: tasks may wait forever
-                return 0
-        else:
-            timeout_ns = int(timeout * 1e9)
-        deadline = time.time_ns() + timeout_ns  # (a conditional: cheaper than min() per task)
-        return deadline if deadline < _MAX_DEADLINE_NS else _MAX_DEADLINE_NS
+        """The %globaltimer deadline of a task (the device clock is Unix-epoch
+        nanoseconds); 0: none. Every timeout is at most ``MAX_TIMEOUT_S`` (the default's
+        too), so a deadline fits the record's word for two centuries."""
+        timeout_ns = self._default_timeout_ns if timeout is None else int(timeout * 1e9)
+        return time.time_ns() + timeout_ns if timeout_ns else 0
 
     def _publish(self, task: _Task) -> int | None:
         assert self._runtime is not None
@@ -603,25 +614,29 @@ class PersistentEngineActor(Actor):
             task.future.set_result(outcome)
 
     def _outcome(
+        self, seq: int, op: OpSpec, op_id: int, accepted_at: float
+    ) -> Completion | GpuActorsError:
+        """Read and retire finished task ``seq``'s marker: its reply, or its error."""
+        assert self._runtime is not None
+        harvested = self._runtime.ring.harvest(seq)
+        assert harvested is not None
+        return self._outcome_of(seq, op, op_id, accepted_at, *harvested)
+
+    def _outcome_of(
         self,
         seq: int,
         op: OpSpec,
         op_id: int,
         accepted_at: float,
-        reply: Completion | None = None,
+        status: int,
+        units: int,
+        device_ns: int,
     ) -> Completion | GpuActorsError:
-        """Read and retire finished task ``seq``'s marker: its reply (``reply``, built
-        ahead by ``completion_of``, if given), or its error."""
-        assert self._runtime is not None
-        harvested = self._runtime.ring.harvest(seq)
-        assert harvested is not None
-        status, units, device_ns = harvested
+        """Finished task ``seq``'s reply or error, from its marker's figures."""
         self._latencies.append(time.perf_counter() - accepted_at)
         if status == abi.STATUS_OK:
             self._processed += 1
-            if reply is not None:
-                return settle_completion(reply, units, device_ns)
-            return completion_of(seq, op.name, op.version, units, device_ns)
+            return build_completion(seq, op.name, op.version, units, device_ns)[0]
         self._failed += 1
         if status == abi.STATUS_DEADLINE:
             return TaskTimeout(f"task {seq} of op {op.name!r} missed its deadline")

@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from gpuactors.cuda.arrays import cupy_ndarray
@@ -58,6 +58,9 @@ class OpTable:
         self._active: dict[str, int] = {}
         self._history: dict[str, list[int]] = {}
         self._resolved: dict[str, ResolvedOp] = {}  # per name, until its alias moves
+        #: The resolutions made so far, by op name: a name found here resolves to what
+        #: it maps to (a hit costs the latency path no call); else call ``resolve``.
+        self.resolutions: Mapping[str, ResolvedOp] = self._resolved
         for op in ops:
             if op.name in self._versions:
                 raise InvalidArgument(f"op {op.name!r} is declared twice")

@@ -33,6 +33,7 @@ from gpuactors.engine.abi import (
     UNIT_BYTES,
 )
 from gpuactors.engine.codegen import ENGINE_KERNEL_NAME
+from gpuactors.engine.messages import MAX_TIMEOUT_S
 from gpuactors.engine.ring import HostRing, check_capacity, reset_ring, u64_words
 from gpuactors.errors import DeviceFault, EngineError, EngineModeError, InvalidArgument
 from gpuactors.logs import get_logger
@@ -87,8 +88,12 @@ class EngineConfig:
             raise InvalidArgument("grid_blocks must be >= 2 (block 0 dispatches, the rest work)")
         if self.idle_park_ms < 0 or self.max_residency_ms < 0 or self.hang_grace_ms <= 0:
             raise InvalidArgument("idle_park_ms, max_residency_ms must be >= 0; hang_grace_ms > 0")
-        if self.default_task_timeout_s is not None and self.default_task_timeout_s <= 0:
-            raise InvalidArgument("default_task_timeout_s must be > 0 or None")
+        default_timeout = self.default_task_timeout_s
+        if default_timeout is not None and not 0 < default_timeout <= MAX_TIMEOUT_S:
+            raise InvalidArgument(
+                f"default_task_timeout_s must be > 0 and <= {MAX_TIMEOUT_S:g} s (as a "
+                f"task's own timeout), or None for no deadline: {default_timeout!r}"
+            )
         if not 1 <= self.max_units_per_task <= 65536:
             raise InvalidArgument("max_units_per_task must be in 1..65536")
         if (
