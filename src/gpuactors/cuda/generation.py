@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Mapping
 
 from gpuactors.errors import GpuRefStale
+
+#: Every device's generation until its context is first rebuilt.
+FIRST_GENERATION = 1
 
 
 class GenerationRegistry:
@@ -20,16 +24,19 @@ class GenerationRegistry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._generations: dict[int, int] = {}
+        #: device ordinal -> its generation, for per-task paths that cannot afford
+        #: a call: ``by_device.get(device_id, FIRST_GENERATION)`` is ``current``.
+        self.by_device: Mapping[int, int] = self._generations
         self._waiters: dict[int, list[tuple[asyncio.AbstractEventLoop, asyncio.Future[int]]]] = {}
 
     def current(self, device_id: int) -> int:
         # One dict read is atomic: no lock on this per-launch path (writers hold it).
-        return self._generations.get(device_id, 1)
+        return self._generations.get(device_id, FIRST_GENERATION)
 
     def bump(self, device_id: int) -> int:
         """Start a new generation (after a context rebuild); wakes every waiter."""
         with self._lock:
-            generation = self._generations.get(device_id, 1) + 1
+            generation = self._generations.get(device_id, FIRST_GENERATION) + 1
             self._generations[device_id] = generation
             waiters = self._waiters.pop(device_id, [])
         for loop, future in waiters:
@@ -40,7 +47,7 @@ class GenerationRegistry:
         """Wait until the generation of ``device_id`` is newer than ``after`` (default: now)."""
         loop = asyncio.get_running_loop()
         with self._lock:
-            now = self._generations.get(device_id, 1)
+            now = self._generations.get(device_id, FIRST_GENERATION)
             if after is not None and now > after:
                 return now
             future: asyncio.Future[int] = loop.create_future()
