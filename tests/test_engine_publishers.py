@@ -58,7 +58,40 @@ NARROW = OpSpec(
 )
 
 
-@pytest.mark.parametrize("op", [*BUILTIN_OPS, NARROW], ids=lambda op: op.name)
+# Every scalar the publisher packs as its value (four bytes or fewer).
+SMALL = OpSpec(
+    name="small",
+    params=(
+        ArrayParam(name="out", dtype="float32", direction="out"),
+        *(
+            ScalarParam(name=f"s_{dtype}", dtype=dtype)
+            for dtype in ("int8", "uint8", "int16", "uint16", "int32", "uint32", "float32")
+        ),
+    ),
+    body="return 0;",
+)
+
+
+def test_small_scalars_at_their_extremes_pack_as_the_general_path_packs_them() -> None:
+    publish = publisher(SMALL, OP_ID, CupyLikeArray)
+    assert publish is not None and "U1(P1(" not in publisher_source(SMALL)
+    ours, _ = make_ring()
+    theirs, _ = make_ring()
+    out = CupyLikeArray("float32", 8, 4096)
+    for extreme in ("min", "max"):
+        scalars: list[Any] = []
+        for param in SMALL.params[1:]:
+            assert isinstance(param, ScalarParam)
+            info: Any = np.finfo(param.dtype) if param.dtype == "float32" else np.iinfo(param.dtype)
+            kind = float if param.dtype == "float32" else int
+            scalars.append(kind(getattr(info, extreme)))
+        args = (out, *scalars)
+        seq = publish(ours, args, 8, 1, 0, 0)
+        assert seq == theirs.try_publish(OP_ID, 8, ArgEncoder(SMALL).encode(args, 8, 0))
+        assert ring_state(ours) == ring_state(theirs)
+
+
+@pytest.mark.parametrize("op", [*BUILTIN_OPS, NARROW, SMALL], ids=lambda op: op.name)
 def test_the_usual_task_leaves_the_ring_as_try_publish_does(op: OpSpec) -> None:
     publish = publisher(op, OP_ID, CupyLikeArray)
     assert publish is not None

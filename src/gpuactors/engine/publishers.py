@@ -23,7 +23,11 @@ from typing import Any
 from gpuactors.engine import wire
 from gpuactors.engine.ops import OpSpec
 from gpuactors.engine.ring import HostRing, publish_lines
-from gpuactors.engine.word_encoders import argument_checks, checks_namespace
+from gpuactors.engine.word_encoders import (
+    argument_checks,
+    checks_namespace,
+    small_scalar_code,
+)
 from gpuactors.straight_line import compile_function
 
 #: ``publish(ring, args, n, blocks, device_id, deadline_ns) -> seq``: the task's
@@ -39,7 +43,8 @@ def publisher(op: OpSpec, op_id: int, ndarray: type | None) -> Publisher | None:
     namespace = checks_namespace(op, ndarray)
     if namespace is None:
         return None
-    namespace.update(wire.usual_pack_namespace(len(op.params)), OP=op_id, WIDE=1 << 56)
+    codes = [small_scalar_code(param) or "Q" for param in op.params]
+    namespace.update(wire.usual_pack_namespace(len(op.params), codes), OP=op_id, WIDE=1 << 56)
     published: Publisher = compile_function(
         publisher_source(op), f"<gpuactors publisher of {op.name}>", namespace, "publish"
     )
@@ -49,7 +54,10 @@ def publisher(op: OpSpec, op_id: int, ndarray: type | None) -> Publisher | None:
 def publisher_source(op: OpSpec) -> str:
     """The Python source of :func:`publisher`'s function for ``op``."""
     signature = "publish(ring, args, n, blocks, device_id, dl)"
-    checks, words = argument_checks(op, signature, refuse=str(NOT_USUAL))
+    checks, words = argument_checks(op, signature, refuse=str(NOT_USUAL), pack_small_scalars=True)
+    # Array pointers and 8-byte scalars are words: those at 2**56 and above go to the
+    # general path. Smaller scalars are packed as their values, never that wide.
+    wide = [word for word in words if word.startswith("w")]
     blocks_usual = "1 <= blocks <= MAX_BLOCKS" if op.multi_block else "blocks == 1"
     lines = [
         checks[0],  # the def line
@@ -58,7 +66,7 @@ def publisher_source(op: OpSpec) -> str:
         f"        return {NOT_USUAL}",
         *checks[1:],
     ]
-    if words:  # a pointer or scalar word above 56 bits: the packer's general path
-        lines += [f"    if ({' | '.join(words)}) >= WIDE:", f"        return {NOT_USUAL}"]
+    if wide:  # a pointer or scalar word above 56 bits: the packer's general path
+        lines += [f"    if ({' | '.join(wide)}) >= WIDE:", f"        return {NOT_USUAL}"]
     lines += publish_lines(wire.usual_pack_lines("OP", words))
     return "\n".join(lines) + "\n"

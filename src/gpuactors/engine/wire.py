@@ -98,10 +98,14 @@ def usual_pack_lines(op: str, values: Sequence[str]) -> list[str]:
     ]
 
 
-def usual_pack_namespace(arity: int) -> dict[str, Any]:
-    """The globals :func:`usual_pack_lines` reads, for ``arity`` arguments."""
+def usual_pack_namespace(arity: int, codes: Sequence[str] = ()) -> dict[str, Any]:
+    """The globals :func:`usual_pack_lines` reads, for ``arity`` arguments; ``codes``
+    gives each argument's ``struct`` code where it is not a word (``Q``): a small
+    scalar packed as its value and zero bytes (``word_encoders.small_scalar_code``)."""
+    fields = "".join(codes) if codes else f"{arity}Q"
+    assert struct.calcsize(f"<{fields}") == 8 * arity, "every argument is one word"
     return {
-        "W": struct.Struct(f"<IIQQ{arity}Q{(MAX_ARGS - arity + 2) * 8}x").pack_into,
+        "W": struct.Struct(f"<IIQQ{fields}{(MAX_ARGS - arity + 2) * 8}x").pack_into,
         "TAG_BYTES": TAG_BYTES,
         "MAX_BLOCKS": MAX_BLOCKS,
         "DEADLINE_ROUND": _DEADLINE_ROUND,

@@ -20,7 +20,7 @@ from typing import Any, overload
 import numpy as np
 
 from gpuactors.cuda.scalars import struct_code
-from gpuactors.engine.ops import ArrayParam, OpSpec
+from gpuactors.engine.ops import ArrayParam, OpSpec, Param
 from gpuactors.straight_line import checks_source, compile_function
 
 #: ``encode(args, n, device_id) -> words | None``.
@@ -84,10 +84,26 @@ def checks_namespace(op: OpSpec, ndarray: type | None) -> dict[str, Any] | None:
 _OTHERWISE = "OTHERWISE(args, n, device_id)"
 
 
-def argument_checks(op: OpSpec, signature: str, refuse: str) -> tuple[list[str], list[str]]:
+def small_scalar_code(param: Param) -> str | None:
+    """The ``struct`` code that packs scalar ``param``'s value straight into its record
+    word (the value, then zero bytes), where it is at most 4 bytes wide; else None."""
+    if isinstance(param, ArrayParam):
+        return None
+    dtype = np.dtype(param.dtype)
+    if dtype.itemsize > 4:
+        return None
+    return f"{struct_code(dtype)}{8 - dtype.itemsize}x"
+
+
+def argument_checks(
+    op: OpSpec, signature: str, refuse: str, pack_small_scalars: bool = False
+) -> tuple[list[str], list[str]]:
     """The lines of ``def {signature}:`` that check ``args`` (CuPy arrays, Python
     scalars) for ``op`` and leave its record words in locals, returning ``refuse`` at
-    the first doubt; and those words' names, in argument order."""
+    the first doubt; and those words' names, in argument order. With
+    ``pack_small_scalars``, a scalar of at most 4 bytes is left as its checked value
+    (its name stands for its word) for a record packer that packs it with
+    :func:`small_scalar_code`: no conversion to bits first."""
     names = [f"a{index}" for index in range(len(op.params))]
     type_checks, loads, refusals, words, pointers, conversions = [], [], [], [], [], []
     for index, param in enumerate(op.params):
@@ -107,6 +123,9 @@ def argument_checks(op: OpSpec, signature: str, refuse: str) -> tuple[list[str],
             kind = "float" if np.dtype(param.dtype).kind == "f" else "int"
             type_checks.append(f"type({name}) is not {kind}")
             refusals.append(f"not LOW{index} <= {name} <= HIGH{index}")
+            if pack_small_scalars and small_scalar_code(param) is not None:
+                words.append(name)
+                continue
             conversions.append(f"    w{index} = U{index}(P{index}({name}))[0]")
         words.append(f"w{index}")
     lines = checks_source(signature, len(names), type_checks, loads, refusals, refuse)
