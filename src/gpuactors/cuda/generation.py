@@ -26,6 +26,7 @@ class GenerationRegistry:
         self._generations: dict[int, int] = {}
         #: device ordinal -> its generation, for per-task paths that cannot afford
         #: a call: ``by_device.get(device_id, FIRST_GENERATION)`` is ``current``.
+        #: A live view: ``_generations`` is only ever changed in place, never rebound.
         self.by_device: Mapping[int, int] = self._generations
         self._waiters: dict[int, list[tuple[asyncio.AbstractEventLoop, asyncio.Future[int]]]] = {}
 

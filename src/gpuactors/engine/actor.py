@@ -414,8 +414,12 @@ class PersistentEngineActor(Actor):
         """The %globaltimer deadline of a task (the device clock is Unix-epoch
         nanoseconds); 0: none. Every timeout is at most ``MAX_TIMEOUT_S`` (the default's
         too), so a deadline fits the record's word for two centuries."""
-        timeout_ns = self._default_timeout_ns if timeout is None else int(timeout * 1e9)
-        return time.time_ns() + timeout_ns if timeout_ns else 0
+        if timeout is None:
+            if not self._default_timeout_ns:  # no default: tasks may wait forever
+                return 0
+            return time.time_ns() + self._default_timeout_ns
+        # (A timeout under 1 ns is a deadline that has passed, not none.)
+        return time.time_ns() + int(timeout * 1e9)
 
     def _publish(self, task: _Task) -> int | None:
         assert self._runtime is not None

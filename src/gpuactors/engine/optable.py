@@ -60,6 +60,7 @@ class OpTable:
         self._resolved: dict[str, ResolvedOp] = {}  # per name, until its alias moves
         #: The resolutions made so far, by op name: a name found here resolves to what
         #: it maps to (a hit costs the latency path no call); else call ``resolve``.
+        #: A live view: ``_resolved`` is only ever changed in place, never rebound.
         self.resolutions: Mapping[str, ResolvedOp] = self._resolved
         for op in ops:
             if op.name in self._versions:

@@ -57,7 +57,11 @@ def publisher_source(op: OpSpec) -> str:
     checks, words = argument_checks(op, signature, refuse=str(NOT_USUAL), pack_small_scalars=True)
     # Array pointers and 8-byte scalars are words: those at 2**56 and above go to the
     # general path. Smaller scalars are packed as their values, never that wide.
-    wide = [word for word in words if word.startswith("w")]
+    wide = [
+        word
+        for word, param in zip(words, op.params, strict=True)
+        if small_scalar_code(param) is None
+    ]
     blocks_usual = "1 <= blocks <= MAX_BLOCKS" if op.multi_block else "blocks == 1"
     lines = [
         checks[0],  # the def line

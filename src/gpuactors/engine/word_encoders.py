@@ -73,8 +73,10 @@ def checks_namespace(op: OpSpec, ndarray: type | None) -> dict[str, Any] | None:
             assert code is not None  # an op's dtypes are real numbers (ops.Dtype)
             namespace[f"P{index}"] = struct.Struct("<" + code).pack
             namespace[f"U{index}"] = struct.Struct("<" + _BITS_CODES[dtype.itemsize]).unpack
-            # The range that packs: NaN, infinities and floats too large for the
-            # dtype fail the comparison (one chained compare, no try block).
+            # The range that surely packs, one chained compare and no try block: NaN,
+            # infinities and floats beyond the dtype's largest finite value fail it
+            # (also those a hair above it that round down to it: the general path
+            # takes those).
             info: Any = np.finfo(dtype) if dtype.kind == "f" else np.iinfo(dtype)
             low, high = (float, float) if dtype.kind == "f" else (int, int)
             namespace[f"LOW{index}"], namespace[f"HIGH{index}"] = low(info.min), high(info.max)

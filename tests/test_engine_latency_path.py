@@ -1,0 +1,224 @@
+"""The engine's latency path (``PersistentEngineActor.enqueue``) without a GPU: a host
+ring whose consumer stands in for the kernel, finishing each task with the status a
+test chooses when the engine kicks it. Every way a task can go (answered at once,
+failed on the device, still running, refused, queued) and what each leaves in the
+engine's statistics and the ring."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gpuactors.actors import Deferred
+from gpuactors.cuda import arrays as arrays_module
+from gpuactors.cuda.generation import GENERATIONS
+from gpuactors.engine import abi
+from gpuactors.engine import args as args_module
+from gpuactors.engine import optable as optable_module
+from gpuactors.engine.abi import COMPLETION, RING_RECORD
+from gpuactors.engine.actor import PersistentEngineActor
+from gpuactors.engine.messages import Completion, Enqueue
+from gpuactors.engine.ops import ArrayParam, OpSpec, ScalarParam
+from gpuactors.engine.ring import HostConsumer, HostRing
+from gpuactors.engine.runtime import EngineConfig
+from gpuactors.engine.wire import PAYLOAD_MASK
+from gpuactors.errors import (
+    DeviceFault,
+    EngineStopped,
+    GpuRefStale,
+    InvalidArgument,
+    TaskFailed,
+    TaskTimeout,
+    UnknownOp,
+)
+from test_engine_word_encoders import CupyLikeArray
+
+SCALE = OpSpec(
+    name="scale",
+    params=(
+        ArrayParam(name="out", dtype="float32", direction="out"),
+        ScalarParam(name="a", dtype="float32"),
+    ),
+    body="return 0;",
+)
+RUNNING = None  # the consumer leaves the task running
+
+
+@pytest.fixture(autouse=True)
+def cupy_like_arrays(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CupyLikeArray stands in for CuPy's arrays on every path, the publisher's too."""
+    for module in (args_module, arrays_module, optable_module):
+        monkeypatch.setattr(module, "cupy_ndarray", lambda: CupyLikeArray)
+
+
+class HostRuntime:
+    """What the actor uses of an EngineRuntime: a ring, and a kick that lets the host
+    consumer take every published task and finish it with ``status`` (or not)."""
+
+    def __init__(self, status: int | None) -> None:
+        records = np.zeros(64, dtype=RING_RECORD)
+        completions = np.zeros(64, dtype=COMPLETION)
+        records["seq"] = np.arange(64, dtype=np.uint64)
+        self.ring = HostRing(records, completions)
+        self.consumer = HostConsumer(records, completions)
+        self.status = status
+        self.kicks = 0
+        self.taken: list[tuple[int, Any]] = []
+
+    def kick(self) -> bool:
+        self.kicks += 1
+        if self.status is not RUNNING:
+            for seq, record in self.consumer.take():
+                self.taken.append((seq, record))
+                self.consumer.complete(seq, self.status, units=3, t_ns=0)
+        return False
+
+
+def engine(status: int | None = abi.STATUS_OK, **config: Any) -> PersistentEngineActor:
+    actor = PersistentEngineActor([SCALE], EngineConfig(**config))
+    actor._runtime = HostRuntime(status)  # type: ignore[assignment]
+    actor._generation = GENERATIONS.current(0)
+    return actor
+
+
+def runtime_of(actor: PersistentEngineActor) -> HostRuntime:
+    runtime = actor._runtime
+    assert isinstance(runtime, HostRuntime)
+    return runtime
+
+
+def task(a: Any = 1.5, **fields: Any) -> Enqueue:
+    return Enqueue(
+        op="scale", args=(CupyLikeArray("float32", 8, 4096), a), n=4, after="none", **fields
+    )
+
+
+def error_of(reply: object) -> BaseException | None:
+    assert isinstance(reply, Deferred) and reply.future.done()
+    return reply.future.exception()
+
+
+# A Python float takes the generated publisher; a NumPy scalar the general path.
+PATHS = pytest.mark.parametrize("a", [1.5, np.float32(1.5)], ids=["publisher", "general"])
+
+
+@PATHS
+async def test_a_task_that_finishes_within_the_spin_is_answered_at_once(a: Any) -> None:
+    actor = engine()
+    reply = actor.enqueue(task(a))
+    assert isinstance(reply, Completion)  # no future: the reply itself
+    assert (reply.seq, reply.op, reply.version, reply.status, reply.units) == (1, "scale", 1, 0, 3)
+    assert reply == Completion(seq=1, op="scale", version=1, status=0, units=3, device_ns=0)
+    assert actor._processed == 1 and actor._failed == 0 and len(actor._latencies) == 1
+    assert not actor._pending and runtime_of(actor).kicks == 1
+    assert actor._runtime is not None and actor._runtime.ring._unretired[0] == 0  # retired
+
+
+@PATHS
+@pytest.mark.parametrize(
+    ("status", "error"),
+    [(5, TaskFailed), (abi.STATUS_DEADLINE, TaskTimeout), (abi.STATUS_UNKNOWN_OP, UnknownOp)],
+)
+async def test_a_device_failure_is_the_askers_error(a: Any, status: int, error: type) -> None:
+    actor = engine(status)
+    assert isinstance(error_of(actor.enqueue(task(a))), error)
+    assert actor._processed == 0 and actor._failed == 1 and len(actor._latencies) == 1
+
+
+@PATHS
+async def test_a_task_still_running_after_the_spin_is_left_to_the_poller(a: Any) -> None:
+    actor = engine(RUNNING)
+    reply = actor.enqueue(task(a))
+    assert isinstance(reply, Deferred) and not reply.future.done()
+    assert list(actor._pending) == [1] and actor._processed == 0
+    runtime = runtime_of(actor)
+    (seq, _record), *_ = runtime.consumer.take()
+    runtime.consumer.complete(seq, abi.STATUS_OK, units=1, t_ns=0)
+    assert actor._harvest() == 1  # what the poller does
+    done = reply.future.result()
+    assert isinstance(done, Completion) and done.seq == 1 and actor._processed == 1
+
+
+async def test_a_busy_engine_stages_the_task_for_one_publish_per_loop_turn() -> None:
+    actor = engine(RUNNING)
+    first = actor.enqueue(task())
+    second = actor.enqueue(task())  # the first is in flight: coalesced, not published now
+    assert isinstance(first, Deferred) and isinstance(second, Deferred)
+    assert len(actor._staged) == 1 and actor._runtime is not None
+    assert actor._runtime.ring.published == 1
+    await asyncio.sleep(0)  # the staged task is published at the end of the loop turn
+    assert not actor._staged and actor._runtime.ring.published == 2
+
+
+@pytest.mark.parametrize(
+    ("timeout", "config", "expect"),
+    [
+        (None, {}, "default"),
+        (None, {"default_task_timeout_s": None}, "none"),
+        (2.5, {"default_task_timeout_s": None}, "own"),
+        (1e-10, {}, "passed"),  # under 1 ns: a deadline that has passed, never "none"
+    ],
+    ids=["default", "no default", "own timeout", "tiny timeout"],
+)
+@PATHS
+async def test_deadlines(
+    a: Any, timeout: float | None, config: dict[str, Any], expect: str
+) -> None:
+    actor = engine(**config)
+    before = time.time_ns()
+    actor.enqueue(task(a, timeout=timeout))
+    after = time.time_ns()
+    (_seq, record), *_ = runtime_of(actor).taken
+    deadline = int(record["deadline_ns"])
+    rounding = 1 << abi.DEADLINE_SHIFT  # deadlines travel in units of 1024 ns, rounded up
+    if expect == "none":
+        assert deadline == 0
+    else:
+        span = {"default": 60e9, "own": 2.5e9, "passed": 0}[expect]
+        assert before + span <= deadline <= after + span + rounding
+    assert deadline <= PAYLOAD_MASK << abi.DEADLINE_SHIFT
+
+
+@PATHS
+@pytest.mark.parametrize(
+    ("state", "error"),
+    [
+        ({"_faulted": "a fault"}, DeviceFault),
+        ({"_closing": True}, EngineStopped),
+        ({"_generation": 10**6}, GpuRefStale),
+    ],
+    ids=["faulted", "closing", "stale generation"],
+)
+async def test_an_engine_out_of_service_refuses_and_publishes_nothing(
+    a: Any, state: dict[str, Any], error: type
+) -> None:
+    actor = engine()
+    for name, value in state.items():
+        setattr(actor, name, value)
+    assert isinstance(error_of(actor.enqueue(task(a))), error)
+    assert actor._runtime is not None and actor._runtime.ring.published == 0
+
+
+async def test_bad_arguments_and_unknown_ops_are_refused_before_the_ring() -> None:
+    actor = engine()
+    assert isinstance(error_of(actor.enqueue(task("not a number"))), InvalidArgument)
+    unknown = Enqueue(op="nope", args=(), n=1, after="none")
+    assert isinstance(error_of(actor.enqueue(unknown)), UnknownOp)
+    assert actor._runtime is not None and actor._runtime.ring.published == 0
+    assert actor._processed == actor._failed == 0  # the asker's errors, not the device's
+
+
+@PATHS
+async def test_a_full_ring_queues_the_task_until_there_is_room(a: Any) -> None:
+    actor = engine(RUNNING)
+    assert actor._runtime is not None
+    ring = actor._runtime.ring
+    while ring.try_publish(0, 1, [0, 0]) is not None:
+        pass
+    reply = actor.enqueue(task(a))
+    assert isinstance(reply, Deferred) and not reply.future.done()
+    assert len(actor._backlog) + len(actor._staged) == 1 and ring.published == 64
