@@ -110,7 +110,7 @@ async def test_an_idle_actor_answers_in_the_askers_task_with_its_own_context() -
         assert cell is ref._cell
         assert context["actor"] == "/counter" and context["system"] == "sys"
         assert context["message_type"] == "Where"
-        assert isinstance(context["correlation_id"], str)
+        assert isinstance(context["correlation_id"], int)
         assert context["device"] == "bound in pre_start"  # the task's context, not a copy
         assert CURRENT_CELL.get() is None  # the asker's context is untouched
         assert structlog.contextvars.get_contextvars().get("actor") is None

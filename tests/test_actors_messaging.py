@@ -283,7 +283,7 @@ async def test_correlation_id_and_message_type_are_bound_while_handling(
     assert failed[0]["actor"] == "/ctx"
     assert failed[0]["message_type"] == "Fail"
     assert failed[0]["directive"] == "restart"
-    assert isinstance(failed[0]["correlation_id"], str)
+    assert isinstance(failed[0]["correlation_id"], int)
     assert structlog.contextvars.get_contextvars().get("correlation_id") is None  # test task
 
 

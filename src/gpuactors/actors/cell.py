@@ -80,7 +80,7 @@ class _HandledAtOnceFailed:
 
     __slots__ = ("cid", "error", "message")
 
-    def __init__(self, error: BaseException, message: Any, cid: str) -> None:
+    def __init__(self, error: BaseException, message: Any, cid: int) -> None:
         self.error = error
         self.message = message
         self.cid = cid
@@ -361,7 +361,7 @@ class ActorCell:
             elif reply is not None and not reply.done():
                 reply.set_result(result)
 
-    def answer_at_once(self, message: Any, cid: str) -> Any:
+    def answer_at_once(self, message: Any, cid: int) -> Any:
         """Run an ask's handler now, in the asker's task, where nobody could tell the
         difference: the actor is idle with nothing queued ahead, and the handler is
         synchronous (so it runs start to end with no other message in between).
@@ -408,7 +408,7 @@ class ActorCell:
             self.idle = not (self.stopping or self.mailbox.system)
         return answer if in_time else Overdue(answer)
 
-    def _answer_now(self, method: Callable[[Any], Any], message: Any, cid: str) -> Any:
+    def _answer_now(self, method: Callable[[Any], Any], message: Any, cid: int) -> Any:
         _MESSAGE_TYPE.set(type(message).__name__)
         _CORRELATION_ID.set(cid)
         try:

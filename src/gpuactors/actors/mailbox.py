@@ -24,7 +24,7 @@ from gpuactors.errors import InvalidArgument
 
 #: What travels through the user lane: the message, the asker's future (None for a
 #: tell) and the ask's correlation id (None for a tell).
-Envelope = tuple[Any, "asyncio.Future[Any] | None", "str | None"]
+Envelope = tuple[Any, "asyncio.Future[Any] | None", "int | None"]
 
 
 class Backpressure(enum.Enum):
