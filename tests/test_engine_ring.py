@@ -69,7 +69,7 @@ def test_harvest_reads_one_marker_and_retires_it(
     assert ring.harvest(seq) == (status, 9, device_ns)
     assert ring._unretired[slot] == 0
     assert ring.harvest(seq + 64) is None  # a later lap's task in the same slot
-    # The latency path's twin (the wait and the read in one call) reads the same.
+    # The latency path's call (the wait and the read in one) reads the same.
     ring._unretired[slot] = 1
     assert ring.wait_harvest(seq, 0.0) == (status, 9, device_ns)
     assert ring._unretired[slot] == 0

@@ -278,10 +278,11 @@ class HostRing:
         return spin_until_equal(self._done_words, index, seq, seconds)
 
     def wait_harvest(self, seq: int, seconds: float) -> tuple[int, int, int] | None:
-        """:meth:`wait_done`, then :meth:`harvest` if it finished (None if not yet): the
-        latency path's wait and read in one call. It repeats ``harvest``'s read rather
-        than calling it (a call costs the asker 0.1 to 0.2 us on the GPU machines);
-        ``test_harvest_reads_one_marker_and_retires_it`` keeps the two in step."""
+        """Spin up to ``seconds`` for task ``seq``'s marker, then read and retire it:
+        (status, units, device ns), or None if it is still running. The latency path's
+        wait and read in one call (a call costs the asker 0.1 to 0.2 us on the GPU
+        machines). The marker's other words were written before it, once per lap, so
+        one unpack reads them and no read can tear."""
         slot = (seq - 1) & self.mask
         base = slot * _COMPLETION_WORDS
         if not spin_until_equal(self._done_words, base, seq, seconds):
@@ -327,22 +328,9 @@ class HostRing:
         self._unretired[(seq - 1) & self.mask] = 0
 
     def harvest(self, seq: int) -> tuple[int, int, int] | None:
-        """Read and retire task ``seq``'s marker: (status, units, device ns), or None if running.
-
-        The per-task hot path: the marker word, then the three words written before it
-        in one unpack (the device writes them once per lap, so no read can tear).
-        """
-        slot = (seq - 1) & self.mask
-        base = slot * _COMPLETION_WORDS
-        if self._done_words[base] != seq:
-            return None
-        status_units, t_start, t_end = _COMPLETION_TAIL(self._done_bytes, base * 8 + 8)
-        self._unretired[slot] = 0
-        status = status_units & 0xFFFFFFFF
-        if status & 0x80000000:
-            status -= 1 << 32
-        device_ns = t_end - t_start
-        return status, status_units >> 32, device_ns if device_ns > 0 else 0
+        """Read and retire task ``seq``'s marker: (status, units, device ns), or None if
+        running. :meth:`wait_harvest` without the wait."""
+        return self.wait_harvest(seq, 0.0)
 
     def completion(self, seq: int) -> CompletionView | None:
         """The marker of task ``seq`` if it has completed, else None (call retire after)."""

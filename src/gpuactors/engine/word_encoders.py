@@ -78,8 +78,8 @@ def checks_namespace(op: OpSpec, ndarray: type | None) -> dict[str, Any] | None:
             # (also those a hair above it that round down to it: the general path
             # takes those).
             info: Any = np.finfo(dtype) if dtype.kind == "f" else np.iinfo(dtype)
-            low, high = (float, float) if dtype.kind == "f" else (int, int)
-            namespace[f"LOW{index}"], namespace[f"HIGH{index}"] = low(info.min), high(info.max)
+            bound = float if dtype.kind == "f" else int
+            namespace[f"LOW{index}"], namespace[f"HIGH{index}"] = bound(info.min), bound(info.max)
     return namespace
 
 
