@@ -17,11 +17,10 @@ import time
 
 import cupy as cp
 import numpy as np
+from probe_ring_stamps import edited_engine_image  # (a script beside this one)
 
-from gpuactors.engine.codegen import ENGINE_OPTS, kernel_headers, render_engine_source
-from gpuactors.engine.ops import BUILTIN_OPS, ScalarParam
+from gpuactors.engine.ops import ScalarParam
 from gpuactors.engine.runtime import EngineConfig, EngineRuntime
-from gpuactors.nvrtc.kernel_compiler import KernelCompiler
 
 N = 1024
 STOCK = """    Completion* c = &completions[slot];
@@ -45,15 +44,7 @@ VARIANTS = {
 
 
 def engine_image(variant: str, arch: str) -> tuple[bytes, dict[str, int]]:
-    headers = kernel_headers()
-    text = headers["engine.cuh"]
-    assert text.count(STOCK) == 1, "engine.cuh's publish_completion changed"
-    headers["engine.cuh"] = text.replace(STOCK, VARIANTS[variant])
-    rendered = render_engine_source(BUILTIN_OPS)
-    module, _ = KernelCompiler(disk=False).get_or_compile(
-        rendered.source, name=f"gpa_{variant}.cu", opts=ENGINE_OPTS, arch=arch, headers=headers
-    )
-    return module.image, rendered.op_ids
+    return edited_engine_image([(STOCK, VARIANTS[variant])], arch, name=f"gpa_{variant}.cu")
 
 
 def one_call(rounds: int = 12, per_block: int = 600, warm_up: int = 100) -> str:

@@ -75,18 +75,26 @@ EDITS = [  # (text of engine.cuh, the same with a stamp)
 STEPS = ["poll", "record", "to op start", "op", "fence"]
 
 
-def stamped_image(arch: str) -> tuple[bytes, dict[str, int]]:
+def edited_engine_image(
+    edits: list[tuple[str, str]], arch: str, name: str = "gpa_engine_edited.cu"
+) -> tuple[bytes, dict[str, int]]:
+    """The built-in engine module with text edits of ``engine.cuh`` (each ``old`` must
+    occur exactly once), compiled without the disk cache: its image and op ids."""
     headers = kernel_headers()
     text = headers["engine.cuh"]
-    for old, new in EDITS:
+    for old, new in edits:
         assert text.count(old) == 1, f"engine.cuh changed: {old.strip()!r}"
         text = text.replace(old, new)
     headers["engine.cuh"] = text
     rendered = render_engine_source(BUILTIN_OPS)
     module, _ = KernelCompiler(disk=False).get_or_compile(
-        rendered.source, name="gpa_engine_stamped.cu", opts=ENGINE_OPTS, arch=arch, headers=headers
+        rendered.source, name=name, opts=ENGINE_OPTS, arch=arch, headers=headers
     )
     return module.image, rendered.op_ids
+
+
+def stamped_image(arch: str) -> tuple[bytes, dict[str, int]]:
+    return edited_engine_image(EDITS, arch, name="gpa_engine_stamped.cu")
 
 
 def main() -> None:
