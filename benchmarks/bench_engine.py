@@ -153,11 +153,12 @@ class BareRing:
 
 async def latencies(
     repeats: int, rounds: int = 10, warm_up: int = 50
-) -> tuple[list[float], list[float], list[float], CupyBaseline]:
+) -> tuple[dict[str, list[list[float]]], CupyBaseline]:
     """Sections 1 and 2 and their baseline, interleaved: ``rounds`` rounds of a block of
     each (in a rotating order), so all three meet the same machine (a shared machine's
     slow spells last seconds). The first ``warm_up`` samples of every block are dropped:
-    a block starts with a parked kernel (the other engine's, or CuPy's, ran meanwhile)."""
+    a block starts with a parked kernel (the other engine's, or CuPy's, ran meanwhile).
+    Returns each kind's blocks ("ring", "ask", "base"), in the order they ran."""
     import cupy as cp
 
     from gpuactors.actors import ActorSystem
@@ -165,7 +166,7 @@ async def latencies(
 
     base = CupyBaseline()
     bare = BareRing()
-    samples: dict[str, list[float]] = {"base": [], "ring": [], "ask": []}
+    blocks: dict[str, list[list[float]]] = {"base": [], "ring": [], "ask": []}
     per_block = -(-repeats // rounds) + warm_up
     try:
         async with ActorSystem("bench") as system:
@@ -193,11 +194,11 @@ async def latencies(
                         async with engine.parked():
                             block = (base if kind == "base" else bare).round_trips(per_block)
                             bare.runtime.park_blocking()
-                    samples[kind] += block[warm_up:]
+                    blocks[kind].append(block[warm_up:])
             await engine.shutdown(timeout=60)
     finally:
         bare.runtime.close()
-    return samples["ring"], samples["ask"], samples["base"], base
+    return blocks, base
 
 
 async def engine_clients(clients: int, per_client: int) -> tuple[float, Any]:
@@ -394,7 +395,10 @@ def main(argv: list[str] | None = None) -> int:
         f"CuPy {cp.__version__}, Python {sys.version.split()[0]}, op axpy n={N}"
     )
 
-    ring, asked, base, baseline = asyncio.run(latencies(repeats))
+    blocks, baseline = asyncio.run(latencies(repeats))
+    ring, asked, base = (
+        [s for block in blocks[kind] for s in block] for kind in ("ring", "ask", "base")
+    )
     print(
         f"(sections 1 and 2 interleaved with their baseline: 10 rounds of a block each, "
         f"{len(base):,} samples of each kind)"
@@ -403,6 +407,10 @@ def main(argv: list[str] | None = None) -> int:
     report(
         "2. await engine.ask(Enqueue) single client", asked, base, target_p50=1.0, target_p99=2.0
     )
+    # A slow spell of the machine lasts seconds: it shows as blocks with a high p99.
+    for kind, label in (("ask", "asks"), ("base", "CuPy")):
+        block_p99 = " ".join(f"{percentiles(block)[1]:.0f}" for block in blocks[kind])
+        print(f"  p99 of each block in run order, {label}: {block_p99} us")
     rate, stats = asyncio.run(engine_clients(args.clients, per_client))
     base_rate = baseline.back_to_back_rate()
     print(

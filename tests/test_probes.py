@@ -33,3 +33,20 @@ def test_cpu_gaps_prints_its_figures(capsys: pytest.CaptureFixture[str]) -> None
     assert load("probe_cpu_gaps").main(["0.05"]) == 0
     out = capsys.readouterr().out
     assert "clock reads/s" in out and "gaps over 2 us" in out
+
+
+def test_tail_threshold_requests_last_at_least_their_busy_time() -> None:
+    probe = load("probe_tail_threshold")
+    per_us = probe.iterations_per_us()
+    assert per_us > 1
+    samples = probe.busy_requests(round(3 * per_us), 200)
+    assert len(samples) == 200 and min(samples) >= 2.5  # (3 us of work at best speed)
+    p50, p99, stopped = probe.summary([1.0] * 98 + [20.0, 30.0])
+    assert p50 == 1.0 and p99 > 20.0 and stopped == 0.02
+
+
+def test_tail_threshold_prints_the_cpu_sweep(capsys: pytest.CaptureFixture[str]) -> None:
+    probe = load("probe_tail_threshold")
+    probe.cpu_sweep(1000, probe.iterations_per_us())
+    out = capsys.readouterr().out
+    assert out.count("p99-p50") == len(probe.BUSY_US) and "T 14 us" in out
