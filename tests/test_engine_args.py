@@ -139,6 +139,36 @@ def test_a_value_a_float_parameter_cannot_hold_is_refused(value: object) -> None
         encode_batch(F32, 0, EnqueueBatch(op="f32", args=(value,), count=2), 0)
 
 
+I32_U32 = OpSpec(
+    name="ints",
+    params=(ScalarParam(name="k", dtype="int32"), ScalarParam(name="u", dtype="uint32")),
+    body="return 0;",
+)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        (np.int64(2**40), 1),  # NumPy would wrap it to 0
+        (np.int64(2**31), 1),
+        (np.int64(-(2**31) - 1), 1),
+        (0, np.int64(-1)),  # NumPy would wrap it to 0xFFFFFFFF
+        (0, np.uint64(2**32)),
+    ],
+)
+def test_a_numpy_integer_an_integer_parameter_cannot_hold_is_refused(args: tuple) -> None:
+    """Checked as a Python int, like a Python int, instead of wrapped by NumPy."""
+    with pytest.raises(InvalidArgument, match="does not fit"):
+        ArgEncoder(I32_U32).encode(args, 1, 0)
+    with pytest.raises(InvalidArgument, match="does not fit"):
+        encode_batch(I32_U32, 0, EnqueueBatch(op="ints", args=args, count=2), 0)
+
+
+def test_numpy_integers_at_the_limits_are_encoded_as_their_values() -> None:
+    words = ArgEncoder(I32_U32).encode((np.int64(-(2**31)), np.uint64(2**32 - 1)), 1, 0)
+    assert words == [0x80000000, 0xFFFFFFFF]
+
+
 def test_per_task_floats_a_float32_cannot_hold_are_refused() -> None:
     message = EnqueueBatch(op="f32", args=(0.0,), scalars={"v": np.array([1.0, 1e39])})
     with pytest.raises(InvalidArgument, match="do not fit float32"):

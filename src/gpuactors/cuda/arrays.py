@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuactors.errors import InvalidArgument, WrongDevice
+from gpuactors.errors import GpuActorsError, InvalidArgument, WrongDevice
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,18 @@ def describe_array(value: Any, what: str = "argument") -> DeviceArrayInfo:
         )
     if isinstance(value, np.ndarray):
         raise InvalidArgument(f"{what} is a NumPy (host) array: copy it to the device first")
+    try:
+        return _describe_foreign(value, what)
+    except GpuActorsError:
+        raise
+    except Exception as exc:  # a host DLPack array, a malformed interface: the caller's
+        raise InvalidArgument(
+            f"{what} could not be read as a device array: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def _describe_foreign(value: Any, what: str) -> DeviceArrayInfo:
+    """:func:`describe_array` of anything but a CuPy or NumPy array."""
     cupy_device = getattr(getattr(value, "device", None), "id", None)
     interface = getattr(value, "__cuda_array_interface__", None)
     if interface is None and hasattr(value, "__dlpack__"):

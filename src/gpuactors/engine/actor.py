@@ -15,7 +15,7 @@ import functools
 import time
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Coroutine, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -33,7 +33,7 @@ from gpuactors.actors import (
 )
 from gpuactors.cuda.generation import FIRST_GENERATION, GENERATIONS
 from gpuactors.cuda.polling import SLEEP_MIN_SECONDS, SPIN_PHASE_SECONDS, SPIN_SECONDS
-from gpuactors.engine import abi
+from gpuactors.engine import abi, wire
 from gpuactors.engine.args import check_count, encode_batch
 from gpuactors.engine.codegen import build_engine_module, cached_engine_module
 from gpuactors.engine.messages import (
@@ -66,11 +66,13 @@ from gpuactors.engine.ring import RecordColumns
 from gpuactors.engine.runtime import EngineConfig, EngineRuntime
 from gpuactors.errors import (
     ActorStopped,
+    AskTimeout,
     DeviceFault,
     EngineError,
     EngineStopped,
     GpuActorsError,
     InvalidArgument,
+    MailboxFull,
     QueueFull,
     TaskFailed,
     TaskHung,
@@ -83,6 +85,7 @@ from gpuactors.nvrtc import KernelCompiler, arch_from_capability
 
 T = TypeVar("T")
 _VECTOR_MIN = 16  # from this many staged tasks on, one NumPy store beats packing each
+_BACKLOG_CHECK_SECONDS = 0.01  # how often an idle poller looks for expired backlog items
 _BATCH_STEP = 16384  # records a batch publishes / harvests per poller round (bounds each round)
 _EXIT_REASONS = {
     abi.EXIT_IDLE: "idle",
@@ -169,6 +172,9 @@ class PersistentEngineActor(Actor):
         self._seen_parks = 0
         self._closing = False
         self._forced = False  # a forced shutdown holds the kernel parked for good
+        self._parks_on_demand = 0  # Parks not yet resumed (or failed)
+        self._swapping = False  # an install is handing the ring to a new module
+        self._backlog_checked_at = 0.0  # when _expire_backlog last ran (monotonic)
         self._faulted: str | None = None  # why the engine is out of service
         self._wake = asyncio.Event()
         self._poller: asyncio.Task[None] | None = None
@@ -236,9 +242,7 @@ class PersistentEngineActor(Actor):
         assert runtime is not None
         # Nothing in flight, staged or queued ahead: a ready task is published at once.
         idle = (
-            not self._pending
-            and not self._staged
-            and not (self._backlog and self._full_policy != "fail")
+            not self._pending and not self._staged and not (self._backlog and self._queue_behind())
         )
         seq: int | None = 0
         if idle and ready_event is None and resolved.publish is not None:
@@ -301,6 +305,8 @@ class PersistentEngineActor(Actor):
             words = resolved.encoder.encode(msg.args, n, self._device_id)
         except GpuActorsError as exc:
             return failed_reply(exc)
+        except Exception as exc:  # the caller's arguments, not the actor's failure
+            return failed_reply(_unreadable(msg.op, exc))
         if idle and ready_event is None:
             assert self._runtime is not None
             seq = self._runtime.ring.try_publish(resolved.op_id, n, words, blocks, deadline)
@@ -319,8 +325,7 @@ class PersistentEngineActor(Actor):
             accepted_at,
             ready_event,
         )
-        # Under "fail" a task never queues behind tasks that wait for their inputs.
-        if ready_event is not None or (self._backlog and self._full_policy != "fail"):
+        if ready_event is not None or (self._backlog and self._queue_behind()):
             self._backlog.append(task)
             self._wake.set()
             return Deferred(future)
@@ -331,6 +336,19 @@ class PersistentEngineActor(Actor):
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush_staged)
         return Deferred(future)
+
+    def _queue_behind(self) -> bool:
+        """Must a new task queue behind the backlog? Under "wait", always (FIFO). Under
+        "fail", only while a batch is part-published: a batch's records must stay
+        contiguous in the ring (its harvest reads them as one range), so nothing may
+        be published between its parts. (Otherwise a task under "fail" never queues
+        behind tasks that wait for their inputs.)"""
+        if not self._backlog:
+            return False
+        if self._full_policy != "fail":
+            return True
+        head = self._backlog[0]  # a part-published batch is always the head
+        return isinstance(head, _Batch) and head.published > 0
 
     def _flush_staged(self) -> None:
         """Publish the tasks staged since the last loop turn: one vectorised store, one kick."""
@@ -351,8 +369,7 @@ class PersistentEngineActor(Actor):
                     task.future.set_exception(error)
             return
         ring = runtime.ring
-        # FIFO behind the backlog, except under "fail" (its backlog only waits on inputs).
-        queued_behind = bool(self._backlog) and self._full_policy != "fail"
+        queued_behind = self._queue_behind()
         room = 0 if queued_behind else ring.free_count(len(staged))
         fits = staged[:room]
         if len(fits) >= _VECTOR_MIN:
@@ -368,7 +385,7 @@ class PersistentEngineActor(Actor):
         if fits:
             runtime.kick()
         for task in staged[room:]:
-            if self._full_policy != "fail":
+            if queued_behind or self._full_policy != "fail":
                 self._backlog.append(task)
             elif not task.future.done():
                 task.future.set_exception(
@@ -389,6 +406,8 @@ class PersistentEngineActor(Actor):
             ready_event = _pending_work_event() if msg.after == "current_stream" else None
         except GpuActorsError as exc:
             return failed_reply(exc)
+        except Exception as exc:  # the caller's arguments, not the actor's failure
+            return failed_reply(_unreadable(msg.op, exc))
         batch = _Batch(
             future,
             op,
@@ -402,6 +421,21 @@ class PersistentEngineActor(Actor):
         self._backlog.append(batch)
         self._wake.set()  # the poller publishes it (and owns every CUDA call that may fail)
         return Deferred(future)
+
+    def _update_hold(self) -> None:
+        """Keep the kernel parked while any reason holds it: a Park not resumed, an
+        install's module swap, a forced shutdown, a fault, a failed launch. (Each
+        reason is its own flag: with one flag, the end of an install would undo a
+        Park or a Resume that arrived during it.)"""
+        runtime = self._runtime
+        if runtime is not None:
+            runtime.hold = bool(
+                self._parks_on_demand
+                or self._swapping
+                or self._forced
+                or self._faulted is not None
+                or runtime.launch_error is not None
+            )
 
     def _check_serving(self) -> None:
         if self._faulted is not None:
@@ -533,6 +567,8 @@ class PersistentEngineActor(Actor):
                 else:
                     runtime.check_fault()
                     self._check_hung_tasks()
+                    if self._backlog:
+                        self._expire_backlog()
                     await asyncio.sleep(SLEEP_MIN_SECONDS)
         except (DeviceFault, TaskTimeout) as exc:
             self._declare_faulted(str(exc))
@@ -567,6 +603,37 @@ class PersistentEngineActor(Actor):
         if not future.done():
             future.set_exception(error)
         raise error
+
+    def _expire_backlog(self) -> None:
+        """Fail with TaskTimeout what waits in the backlog past its deadline. A task (or
+        a batch not begun) that waits for its inputs or for room in the ring has not
+        reached the device, whose deadline check would otherwise say so. Runs at most
+        every ``_BACKLOG_CHECK_SECONDS``, while the poller idles."""
+        now = time.monotonic()
+        if now - self._backlog_checked_at < _BACKLOG_CHECK_SECONDS:
+            return
+        self._backlog_checked_at = now
+        wall_ns = time.time_ns()
+        expired = 0
+        for item in self._backlog:
+            if isinstance(item, _Task):
+                deadline, begun, count = item.deadline_ns, False, 1
+            else:  # a part-published batch stays: the device times out its other part
+                deadline, begun, count = item.records.deadline_ns, item.published > 0, item.count
+            if item.future.done() or begun or not deadline or wall_ns <= deadline:
+                continue
+            waited = "room" if item.ready_event is None else "its inputs (after='current_stream')"
+            item.future.set_exception(
+                TaskTimeout(
+                    f"{'a task' if count == 1 else f'a batch of {count} tasks'} of op "
+                    f"{item.op.name!r} missed its deadline before it started: it waited "
+                    f"for {waited}"
+                )
+            )
+            self._failed += count
+            expired += 1
+        if expired:
+            self._backlog = deque(item for item in self._backlog if not item.future.done())
 
     def _declare_faulted(self, reason: str) -> None:
         """Fail everything accepted, take the engine out of service, start a new generation.
@@ -724,11 +791,18 @@ class PersistentEngineActor(Actor):
             return failed_reply(exc)
         runtime = self._runtime
         assert runtime is not None
-        runtime.hold = True
+        self._parks_on_demand += 1
+        self._update_hold()
         runtime.request_park()
 
         async def parked() -> Parked:
-            await _wait_until(lambda: not runtime.running, "the engine to park")
+            try:
+                await _wait_until(lambda: not runtime.running, "the engine to park")
+            except BaseException:  # (a timeout, or a cancel): this Park holds nothing
+                self._parks_on_demand = max(0, self._parks_on_demand - 1)
+                self._update_hold()
+                self._wake.set()
+                raise
             self._note_parks()
             return Parked(launches=runtime.launches)
 
@@ -740,7 +814,8 @@ class PersistentEngineActor(Actor):
             return failed_reply(DeviceFault(f"this engine is out of service: {self._faulted}"))
         if self._runtime is None or self._forced:
             return Ack()  # after a forced shutdown, cancelled records must never run
-        self._runtime.hold = False
+        self._parks_on_demand = 0
+        self._update_hold()
         self._runtime.kick()
         if self._pending or self._backlog or self._batches:
             # Work held while parked: the poller serves it. (Woken for nothing, it would
@@ -830,15 +905,16 @@ class PersistentEngineActor(Actor):
             compiled = time.perf_counter()
             # Park without blocking the loop (tasks keep being accepted into the ring),
             # then load in a worker thread; the ring and every accepted task stay put.
-            held_before = runtime.hold
-            runtime.hold = True
+            self._swapping = True
+            self._update_hold()
             try:
                 runtime.request_park()
                 await _wait_until(lambda: not runtime.running, "the engine to park")
                 with prompt_handover():  # the loader must not wait 5 ms for the GIL
                     await asyncio.to_thread(runtime.swap_module, image)
             finally:
-                runtime.hold = held_before or self._forced or self._faulted is not None
+                self._swapping = False
+                self._update_hold()
             swapped = time.perf_counter()
             self._ops.add(op, activate=activate, codecs=codecs)
             self._modules_built += 1
@@ -886,7 +962,7 @@ class PersistentEngineActor(Actor):
         try:
             if force:
                 self._forced = True
-                runtime.hold = True
+                self._update_hold()
                 runtime.request_park()
                 await _wait_until(lambda: not runtime.running, "the engine to park")
                 self._harvest()
@@ -917,11 +993,21 @@ class PersistentEngineActor(Actor):
         self.context.stop(self.context.self_ref)
 
 
+def _unreadable(op: str, exc: Exception) -> InvalidArgument:
+    """A task's arguments that raised while being read: an error of the caller's, so
+    the actor must not fail (a supervisor's restart would fail every task in flight)."""
+    error = InvalidArgument(
+        f"the arguments of op {op!r} could not be read: {type(exc).__name__}: {exc}"
+    )
+    error.__cause__ = exc
+    return error
+
+
 def _records_of(tasks: Sequence[_Task]) -> np.ndarray:
     """TASK_RECORD rows for ``tasks`` (``seq`` left for the ring to write)."""
     records = np.zeros(len(tasks), dtype=abi.TASK_RECORD)
     records["op"] = [t.op_id for t in tasks]
-    records["blocks"] = [t.blocks for t in tasks]
+    records["blocks"] = [min(t.blocks, wire.MAX_BLOCKS) for t in tasks]  # as wire's packers
     records["n"] = [t.n for t in tasks]
     records["deadline_ns"] = [t.deadline_ns for t in tasks]
     words = np.zeros((len(tasks), abi.MAX_ARGS), dtype=np.uint64)
@@ -1030,7 +1116,13 @@ class Engine:
     @asynccontextmanager
     async def parked(self) -> AsyncIterator[Parked]:
         """Keep the kernel parked inside the block (e.g. to load modules, or to measure)."""
-        parked: Parked = await self.ref.ask(Park(), timeout=30.0)
+        try:
+            parked: Parked = await self.ref.ask(Park(), timeout=30.0)
+        except (asyncio.CancelledError, AskTimeout):
+            # The Park may still take effect after its asker has gone: undo it then.
+            with suppress(MailboxFull):
+                self.ref.tell(Resume())
+            raise
         try:
             yield parked
         finally:

@@ -64,6 +64,11 @@ def _scalar_bits(param: ScalarParam, value: Any, where: str) -> int:
             raise InvalidArgument(f"{where} does not fit {param.dtype}: {value!r}")
     elif isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise InvalidArgument(f"{where} must be an integer ({param.dtype}), got {value!r}")
+    else:  # compared as a Python int: NumPy would wrap a NumPy integer that does not fit
+        limits = np.iinfo(param.dtype)
+        if not limits.min <= int(value) <= limits.max:
+            raise InvalidArgument(f"{where} does not fit {param.dtype}: {value!r}")
+        value = int(value)
     try:
         return param.to_bits(value)
     except (OverflowError, ValueError) as exc:

@@ -1,0 +1,407 @@
+"""The whole engine actor, its poller included, on a host ring: a host consumer stands
+in for the kernel (it takes and finishes tasks when a test says so, or at every kick).
+What these tests hold: batches stay contiguous in the ring, bad input never takes the
+engine down, deadlines hold for tasks that never reached the ring, and each reason to
+hold the kernel parked (a Park, an install, a failed Park) ends on its own."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gpuactors.actors import ActorRef, ActorSystem, Props
+from gpuactors.cuda import arrays as arrays_module
+from gpuactors.cuda.generation import GENERATIONS
+from gpuactors.engine import actor as actor_module
+from gpuactors.engine import args as args_module
+from gpuactors.engine import optable as optable_module
+from gpuactors.engine.abi import COMPLETION, RING_RECORD
+from gpuactors.engine.actor import Engine, PersistentEngineActor
+from gpuactors.engine.messages import (
+    BatchCompletion,
+    Completion,
+    Enqueue,
+    EnqueueBatch,
+    InstallOp,
+    Park,
+    Resume,
+)
+from gpuactors.engine.ops import ArrayParam, OpSpec
+from gpuactors.engine.ring import HostConsumer, HostRing
+from gpuactors.engine.runtime import EngineConfig
+from gpuactors.engine.wire import MAX_BLOCKS
+from gpuactors.errors import AskTimeout, EngineError, InvalidArgument, TaskTimeout
+from test_engine_word_encoders import CupyLikeArray
+
+NEGATE = OpSpec(
+    name="negate",
+    params=(ArrayParam(name="out", dtype="float32", direction="out"),),
+    body="return 0;",
+)
+
+
+class HostRuntime:
+    """What the actor uses of an EngineRuntime, over a host ring. ``auto``: every kick
+    finishes every published task (unless held); else a test calls :meth:`finish`."""
+
+    def __init__(self, capacity: int = 64, auto: bool = True) -> None:
+        records = np.zeros(capacity, dtype=RING_RECORD)
+        completions = np.zeros(capacity, dtype=COMPLETION)
+        records["seq"] = np.arange(capacity, dtype=np.uint64)
+        self.ring = HostRing(records, completions)
+        self.consumer = HostConsumer(records, completions)
+        self.auto = auto
+        self.hold = False
+        self.running = False
+        self.launch_error: Exception | None = None
+        self.control = np.zeros(8, dtype=np.uint64)
+        self.exit_reason = 0
+        self.launches = 0
+        self.mode_persistent = True
+        self.grid = 2
+        self.taken: list[tuple[int, Any]] = []
+        self.swap_seconds = 0.0
+        self.parks_on_request = True
+
+    @property
+    def consumed(self) -> int:
+        return int(self.consumer.tail)
+
+    def kick(self) -> bool:
+        if not self.hold and self.auto:
+            self.finish()
+        return False
+
+    def finish(self, status_of: Any = lambda seq, record: 0) -> int:
+        """Take and finish every published task (``status_of(seq, record)`` each)."""
+        finished = 0
+        while taken := self.consumer.take():
+            for seq, record in taken:
+                self.taken.append((seq, record))
+                self.consumer.complete(seq, status_of(seq, record))
+                finished += 1
+        return finished
+
+    def request_park(self) -> None:
+        if self.parks_on_request:
+            self.running = False
+
+    def check_fault(self) -> None:
+        pass
+
+    def swap_module(self, _image: bytes) -> None:
+        time.sleep(self.swap_seconds)  # (a worker thread's module load)
+
+    def abandon(self, keepalive: Any = ()) -> None:
+        self.hold = True
+
+    def close(self) -> None:
+        pass
+
+
+class HostEngine(PersistentEngineActor):
+    """The engine actor with a host runtime, and no compiler."""
+
+    def __init__(self, runtime: HostRuntime, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._host_runtime = runtime
+
+    async def pre_start(self) -> None:
+        self._generation = GENERATIONS.current(self._device_id)
+        self._runtime = self._host_runtime  # type: ignore[assignment]
+        self._poller = asyncio.get_running_loop().create_task(self._poll())
+
+    async def _engine_image(self, ops: Any, ids: Any) -> bytes:
+        return b""
+
+
+class Stream:
+    """CuPy's current stream, as ``_pending_work_event`` sees it: an event, or None."""
+
+    def __init__(self) -> None:
+        self.busy = False
+        self.events: list[Any] = []
+
+    def pending_work_event(self) -> Any:
+        if not self.busy:
+            return None
+        event = type("Event", (), {"done": False})()
+        self.events.append(event)
+        return event
+
+
+@pytest.fixture(autouse=True)
+def cupy_like_arrays(monkeypatch: pytest.MonkeyPatch) -> None:
+    for module in (args_module, arrays_module, optable_module):
+        monkeypatch.setattr(module, "cupy_ndarray", lambda: CupyLikeArray)
+
+
+@pytest.fixture
+def stream(monkeypatch: pytest.MonkeyPatch) -> Stream:
+    current = Stream()
+    monkeypatch.setattr(actor_module, "_pending_work_event", current.pending_work_event)
+    return current
+
+
+@pytest.fixture
+async def system() -> AsyncIterator[ActorSystem]:
+    async with ActorSystem("host-engine") as actor_system:
+        yield actor_system
+
+
+async def start(
+    system: ActorSystem, runtime: HostRuntime, **kwargs: Any
+) -> tuple[ActorRef, HostEngine]:
+    ref = system.spawn(Props(HostEngine, args=(runtime,), kwargs=kwargs), "engine")
+    await asyncio.sleep(0.01)  # (pre_start)
+    instance = ref._cell.instance
+    assert isinstance(instance, HostEngine)
+    return ref, instance
+
+
+async def loop_turns_until(condition: Any, turns: int = 10_000) -> None:
+    """Let the loop turn until ``condition()`` holds (the poller's rounds are turns)."""
+    for _ in range(turns):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the condition never held")
+
+
+def fill(**fields: Any) -> Enqueue:
+    """A task of the built-in ``fill`` (or of ``fields["op"]``), ready to publish."""
+    fields = {
+        "op": "fill",
+        "args": (CupyLikeArray("float32", 1 << 20), 1.0),
+        "n": 8,
+        "after": "none",
+        **fields,
+    }
+    return Enqueue(**fields)
+
+
+async def test_a_task_under_fail_waits_for_a_part_published_batch(
+    system: ActorSystem,
+) -> None:
+    """A batch larger than one poller round's part (16,384) is published in parts. A
+    task that arrives between them must not take a sequence number inside the batch's
+    range: the batch's harvest reads one contiguous range."""
+    runtime = HostRuntime(capacity=32768, auto=False)
+    ref, engine = await start(
+        system, runtime, config=EngineConfig(capacity=32768), full_policy="fail"
+    )
+    count = 20_000
+    array = CupyLikeArray("float32", 1 << 20)
+    batch = asyncio.ensure_future(
+        ref.ask(
+            EnqueueBatch(
+                op="fill", args=(array, 1.0), n=8, count=count, per_task=True, after="none"
+            )
+        )
+    )
+    await loop_turns_until(lambda: engine._backlog and engine._backlog[0].published)
+    assert engine._backlog[0].published < count  # between two parts
+    single = asyncio.ensure_future(ref.ask(fill(op="copy", args=(array, array))))
+    await loop_turns_until(lambda: single.done() or runtime.ring.published > count)
+    fill_id = engine._ops.resolve("fill").op_id
+    runtime.finish(lambda seq, record: 7 if int(record["op"]) == fill_id else 0)
+    reply, done = await asyncio.wait_for(asyncio.gather(single, batch), 5)
+    assert isinstance(reply, Completion) and reply.seq == count + 1  # after the batch
+    assert isinstance(done, BatchCompletion)
+    assert (done.first_seq, done.count, done.failed) == (1, count, count)
+    assert done.statuses is not None and (done.statuses == 7).all()
+    assert not runtime.ring._unretired_view.any()  # every slot retired
+
+
+async def test_blocks_beyond_the_record_field_are_clamped_when_tasks_coalesce(
+    system: ActorSystem,
+) -> None:
+    """Seventeen tasks staged in one loop turn are stored together, into a uint32
+    ``blocks`` column: a task asking for 2**32 blocks is clamped, as a lone one is."""
+    runtime = HostRuntime(auto=False)
+    ref, engine = await start(system, runtime)
+    first = asyncio.ensure_future(ref.ask(fill()))
+    await asyncio.sleep(0)  # in flight: the next ones are staged
+    others = [asyncio.ensure_future(ref.ask(fill())) for _ in range(16)]
+    wide = asyncio.ensure_future(
+        ref.ask(
+            fill(
+                op="copy",
+                blocks=2**32,
+                args=(CupyLikeArray("float32", 1 << 20), CupyLikeArray("float32", 1 << 20)),
+            )
+        )
+    )
+    await asyncio.sleep(0.01)
+    runtime.finish()
+    replies = await asyncio.wait_for(asyncio.gather(first, *others, wide), 5)
+    assert all(isinstance(reply, Completion) for reply in replies)
+    assert engine._faulted is None
+    assert int(runtime.taken[-1][1]["blocks"]) == MAX_BLOCKS
+
+
+async def test_a_task_waiting_for_its_inputs_past_its_deadline_times_out(
+    system: ActorSystem, stream: Stream
+) -> None:
+    """It never reached the ring, so the device cannot time it out: the poller does,
+    and the task queued behind it goes on."""
+    ref, engine = await start(system, HostRuntime())
+    stream.busy = True  # the caller's stream has work that does not finish
+    held = asyncio.ensure_future(ref.ask(fill(after="current_stream", timeout=0.05)))
+    await asyncio.sleep(0)
+    stream.busy = False
+    behind = asyncio.ensure_future(ref.ask(fill()))
+    with pytest.raises(TaskTimeout, match="before it started: it waited for its inputs"):
+        await asyncio.wait_for(held, 2)
+    assert isinstance(await asyncio.wait_for(behind, 2), Completion)
+    assert not engine._backlog and engine._failed == 1
+
+
+async def test_a_batch_waiting_for_its_inputs_past_its_deadline_times_out(
+    system: ActorSystem, stream: Stream
+) -> None:
+    ref, _engine = await start(system, HostRuntime())
+    stream.busy = True
+    message = EnqueueBatch(
+        op="fill", args=(CupyLikeArray("float32", 1 << 20), 1.0), n=8, count=10, timeout=0.05
+    )
+    with pytest.raises(TaskTimeout, match="a batch of 10 tasks"):
+        await asyncio.wait_for(ref.ask(message), 2)
+
+
+class HostTensor:
+    """A CPU tensor seen through DLPack only (CuPy's from_dlpack refuses it)."""
+
+    def __dlpack__(self, **_kwargs: Any) -> Any:
+        raise TypeError("CPU arrays cannot be directly imported to CuPy")
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)
+
+
+class NoTypestr:
+    __cuda_array_interface__ = {"data": (0x7F00_0000_0000, False), "shape": (64,), "version": 3}
+
+
+class UnknownTypestr:
+    __cuda_array_interface__ = {
+        "data": (0x7F00_0000_0000, False),
+        "shape": (64,),
+        "typestr": "<bf16",
+        "version": 3,
+    }
+
+
+@pytest.mark.parametrize("value", [NoTypestr(), UnknownTypestr()], ids=["no-typestr", "bf16"])
+def test_a_malformed_array_interface_is_invalid_argument(value: Any) -> None:
+    with pytest.raises(InvalidArgument, match="could not be read as a device array"):
+        arrays_module.describe_array(value, "argument 'out'")
+
+
+@pytest.mark.parametrize(
+    "value",
+    [HostTensor(), NoTypestr(), UnknownTypestr()],
+    ids=["dlpack-host", "no-typestr", "bf16"],
+)
+async def test_unreadable_arrays_are_refused_and_the_engine_keeps_its_tasks(
+    system: ActorSystem, value: Any
+) -> None:
+    """A caller's mistake is the caller's error: the engine is not restarted, and a task
+    already in the ring still finishes."""
+    runtime = HostRuntime(auto=False)
+    ref, engine = await start(system, runtime)
+    other = asyncio.ensure_future(ref.ask(fill()))
+    await asyncio.sleep(0.01)
+    with pytest.raises(InvalidArgument):
+        await ref.ask(Enqueue(op="fill", args=(value, 1.0), n=8, after="none"), timeout=2)
+    runtime.finish()
+    assert isinstance(await asyncio.wait_for(other, 2), Completion)
+    assert ref._cell.instance is engine and engine._faulted is None
+
+
+async def test_a_park_during_an_install_still_holds_after_it(system: ActorSystem) -> None:
+    runtime = HostRuntime()
+    runtime.swap_seconds = 0.2
+    ref, _engine = await start(system, runtime)
+    install = asyncio.ensure_future(ref.ask(InstallOp(op=NEGATE)))
+    await asyncio.sleep(0.05)  # the module is loading
+    await ref.ask(Park())
+    await install
+    assert runtime.hold  # nobody resumed
+    with pytest.raises(AskTimeout):
+        await ref.ask(fill(), timeout=0.2)  # waits in the ring, unrun
+    await ref.ask(Resume())
+    assert not runtime.hold
+    assert runtime.finish() == 0 and len(runtime.taken) == 1  # resuming ran the one held
+
+
+async def test_a_resume_during_an_install_is_kept_after_it(system: ActorSystem) -> None:
+    runtime = HostRuntime()
+    runtime.swap_seconds = 0.2
+    ref, _engine = await start(system, runtime)
+    await ref.ask(Park())
+    install = asyncio.ensure_future(ref.ask(InstallOp(op=NEGATE)))
+    await asyncio.sleep(0.05)
+    await ref.ask(Resume())
+    assert runtime.hold  # the install's own reason still holds the kernel
+    await install
+    assert not runtime.hold
+    assert isinstance(await ref.ask(fill(), timeout=2), Completion)
+
+
+async def test_a_park_that_fails_holds_nothing(
+    system: ActorSystem, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel did not reach a task boundary in time: the Park fails, and neither it
+    nor ``Engine.parked()`` leaves the kernel held."""
+    quick = functools.partial(actor_module._wait_until, timeout=0.1)
+    monkeypatch.setattr(actor_module, "_wait_until", quick)
+    runtime = HostRuntime()
+    runtime.running = True  # a long task: the kernel does not park
+    runtime.parks_on_request = False
+    ref, _engine = await start(system, runtime)
+    with pytest.raises(EngineError, match="waiting for the engine to park"):
+        async with Engine(ref).parked():
+            pass
+    assert not runtime.hold
+    runtime.running = False  # the long task ended and the kernel exited
+    assert isinstance(await ref.ask(fill(), timeout=2), Completion)
+
+
+async def test_a_cancelled_parked_block_leaves_the_kernel_free(
+    system: ActorSystem,
+) -> None:
+    """Its Park still takes effect after the caller has gone; ``parked()`` undoes it."""
+    runtime = HostRuntime()
+    runtime.running = True  # a long task: the kernel parks only once it ends
+    runtime.parks_on_request = False
+    ref, engine = await start(system, runtime)
+
+    async def hold_parked() -> None:
+        async with Engine(ref).parked():
+            await asyncio.sleep(10)
+
+    holder = asyncio.ensure_future(hold_parked())
+    await asyncio.sleep(0.05)
+    holder.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await holder
+    runtime.running = False  # the long task ended: the Park's wait succeeds now
+    await loop_turns_until(lambda: engine._parks_on_demand == 0 and not runtime.hold)
+    assert isinstance(await ref.ask(fill(), timeout=2), Completion)
+
+
+async def test_parks_count_until_a_resume(system: ActorSystem) -> None:
+    runtime = HostRuntime()
+    ref, engine = await start(system, runtime)
+    await ref.ask(Park())
+    await ref.ask(Park())
+    assert runtime.hold and engine._parks_on_demand == 2
+    await ref.ask(Resume())  # one Resume resumes every Park
+    assert not runtime.hold and engine._parks_on_demand == 0
