@@ -138,6 +138,19 @@ async def test_op_failure_code_becomes_task_failed(engine: Engine) -> None:
     assert done.status == 0
 
 
+class HostDlpack:
+    """A host array seen only through DLPack (as a CPU torch tensor is)."""
+
+    def __init__(self, n: int) -> None:
+        self._array = np.zeros(n, dtype=np.float32)
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self._array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> Any:
+        return self._array.__dlpack_device__()
+
+
 async def test_bad_arguments_are_refused_before_the_ring(engine: Engine) -> None:
     import cupy as cp
 
@@ -153,6 +166,8 @@ async def test_bad_arguments_are_refused_before_the_ring(engine: Engine) -> None
         (InvalidArgument, Enqueue(op="fill", args=(x, "1.0"), n=10)),  # wrong scalar type
         (InvalidArgument, Enqueue(op="sum", args=(x, x), n=10, blocks=2)),  # single-block op
         (InvalidArgument, Enqueue(op="fail_if_negative", args=(2**40,), n=1)),  # int32 range
+        (InvalidArgument, Enqueue(op="fail_if_negative", args=(np.int64(2**40),), n=1)),
+        (InvalidArgument, Enqueue(op="fill", args=(HostDlpack(100), 1.0), n=10)),  # host DLPack
     ]
     for error, message in cases:
         with pytest.raises(error):
@@ -205,6 +220,38 @@ async def test_idle_park_and_relaunch(engine: Engine) -> None:
     await engine.enqueue("fill", x, 2.0, n=10)
     after = await engine.stats()
     assert after.launches == before.launches + 1
+    assert bool((x == 2.0).all())
+
+
+SPIN_SOURCE = r"""
+extern "C" __global__ void gpa_test_spin(unsigned long long ns) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now)); } while (now - start < ns);
+}
+"""
+
+
+async def test_a_task_waiting_for_its_inputs_past_its_deadline_times_out(engine: Engine) -> None:
+    """``after="current_stream"`` holds the task on the host while the caller's stream
+    is busy: its deadline holds there too, and the engine serves on afterwards."""
+    import cupy as cp
+
+    spin = cp.RawKernel(SPIN_SOURCE, "gpa_test_spin")
+    stream = cp.cuda.Stream(non_blocking=True)
+    x = cp.zeros(10, dtype=cp.float32)
+    async with engine.parked():  # the module loads while no engine kernel runs
+        spin((1,), (1,), (np.uint64(0),), stream=stream)
+        stream.synchronize()
+    with stream:
+        spin((1,), (1,), (np.uint64(500_000_000),))  # the stream is busy for 0.5 s
+        started = time.perf_counter()
+        with pytest.raises(TaskTimeout, match="waited for its inputs"):
+            await engine.ref.ask(Enqueue(op="fill", args=(x, 1.0), n=10, timeout=0.05))
+        assert time.perf_counter() - started < 0.4
+    stream.synchronize()
+    assert bool((x == 0.0).all())  # the timed-out task never ran
+    await engine.enqueue("fill", x, 2.0, n=10)
     assert bool((x == 2.0).all())
 
 
