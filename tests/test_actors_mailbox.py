@@ -146,7 +146,7 @@ async def test_a_cancelled_waiting_sender_passes_its_slot_on() -> None:
         gate.set()
         assert await asyncio.wait_for(asker, 1.0) == 2
         assert await ref.ask(Drain()) == [0, 2]
-        assert ref._cell.mailbox._reserved == 0
+        assert ref._cell.mailbox.reserved == 0
 
 
 async def test_senders_waiting_for_room_learn_that_the_actor_stopped() -> None:

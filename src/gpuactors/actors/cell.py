@@ -356,6 +356,15 @@ class ActorCell:
                 if await self._handler_failed(failure, message, reply):
                     return
                 continue
+            except BaseException as exc:  # KeyboardInterrupt, SystemExit...: the task ends
+                if reply is not None and not reply.done():
+                    failure = ActorFailed(
+                        f"{self.path}: handler of {message_type.__name__} raised "
+                        f"{type(exc).__name__}; the actor stopped"
+                    )
+                    failure.__cause__ = exc
+                    reply.set_exception(failure)
+                raise
             if isinstance(result, Deferred):
                 self.defer_reply(result.future, reply)
             elif reply is not None and not reply.done():
@@ -377,12 +386,15 @@ class ActorCell:
         answered at once have held the loop for ``AT_ONCE_STREAK_SECONDS`` (see
         ``AtOnceStreak``): its asker lets the loop turn before it takes it.
         """
+        mailbox = self.mailbox
         if (
             not self.idle
             or self.askers_waiting
             or self.stopping
-            or self.mailbox.user
-            or self.mailbox.system
+            or mailbox.user
+            or mailbox.system
+            or mailbox.putters  # senders waiting for room (or granted it) go first
+            or mailbox.reserved
         ):
             return NOT_AT_ONCE
         message_type = type(message)
@@ -434,8 +446,6 @@ class ActorCell:
 
     def _unhandled(self, message: Any, reply: asyncio.Future[Any] | None) -> None:
         handled = ", ".join(handled_types(self.instance)) or "nothing"
-        self.dead_letter(message, "unhandled")
-        self.log.warning("unhandled message", message_type=type(message).__name__)
         if reply is not None and not reply.done():
             reply.set_exception(
                 UnhandledMessage(
@@ -443,6 +453,8 @@ class ActorCell:
                     f"{type(message).__name__} (it handles: {handled})"
                 )
             )
+        self.log.warning("unhandled message", message_type=type(message).__name__)
+        self.dead_letter(message, "unhandled")
 
     def defer_reply(self, future: asyncio.Future[Any], reply: asyncio.Future[Any] | None) -> None:
         """Settle ``reply`` with ``future``'s outcome once it has one (a Deferred reply)."""
@@ -581,6 +593,8 @@ class ActorCell:
             return
         self.stopping = True
         self._close_mailbox()
+        for child in tuple(self.children.values()):  # (ended without winding down)
+            child.request_stop()
         for link in tuple(self.links):
             if link.future.done():  # settled by post_stop: its callback has not run yet
                 link.on_result(link.future)

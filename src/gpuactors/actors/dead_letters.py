@@ -7,6 +7,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import structlog
+
 DeadLetterReason = Literal["unhandled", "stopped"]
 
 
@@ -41,7 +43,12 @@ class DeadLetters:
         self._letters.append(letter)
         self.total += 1
         for subscriber in tuple(self._subscribers):
-            subscriber(letter)
+            try:
+                subscriber(letter)
+            except Exception as exc:  # a subscriber's bug must not stop the actor
+                structlog.get_logger("gpuactors.dead_letters").error(
+                    "dead-letter subscriber raised", subscriber=repr(subscriber), exc_info=exc
+                )
 
     def subscribe(self, callback: Callable[[DeadLetter], None]) -> Callable[[], None]:
         """Call ``callback`` with each new dead letter; returns the function that unsubscribes."""

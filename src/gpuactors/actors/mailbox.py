@@ -74,11 +74,11 @@ class Mailbox:
     __slots__ = (
         "_getter",
         "_loop",
-        "_reserved",
         "capacity",
         "closed",
         "policy",
         "putters",
+        "reserved",
         "system",
         "user",
     )
@@ -90,7 +90,7 @@ class Mailbox:
         self.system: deque[object] = deque()
         self.putters: deque[asyncio.Future[None]] = deque()
         self.closed = False
-        self._reserved = 0
+        self.reserved = 0  # slots granted to waiting senders that have not put yet
         self._getter: asyncio.Future[None] | None = None
         self._loop = loop
 
@@ -106,7 +106,7 @@ class Mailbox:
     def offer(self, envelope: Envelope) -> bool:
         """Queue ``envelope`` if there is room now; False if full or closed."""
         if self.closed or (
-            self.capacity is not None and len(self.user) + self._reserved >= self.capacity
+            self.capacity is not None and len(self.user) + self.reserved >= self.capacity
         ):
             return False
         self.user.append(envelope)
@@ -137,7 +137,7 @@ class Mailbox:
             await waiter
         except BaseException:
             if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-                self._reserved -= 1  # granted a slot but leaving: pass it on
+                self.reserved -= 1  # granted a slot but leaving: pass it on
                 self.grant()
             elif waiter in self.putters:
                 self.putters.remove(waiter)
@@ -145,7 +145,7 @@ class Mailbox:
         finally:
             if timer is not None:
                 timer.cancel()
-        self._reserved -= 1
+        self.reserved -= 1
         if self.closed:
             return False
         self.user.append(envelope)
@@ -181,7 +181,7 @@ class Mailbox:
         while self.putters:
             waiter = self.putters.popleft()
             if not waiter.done():
-                self._reserved += 1
+                self.reserved += 1
                 waiter.set_result(None)
                 return
 
@@ -194,7 +194,7 @@ class Mailbox:
         while self.putters:
             waiter = self.putters.popleft()
             if not waiter.done():
-                self._reserved += 1
+                self.reserved += 1
                 waiter.set_result(None)  # wakes the sender, which sees ``closed``
         return left
 

@@ -107,7 +107,8 @@ class ActorRef:
         cid = _next_id()
         # An idle actor answers at once, in this task: no mailbox round trip, no future.
         answer = cell.answer_at_once(message, cid)
-        if type(answer) is Overdue:  # a long run of asks answered at once: the loop turns
+        overdue = type(answer) is Overdue
+        if overdue:  # a long run of asks answered at once: the loop turns
             answer = await self._after_a_turn(answer.answer)
         timer: asyncio.TimerHandle | None = None
         if answer is NOT_AT_ONCE:
@@ -123,8 +124,11 @@ class ActorRef:
             if settled.done() and not settled.cancelled() and settled.exception() is None:
                 result = settled.result()  # already there (e.g. after a loop turn)
                 return result if expect is None else _checked(result, message, expect, cell.path)
-            reply = cell.loop.create_future()
-            cell.defer_reply(answer.future, reply)
+            if overdue:  # the asker's own future, linked already: a timeout reaches the link
+                reply = settled
+            else:
+                reply = cell.loop.create_future()
+                cell.defer_reply(answer.future, reply)
             if timeout is not None and not reply.done():
                 cell.deadlines.add(reply, (message, reply, cid), timeout)
         elif isinstance(answer, AtOnceFailure):

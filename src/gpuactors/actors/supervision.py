@@ -30,7 +30,11 @@ class Directive(enum.Enum):
     """Stop the actor (children first); watchers get ``Terminated``."""
 
     ESCALATE = "escalate"
-    """Fail the parent with the same exception; at the top, the guardian stops the actor."""
+    """Fail the parent with the same exception; at the top, the guardian stops the actor.
+
+    The child waits, suspended, until its parent has handled the failure, and a parent
+    handles it between two of its own messages. A parent's handler that awaits an ask
+    to that child therefore waits for good: give such asks a timeout."""
 
 
 def restart_on_error(exc: BaseException) -> Directive:

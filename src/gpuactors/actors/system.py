@@ -55,6 +55,7 @@ class ActorSystem:
         self._cells: dict[str, ActorCell] = {}
         self._closing = False
         self._shutdown: asyncio.Future[None] | None = None
+        self._shutdown_task: asyncio.Task[None] | None = None  # one an actor started
         self._serial = itertools.count(1)
         #: When this loop's current run of asks answered at once began.
         self.at_once = AtOnceStreak()
@@ -112,7 +113,22 @@ class ActorSystem:
         await self._stop_within([cell], timeout)
 
     async def shutdown(self, timeout: float | None = None) -> None:
-        """Stop every actor, youngest top-level first, each after its children."""
+        """Stop every actor, youngest top-level first, each after its children.
+
+        Called from inside an actor it starts the shutdown and returns at once: waiting
+        for every actor, the caller's own too, would deadlock."""
+        if CURRENT_CELL.get() is None:
+            await self._shut_down(timeout)
+        elif self._shutdown is None and self._shutdown_task is None:
+            task = self.loop.create_task(self._shut_down(timeout), name=f"{self.name}-shutdown")
+            task.add_done_callback(self._shutdown_task_done)
+            self._shutdown_task = task
+
+    def _shutdown_task_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self.log.error("actor system shutdown failed", exc_info=task.exception())
+
+    async def _shut_down(self, timeout: float | None) -> None:
         if self._shutdown is not None:
             await asyncio.wait((self._shutdown,))
             return
