@@ -20,6 +20,7 @@ from gpuactors.nvrtc import (
 from test_nvrtc_support import SAXPY, TEMPLATED, heavy_source
 
 OPTS = NvrtcOpts(name_expressions=("scale<float>",))
+SM90 = NvrtcOpts(arch="sm_90")
 BROKEN = 'extern "C" __global__ void k(float* x) { x[0] = nope; }\n'
 
 
@@ -166,3 +167,58 @@ async def test_compile_async_keeps_the_loop_responsive(tmp_path: Path) -> None:
         if worst[-1] <= 0.005:
             break
     assert worst[-1] <= 0.005, f"max event-loop lag per run (ms): {[w * 1e3 for w in worst]}"
+
+
+async def test_a_leader_cancelled_while_its_compile_waits_for_a_thread_strands_nobody(
+    compiler: KernelCompiler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its compile job, queued behind other work in the executor, still runs: the flight
+    others wait on is settled, and the next request is served."""
+    import time
+
+    from gpuactors.nvrtc import kernel_compiler as module
+
+    load_nvrtc()
+    executor = ThreadPoolExecutor(max_workers=1)
+    asyncio.get_running_loop().set_default_executor(executor)
+    real_key = module.cache_key
+
+    def key_then_busy(*args: object, **kwargs: object) -> str:
+        executor.submit(time.sleep, 0.3)  # the only thread is taken before the compile job
+        return real_key(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(module, "cache_key", key_then_busy)
+    leader = asyncio.ensure_future(compiler.get_or_compile_async(SAXPY, opts=SM90))
+    for _ in range(200):
+        if compiler._inflight:  # the flight is claimed, its compile job queued
+            break
+        await asyncio.sleep(0.005)
+    assert compiler._inflight
+    leader.cancel()
+    monkeypatch.setattr(module, "cache_key", real_key)
+    _module, origin = await asyncio.wait_for(compiler.get_or_compile_async(SAXPY, opts=SM90), 10)
+    assert origin in ("compiled", "memory") and not compiler._inflight
+    assert compiler.compiles == 1
+
+
+async def test_compile_async_hashes_a_large_source_off_the_loop(compiler: KernelCompiler) -> None:
+    load_nvrtc()
+    body = "// " + "x" * 100 + "\n"
+    source = SAXPY + body * 40_000  # about 4 MB of text to encode and hash
+    gaps: list[float] = []
+
+    async def ticker() -> None:
+        last = loop.time()
+        while True:
+            await asyncio.sleep(0.001)
+            now = loop.time()
+            gaps.append(now - last)
+            last = now
+
+    loop = asyncio.get_running_loop()
+    ticking = asyncio.ensure_future(ticker())
+    await asyncio.sleep(0.01)
+    for _ in range(3):  # a compile, then memory hits: each hashes the source again
+        await compiler.get_or_compile_async(source, opts=SM90)
+    ticking.cancel()
+    assert max(gaps) < 0.05

@@ -105,3 +105,63 @@ def test_include_cycles_terminate(tmp_path: Path) -> None:
     (tmp_path / "b.h").write_text('#include "a.h"\n')
     found = collect_includes('#include "a.h"\n', headers={}, include_paths=[str(tmp_path)])
     assert [f.name for f in found] == ["a.h", "b.h"]
+
+
+def _value_header(directory: Path, value: int) -> None:
+    (directory / "val.h").write_text(f"#define VAL {value}\n")
+
+
+def test_a_quoted_include_next_to_the_program_name_is_in_the_key(tmp_path: Path) -> None:
+    """NVRTC looks for a quoted include in the directory of the program's name first."""
+    source = '#include "val.h"\n' + SAXPY
+    name = str(tmp_path / "kernel.cu")
+    _value_header(tmp_path, 1)
+    first = key(source, name=name)
+    _value_header(tmp_path, 2)
+    assert key(source, name=name) != first
+
+
+def test_a_quoted_include_in_the_working_directory_is_in_the_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # a bare name: its directory is the working directory
+    source = '#include "val.h"\n' + SAXPY
+    _value_header(tmp_path, 1)
+    first = key(source)
+    _value_header(tmp_path, 2)
+    assert key(source) != first
+
+
+@pytest.mark.parametrize(
+    "directive",
+    ['#include /* the value */ "val.h"', '# /* c */ include "val.h"', "/* c */ #include <val.h>"],
+)
+def test_includes_with_comments_between_their_tokens_are_followed(
+    tmp_path: Path, directive: str
+) -> None:
+    found = collect_includes(directive + "\n", headers={}, include_paths=[str(tmp_path)])
+    assert [included.name for included in found] == ["val.h"]
+
+
+@pytest.mark.parametrize("flag", ["--pre-include=val.h", "-include=val.h"])
+def test_pre_includes_are_refused_since_the_key_cannot_see_them(flag: str) -> None:
+    from gpuactors.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match="cache key cannot see"):
+        NvrtcOpts(extra_flags=(flag,))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"source": SAXPY + "// \ud800\n"},
+        {"name": "k\udfff.cu"},
+        {"headers": {"h.cuh": "\ud800"}},
+        {"opts": NvrtcOpts(defines={"X": "\ud800"})},
+    ],
+)
+def test_text_that_is_not_valid_unicode_is_invalid_argument(change: dict[str, object]) -> None:
+    from gpuactors.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match="not valid Unicode"):
+        key(**change)  # type: ignore[arg-type]

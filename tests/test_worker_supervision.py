@@ -92,6 +92,21 @@ async def test_results_and_a_clean_shutdown() -> None:
         assert health.state == "stopped" and health.restarts == 0
 
 
+@pytest.mark.parametrize("op", ["crash", "bad_write"])
+async def test_a_worker_lost_during_shutdown_answers_its_jobs_and_the_shutdown(op: str) -> None:
+    """No worker replaces it while shutting down: what it held fails, clearly."""
+    bad = OpSpec(name="bad_write", params=(ArrayParam(name="out", dtype="float32"),), body="")
+    async with ActorSystem("sup-lost") as system:
+        engine = await IsolatedEngine.start(system, ops=[bad], isolation=cpu_isolation())
+        job = asyncio.ensure_future(engine.run(op, np.zeros(4, np.float32), n=4))
+        await asyncio.sleep(0)  # accepted and sent to the worker
+        shutdown = asyncio.ensure_future(engine.shutdown(timeout=None))
+        with pytest.raises((EngineStopped, DeviceFault)):
+            await asyncio.wait_for(job, 15)
+        await asyncio.wait_for(shutdown, 15)
+        assert (await engine.health()).state == "stopped"
+
+
 @pytest.mark.parametrize("standbys", [0, 1, 2])
 async def test_a_fault_fails_only_the_culprit(standbys: int) -> None:
     bad = OpSpec(name="bad_write", params=(ArrayParam(name="out", dtype="float32"),), body="")

@@ -108,6 +108,8 @@ def _describe_foreign(value: Any, what: str) -> DeviceArrayInfo:
             f"not {type(value).__name__}"
         )
     ptr, readonly = interface["data"]
+    if not 0 <= int(ptr) < 1 << 64:
+        raise InvalidArgument(f"{what} has a data pointer out of range: {ptr!r}")
     shape = tuple(int(extent) for extent in interface["shape"])
     dtype = np.dtype(interface["typestr"])
     strides = interface.get("strides")

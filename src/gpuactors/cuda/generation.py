@@ -47,19 +47,22 @@ class GenerationRegistry:
     async def next_change(self, device_id: int, after: int | None = None) -> int:
         """Wait until the generation of ``device_id`` is newer than ``after`` (default: now)."""
         loop = asyncio.get_running_loop()
-        with self._lock:
-            now = self._generations.get(device_id, FIRST_GENERATION)
-            if after is not None and now > after:
-                return now
-            future: asyncio.Future[int] = loop.create_future()
-            self._waiters.setdefault(device_id, []).append((loop, future))
-        try:
-            return await future
-        finally:
+        while True:
             with self._lock:
-                waiters = self._waiters.get(device_id, [])
-                if (loop, future) in waiters:
-                    waiters.remove((loop, future))
+                now = self._generations.get(device_id, FIRST_GENERATION)
+                if after is None:
+                    after = now
+                elif now > after:
+                    return now
+                future: asyncio.Future[int] = loop.create_future()
+                self._waiters.setdefault(device_id, []).append((loop, future))
+            try:
+                await future  # a bump: newer than ``after`` once it has passed it
+            finally:
+                with self._lock:
+                    waiters = self._waiters.get(device_id, [])
+                    if (loop, future) in waiters:
+                        waiters.remove((loop, future))
 
     def check_current(self, what: str, device_id: int, made_in: int) -> None:
         """Raise GpuRefStale if ``made_in`` is not the device's current generation."""

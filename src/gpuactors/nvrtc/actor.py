@@ -42,6 +42,7 @@ from gpuactors.cuda.done_word import device_done_word
 from gpuactors.cuda.generation import GENERATIONS
 from gpuactors.cuda.loader import MODULE_LOADS
 from gpuactors.errors import (
+    ActorStopped,
     DeviceFault,
     GpuActorsError,
     GpuRefStale,
@@ -96,11 +97,11 @@ def check_runs_on(module: CompiledModule, device_arch: str) -> None:
     if built is None or device is None:
         return
     number, suffix, target = int(built.group(2)), built.group(3), int(device.group(2))
-    if module.kind == "ptx":
-        runs = number <= target
-    elif suffix == "a":
+    if suffix == "a":  # arch-specific, PTX too: that arch only
         runs = number == target
-    else:
+    elif module.kind == "ptx" and suffix != "f":  # plain PTX is JIT-compiled forward
+        runs = number <= target
+    else:  # a cubin, or family-specific code: its family, same or newer minor
         runs = number // 10 == target // 10 and number <= target
     if not runs:
         raise InvalidArgument(
@@ -270,6 +271,12 @@ class NvrtcActor(Actor):
             self.log.error("compile crashed", source=msg.name, exc_info=exc)
             if not future.done():
                 future.set_exception(exc)
+        except asyncio.CancelledError:  # the actor stops or restarts: the asker must hear
+            if not future.done():
+                future.set_exception(
+                    ActorStopped(f"the NvrtcActor stopped before compiling {msg.name!r}")
+                )
+            raise
         else:
             if not future.done():
                 future.set_result(handle)

@@ -129,8 +129,23 @@ def cache_key(
     arch: str | None = None,
     headers: Mapping[str, str] = _EMPTY,
 ) -> str:
-    """The full cache key :func:`compile_source` would give this compile (see ``keys``)."""
+    """The full cache key :func:`compile_source` would give this compile (see ``keys``).
+
+    Raises InvalidArgument for text that is not valid Unicode (a lone surrogate in the
+    source, its name, a header or an option): NVRTC takes UTF-8."""
     target = opts.resolve_arch(arch)
+    try:
+        return _module_key(source, name, opts, target, headers)
+    except UnicodeEncodeError as exc:
+        raise InvalidArgument(
+            f"{name!r}: the source, its name, a header or an option is not valid Unicode "
+            f"text ({exc.reason} at position {exc.start}); NVRTC takes UTF-8"
+        ) from None
+
+
+def _module_key(
+    source: str, name: str, opts: NvrtcOpts, target: str, headers: Mapping[str, str]
+) -> str:
     return module_cache_key(
         source,
         name=name,

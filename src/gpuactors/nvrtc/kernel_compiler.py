@@ -8,6 +8,8 @@ share its memory cache and its in-flight table, so concurrent identical requests
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import os
 import threading
 from collections.abc import Mapping
@@ -108,23 +110,30 @@ class KernelCompiler:
         compile run in a worker thread, and concurrent identical requests share one.
 
         Cancelling the awaiting task does not stop a compile others may be waiting for;
-        it still fills the caches.
+        it still fills the caches. The key is computed in a worker thread too: it
+        hashes the source and reads the headers it includes (megabytes, or a slow disk).
         """
         if not nvrtc_loaded():
             await asyncio.to_thread(load_nvrtc)  # a first use loads a big library: not here
-        key = cache_key(source, name=name, opts=opts, arch=arch, headers=headers)
+        key = await asyncio.to_thread(
+            cache_key, source, name=name, opts=opts, arch=arch, headers=headers
+        )
         claim = self._claim(key)
         if isinstance(claim, CompiledModule):
             return claim, "memory"
         flight, leader = claim
         if leader:
-            # The worker resolves ``flight`` itself, so followers are served even if
-            # this task is cancelled while the compile runs.
+            # The job resolves ``flight`` itself, and it is shielded: a cancelled leader
+            # must not cancel a job still queued in the executor, which would leave the
+            # flight unsettled and every follower waiting for good.
+            fly = functools.partial(self._fly, flight, key, source, name, opts, arch, headers)
+            context = contextvars.copy_context()  # (as to_thread: the logs keep their context)
+            job = asyncio.get_running_loop().run_in_executor(None, context.run, fly)
             try:
-                await asyncio.to_thread(self._fly, flight, key, source, name, opts, arch, headers)
+                await asyncio.shield(job)
             except asyncio.CancelledError:
                 raise
-            except BaseException as exc:  # the worker never started (executor shut down)
+            except BaseException as exc:  # the job never started (executor shut down)
                 if not flight.done():
                     self._settle(flight, key, exc)
                 raise

@@ -4,9 +4,9 @@ A key must change whenever the binary NVRTC would produce could change (compare
 CuPy's ``cupy/cuda/compiler.py``): it is a SHA-256 over the source and its name
 (``__FILE__`` and assert messages embed it), the rendered NVRTC options, the target
 architecture, the output kind, the NVRTC version, the name expressions, and the
-contents of every header the source reaches (in-memory headers and files found on
-the include paths, recursively). Every field is length-prefixed, so no two
-different inputs hash the same byte stream.
+contents of every header the source reaches (in-memory headers, files next to the
+program's name and files on the include paths, recursively). Every field is
+length-prefixed, so no two different inputs hash the same byte stream.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Protocol
 from .headers import collect_includes
 
 #: Bump when the key's composition changes; old entries then simply stop matching.
-KEY_SCHEMA = b"gpuactors-nvrtc-key/1"
+KEY_SCHEMA = b"gpuactors-nvrtc-key/2"  # 2: includes next to the program's name
 
 
 class _Digest(Protocol):
@@ -66,7 +66,9 @@ def module_cache_key(
     for header_name in sorted(headers):
         _field(digest, b"header-name", header_name.encode("utf-8"))
         _field(digest, b"header", headers[header_name].encode("utf-8"))
-    for included in collect_includes(source_bytes, headers=headers, include_paths=include_paths):
+    paths = include_paths
+    reached = collect_includes(source_bytes, headers=headers, include_paths=paths, name=name)
+    for included in reached:
         _field(digest, b"include", included.name.encode("utf-8"))
         _field(digest, b"found-at", (included.origin or "<not found>").encode("utf-8"))
         _field(digest, b"content", included.content)

@@ -47,6 +47,10 @@ _RESERVED_FLAG_PREFIXES = (
 )
 
 
+# Flags naming files NVRTC reads that the cache key would not hash (a stale binary).
+_UNKEYED_FLAG_PREFIXES = ("-include", "--pre-include")
+
+
 def arch_from_capability(major: int, minor: int) -> str:
     """The real architecture name of a device's compute capability: ``(9, 0) -> "sm_90"``."""
     if major < 1 or not 0 <= minor <= 9:
@@ -139,6 +143,11 @@ class NvrtcOpts(BaseModel):
         for flag in value:
             if not flag.startswith("-") or flag != flag.strip() or "\0" in flag:
                 raise ValueError(f"extra flag {flag!r} must be one option starting with '-'")
+            if flag.startswith(_UNKEYED_FLAG_PREFIXES):
+                raise ValueError(
+                    f"extra flag {flag!r} pre-includes a file the cache key cannot see: "
+                    "#include it from the source, or pass its text in headers"
+                )
             if flag.startswith(_RESERVED_FLAG_PREFIXES):
                 raise ValueError(
                     f"extra flag {flag!r} duplicates a dedicated NvrtcOpts field "

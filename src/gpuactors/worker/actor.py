@@ -532,7 +532,13 @@ class IsolatedEngineActor(Actor):
             return
         self._worker = None
         worker.kill()
-        if self._closing:  # a worker leaving after Shutdown is not a fault
+        if self._closing:  # a worker leaving after Shutdown is not a fault...
+            # ...but what it still held can never finish now (no worker replaces it).
+            self._fail_waiting(
+                EngineStopped(f"the worker was lost while the engine shut down: {reason}")
+            )
+            if self._state != "failed":
+                self._state = "stopped"
             return
         self._died_at = time.perf_counter()
         self._generation += 1
