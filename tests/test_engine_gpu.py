@@ -255,6 +255,25 @@ async def test_a_task_waiting_for_its_inputs_past_its_deadline_times_out(engine:
     assert bool((x == 2.0).all())
 
 
+async def test_deadlines_are_kept_in_the_devices_time(engine: Engine) -> None:
+    """The device compares deadlines with its own clock, which is not the host's (it
+    was 0.7 ms behind on an H100, 0.2 ms ahead on an H200): a task that the device
+    reaches 1 ms after a 20 us deadline times out and never runs."""
+    import cupy as cp
+
+    x = cp.zeros(10, dtype=cp.float32)
+    async with engine.parked():  # published, not run
+        late = asyncio.ensure_future(
+            engine.ref.ask(Enqueue(op="fill", args=(x, 1.0), n=10, timeout=20e-6, after="none"))
+        )
+        await asyncio.sleep(0.001)
+    with pytest.raises(TaskTimeout):
+        await asyncio.wait_for(late, 10)
+    assert bool((x == 0.0).all())  # its op never ran
+    await engine.enqueue("fill", x, 2.0, n=10, timeout=0.05)  # a deadline ahead: it runs
+    assert bool((x == 2.0).all())
+
+
 async def test_on_demand_park_holds_tasks_until_resume(engine: Engine) -> None:
     import cupy as cp
 

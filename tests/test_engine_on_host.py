@@ -68,6 +68,7 @@ class HostRuntime:
         self.taken: list[tuple[int, Any]] = []
         self.swap_seconds = 0.0
         self.parks_on_request = True
+        self.clock_offset_ns = 0  # (the host clock is the device's here)
 
     @property
     def consumed(self) -> int:

@@ -155,6 +155,11 @@ class PersistentEngineActor(Actor):
         self._default_timeout_ns = (
             0 if default_timeout is None else max(1, int(default_timeout * 1e9))
         )
+        # Deadlines are in the device's time (its %globaltimer is not the host's clock):
+        # host time plus the runtime's measured offset. (_default_in_ns: the default
+        # deadline's distance from host time, offset included.)
+        self._clock_offset_ns = 0
+        self._default_in_ns = self._default_timeout_ns
         self._device_id = device_id
         self._compiler = compiler
         self._full_policy = full_policy
@@ -189,6 +194,7 @@ class PersistentEngineActor(Actor):
         self._modules_built = 1
         self._generation = GENERATIONS.current(self._device_id)
         self._runtime = EngineRuntime(image, self._config, device_id=self._device_id)
+        self._adopt_clock_offset(self._runtime.clock_offset_ns)
         self._poller = asyncio.get_running_loop().create_task(self._poll(), name="engine-poller")
         self.log.info("engine started", mode=self._mode(), grid=self._runtime.grid, arch=arch)
 
@@ -232,7 +238,7 @@ class PersistentEngineActor(Actor):
             resolved = self._ops.resolutions.get(msg.op) or self._ops.resolve(msg.op)
             timeout = msg.timeout
             if timeout is None and self._default_timeout_ns:  # (_deadline_ns, inline)
-                deadline = time.time_ns() + self._default_timeout_ns
+                deadline = time.time_ns() + self._default_in_ns
             else:
                 deadline = self._deadline_ns(timeout)
             ready_event = _pending_work_event() if msg.after == "current_stream" else None
@@ -451,9 +457,14 @@ class PersistentEngineActor(Actor):
         if timeout is None:
             if not self._default_timeout_ns:  # no default: tasks may wait forever
                 return 0
-            return time.time_ns() + self._default_timeout_ns
+            return time.time_ns() + self._default_in_ns
         # (A timeout under 1 ns is a deadline that has passed, not none.)
-        return time.time_ns() + int(timeout * 1e9)
+        return time.time_ns() + self._clock_offset_ns + int(timeout * 1e9)
+
+    def _adopt_clock_offset(self, offset_ns: int) -> None:
+        """Deadlines from now on are in the device's time as the runtime measured it."""
+        self._clock_offset_ns = offset_ns
+        self._default_in_ns = self._default_timeout_ns + offset_ns
 
     def _publish(self, task: _Task) -> int | None:
         assert self._runtime is not None
@@ -593,7 +604,8 @@ class PersistentEngineActor(Actor):
             if batch.low < batch.published and (oldest is None or seq < oldest[0]):
                 oldest = (seq, batch.records.deadline_ns, batch.future, batch.op.name)
         grace = int(self._config.hang_grace_ms * 1e6)
-        if oldest is None or not oldest[1] or time.time_ns() <= oldest[1] + grace:
+        device_now = time.time_ns() + self._clock_offset_ns
+        if oldest is None or not oldest[1] or device_now <= oldest[1] + grace:
             return
         seq, _deadline, future, op = oldest
         error = TaskHung(
@@ -613,14 +625,14 @@ class PersistentEngineActor(Actor):
         if now - self._backlog_checked_at < _BACKLOG_CHECK_SECONDS:
             return
         self._backlog_checked_at = now
-        wall_ns = time.time_ns()
+        device_now = time.time_ns() + self._clock_offset_ns
         expired = 0
         for item in self._backlog:
             if isinstance(item, _Task):
                 deadline, begun, count = item.deadline_ns, False, 1
             else:  # a part-published batch stays: the device times out its other part
                 deadline, begun, count = item.records.deadline_ns, item.published > 0, item.count
-            if item.future.done() or begun or not deadline or wall_ns <= deadline:
+            if item.future.done() or begun or not deadline or device_now <= deadline:
                 continue
             waited = "room" if item.ready_event is None else "its inputs (after='current_stream')"
             item.future.set_exception(
@@ -916,6 +928,7 @@ class PersistentEngineActor(Actor):
                 self._swapping = False
                 self._update_hold()
             swapped = time.perf_counter()
+            self._adopt_clock_offset(runtime.clock_offset_ns)  # measured again by the swap
             self._ops.add(op, activate=activate, codecs=codecs)
             self._modules_built += 1
             self._wake.set()

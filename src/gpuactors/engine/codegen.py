@@ -22,6 +22,7 @@ from gpuactors.nvrtc import (
 )
 
 ENGINE_KERNEL_NAME = "gpa_engine"
+CLOCK_KERNEL_NAME = "gpa_clock"  # one thread writes %globaltimer: the host calibrates on it
 ENGINE_OPTS = NvrtcOpts(std="c++17")
 
 

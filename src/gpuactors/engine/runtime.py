@@ -32,7 +32,7 @@ from gpuactors.engine.abi import (
     TASK_RECORD,
     UNIT_BYTES,
 )
-from gpuactors.engine.codegen import ENGINE_KERNEL_NAME
+from gpuactors.engine.codegen import CLOCK_KERNEL_NAME, ENGINE_KERNEL_NAME
 from gpuactors.engine.messages import MAX_TIMEOUT_S
 from gpuactors.engine.ring import HostRing, check_capacity, reset_ring, u64_words
 from gpuactors.errors import DeviceFault, EngineError, EngineModeError, InvalidArgument
@@ -163,8 +163,12 @@ class EngineRuntime:
             self._params_host = np.zeros(1, dtype=ENGINE_PARAMS)
             self._params = cupy.zeros(ENGINE_PARAMS.itemsize, dtype=cupy.uint8)
 
+            self._clock_mem, self._clock_word = _pinned(cupy, np.dtype(np.uint64), 1)
+            #: device clock minus host clock (``time.time_ns``), at most: see calibrate_clock
+            self.clock_offset_ns = 0
             self._module: Any = None
             self._kernel: Any = None
+            self._clock_kernel: Any = None
             self.launches = 0
             self.hold = False  # while True, kick() never relaunches (parked on demand)
             self.launch_error: Exception | None = None
@@ -173,6 +177,7 @@ class EngineRuntime:
             self.mode_persistent = self._resolve_mode()
             self._write_params()
             cupy.cuda.runtime.deviceSynchronize()
+            self.calibrate_clock()
         gate.register(self)
 
     # ------------------------------------------------------------ setup
@@ -180,6 +185,7 @@ class EngineRuntime:
         """Load an engine module (through the gate, which parks us first)."""
         module = self._gate.load(image)
         self._kernel = module.get_function(ENGINE_KERNEL_NAME)
+        self._clock_kernel = module.get_function(CLOCK_KERNEL_NAME)
         self._module = module  # the old module is released once unreferenced (we are parked)
 
     def _resolve_mode(self) -> bool:
@@ -302,6 +308,34 @@ class EngineRuntime:
         finally:
             self.control[_PARK_REQUEST] = 0
 
+    def calibrate_clock(self, rounds: int = 8) -> int:
+        """Measure ``clock_offset_ns``: the device's clock (``%globaltimer``, which task
+        deadlines are compared with) minus the host's (``time.time_ns``). They are not
+        aligned: offsets of -5 ms to +0.2 ms were seen on the GPU machines. A one-thread
+        kernel reads the device clock between two host reads; the tightest of ``rounds``
+        brackets gives the offset's upper bound, so a deadline converted with it never
+        expires early (at most the bracket's width, microseconds, late). Only while no
+        engine kernel runs (a launch would queue behind it): at start and after a swap."""
+        best: tuple[int, int] | None = None  # (bracket width, offset's upper bound)
+        word, out = self._clock_word, (np.uint64(self._clock_mem.ptr),)
+        with self._cupy.cuda.Device(self.device_id):
+            for _ in range(rounds):
+                word[0] = 0
+                before = time.time_ns()
+                self._clock_kernel((1,), (1,), out, stream=self.stream)
+                give_up = time.monotonic() + 5.0
+                while word[0] == 0:
+                    if time.monotonic() > give_up:
+                        raise EngineError("the device clock did not answer within 5 s")
+                after = time.time_ns()
+                width, offset = after - before, int(word[0]) - before
+                if best is None or width < best[0]:
+                    best = (width, offset)
+            self.stream.synchronize()
+        assert best is not None
+        self.clock_offset_ns = best[1]
+        return best[1]
+
     def swap_module(self, image: bytes) -> None:
         """Hand the ring over to a new engine module (parks, loads, relaunches on demand).
 
@@ -314,11 +348,13 @@ class EngineRuntime:
         self._install(image)
         if self.mode_persistent and self._resident_blocks() < self.grid:
             self._module, self._kernel = previous
+            self._clock_kernel = self._module.get_function(CLOCK_KERNEL_NAME)
             raise EngineModeError(
                 f"the new engine module cannot keep all {self.grid} blocks resident "
                 "(its ops need too many registers or too much shared memory); "
                 "the running module stays"
             )
+        self.calibrate_clock()  # parked: the clocks drift apart by microseconds a second
 
     def abandon(self, keepalive: Sequence[Any] = ()) -> None:
         """Give up on a faulted or hung kernel without waiting for it.

@@ -563,3 +563,10 @@ gpa_engine(const gpa::EngineParams* params) {
         }
     }
 }
+
+// The device's clock (%globaltimer), read for the host: task deadlines are in device
+// time, and the host measures its own clock's offset from it with this kernel.
+extern "C" __global__ void gpa_clock(unsigned long long* out) {
+    *(volatile unsigned long long*)out = gpa::now_ns();
+    __threadfence_system();
+}
