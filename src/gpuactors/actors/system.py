@@ -115,8 +115,9 @@ class ActorSystem:
     async def shutdown(self, timeout: float | None = None) -> None:
         """Stop every actor, youngest top-level first, each after its children.
 
-        Called from inside an actor it starts the shutdown and returns at once: waiting
-        for every actor, the caller's own too, would deadlock."""
+        Called from inside an actor (its handler, or a task started from it) it starts
+        the shutdown and returns at once: waiting for every actor, the caller's own
+        too, would deadlock. The shutdown's outcome is then logged."""
         if CURRENT_CELL.get() is None:
             await self._shut_down(timeout)
         elif self._shutdown is None and self._shutdown_task is None:
