@@ -418,3 +418,27 @@ def test_plots_are_drawn_where_matplotlib_exists(stand_ins: Path, tmp_path: Path
         png = tmp_path / f"r-{suffix}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"![r-{suffix}](r-{suffix}.png)" in report
+
+
+@pytest.mark.parametrize("where", ["folder", "no-parent"])
+def test_an_unusable_out_is_refused_before_any_script_runs(
+    stand_ins: Path, tmp_path: Path, where: str
+) -> None:
+    """The scripts may take an hour: a report that cannot be written is said at once."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    out = tmp_path if where == "folder" else blocker / "report.md"
+    code, err = run_bench(["--benchmarks-dir", str(stand_ins), "--out", str(out)])
+    assert code == 2 and "--out" in err and "running" not in err
+
+
+def test_the_demo_says_why_it_cannot_run_before_it_starts(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(demo.importlib.util, "find_spec", lambda name: None)
+    assert demo.run_demo([]) == 2
+    assert "needs CuPy" in capsys.readouterr().err
+    monkeypatch.setattr(demo.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(demo, "cuda_device_count", lambda: 1)
+    assert demo.run_demo(["--device", "3"]) == 2
+    assert "this machine has 1 CUDA device(s)" in capsys.readouterr().err

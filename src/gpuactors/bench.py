@@ -462,6 +462,19 @@ def render_report(
 
 
 # ---------------------------------------------------------------- entry point
+def _unwritable(out: Path) -> str | None:
+    """Why the report could not be written to ``out`` (None: it can)."""
+    if not out.name or out.is_dir():
+        return "is a folder; give the report's file name"
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"its folder cannot be made ({exc.strerror})"
+    if not os.access(out.parent, os.W_OK):
+        return "its folder is not writable"
+    return None
+
+
 def run_bench(argv: Sequence[str], *, err: TextIO | None = None) -> int:
     """Entry point of ``gpuactors bench``: 0 only if every script exited 0."""
     err = err or sys.stderr
@@ -473,6 +486,10 @@ def run_bench(argv: Sequence[str], *, err: TextIO | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 2
     except ValueError as exc:
         err.write(f"gpuactors bench: {exc}\n")
+        return 2
+    problem = _unwritable(args.out)  # checked first: the scripts may take an hour
+    if problem is not None:
+        err.write(f"gpuactors bench: --out {args.out}: {problem}\n")
         return 2
     folder = args.benchmarks_dir or default_benchmarks_dir()
     missing = [s.name for s in scripts if not (folder / s.name).is_file()]

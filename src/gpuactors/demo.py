@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import importlib.util
 import math
 import sys
 import time
@@ -36,6 +37,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from gpuactors.actors import ActorSystem
+from gpuactors.doctor import cuda_device_count
 from gpuactors.engine import (
     ArrayParam,
     Completion,
@@ -437,12 +439,26 @@ def render_summary(result: DemoResult) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _cannot_run(device: int) -> str | None:
+    """Why the demo cannot run here (no CuPy, no such device), said before it starts."""
+    if importlib.util.find_spec("cupy") is None:
+        return "needs CuPy: pip install 'gpuactors[cuda13]'"
+    count = cuda_device_count()
+    if device >= count:
+        return f"--device {device}: this machine has {count} CUDA device(s)"
+    return None
+
+
 def run_demo(argv: Sequence[str]) -> int:
     """Entry point of ``gpuactors demo``: 0 only if every result verified."""
     try:
         args = parse_args(argv)
     except SystemExit as exc:  # --help, or a bad option (argparse printed why)
         return exc.code if isinstance(exc.code, int) else 2
+    problem = _cannot_run(args.device)
+    if problem is not None:
+        sys.stderr.write(f"gpuactors demo: {problem}\n")
+        return 2
     try:
         result = asyncio.run(run_workload(args, sys.stderr))
     except GpuActorsError as exc:
