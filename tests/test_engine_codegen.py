@@ -36,7 +36,8 @@ def test_user_op_is_dispatched_by_id(compiler: KernelCompiler) -> None:
     engine = render_engine_source([*BUILTIN_OPS, SCALE])
     assert engine.op_ids["scale@1"] == 5
     assert (
-        "case 5: return gpa_op_scale_v1(ctx, ctx.n(), ctx.ptr<double>(0), ctx.scalar<double>(1));"
+        "case 5: return gpa::op_status("
+        "gpa_op_scale_v1(ctx, ctx.n(), ctx.ptr<double>(0), ctx.scalar<double>(1)));"
         in engine.source
     )
     module, _ = build_engine_module([*BUILTIN_OPS, SCALE], arch="sm_90", compiler=compiler)
@@ -98,3 +99,37 @@ def test_cached_engine_module_is_a_memory_lookup(compiler: KernelCompiler) -> No
     other_ids = {key: index + 1 for index, key in enumerate(render_engine_source(ops).op_ids)}
     assert cached_engine_module(ops, arch="sm_90", compiler=compiler, op_ids=other_ids) is None
     assert compiler.compiles == 1
+
+
+OUT = ArrayParam(name="x", dtype="float32", direction="out")
+
+
+def test_a_body_that_can_end_without_a_return_does_not_compile(compiler: KernelCompiler) -> None:
+    """Falling off the end of the op would report whatever a register held."""
+    op = OpSpec(name="noret", params=(OUT,), body="GPA_FOR_EACH(i) { x[i] = 1; }")
+    with pytest.raises(CompileError, match="missing return statement"):
+        build_engine_module([*BUILTIN_OPS, op], arch="sm_90", compiler=compiler)
+
+
+def test_a_body_ending_in_a_backslash_keeps_its_closing_brace(compiler: KernelCompiler) -> None:
+    op = OpSpec(name="cont", params=(OUT,), body="return 0; // a comment \\")
+    build_engine_module([*BUILTIN_OPS, op], arch="sm_90", compiler=compiler)
+
+
+def test_negative_returns_are_not_taken_for_engine_statuses() -> None:
+    """-1 and -2 are the engine's UnknownOp and deadline statuses: an op's own negative
+    return becomes a failure code (TaskFailed) instead."""
+    op = OpSpec(name="neg", params=(OUT,), body="return -2;")
+    source = render_engine_source([*BUILTIN_OPS, op]).source
+    assert "gpa::op_status(gpa_op_neg_v1(" in source
+    assert "rc < 0 ? kOpNegativeReturn : rc" in source
+
+
+@pytest.mark.parametrize(
+    "name", ["float", "this", "class", "template", "NULL", "GPA_BLOCK_THREADS", "__x", "gpa"]
+)
+def test_parameter_names_the_generated_code_cannot_take_are_refused(name: str) -> None:
+    from gpuactors.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match="reserved"):
+        ArrayParam(name=name, dtype="float32")

@@ -63,7 +63,7 @@ def test_module_with_pinned_ids_compiles() -> None:
         ops, arch="sm_90", compiler=KernelCompiler(disk=False), op_ids=ids
     )
     assert engine.op_ids == ids
-    assert f"case {ids['scale@2']}: return gpa_op_scale_v2(" in engine.source
+    assert f"case {ids['scale@2']}: return gpa::op_status(gpa_op_scale_v2(" in engine.source
     assert module.image[:4] == b"\x7fELF"
 
 

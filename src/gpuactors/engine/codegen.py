@@ -24,6 +24,8 @@ from gpuactors.nvrtc import (
 ENGINE_KERNEL_NAME = "gpa_engine"
 CLOCK_KERNEL_NAME = "gpa_clock"  # one thread writes %globaltimer: the host calibrates on it
 ENGINE_OPTS = NvrtcOpts(std="c++17")
+#: The TaskFailed code of an op whose body returned a negative value (reserved for the engine).
+OP_NEGATIVE_RETURN = 0x7FFFFFFF
 
 
 @dataclass(frozen=True)
@@ -43,12 +45,13 @@ def _wrapper(op: OpSpec) -> str:
     params = ", ".join(
         ["const gpa::TaskCtx& ctx", "gpa::u64 n", *(p.c_declaration() for p in op.params)]
     )
+    # The body's last line may end in a backslash: a blank line keeps it off the brace.
     return (
         f"__device__ __forceinline__ int {op.c_name}({params}) {{\n"
         f"    (void)ctx; (void)n;\n"
         f'#line 1 "op:{op.name}@{op.version}"\n'
         f"{op.body}\n"
-        f"}}\n"
+        f"\n}}\n"
     )
 
 
@@ -57,7 +60,7 @@ def _call(op: OpSpec) -> str:
     for index, param in enumerate(op.params):
         accessor = "ptr" if isinstance(param, ArrayParam) else "scalar"
         args.append(f"ctx.{accessor}<{param.c_type}>({index})")
-    return f"{op.c_name}({', '.join(args)})"
+    return f"gpa::op_status({op.c_name}({', '.join(args)}))"
 
 
 def render_engine_source(
@@ -82,6 +85,15 @@ def render_engine_source(
         f"#define GPA_BLOCK_THREADS {block_threads}",
         '#include "abi.cuh"',
         '#include "task.cuh"',
+        # An op's body that can end without a return is an error, not a random status.
+        "#pragma nv_diag_error 940",
+        "namespace gpa {",
+        "// Negative statuses are the engine's own: an op's negative return is a failure.",
+        f"constexpr int kOpNegativeReturn = {OP_NEGATIVE_RETURN};",
+        "__device__ __forceinline__ int op_status(int rc) {",
+        "    return rc < 0 ? kOpNegativeReturn : rc;",
+        "}",
+        "}  // namespace gpa",
         "",
     ]
     parts += [_wrapper(op) for op in seen.values()]

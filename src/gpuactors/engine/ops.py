@@ -32,7 +32,24 @@ C_TYPES: dict[str, str] = {
 }
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_RESERVED = {"ctx", "n", "rank", "units"}
+# Names a parameter cannot take: what the op's body already sees (ctx, n), the engine's
+# own namespace, and C++/CUDA keywords; names starting with "__" or "GPA_" are reserved
+# too (the compiler's and the engine's macros).
+_CPP_KEYWORDS = frozenset(
+    re.findall(
+        r"\S+",
+        """alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t
+        char16_t char32_t class co_await co_return co_yield compl concept const consteval
+        constexpr constinit const_cast continue decltype default delete do double
+        dynamic_cast else enum explicit export extern false float for friend goto if inline
+        int long mutable namespace new noexcept not not_eq nullptr operator or or_eq private
+        protected public register reinterpret_cast requires return short signed sizeof
+        static static_assert static_cast struct switch template this thread_local throw true
+        try typedef typeid typename union unsigned using virtual void volatile wchar_t while
+        xor xor_eq""",
+    )
+)
+_RESERVED = {"ctx", "n", "rank", "units", "gpa", "NULL", *_CPP_KEYWORDS}
 
 Dtype = Literal[
     "float32", "float64", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"
@@ -50,8 +67,13 @@ class _Frozen(BaseModel):
 
 
 def _check_identifier(name: str) -> str:
-    if not _IDENTIFIER.match(name) or name in _RESERVED:
-        raise ValueError(f"{name!r} is not a valid parameter name (reserved: {sorted(_RESERVED)})")
+    if not _IDENTIFIER.match(name):
+        raise ValueError(f"{name!r} is not a valid parameter name (a C identifier)")
+    if name in _RESERVED or name.startswith(("__", "GPA_")):
+        raise ValueError(
+            f"{name!r} is reserved: the body sees ctx and n (and rank, units are kept), and "
+            "C++ keywords, names starting with '__' or 'GPA_' and gpa are taken"
+        )
     return name
 
 
