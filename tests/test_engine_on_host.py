@@ -406,3 +406,22 @@ async def test_parks_count_until_a_resume(system: ActorSystem) -> None:
     assert runtime.hold and engine._parks_on_demand == 2
     await ref.ask(Resume())  # one Resume resumes every Park
     assert not runtime.hold and engine._parks_on_demand == 0
+
+
+async def test_two_replaces_sent_together_become_two_versions(system: ActorSystem) -> None:
+    from gpuactors.engine.messages import OpInstalled, ReplaceOp
+
+    runtime = HostRuntime()
+    runtime.swap_seconds = 0.05
+    ref, engine = await start(system, runtime)
+    body = "GPA_FOR_EACH(i) { out[i] = v; }\nreturn 0;"
+    first, second = await asyncio.wait_for(
+        asyncio.gather(
+            ref.ask(ReplaceOp(name="fill", body=body)),
+            ref.ask(ReplaceOp(name="fill", body=body + "\n")),
+        ),
+        10,
+    )
+    assert isinstance(first, OpInstalled) and isinstance(second, OpInstalled)
+    assert (first.version, second.version) == (2, 3)
+    assert engine._ops.active_version("fill") == 3

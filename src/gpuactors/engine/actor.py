@@ -14,7 +14,7 @@ import asyncio
 import functools
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
@@ -858,25 +858,29 @@ class PersistentEngineActor(Actor):
 
     @handles(ReplaceOp)
     def replace_op(self, msg: ReplaceOp) -> Deferred[OpInstalled]:
-        future: asyncio.Future[OpInstalled] = asyncio.get_running_loop().create_future()
-        try:
+        def replacement() -> OpSpec:
+            """The new version, numbered when its install begins: two replaces sent
+            together become two versions, not one version twice."""
             current = self._ops.resolve(msg.name).spec
-        except GpuActorsError as exc:
-            future.set_exception(exc)
-            return Deferred(future)
-        update: dict[str, Any] = {"body": msg.body, "version": self._ops.next_version(msg.name)}
-        if msg.params is not None:
-            update["params"] = msg.params
-        if msg.multi_block is not None:
-            update["multi_block"] = msg.multi_block
-        try:
-            new = OpSpec.model_validate({**current.model_dump(), **update})
-        except ValueError as exc:
-            future.set_exception(InvalidArgument(f"invalid replacement for {msg.name!r}: {exc}"))
-            return Deferred(future)
-        return self._start_install(new, activate=True)
+            update: dict[str, Any] = {"body": msg.body, "version": self._ops.next_version(msg.name)}
+            if msg.params is not None:
+                update["params"] = msg.params
+            if msg.multi_block is not None:
+                update["multi_block"] = msg.multi_block
+            try:
+                return OpSpec.model_validate({**current.model_dump(), **update})
+            except ValueError as exc:
+                raise InvalidArgument(f"invalid replacement for {msg.name!r}: {exc}") from None
 
-    def _start_install(self, op: OpSpec, activate: bool) -> Deferred[OpInstalled]:
+        try:
+            replacement()  # refused at once if it is invalid now
+        except GpuActorsError as exc:
+            return failed_reply(exc)
+        return self._start_install(replacement, activate=True)
+
+    def _start_install(
+        self, op: OpSpec | Callable[[], OpSpec], activate: bool
+    ) -> Deferred[OpInstalled]:
         try:
             self._check_serving()
         except GpuActorsError as exc:
@@ -904,10 +908,13 @@ class PersistentEngineActor(Actor):
         )
         return module.image
 
-    async def _install(self, op: OpSpec, activate: bool) -> OpInstalled:
+    async def _install(self, op: OpSpec | Callable[[], OpSpec], activate: bool) -> OpInstalled:
         """Compile a module with ``op`` added (off the mailbox; the old one keeps serving),
-        then hand the ring over: park at a task boundary, load, relaunch on demand."""
+        then hand the ring over: park at a task boundary, load, relaunch on demand. (A
+        callable ``op`` is built once the install's turn comes.)"""
         async with self._install_lock:
+            if not isinstance(op, OpSpec):
+                op = op()
             runtime = self._runtime
             assert runtime is not None
             ops, ids = self._ops.planned(op)  # raises before anything changes
