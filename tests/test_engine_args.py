@@ -196,3 +196,11 @@ def _written(columns: RecordColumns) -> np.ndarray:
     ring = np.zeros(len(columns), dtype=RING_RECORD)
     columns.write(ring["words"], wire.wire_tag(0, 10), 0, len(columns))
     return wire.decode_rows(ring)
+
+
+def test_blocks_beyond_a_record_are_clamped_where_they_are_checked() -> None:
+    """As the record packers clamp them: every path then carries what a record holds."""
+    assert FILL.multi_block
+    assert check_count(FILL, 8, 2**32) == (8, wire.MAX_BLOCKS)
+    assert check_count(FILL, 8, np.int64(2**40)) == (8, wire.MAX_BLOCKS)
+    assert check_count(FILL, 8, wire.MAX_BLOCKS) == (8, wire.MAX_BLOCKS)

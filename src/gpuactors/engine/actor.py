@@ -33,7 +33,7 @@ from gpuactors.actors import (
 )
 from gpuactors.cuda.generation import FIRST_GENERATION, GENERATIONS
 from gpuactors.cuda.polling import SLEEP_MIN_SECONDS, SPIN_PHASE_SECONDS, SPIN_SECONDS
-from gpuactors.engine import abi, wire
+from gpuactors.engine import abi
 from gpuactors.engine.args import check_count, encode_batch
 from gpuactors.engine.codegen import build_engine_module, cached_engine_module
 from gpuactors.engine.messages import (
@@ -451,9 +451,9 @@ class PersistentEngineActor(Actor):
         GENERATIONS.check_current("this engine", self._device_id, self._generation)
 
     def _deadline_ns(self, timeout: float | None) -> int:
-        """The %globaltimer deadline of a task (the device clock is Unix-epoch
-        nanoseconds); 0: none. Every timeout is at most ``MAX_TIMEOUT_S`` (the default's
-        too), so a deadline fits the record's word for two centuries."""
+        """A task's deadline in the device's time (``%globaltimer``: host time plus the
+        runtime's measured offset); 0: none. Every timeout is at most ``MAX_TIMEOUT_S``
+        (the default's too), so a deadline fits the record's word for two centuries."""
         if timeout is None:
             if not self._default_timeout_ns:  # no default: tasks may wait forever
                 return 0
@@ -1027,7 +1027,7 @@ def _records_of(tasks: Sequence[_Task]) -> np.ndarray:
     """TASK_RECORD rows for ``tasks`` (``seq`` left for the ring to write)."""
     records = np.zeros(len(tasks), dtype=abi.TASK_RECORD)
     records["op"] = [t.op_id for t in tasks]
-    records["blocks"] = [min(t.blocks, wire.MAX_BLOCKS) for t in tasks]  # as wire's packers
+    records["blocks"] = [t.blocks for t in tasks]  # (check_count clamped them)
     records["n"] = [t.n for t in tasks]
     records["deadline_ns"] = [t.deadline_ns for t in tasks]
     words = np.zeros((len(tasks), abi.MAX_ARGS), dtype=np.uint64)

@@ -18,6 +18,7 @@ from gpuactors.cuda.arrays import check_device, cupy_ndarray, describe_array
 from gpuactors.engine.messages import MAX_BATCH_TASKS, EnqueueBatch
 from gpuactors.engine.ops import ArrayParam, OpSpec, ScalarParam
 from gpuactors.engine.ring import RecordColumns
+from gpuactors.engine.wire import MAX_BLOCKS
 from gpuactors.engine.word_encoders import Encoder, word_encoder
 from gpuactors.errors import InvalidArgument
 
@@ -25,11 +26,13 @@ MAX_ELEMENTS = 2**62
 
 
 def check_count(op: OpSpec, n: object, blocks: object) -> tuple[int, int]:
+    """``(n, blocks)`` as ints, checked; ``blocks`` clamped to what a record holds
+    (``MAX_BLOCKS``, as the record packers do: the device clamps far lower)."""
     if (  # the common case, in a few comparisons
         type(n) is int
         and type(blocks) is int
         and 0 <= n < MAX_ELEMENTS
-        and (blocks == 1 or (blocks > 1 and op.multi_block))
+        and (blocks == 1 or (1 < blocks <= MAX_BLOCKS and op.multi_block))
     ):
         return n, blocks
     if (
@@ -42,7 +45,7 @@ def check_count(op: OpSpec, n: object, blocks: object) -> tuple[int, int]:
         raise InvalidArgument(f"blocks must be an int >= 1, got {blocks!r}")
     if int(blocks) > 1 and not op.multi_block:
         raise InvalidArgument(f"op {op.name!r} runs on one block per task (multi_block=False)")
-    return int(n), int(blocks)
+    return int(n), min(int(blocks), MAX_BLOCKS)
 
 
 def _scalar_bits(param: ScalarParam, value: Any, where: str) -> int:

@@ -344,11 +344,10 @@ class EngineRuntime:
         running module stays (EngineModeError), instead of deadlocking at launch.
         """
         self.park_blocking()
-        previous = (self._module, self._kernel)
+        previous = (self._module, self._kernel, self._clock_kernel)
         self._install(image)
         if self.mode_persistent and self._resident_blocks() < self.grid:
-            self._module, self._kernel = previous
-            self._clock_kernel = self._module.get_function(CLOCK_KERNEL_NAME)
+            self._module, self._kernel, self._clock_kernel = previous
             raise EngineModeError(
                 f"the new engine module cannot keep all {self.grid} blocks resident "
                 "(its ops need too many registers or too much shared memory); "

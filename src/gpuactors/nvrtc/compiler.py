@@ -135,29 +135,23 @@ def cache_key(
     source, its name, a header or an option): NVRTC takes UTF-8."""
     target = opts.resolve_arch(arch)
     try:
-        return _module_key(source, name, opts, target, headers)
+        return module_cache_key(
+            source,
+            name=name,
+            rendered_options=opts.render(target),
+            arch=target,
+            output=opts.output,
+            nvrtc_version=nvrtc_version(),
+            nvrtc_build=nvrtc_build(),
+            name_expressions=opts.name_expressions,
+            headers=headers,
+            include_paths=opts.include_paths,
+        )
     except UnicodeEncodeError as exc:
         raise InvalidArgument(
             f"{name!r}: the source, its name, a header or an option is not valid Unicode "
             f"text ({exc.reason} at position {exc.start}); NVRTC takes UTF-8"
         ) from None
-
-
-def _module_key(
-    source: str, name: str, opts: NvrtcOpts, target: str, headers: Mapping[str, str]
-) -> str:
-    return module_cache_key(
-        source,
-        name=name,
-        rendered_options=opts.render(target),
-        arch=target,
-        output=opts.output,
-        nvrtc_version=nvrtc_version(),
-        nvrtc_build=nvrtc_build(),
-        name_expressions=opts.name_expressions,
-        headers=headers,
-        include_paths=opts.include_paths,
-    )
 
 
 def _check_supported(arch: str) -> None:

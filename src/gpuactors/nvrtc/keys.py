@@ -66,9 +66,9 @@ def module_cache_key(
     for header_name in sorted(headers):
         _field(digest, b"header-name", header_name.encode("utf-8"))
         _field(digest, b"header", headers[header_name].encode("utf-8"))
-    paths = include_paths
-    reached = collect_includes(source_bytes, headers=headers, include_paths=paths, name=name)
-    for included in reached:
+    for included in collect_includes(
+        source_bytes, headers=headers, include_paths=include_paths, name=name
+    ):
         _field(digest, b"include", included.name.encode("utf-8"))
         _field(digest, b"found-at", (included.origin or "<not found>").encode("utf-8"))
         _field(digest, b"content", included.content)
