@@ -75,6 +75,10 @@ def test_ptx_renders_the_virtual_arch() -> None:
         {"extra_flags": ("-arch=sm_80",)},
         {"extra_flags": ("-DX=1",)},
         {"extra_flags": ("lineinfo",)},
+        {"extra_flags": ("--time=/tmp/compile.csv",)},  # writes a host file
+        {"extra_flags": ("--no-such-flag",)},  # not on the allow-list
+        {"defines": {"X": "a\0b"}},
+        {"name_expressions": ("k<int>\n",)},
         {"name_expressions": ("k<int>", "k<int>")},
         {"name_expressions": (" ",)},
         {"include_paths": ("",)},

@@ -17,6 +17,7 @@ from gpuactors.errors import InvalidArgument
 from gpuactors.messages import Message, Reply
 from gpuactors.nvrtc.handle import KernelHandle
 from gpuactors.nvrtc.options import NvrtcOpts
+from gpuactors.nvrtc.text import check_name, check_no_nul
 
 #: A launch shape, always three positive ints after validation.
 Dims = tuple[int, int, int]
@@ -41,6 +42,9 @@ class CompileRequest(_Checked):
     in ``opts.name_expressions`` (e.g. ``"scale<float>"``). ``opts.arch=None``
     compiles for the actor's device (required where there is no GPU). ``headers``
     maps include names to their text.
+
+    No text may hold a NUL (NVRTC would stop reading there) and no name a control
+    character: :class:`InvalidArgument` names the field.
     """
 
     source: str
@@ -56,6 +60,19 @@ class CompileRequest(_Checked):
             raise InvalidArgument(
                 f"source has {len(value):,} characters; the limit is {MAX_SOURCE_CHARS:,}"
             )
+        return check_no_nul(value, "source")
+
+    @field_validator("name")
+    @classmethod
+    def _check_program_name(cls, value: str) -> str:
+        return check_name(value, "program name")
+
+    @field_validator("headers")
+    @classmethod
+    def _check_headers(cls, value: dict[str, str]) -> dict[str, str]:
+        for include_name, text in value.items():
+            check_name(include_name, "header name")
+            check_no_nul(text, f"header {include_name!r}")
         return value
 
     @field_validator("kernel_names", mode="before")
@@ -71,6 +88,7 @@ class CompileRequest(_Checked):
         for name in value:
             if not name.strip():
                 raise InvalidArgument("a kernel name cannot be empty")
+            check_name(name, "kernel name")
         if len(set(value)) != len(value):
             raise InvalidArgument(f"duplicate kernel names in {value!r}")
         return value

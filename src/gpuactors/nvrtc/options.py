@@ -16,6 +16,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import InvalidArgument
+from ..messages import invalid_argument
+from .flags import check_extra_flag
+from .text import check_name
 
 OutputKind = Literal["cubin", "ptx", "ltoir"]
 CppStd = Literal["c++03", "c++11", "c++14", "c++17", "c++20"]
@@ -23,32 +26,6 @@ CppStd = Literal["c++03", "c++11", "c++14", "c++17", "c++20"]
 #: ``sm_90``, ``sm_90a`` (arch-specific), ``sm_100f`` (family) or the virtual ``compute_90[a|f]``.
 ARCH_PATTERN = re.compile(r"^(sm|compute)_(\d+)([af]?)$")
 _MACRO_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# Flags that must go through a dedicated field: a second spelling would make the
-# rendered list (and so the cache key) disagree with what the fields say.
-_RESERVED_FLAG_PREFIXES = (
-    "-arch",
-    "--gpu-architecture",
-    "-std",
-    "--std",
-    "-dlto",
-    "--dlto",
-    "-rdc",
-    "--relocatable-device-code",
-    "-I",
-    "--include-path",
-    "-D",
-    "--define-macro",
-    "-maxrregcount",
-    "--maxrregcount",
-    "-use_fast_math",
-    "--use_fast_math",
-    "-ftz",
-    "--ftz",
-)
-
-
-# Flags naming files NVRTC reads that the cache key would not hash (a stale binary).
-_UNKEYED_FLAG_PREFIXES = ("-include", "--pre-include")
 
 
 def arch_from_capability(major: int, minor: int) -> str:
@@ -102,7 +79,7 @@ class NvrtcOpts(BaseModel):
         try:
             super().__init__(**data)
         except ValidationError as exc:
-            raise InvalidArgument(f"invalid NvrtcOpts: {exc}") from exc
+            raise invalid_argument("NvrtcOpts", exc) from None
 
     # ----------------------------------------------------------------- checks
     @field_validator("arch")
@@ -116,8 +93,8 @@ class NvrtcOpts(BaseModel):
         for name, body in value.items():
             if not _MACRO_NAME.match(name):
                 raise ValueError(f"macro name {name!r} is not a C identifier")
-            if body is not None and ("\n" in body or "\r" in body):
-                raise ValueError(f"macro {name!r}: a value cannot span lines")
+            if body is not None:
+                check_name(body, f"the value of macro {name}")
         return dict(sorted(value.items()))
 
     @field_validator("include_paths", mode="before")
@@ -141,19 +118,7 @@ class NvrtcOpts(BaseModel):
     @classmethod
     def _check_extra_flags(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for flag in value:
-            if not flag.startswith("-") or flag != flag.strip() or "\0" in flag:
-                raise ValueError(f"extra flag {flag!r} must be one option starting with '-'")
-            if flag.startswith(_UNKEYED_FLAG_PREFIXES):
-                raise ValueError(
-                    f"extra flag {flag!r} pre-includes a file the cache key cannot see: "
-                    "#include it from the source, or pass its text in headers"
-                )
-            if flag.startswith(_RESERVED_FLAG_PREFIXES):
-                raise ValueError(
-                    f"extra flag {flag!r} duplicates a dedicated NvrtcOpts field "
-                    "(arch, std, output, relocatable, include_paths, defines, maxrregcount, "
-                    "fast_math, ftz): set that field instead"
-                )
+            check_extra_flag(flag)
         return value
 
     @field_validator("name_expressions")
@@ -162,6 +127,7 @@ class NvrtcOpts(BaseModel):
         for expr in value:
             if not expr.strip():
                 raise ValueError("a name expression cannot be empty")
+            check_name(expr, "name expression")
         if len(set(value)) != len(value):
             raise ValueError(f"duplicate name expressions in {value!r}")
         return value

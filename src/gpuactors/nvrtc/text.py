@@ -1,0 +1,38 @@
+"""Checks on the strings a compile request hands NVRTC.
+
+NVRTC takes every text (the source, a header, a name, an option) as a NUL-terminated
+C string: a NUL inside one silently ends it there, so NVRTC would compile less than
+the caller sent and the cache key hashed. Names (the program's, a header's, a
+kernel's) also appear in NVRTC's log lines and in error messages, so they are one line
+of printable text.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..errors import InvalidArgument
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # Unicode's control characters (Cc)
+
+
+def check_no_nul(text: str, what: str) -> str:
+    """Return ``text``, or raise InvalidArgument if it holds a NUL character."""
+    if "\0" in text:
+        raise InvalidArgument(
+            f"{what} holds a NUL character (at {text.index(chr(0))}); NVRTC would silently "
+            "drop everything after it"
+        )
+    return text
+
+
+def check_name(name: str, what: str) -> str:
+    """Return ``name``, or raise InvalidArgument if it holds a control character
+    (a NUL, a line break, a tab, an escape...)."""
+    control = _CONTROL.search(name)
+    if control is not None:
+        raise InvalidArgument(
+            f"{what} {name!r} holds the control character {control.group()!r}; it must be "
+            "one line of printable text"
+        )
+    return name
