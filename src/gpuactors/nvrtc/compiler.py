@@ -33,7 +33,11 @@ _ERROR_LINE = re.compile(
     r"^(?P<file>.+?)\((?P<line>\d+)\): (?:catastrophic )?error\b(?P<message>.*)$", re.MULTILINE
 )
 _WARNING_LINE = re.compile(r"^(?:.+?\(\d+\): warning\b.*|nvrtc: warning\b.*)$", re.MULTILINE)
+_LINE_DIRECTIVE = re.compile(
+    r'[ \t]*#[ \t]*line[ \t]+(?P<line>\d+)(?:[ \t]+"(?P<file>[^"]*)")?[ \t]*'
+)
 _MAX_FAILING_LINES = 20
+_MAX_QUOTED_CHARS = 200  # of one failing line: a minified source can be one huge line
 _EMPTY: Mapping[str, str] = {}
 
 
@@ -186,17 +190,22 @@ def failing_lines(
 ) -> tuple[str, ...]:
     """Quote the lines an NVRTC log blames (``name(LINE): error: ...``) as ``name(LINE): text``.
 
-    Lines are looked up in the source, the in-memory headers, or files on disk.
+    Lines are quoted from the program's source, under the names and numbers its
+    ``#line`` directives give them (an engine op body is ``op:<name>@<version>``), and
+    from its in-memory headers; any other file the log names is ``<not quoted>``.
+    Never from disk: the source chooses those names (``#line 1 "/etc/passwd"``), so
+    opening them would quote host files into the error, or read ``/dev/zero`` until
+    memory runs out.
     """
-    texts: dict[str, list[str] | None] = {name: source.splitlines()}
+    program = _NumberedSource(source, name)
+    header_lines = {include: _lines_of(text) for include, text in headers.items()}
     quoted: list[str] = []
     for match in _ERROR_LINE.finditer(log):
         file, line = match.group("file"), int(match.group("line"))
-        if file not in texts:
-            texts[file] = _lines_of(file, headers)
-        lines = texts[file]
-        text = lines[line - 1] if lines is not None and 0 < line <= len(lines) else "<unavailable>"
-        entry = f"{file}({line}): {text}"
+        text = program.line(file, line)
+        if text is None and file in header_lines and 0 < line <= len(header_lines[file]):
+            text = header_lines[file][line - 1]
+        entry = f"{file}({line}): {'<not quoted>' if text is None else _clipped(text)}"
         if entry not in quoted:
             quoted.append(entry)
         if len(quoted) >= _MAX_FAILING_LINES:
@@ -204,14 +213,36 @@ def failing_lines(
     return tuple(quoted)
 
 
-def _lines_of(file: str, headers: Mapping[str, str]) -> list[str] | None:
-    if file in headers:
-        return headers[file].splitlines()
-    try:
-        with open(file, encoding="utf-8", errors="replace") as handle:
-            return handle.read().splitlines()
-    except OSError:
+class _NumberedSource:
+    """A source's lines under the file names and numbers NVRTC reports for them:
+    after ``#line N "file"`` the next line is ``file(N)``."""
+
+    def __init__(self, source: str, name: str) -> None:
+        self.lines = _lines_of(source)
+        #: (file, number of its first line, index of that line in self.lines)
+        self.sections: list[tuple[str, int, int]] = [(name, 1, 0)]
+        for index, text in enumerate(self.lines):
+            directive = _LINE_DIRECTIVE.fullmatch(text) if "line" in text else None
+            if directive is not None:
+                file = directive.group("file") or self.sections[-1][0]
+                self.sections.append((file, int(directive.group("line")), index + 1))
+
+    def line(self, file: str, number: int) -> str | None:
+        ends = [start for _file, _first, start in self.sections[1:]] + [len(self.lines)]
+        for (section_file, first, start), end in zip(self.sections, ends, strict=True):
+            if section_file == file and 0 <= number - first < end - start:
+                return self.lines[start + number - first]
         return None
+
+
+def _lines_of(text: str) -> list[str]:
+    # NVRTC counts lines by "\n" alone; str.splitlines() would also split at form
+    # feeds and other separators and quote the wrong line.
+    return [line.removesuffix("\r") for line in text.split("\n")]
+
+
+def _clipped(text: str) -> str:
+    return text if len(text) <= _MAX_QUOTED_CHARS else text[:_MAX_QUOTED_CHARS] + "..."
 
 
 # --------------------------------------------------------------------- compile
