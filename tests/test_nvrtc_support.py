@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import struct
+from collections.abc import Callable
 
 SAXPY = r"""
 extern "C" __global__ void saxpy(float a, const float* x, float* y, int n) {
@@ -45,3 +47,16 @@ def heavy_source(unroll: int = 48, depth: int = 16, salt: int = 0) -> str:
         "  x[threadIdx.x] = v;\n"
         "}\n"
     )
+
+
+async def loop_turns_while(pending: Callable[[], bool]) -> int:
+    """How many turns the event loop takes (a 1 ms sleep each) while ``pending()`` holds.
+
+    Work that blocked the loop, or held the GIL, lets it take none. How *late* the loop
+    wakes is a figure for benchmarks/bench_nvrtc.py, not a test's bound.
+    """
+    turns = 0
+    while pending():
+        turns += 1
+        await asyncio.sleep(0.001)
+    return turns
