@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from gpuactors.actors.at_once import NOT_AT_ONCE, AtOnceFailure, Overdue
+from gpuactors.actors.checks import seconds
 from gpuactors.actors.deadlines import expire
 from gpuactors.actors.deferred import Deferred
 from gpuactors.actors.mailbox import Backpressure, Envelope
-from gpuactors.errors import ActorStopped, AskTimeout, MailboxFull
+from gpuactors.errors import ActorStopped, AskTimeout, InvalidArgument, MailboxFull
 from gpuactors.messages import Message
 
 if TYPE_CHECKING:
@@ -22,6 +24,8 @@ R = TypeVar("R")
 #: logs (``correlation_id``). Drawn where the ask starts; not formatted (a string per
 #: ask cost the latency path 0.1 to 0.3 us).
 _next_id = itertools.count(1).__next__
+
+_INF = math.inf
 
 
 class ActorRef:
@@ -79,8 +83,11 @@ class ActorRef:
     async def tell_wait(self, message: Message, timeout: float | None = None) -> None:
         """Queue ``message``, waiting for room under the ``WAIT`` policy.
 
-        Raises :class:`MailboxFull` under ``FAIL``, or if still full after ``timeout``.
+        Raises :class:`MailboxFull` under ``FAIL``, or if still full after ``timeout``
+        (seconds, as for :meth:`ask`).
         """
+        if timeout is not None:
+            timeout = seconds(timeout, "tell_wait timeout")
         envelope: Envelope = (message, None, None)
         if not self._cell.mailbox.offer(envelope):
             await self._send_slow(envelope, timeout)
@@ -99,10 +106,15 @@ class ActorRef:
         """Send ``message`` and return the handler's reply (or raise its exception).
 
         ``timeout`` (seconds, None for no limit) covers waiting for mailbox room and
-        the reply: :class:`AskTimeout` when it runs out. ``expect`` checks and types
-        the reply. Cancelling the caller leaves nothing behind: an unhandled message
-        is skipped, a late reply dropped.
+        the reply: :class:`AskTimeout` when it runs out. It must be a finite number
+        above 0, checked before anything is sent (InvalidArgument). ``expect`` checks
+        and types the reply. Cancelling the caller leaves nothing behind: an unhandled
+        message is skipped, a late reply dropped.
         """
+        if timeout is not None and not (type(timeout) is float and 0.0 < timeout < _INF):
+            timeout = seconds(timeout, "ask timeout")  # (NaN fails the comparison above)
+        if expect is not None and not isinstance(expect, type):
+            raise InvalidArgument(f"ask's expect must be a class, not {expect!r}")
         cell = self._cell
         cid = _next_id()
         # An idle actor answers at once, in this task: no mailbox round trip, no future.
@@ -213,6 +225,13 @@ class ActorRef:
         if reply is None:
             return None
         raise ActorStopped(f"{cell.path} has stopped; {type(message).__name__} was not handled")
+
+
+def cell_of(ref: object, what: str) -> ActorCell:
+    """The cell behind ``ref``, or InvalidArgument naming ``what`` wanted a ref."""
+    if not isinstance(ref, ActorRef):
+        raise InvalidArgument(f"{what} takes an ActorRef, not {ref!r}")
+    return ref._cell
 
 
 def _checked(result: Any, message: Message, expect: type[Any], path: str) -> Any:
