@@ -310,6 +310,8 @@ class ActorCell:
                 continue
             if not user:
                 burst = 0
+                # Nothing of the last message may outlive its reply while the actor waits.
+                message = reply = result = None
                 self.idle = True
                 try:
                     await mailbox.wait()

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from gpuactors.actors.at_once import NOT_AT_ONCE, AtOnceFailure, Overdue
 from gpuactors.actors.checks import seconds
-from gpuactors.actors.deadlines import expire
+from gpuactors.actors.deadlines import Deadline, expire
 from gpuactors.actors.deferred import Deferred
 from gpuactors.actors.mailbox import Backpressure, Envelope
 from gpuactors.errors import ActorStopped, AskTimeout, InvalidArgument, MailboxFull
@@ -109,7 +109,8 @@ class ActorRef:
         the reply: :class:`AskTimeout` when it runs out. It must be a finite number
         above 0, checked before anything is sent (InvalidArgument). ``expect`` checks
         and types the reply. Cancelling the caller leaves nothing behind: an unhandled
-        message is skipped, a late reply dropped.
+        message is skipped, a late reply dropped. Once the ask is over, the runtime
+        holds nothing of it: neither the message nor the reply.
         """
         if timeout is not None and not (type(timeout) is float and 0.0 < timeout < _INF):
             timeout = seconds(timeout, "ask timeout")  # (NaN fails the comparison above)
@@ -123,12 +124,13 @@ class ActorRef:
         if overdue:  # a long run of asks answered at once: the loop turns
             answer = await self._after_a_turn(answer.answer)
         timer: asyncio.TimerHandle | None = None
+        deadline: Deadline | None = None
         if answer is NOT_AT_ONCE:
             reply: asyncio.Future[Any] = cell.loop.create_future()
             envelope: Envelope = (message, reply, cid)
             if cell.mailbox.offer(envelope):
                 if timeout is not None:
-                    cell.deadlines.add(reply, envelope, timeout)
+                    deadline = cell.deadlines.add(reply, envelope, timeout)
             else:
                 timer = await self._send_slow(envelope, timeout)
         elif isinstance(answer, Deferred):  # answered at once, the reply still to come
@@ -142,7 +144,7 @@ class ActorRef:
                 reply = cell.loop.create_future()
                 cell.defer_reply(answer.future, reply)
             if timeout is not None and not reply.done():
-                cell.deadlines.add(reply, (message, reply, cid), timeout)
+                deadline = cell.deadlines.add(reply, (message, reply, cid), timeout)
         elif isinstance(answer, AtOnceFailure):
             raise answer.error
         else:
@@ -166,6 +168,8 @@ class ActorRef:
         finally:
             if timer is not None:
                 timer.cancel()
+            if deadline is not None:  # the ask is over: its deadline lets go of it
+                cell.deadlines.settle(deadline)
         return result if expect is None else _checked(result, message, expect, cell.path)
 
     async def _after_a_turn(self, answer: Any) -> Any:
