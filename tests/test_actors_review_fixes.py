@@ -49,16 +49,21 @@ class Parent(Actor):
         raise Fatal("not an Exception")
 
 
-async def test_a_base_exception_in_a_handler_fails_its_ask_and_stops_the_children() -> None:
+async def test_a_base_exception_in_a_handler_fails_its_ask_and_is_supervised() -> None:
+    """Not an Exception, yet a failure like any other: the default restarts the actor,
+    whose old children stop with the failed instance (tests/test_hardening_actors.py
+    covers the other directives and the answered-at-once path)."""
     async with ActorSystem("base-exception", shutdown_timeout=2.0) as system:
         parent = system.spawn(Parent, name="parent")
         await asyncio.sleep(0.01)
         child = system.lookup("/parent/child")
         assert child is not None
-        with pytest.raises(ActorFailed, match="raised Fatal"):
+        with pytest.raises(ActorFailed, match="raised Fatal") as raised:
             await asyncio.wait_for(parent.ask(Boom()), 2)
+        assert isinstance(raised.value.__cause__, Fatal)
         await asyncio.wait_for(system.watch(child), 2)  # no orphan left running
-        assert not parent.is_alive and not child.is_alive
+        assert parent.is_alive and not child.is_alive
+        assert system.lookup("/parent/child") != child  # the new instance's own child
 
 
 class Known(Message):

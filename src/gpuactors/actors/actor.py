@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 import structlog
 
 from gpuactors.actors.supervision import SupervisorStrategy
+from gpuactors.errors import InvalidArgument
 from gpuactors.messages import Message
 
 if TYPE_CHECKING:
@@ -76,6 +77,12 @@ class Actor:
                     f"{cls.__qualname__}.{reserved}: {reserved!r} is reserved by Actor; "
                     "name the method otherwise"
                 )
+        strategy = vars(cls).get("supervisor_strategy", Actor.supervisor_strategy)
+        if not isinstance(strategy, (SupervisorStrategy, property)):
+            raise InvalidArgument(
+                f"{cls.__qualname__}.supervisor_strategy must be a SupervisorStrategy, "
+                f"not {strategy!r}"
+            )
         table: dict[type[Message], str] = {}
         for base in reversed(cls.__mro__[1:]):
             table.update(getattr(base, "_handler_names", {}))

@@ -23,11 +23,13 @@ NOT_AT_ONCE: Final = object()
 
 class AtOnceFailure:
     """``answer_at_once``'s answer when the handler raised: the asker raises ``error``
-    (the supervisor hears of it through the actor's system lane, as always)."""
+    (the supervisor hears of it through the actor's system lane, as always). It is an
+    Exception: a handler's other BaseExceptions come wrapped in ActorFailed, as on the
+    mailbox path (``cell.py`` says why)."""
 
     __slots__ = ("error",)
 
-    def __init__(self, error: BaseException) -> None:
+    def __init__(self, error: Exception) -> None:
         self.error = error
 
 

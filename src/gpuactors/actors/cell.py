@@ -11,6 +11,21 @@ youngest first; ``post_stop`` runs, the place to finish or fail work in flight;
 deferred replies still pending then fail with ``ActorStopped``; watchers get
 ``Terminated``. A killed cell (stop timeout) goes through the same steps, its
 current handler cancelled.
+
+What the actor's own code raises (a handler, on either path, a lifecycle hook, or
+its supervisor's decider) is one of three things:
+
+- the end of the actor's task, not a failure: the task's own cancellation (stop
+  timeout, loop shutdown), or its coroutine being closed by the garbage collector;
+- ``KeyboardInterrupt`` or ``SystemExit``, a request to end the process: the asker
+  gets :class:`ActorFailed` (its ``__cause__`` the original), the supervisor is not
+  asked, the actor stops (children, ``post_stop``, ``Terminated.cause`` that
+  ActorFailed), and then its task re-raises the original, which leaves the event
+  loop as it would from any task;
+- anything else is a failure, which the supervisor handles: an ``Exception`` as it
+  is, any other ``BaseException`` (``GeneratorExit``, a library's own, a
+  ``CancelledError`` the handler raised itself) as an ``ActorFailed`` that names it,
+  so the asker always gets a typed error and never a ``GeneratorExit``.
 """
 
 from __future__ import annotations
@@ -187,6 +202,9 @@ class ActorCell:
         self.task: asyncio.Task[None] | None = None
         self._context: contextvars.Context | None = None  # the task's, for answer_at_once
         self._killed = False
+        #: A KeyboardInterrupt or SystemExit the actor's code raised: re-raised once the
+        #: actor has stopped (see the module's docstring).
+        self._exit: BaseException | None = None
         self._started = False
         self._suspension: asyncio.Future[Directive] | None = None
         self.instance: Actor = self._new_instance()
@@ -282,12 +300,16 @@ class ActorCell:
                 raise
         finally:
             self._finalize()
+        if self._exit is not None:
+            raise self._exit
 
     async def _start(self) -> bool:
         try:
             await _settle_hook(self.instance.pre_start())
-        except Exception as exc:
-            self.cause = exc
+        except BaseException as exc:
+            if self._ends_the_task(exc):
+                raise
+            self.cause = self._as_failure(exc, "pre_start")
             self.log.error("pre_start failed; stopping", exc_info=exc)
             return False
         self._started = True
@@ -310,6 +332,8 @@ class ActorCell:
                 continue
             if not user:
                 burst = 0
+                # Nothing of the last message may outlive its reply while the actor waits.
+                message = reply = result = None
                 self.idle = True
                 try:
                     await mailbox.wait()
@@ -340,31 +364,14 @@ class ActorCell:
                 result = method(message)
                 if is_async:
                     result = await result
-            except Exception as exc:
-                if await self._handler_failed(exc, message, reply):
-                    return
-                continue
-            except asyncio.CancelledError as exc:
-                if self._killed or _task_is_cancelled():
+            except BaseException as exc:  # the module's docstring says what becomes of it
+                if self._ends_the_task(exc):
                     if reply is not None and not reply.done():
                         reply.set_exception(self._stopped_error(message))
                     raise
-                failure = ActorFailed(
-                    f"{self.path}: handler of {message_type.__name__} was cancelled"
-                )
-                failure.__cause__ = exc
-                if await self._handler_failed(failure, message, reply):
+                if await self._handler_failed(exc, message, reply):
                     return
                 continue
-            except BaseException as exc:  # KeyboardInterrupt, SystemExit...: the task ends
-                if reply is not None and not reply.done():
-                    failure = ActorFailed(
-                        f"{self.path}: handler of {message_type.__name__} raised "
-                        f"{type(exc).__name__}; the actor stopped"
-                    )
-                    failure.__cause__ = exc
-                    reply.set_exception(failure)
-                raise
             if isinstance(result, Deferred):
                 self.defer_reply(result.future, reply)
             elif reply is not None and not reply.done():
@@ -425,24 +432,55 @@ class ActorCell:
         _CORRELATION_ID.set(cid)
         try:
             return method(message)
-        except (Exception, asyncio.CancelledError) as exc:
-            failure: BaseException = exc
-            if isinstance(exc, asyncio.CancelledError):
-                failure = ActorFailed(
-                    f"{self.path}: handler of {type(message).__name__} was cancelled"
-                )
-                failure.__cause__ = exc
+        except BaseException as exc:  # all of it is a failure here: the handler raised it
+            failure = self._as_failure(exc, f"handler of {type(message).__name__}")
             # First in the system lane: ahead of a stop the handler may have asked for,
             # as on the mailbox path, where the supervisor hears of a failure at once.
             self.mailbox.signal(_HandledAtOnceFailed(failure, message, cid), first=True)
             return AtOnceFailure(failure)
 
     async def _handler_failed(
-        self, exc: Exception, message: Any, reply: asyncio.Future[Any] | None
+        self, raised: BaseException, message: Any, reply: asyncio.Future[Any] | None
     ) -> bool:
+        failure = self._as_failure(raised, f"handler of {type(message).__name__}")
         if reply is not None and not reply.done():
-            reply.set_exception(exc)
-        return await self._on_failure(exc, message)
+            reply.set_exception(failure)
+        return await self._on_failure(failure, message)
+
+    def _ends_the_task(self, exc: BaseException) -> bool:
+        """Is ``exc``, raised in the actor's task, the end of that task rather than a
+        failure: its cancellation (kill, loop shutdown; a handler may also raise
+        CancelledError itself), or its coroutine being closed (a GeneratorExit thrown in
+        from outside the task, by the garbage collector, not raised by a handler)?"""
+        if isinstance(exc, asyncio.CancelledError):
+            return self._killed or _task_is_cancelled()
+        if isinstance(exc, GeneratorExit):
+            try:
+                return asyncio.current_task() is not self.task
+            except RuntimeError:  # no loop runs: the coroutine is being closed
+                return True
+        return False
+
+    def _as_failure(self, raised: BaseException, what: str) -> Exception:
+        """``raised`` as the actor's failure: an Exception as it is; any other
+        BaseException wrapped in ActorFailed. KeyboardInterrupt and SystemExit are also
+        kept, to stop the actor and then be re-raised (the module's docstring)."""
+        if isinstance(raised, Exception):
+            return raised
+        self._keep_exit(raised)
+        how = (
+            "was cancelled"
+            if isinstance(raised, asyncio.CancelledError)
+            else f"raised {type(raised).__name__}"
+        )
+        failure = ActorFailed(f"{self.path}: {what} {how}")
+        failure.__cause__ = raised
+        return failure
+
+    def _keep_exit(self, raised: BaseException) -> None:
+        """Keep a KeyboardInterrupt or SystemExit (the first) to re-raise once stopped."""
+        if isinstance(raised, (KeyboardInterrupt, SystemExit)) and self._exit is None:
+            self._exit = raised
 
     def _unhandled(self, message: Any, reply: asyncio.Future[Any] | None) -> None:
         handled = ", ".join(handled_types(self.instance)) or "nothing"
@@ -493,12 +531,18 @@ class ActorCell:
         self, exc: BaseException, message: Any, failed_child: ActorCell | None = None
     ) -> bool:
         """Apply the supervisor's directive for ``exc``; True when the actor must stop."""
+        if self._exit is not None:  # the process is asked to end: stop, ask nobody
+            self.cause = exc
+            self.log.error("actor code asked the process to end; stopping", exc_info=exc)
+            return True
         strategy = self._strategy()
-        try:
-            directive = strategy.decider(exc)
-        except Exception as err:
-            self.log.error("supervisor decider raised; stopping", exc_info=err)
-            directive = Directive.STOP
+        directive = self._decide(strategy, exc)
+        if not isinstance(directive, Directive):  # the decider failed: escalate that
+            exc = directive
+            if self._exit is not None:
+                self.cause = exc
+                return True
+            directive = Directive.ESCALATE
         self.log.warning("actor failed", directive=directive.value, exc_info=exc)
         if directive is Directive.ESCALATE:
             directive = await self._escalate(exc)
@@ -518,6 +562,28 @@ class ActorCell:
             return True
         self.cause = exc
         return True
+
+    def _decide(self, strategy: SupervisorStrategy, exc: BaseException) -> Directive | Exception:
+        """The decider's directive for ``exc``, or, if it raised or returned anything
+        else, the ActorFailed that says so (to be escalated)."""
+        try:
+            directive = strategy.decider(exc)
+        except BaseException as err:  # a synchronous call: nothing cancels it from outside
+            self._keep_exit(err)
+            failure = ActorFailed(
+                f"{self.path}: the supervisor's decider raised {type(err).__name__} on "
+                f"{type(exc).__name__}"
+            )
+            failure.__cause__ = err
+            return failure
+        if isinstance(directive, Directive):
+            return directive
+        failure = ActorFailed(
+            f"{self.path}: the supervisor's decider returned {directive!r} for "
+            f"{type(exc).__name__}, not a Directive"
+        )
+        failure.__cause__ = exc
+        return failure
 
     async def _escalate(self, exc: BaseException) -> Directive:
         """Fail the parent with ``exc`` and wait for its fate; at the top, stop."""
@@ -539,14 +605,22 @@ class ActorCell:
         await self._stop_children()  # children first, as when stopping
         try:
             await _settle_hook(self.instance.pre_restart(exc, message))
-        except Exception as err:
+        except BaseException as err:
+            if self._ends_the_task(err):
+                raise
             self.log.error("pre_restart raised", exc_info=err)
+            failure = self._as_failure(err, "pre_restart")
+            if self._exit is not None:
+                self.cause = failure
+                return False
         try:
             self.instance = self._new_instance()
             self.handlers = bind_handlers(self.instance)
             await _settle_hook(self.instance.post_restart(exc))
-        except Exception as err:
-            self.cause = err
+        except BaseException as err:
+            if self._ends_the_task(err):
+                raise
+            self.cause = self._as_failure(err, "restart")
             self.log.error("restart failed; stopping", exc_info=err)
             return False
         self._started = True
@@ -568,7 +642,10 @@ class ActorCell:
             self._started = False
             try:
                 await _settle_hook(self.instance.post_stop())
-            except Exception as exc:
+            except BaseException as exc:
+                if self._ends_the_task(exc):
+                    raise
+                self._keep_exit(exc)
                 self.log.error("post_stop raised", exc_info=exc)
 
     async def _stop_children(self) -> None:

@@ -8,7 +8,7 @@ import structlog
 
 from gpuactors.actors.actor import Actor
 from gpuactors.actors.props import Props
-from gpuactors.actors.ref import ActorRef
+from gpuactors.actors.ref import ActorRef, cell_of
 from gpuactors.errors import InvalidArgument
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ class ActorContext:
         Returns at once (a handler must not wait for itself); watch the ref to learn
         when it has stopped.
         """
-        target = ref._cell
+        target = cell_of(ref, "stop")
         if target is not self._cell and target.parent is not self._cell:
             raise InvalidArgument(
                 f"{self._cell.path} can stop itself or its children, not {target.path}; "
@@ -73,9 +73,9 @@ class ActorContext:
 
     def watch(self, ref: ActorRef) -> ActorRef:
         """Receive ``Terminated`` when ``ref`` stops (at once if it already has)."""
-        ref._cell.add_watcher(self._cell)
+        cell_of(ref, "watch").add_watcher(self._cell)
         return ref
 
     def unwatch(self, ref: ActorRef) -> None:
         """Stop watching ``ref``."""
-        ref._cell.remove_watcher(self._cell)
+        cell_of(ref, "unwatch").remove_watcher(self._cell)

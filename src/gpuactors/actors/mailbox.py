@@ -20,6 +20,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from gpuactors.actors.checks import optional_count
 from gpuactors.errors import InvalidArgument
 
 #: What travels through the user lane: the message, the asker's future (None for a
@@ -49,10 +50,7 @@ class MailboxConfig:
     policy: Backpressure = Backpressure.WAIT
 
     def __post_init__(self) -> None:
-        if self.capacity is not None and (not isinstance(self.capacity, int) or self.capacity < 1):
-            raise InvalidArgument(
-                f"mailbox capacity must be a positive int or None, not {self.capacity!r}"
-            )
+        optional_count(self.capacity, "mailbox capacity", 1)
         if not isinstance(self.policy, Backpressure):
             raise InvalidArgument(f"mailbox policy must be a Backpressure, not {self.policy!r}")
 

@@ -9,6 +9,7 @@ from typing import Any
 from gpuactors.actors.actor import Actor
 from gpuactors.actors.mailbox import MailboxConfig
 from gpuactors.actors.supervision import SupervisorStrategy
+from gpuactors.errors import InvalidArgument
 
 
 @dataclass(frozen=True)
@@ -16,6 +17,8 @@ class Props:
     """Actor class and constructor arguments, plus its mailbox and (optional) supervision.
 
     ``supervisor`` overrides the parent's ``supervisor_strategy`` for this one child.
+    Each field is checked when the props are built (InvalidArgument), so a wrong one
+    fails at the call site rather than in the actor's task.
     """
 
     actor_class: type[Actor]
@@ -26,7 +29,17 @@ class Props:
 
     def __post_init__(self) -> None:
         if not (isinstance(self.actor_class, type) and issubclass(self.actor_class, Actor)):
-            raise TypeError(f"Props needs an Actor subclass, not {self.actor_class!r}")
+            raise InvalidArgument(f"Props needs an Actor subclass, not {self.actor_class!r}")
+        if not isinstance(self.args, tuple):
+            raise InvalidArgument(f"Props args must be a tuple, not {self.args!r}")
+        if not (isinstance(self.kwargs, Mapping) and all(isinstance(k, str) for k in self.kwargs)):
+            raise InvalidArgument(f"Props kwargs must map names to values, not {self.kwargs!r}")
+        if not isinstance(self.mailbox, MailboxConfig):
+            raise InvalidArgument(f"Props mailbox must be a MailboxConfig, not {self.mailbox!r}")
+        if self.supervisor is not None and not isinstance(self.supervisor, SupervisorStrategy):
+            raise InvalidArgument(
+                f"Props supervisor must be a SupervisorStrategy or None, not {self.supervisor!r}"
+            )
 
     def create(self) -> Actor:
         """A fresh instance (the constructor runs again on every restart)."""

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from gpuactors.actors.at_once import NOT_AT_ONCE, AtOnceFailure, Overdue
-from gpuactors.actors.deadlines import expire
+from gpuactors.actors.checks import seconds
+from gpuactors.actors.deadlines import Deadline, expire
 from gpuactors.actors.deferred import Deferred
 from gpuactors.actors.mailbox import Backpressure, Envelope
-from gpuactors.errors import ActorStopped, AskTimeout, MailboxFull
+from gpuactors.errors import ActorStopped, AskTimeout, InvalidArgument, MailboxFull
 from gpuactors.messages import Message
 
 if TYPE_CHECKING:
@@ -22,6 +24,8 @@ R = TypeVar("R")
 #: logs (``correlation_id``). Drawn where the ask starts; not formatted (a string per
 #: ask cost the latency path 0.1 to 0.3 us).
 _next_id = itertools.count(1).__next__
+
+_INF = math.inf
 
 
 class ActorRef:
@@ -79,8 +83,11 @@ class ActorRef:
     async def tell_wait(self, message: Message, timeout: float | None = None) -> None:
         """Queue ``message``, waiting for room under the ``WAIT`` policy.
 
-        Raises :class:`MailboxFull` under ``FAIL``, or if still full after ``timeout``.
+        Raises :class:`MailboxFull` under ``FAIL``, or if still full after ``timeout``
+        (seconds, as for :meth:`ask`).
         """
+        if timeout is not None:
+            timeout = seconds(timeout, "tell_wait timeout")
         envelope: Envelope = (message, None, None)
         if not self._cell.mailbox.offer(envelope):
             await self._send_slow(envelope, timeout)
@@ -99,10 +106,16 @@ class ActorRef:
         """Send ``message`` and return the handler's reply (or raise its exception).
 
         ``timeout`` (seconds, None for no limit) covers waiting for mailbox room and
-        the reply: :class:`AskTimeout` when it runs out. ``expect`` checks and types
-        the reply. Cancelling the caller leaves nothing behind: an unhandled message
-        is skipped, a late reply dropped.
+        the reply: :class:`AskTimeout` when it runs out. It must be a finite number
+        above 0, checked before anything is sent (InvalidArgument). ``expect`` checks
+        and types the reply. Cancelling the caller leaves nothing behind: an unhandled
+        message is skipped, a late reply dropped. Once the ask is over, the runtime
+        holds nothing of it: neither the message nor the reply.
         """
+        if timeout is not None and not (type(timeout) is float and 0.0 < timeout < _INF):
+            timeout = seconds(timeout, "ask timeout")  # (NaN fails the comparison above)
+        if expect is not None and not isinstance(expect, type):
+            raise InvalidArgument(f"ask's expect must be a class, not {expect!r}")
         cell = self._cell
         cid = _next_id()
         # An idle actor answers at once, in this task: no mailbox round trip, no future.
@@ -111,12 +124,13 @@ class ActorRef:
         if overdue:  # a long run of asks answered at once: the loop turns
             answer = await self._after_a_turn(answer.answer)
         timer: asyncio.TimerHandle | None = None
+        deadline: Deadline | None = None
         if answer is NOT_AT_ONCE:
             reply: asyncio.Future[Any] = cell.loop.create_future()
             envelope: Envelope = (message, reply, cid)
             if cell.mailbox.offer(envelope):
                 if timeout is not None:
-                    cell.deadlines.add(reply, envelope, timeout)
+                    deadline = cell.deadlines.add(reply, envelope, timeout)
             else:
                 timer = await self._send_slow(envelope, timeout)
         elif isinstance(answer, Deferred):  # answered at once, the reply still to come
@@ -130,7 +144,7 @@ class ActorRef:
                 reply = cell.loop.create_future()
                 cell.defer_reply(answer.future, reply)
             if timeout is not None and not reply.done():
-                cell.deadlines.add(reply, (message, reply, cid), timeout)
+                deadline = cell.deadlines.add(reply, (message, reply, cid), timeout)
         elif isinstance(answer, AtOnceFailure):
             raise answer.error
         else:
@@ -154,6 +168,8 @@ class ActorRef:
         finally:
             if timer is not None:
                 timer.cancel()
+            if deadline is not None:  # the ask is over: its deadline lets go of it
+                cell.deadlines.settle(deadline)
         return result if expect is None else _checked(result, message, expect, cell.path)
 
     async def _after_a_turn(self, answer: Any) -> Any:
@@ -213,6 +229,13 @@ class ActorRef:
         if reply is None:
             return None
         raise ActorStopped(f"{cell.path} has stopped; {type(message).__name__} was not handled")
+
+
+def cell_of(ref: object, what: str) -> ActorCell:
+    """The cell behind ``ref``, or InvalidArgument naming ``what`` wanted a ref."""
+    if not isinstance(ref, ActorRef):
+        raise InvalidArgument(f"{what} takes an ActorRef, not {ref!r}")
+    return ref._cell
 
 
 def _checked(result: Any, message: Message, expect: type[Any], path: str) -> Any:

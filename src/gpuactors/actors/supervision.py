@@ -5,6 +5,11 @@ system's guardian for top-level actors): the parent's
 :attr:`Actor.supervisor_strategy`, unless the child's :class:`Props` carries its own.
 The strategy maps the exception to a :class:`Directive` and limits restarts to
 ``max_restarts`` within ``within`` seconds, per child.
+
+A decider that raises, or returns anything but a :class:`Directive`, has failed at
+its one job: the runtime escalates an :class:`~gpuactors.errors.ActorFailed` that
+says so, as if the decider had answered ``ESCALATE`` (at the top, the actor stops
+with that cause).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gpuactors.actors.checks import optional_count, optional_seconds
 from gpuactors.errors import InvalidArgument
 
 
@@ -48,7 +54,9 @@ class SupervisorStrategy:
 
     ``max_restarts=None`` allows any number; ``within=None`` counts restarts over the
     actor's whole life. When a restart would exceed the budget the child is stopped
-    instead, with :class:`~gpuactors.errors.ActorFailed` as its cause.
+    instead, with :class:`~gpuactors.errors.ActorFailed` as its cause. ``decider`` must
+    be callable, ``max_restarts`` a whole number >= 0, ``within`` a finite number of
+    seconds above 0: anything else raises InvalidArgument when the strategy is built.
     """
 
     decider: Callable[[BaseException], Directive] = restart_on_error
@@ -56,14 +64,22 @@ class SupervisorStrategy:
     within: float | None = 60.0
 
     def __post_init__(self) -> None:
-        if self.max_restarts is not None and self.max_restarts < 0:
-            raise InvalidArgument(f"max_restarts must be >= 0 or None, not {self.max_restarts}")
-        if self.within is not None and self.within <= 0:
-            raise InvalidArgument(f"within must be > 0 seconds or None, not {self.within}")
+        if not callable(self.decider):
+            raise InvalidArgument(
+                f"decider must be a callable that returns a Directive, not {self.decider!r}"
+            )
+        optional_count(self.max_restarts, "max_restarts", 0)
+        optional_seconds(self.within, "within")
 
 
 class RestartBudget:
-    """One child's recent restart times, checked against its strategy's budget."""
+    """The restart times of one child that its strategy's budget still needs.
+
+    Only those within the last ``within`` seconds count, and never more than
+    ``max_restarts`` of them (a restart past that is refused, not recorded); with no
+    ``max_restarts`` nothing is counted, so nothing is kept. Memory stays bounded
+    however long an actor keeps failing.
+    """
 
     __slots__ = ("_times",)
 
@@ -75,10 +91,14 @@ class RestartBudget:
 
     def try_spend(self, strategy: SupervisorStrategy, now: float) -> bool:
         """Record a restart at ``now`` if the budget allows one; False when exhausted."""
+        limit = strategy.max_restarts
+        if limit is None:
+            return True
+        times = self._times
         if strategy.within is not None:
-            while self._times and now - self._times[0] > strategy.within:
-                self._times.popleft()
-        if strategy.max_restarts is not None and len(self._times) >= strategy.max_restarts:
+            while times and now - times[0] > strategy.within:
+                times.popleft()
+        if len(times) >= limit:
             return False
-        self._times.append(now)
+        times.append(now)
         return True

@@ -10,9 +10,10 @@ from types import TracebackType
 from gpuactors.actors.actor import Actor
 from gpuactors.actors.at_once import AtOnceStreak
 from gpuactors.actors.cell import CURRENT_CELL, ActorCell
+from gpuactors.actors.checks import count, optional_seconds, seconds
 from gpuactors.actors.dead_letters import DeadLetters
 from gpuactors.actors.props import Props
-from gpuactors.actors.ref import ActorRef
+from gpuactors.actors.ref import ActorRef, cell_of
 from gpuactors.actors.supervision import SupervisorStrategy
 from gpuactors.actors.terminated import Terminated
 from gpuactors.errors import (
@@ -35,6 +36,8 @@ class ActorSystem:
     guardian with ``guardian_strategy``; a failure escalated to the guardian stops the
     actor. Stopping is bounded: actors that outlive the timeout are cancelled and
     :class:`~gpuactors.errors.ShutdownTimeout` is raised, so shutdown never hangs.
+    Every argument is checked when given (InvalidArgument): ``shutdown_timeout`` is a
+    finite number of seconds above 0, ``dead_letter_capacity`` a whole number >= 0.
     """
 
     def __init__(
@@ -45,10 +48,16 @@ class ActorSystem:
         guardian_strategy: SupervisorStrategy | None = None,
         dead_letter_capacity: int = 1000,
     ) -> None:
+        if not isinstance(name, str) or not name:
+            raise InvalidArgument(f"an actor system's name is a non-empty string, not {name!r}")
+        if guardian_strategy is not None and not isinstance(guardian_strategy, SupervisorStrategy):
+            raise InvalidArgument(
+                f"guardian_strategy must be a SupervisorStrategy or None, not {guardian_strategy!r}"
+            )
         self.name = name
-        self.shutdown_timeout = shutdown_timeout
+        self.shutdown_timeout = seconds(shutdown_timeout, "shutdown_timeout")
         self.guardian_strategy = guardian_strategy or SupervisorStrategy()
-        self.dead_letters = DeadLetters(dead_letter_capacity)
+        self.dead_letters = DeadLetters(count(dead_letter_capacity, "dead_letter_capacity", 0))
         self.log = get_logger(system=name)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._top: dict[str, ActorCell] = {}
@@ -89,6 +98,8 @@ class ActorSystem:
 
     def lookup(self, path: str) -> ActorRef:
         """The live actor at ``path`` (``"/a/b"``; the leading slash is optional)."""
+        if not isinstance(path, str):
+            raise InvalidArgument(f"an actor path is a string such as '/a/b', not {path!r}")
         cell = self._cells.get("/" + path.strip("/"))
         if cell is None:
             raise ActorNotFound(f"no live actor at {path!r} in system {self.name!r}")
@@ -96,7 +107,7 @@ class ActorSystem:
 
     def watch(self, ref: ActorRef) -> asyncio.Future[Terminated]:
         """A future that resolves with ``Terminated`` when ``ref`` stops."""
-        return ref._cell.watch_future()
+        return cell_of(ref, "watch").watch_future()
 
     async def stop(self, ref: ActorRef, timeout: float | None = None) -> None:
         """Stop ``ref`` (children first) and wait until it has stopped.
@@ -105,7 +116,8 @@ class ActorSystem:
         stop (waiting would deadlock). Past ``timeout`` (default: the system's
         shutdown timeout) the subtree is cancelled and ``ShutdownTimeout`` raised.
         """
-        cell = ref._cell
+        cell = cell_of(ref, "stop")
+        timeout = optional_seconds(timeout, "stop timeout")
         current = CURRENT_CELL.get()
         if current is not None and current.is_within(cell):
             cell.request_stop()
@@ -117,7 +129,9 @@ class ActorSystem:
 
         Called from inside an actor (its handler, or a task started from it) it starts
         the shutdown and returns at once: waiting for every actor, the caller's own
-        too, would deadlock. The shutdown's outcome is then logged."""
+        too, would deadlock. The shutdown's outcome is then logged. ``timeout`` (default:
+        the system's shutdown timeout) is as for :meth:`stop`."""
+        timeout = optional_seconds(timeout, "shutdown timeout")
         if CURRENT_CELL.get() is None:
             await self._shut_down(timeout)
         elif self._shutdown is None and self._shutdown_task is None:
