@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import Field, field_validator
 
+from gpuactors.checked import Settings
 from gpuactors.cuda import status as cuda_status
 from gpuactors.cuda.loader import MODULE_LOADS, ModuleLoadGate
 from gpuactors.engine.abi import (
@@ -37,7 +38,6 @@ from gpuactors.engine.messages import MAX_TIMEOUT_S
 from gpuactors.engine.ring import HostRing, check_capacity, reset_ring, u64_words
 from gpuactors.errors import DeviceFault, EngineError, EngineModeError
 from gpuactors.logs import get_logger
-from gpuactors.settings import Settings
 
 _log = get_logger(component="engine-runtime")
 
@@ -70,7 +70,7 @@ _MAX_GRID_BLOCKS = (1 << 31) - 1
 class EngineConfig(Settings):
     """Sizes and timings of one engine. Defaults suit many small tasks.
 
-    Checked when built (a strict pydantic model: see :mod:`gpuactors.settings`):
+    Checked when built (a strict pydantic model: see :mod:`gpuactors.checked`):
     durations are finite and at most ``MAX_TIMEOUT_S`` (about 11.6 days), counts are
     ints, and a bad value raises InvalidArgument naming the field.
     """

@@ -39,6 +39,7 @@ from pydantic import Field
 
 from gpuactors.actors import Actor, ActorRef, ActorSystem, Deferred, Props, handles
 from gpuactors.actors.deferred import failed_reply
+from gpuactors.checked import Settings
 from gpuactors.engine.messages import (
     MAX_TIMEOUT_S,
     AliasOp,
@@ -82,7 +83,6 @@ from gpuactors.nvrtc.messages import (
     grid_dims,
 )
 from gpuactors.nvrtc.options import NvrtcOpts
-from gpuactors.settings import Settings
 from gpuactors.worker.child import BootSpec
 from gpuactors.worker.messages import (
     Download,
