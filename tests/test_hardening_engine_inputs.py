@@ -193,6 +193,24 @@ async def test_hang_grace_nan_cannot_reach_a_running_engine(
         assert isinstance(reply, Completion) and reply.status == 0
 
 
+@pytest.mark.parametrize(
+    ("options", "refused"),
+    [
+        ({"full_policy": "sometimes"}, "full_policy"),  # acted as "wait"
+        ({"device_id": -1}, "device_id"),
+        ({"device_id": True}, "device_id"),
+        ({"config": {"capacity": 64}}, "config"),
+        ({"ops": [{"name": "x", "body": "return 0;"}]}, "OpSpec"),
+    ],
+)
+async def test_engine_start_options_are_checked_before_anything_starts(
+    options: dict[str, Any], refused: str
+) -> None:
+    async with ActorSystem("start-options") as system:
+        with pytest.raises(InvalidArgument, match=refused):
+            await Engine.start(system, **options)
+
+
 # ---------------------------------------------------------------- op bodies
 COMPILER = KernelCompiler(disk=False)
 OUT = ArrayParam(name="out", dtype="float32", direction="out")

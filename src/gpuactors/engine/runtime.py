@@ -35,8 +35,9 @@ from gpuactors.engine.abi import (
 )
 from gpuactors.engine.codegen import CLOCK_KERNEL_NAME, ENGINE_KERNEL_NAME
 from gpuactors.engine.messages import MAX_TIMEOUT_S
+from gpuactors.engine.ops import OpSpec
 from gpuactors.engine.ring import HostRing, check_capacity, reset_ring, u64_words
-from gpuactors.errors import DeviceFault, EngineError, EngineModeError
+from gpuactors.errors import DeviceFault, EngineError, EngineModeError, InvalidArgument
 from gpuactors.logs import get_logger
 
 _log = get_logger(component="engine-runtime")
@@ -102,6 +103,23 @@ class EngineConfig(Settings):
         """Unit queue entries: room for a full warp's worth of maximal tasks, power of two."""
         need = max(self.capacity, 32 * self.max_units_per_task)
         return 1 << (need - 1).bit_length()
+
+
+def check_start_options(
+    ops: Sequence[object], config: object, *, device_id: object, full_policy: object
+) -> EngineConfig:
+    """The config an engine starts with (``EngineConfig()`` for None), once the rest of
+    its start options are checked too: a misspelt ``full_policy`` would act as "wait",
+    and a wrong type would fail later with an AttributeError far from its cause."""
+    if not all(isinstance(op, OpSpec) for op in ops):
+        raise InvalidArgument(f"ops must be OpSpecs, got {[type(op).__name__ for op in ops]}")
+    if config is not None and not isinstance(config, EngineConfig):
+        raise InvalidArgument(f"config must be an EngineConfig or None, not {config!r}")
+    if isinstance(device_id, bool) or not isinstance(device_id, int) or device_id < 0:
+        raise InvalidArgument(f"device_id must be an int >= 0, not {device_id!r}")
+    if full_policy not in ("wait", "fail"):
+        raise InvalidArgument(f"full_policy must be 'wait' or 'fail', not {full_policy!r}")
+    return config or EngineConfig()
 
 
 def _pinned(cupy: Any, dtype: np.dtype[Any], count: int) -> tuple[Any, np.ndarray]:
