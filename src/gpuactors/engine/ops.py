@@ -17,6 +17,7 @@ from pydantic import Field, field_validator, model_validator
 from gpuactors.checked import CheckedModel
 from gpuactors.engine.abi import MAX_ARGS
 from gpuactors.errors import InvalidArgument
+from gpuactors.nvrtc.text import check_no_nul
 
 # NumPy dtype name -> C++ type used in generated wrappers.
 C_TYPES: dict[str, str] = {
@@ -110,11 +111,7 @@ def check_body(body: str, op: str) -> str:
     Op bodies are trusted code (they run on the device with its full power): these
     rules keep one op from changing others by accident, they are not a sandbox.
     """
-    if "\0" in body:
-        raise InvalidArgument(
-            f"op {op!r}: the body holds a NUL character (at {body.index(chr(0))}); NVRTC "
-            "would silently drop everything after it"
-        )
+    check_no_nul(body, f"op {op!r}: the body")
     joined = _SPLICE.sub("", body)
     for spelling, why in _FORBIDDEN.items():
         if spelling in joined:
