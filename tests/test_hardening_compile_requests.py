@@ -366,7 +366,11 @@ def test_a_line_directive_cannot_quote_a_host_file(tmp_path: Path) -> None:
 def test_an_op_body_cannot_quote_a_host_file(tmp_path: Path) -> None:
     secret = tmp_path / "hostname"
     secret.write_text("TOP SECRET host\n")
-    op = OpSpec(name="leak", body=f'#line 1 "{secret}"\nint x = ;\nreturn 0;')
+    body = f'#line 1 "{secret}"\nint x = ;\nreturn 0;'
+    with pytest.raises(InvalidArgument, match="#line"):  # a body holds no directive
+        OpSpec(name="leak", body=body)
+    # The quoting holds even for a body that got past OpSpec's checks.
+    op = OpSpec.model_construct(name="leak", params=(), body=body, multi_block=True, version=1)
     with pytest.raises(CompileError) as info:
         build_engine_module([*BUILTIN_OPS, op], arch="sm_90", compiler=KernelCompiler(disk=False))
     assert info.value.failing_lines == (f"{secret}(1): int x = ;",)

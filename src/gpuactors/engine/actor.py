@@ -63,7 +63,7 @@ from gpuactors.engine.messages import (
 from gpuactors.engine.ops import BUILTIN_OPS, OpSpec
 from gpuactors.engine.optable import OpTable, ResolvedOp
 from gpuactors.engine.ring import RecordColumns
-from gpuactors.engine.runtime import EngineConfig, EngineRuntime
+from gpuactors.engine.runtime import EngineConfig, EngineRuntime, check_start_options
 from gpuactors.errors import (
     ActorStopped,
     AskTimeout,
@@ -145,12 +145,14 @@ class PersistentEngineActor(Actor):
         compiler: KernelCompiler | None = None,
         full_policy: Literal["wait", "fail"] = "wait",
     ) -> None:
+        self._config = check_start_options(
+            ops, config, device_id=device_id, full_policy=full_policy
+        )
         user_names = {op.name for op in ops}  # a user op may take a built-in's name
         self._ops = OpTable([*(op for op in BUILTIN_OPS if op.name not in user_names), *ops])
         self._install_lock = asyncio.Lock()
         self._modules_built = 0
         self._arch = ""
-        self._config = config or EngineConfig()
         default_timeout = self._config.default_task_timeout_s
         self._default_timeout_ns = (
             0 if default_timeout is None else max(1, int(default_timeout * 1e9))

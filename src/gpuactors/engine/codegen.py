@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuactors.engine.abi import kernel_headers
-from gpuactors.engine.ops import ArrayParam, OpSpec
+from gpuactors.engine.ops import BODY_SCOPE_GUARD, ArrayParam, OpSpec
+from gpuactors.errors import CompileError
 from gpuactors.nvrtc import (
     CompiledModule,
     KernelCompiler,
@@ -20,10 +21,14 @@ from gpuactors.nvrtc import (
     cache_key,
     default_compiler,
 )
+from gpuactors.nvrtc.handle import cubin_entries
 
 ENGINE_KERNEL_NAME = "gpa_engine"
 CLOCK_KERNEL_NAME = "gpa_clock"  # one thread writes %globaltimer: the host calibrates on it
 ENGINE_OPTS = NvrtcOpts(std="c++17")
+#: Every kernel an engine module holds: no fewer (it could not run), no more (an op
+#: body added one).
+ENGINE_KERNELS = frozenset({ENGINE_KERNEL_NAME, CLOCK_KERNEL_NAME})
 #: The TaskFailed code of an op whose body returned a negative value (reserved for the engine).
 OP_NEGATIVE_RETURN = 0x7FFFFFFF
 
@@ -42,16 +47,27 @@ def physical_key(op: OpSpec) -> str:
 
 
 def _wrapper(op: OpSpec) -> str:
+    """The device function around ``op``'s body.
+
+    The scope guard: a local declared before the body is named again after it. A body
+    that closes the function early (an unmatched ``}``) leaves that second mention at
+    file scope or in a function of its own making, where the local does not exist, so
+    the module does not compile. Braces are counted by the compiler itself, which knows
+    comments, strings and macros; ``check_body`` reserves the guard's name.
+    """
     params = ", ".join(
         ["const gpa::TaskCtx& ctx", "gpa::u64 n", *(p.c_declaration() for p in op.params)]
     )
-    # The body's last line may end in a backslash: a blank line keeps it off the brace.
+    # The body's last line may end in a backslash: a blank line keeps it off the guard.
     return (
         f"__device__ __forceinline__ int {op.c_name}({params}) {{\n"
         f"    (void)ctx; (void)n;\n"
+        f"    constexpr bool {BODY_SCOPE_GUARD} = true;\n"
         f'#line 1 "op:{op.name}@{op.version}"\n'
         f"{op.body}\n"
-        f"\n}}\n"
+        f"\n"
+        f'static_assert({BODY_SCOPE_GUARD}, "the op body stays in its function");\n'
+        f"}}\n"
     )
 
 
@@ -116,6 +132,21 @@ def render_engine_source(
     )
 
 
+def check_engine_module(module: CompiledModule) -> CompiledModule:
+    """Return ``module``, or raise CompileError unless its kernels are exactly the
+    engine's: a module without ``gpa_engine`` compiles and fails only when a GPU loads
+    it, and one with a kernel more holds code that no op signature describes."""
+    entries = cubin_entries(module.image)
+    kernels = set() if entries is None else set(entries)
+    if kernels != ENGINE_KERNELS:
+        raise CompileError(
+            f"the engine module holds the kernels {sorted(kernels)}, not exactly "
+            f"{sorted(ENGINE_KERNELS)}: an op body changed the module around it",
+            source_name=module.source_name,
+        )
+    return module
+
+
 def cached_engine_module(
     ops: Sequence[OpSpec],
     *,
@@ -135,7 +166,8 @@ def cached_engine_module(
     key = cache_key(
         engine.source, name="gpa_engine.cu", opts=ENGINE_OPTS, arch=arch, headers=kernel_headers()
     )
-    return compiler.memory.get(key)
+    module = compiler.memory.get(key)
+    return None if module is None else check_engine_module(module)
 
 
 def build_engine_module(
@@ -149,7 +181,22 @@ def build_engine_module(
     """Generate and compile (through the caches) the engine module for ``ops``."""
     engine = render_engine_source(ops, block_threads=block_threads, op_ids=op_ids)
     compiler = compiler or default_compiler()
-    module, _origin = compiler.get_or_compile(
-        engine.source, name="gpa_engine.cu", opts=ENGINE_OPTS, arch=arch, headers=kernel_headers()
-    )
-    return module, engine
+    try:
+        module, _origin = compiler.get_or_compile(
+            engine.source,
+            name="gpa_engine.cu",
+            opts=ENGINE_OPTS,
+            arch=arch,
+            headers=kernel_headers(),
+        )
+    except CompileError as exc:
+        if BODY_SCOPE_GUARD not in exc.log:
+            raise
+        raise CompileError(
+            "an op body ends the function it is pasted into (an unmatched '}'?): "
+            f"NVRTC no longer finds {BODY_SCOPE_GUARD}, declared before the body",
+            log=exc.log,
+            source_name=exc.source_name,
+            failing_lines=exc.failing_lines,
+        ) from exc
+    return check_engine_module(module), engine

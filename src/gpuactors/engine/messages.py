@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
-from gpuactors.engine.ops import OpSpec, Param
+from gpuactors.engine.ops import OpSpec, Param, check_body
 from gpuactors.messages import Message, Reply
 
 MAX_TIMEOUT_S = 1e6  # about 11.6 days: beyond that a deadline means "never"; say None
@@ -155,6 +155,11 @@ class ReplaceOp(Message):
     body: str
     params: tuple[Param, ...] | None = None
     multi_block: bool | None = None
+
+    @model_validator(mode="after")
+    def _check_body(self) -> ReplaceOp:
+        check_body(self.body, self.name)  # refused here, not when the engine installs it
+        return self
 
 
 class OpInstalled(Reply):

@@ -9,13 +9,15 @@ generated device wrapper (codegen.py) and the host-side validation of every
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from gpuactors.checked import CheckedModel
 from gpuactors.engine.abi import MAX_ARGS
-from gpuactors.messages import invalid_argument
+from gpuactors.errors import InvalidArgument
+from gpuactors.nvrtc.text import check_no_nul
 
 # NumPy dtype name -> C++ type used in generated wrappers.
 C_TYPES: dict[str, str] = {
@@ -31,7 +33,7 @@ C_TYPES: dict[str, str] = {
     "uint64": "unsigned long long",
 }
 
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Names a parameter cannot take: what the op's body already sees (ctx, n), the engine's
 # own namespace, and C++/CUDA keywords; names starting with "__" or "GPA_" are reserved
 # too (the compiler's and the engine's macros).
@@ -56,18 +58,8 @@ Dtype = Literal[
 ]
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    def __init__(self, **data: Any) -> None:
-        try:
-            super().__init__(**data)
-        except ValidationError as exc:
-            raise invalid_argument(type(self).__name__, exc) from None
-
-
 def _check_identifier(name: str) -> str:
-    if not _IDENTIFIER.match(name):
+    if not _IDENTIFIER.fullmatch(name):  # (match's "$" would let a trailing newline in)
         raise ValueError(f"{name!r} is not a valid parameter name (a C identifier)")
     if name in _RESERVED or name.startswith(("__", "GPA_")):
         raise ValueError(
@@ -77,7 +69,64 @@ def _check_identifier(name: str) -> str:
     return name
 
 
-class ArrayParam(_Frozen):
+#: The name of the engine's own check that a body stays inside its function (codegen.py).
+BODY_SCOPE_GUARD = "gpa_body_scope"
+#: Line splices. NVRTC joins lines only where the newline follows the backslash at once;
+#: the checks join those with blanks between too, so no spelling is missed.
+_SPLICE = re.compile(r"\\[ \t\v\f\r]*\n")
+#: The one directive a body may hold, alone on its line: ``#pragma unroll`` [count].
+_UNROLL = re.compile(r"[ \t\v\f\r]*#[ \t]*pragma[ \t]+unroll([ \t]+[0-9]+)?[ \t\v\f\r]*")
+#: Spellings a body may not hold anywhere (a plain substring test: quick, and a name
+#: that merely contains one is refused too), and why.
+_FORBIDDEN = {
+    "%:": "'%:' is the digraph of '#' (a preprocessor directive)",
+    "_Pragma": "_Pragma is a #pragma in operator form",
+    "__pragma": "__pragma is a #pragma in operator form",
+    "__global__": "an op body is the body of a device function and declares no kernel",
+    BODY_SCOPE_GUARD: f"{BODY_SCOPE_GUARD} is the engine's check that a body stays in its function",
+}
+
+
+def check_body(body: str, op: str) -> str:
+    """Return ``body``, or raise InvalidArgument if op ``op`` cannot use it.
+
+    Every op's body is pasted into ONE engine module, after the others and before the
+    engine's own code, so a body must not change how anything else compiles:
+
+    * No NUL: NVRTC reads the source as a C string and silently drops everything after
+      one (the rest of the module, the engine kernel included).
+    * No preprocessor directive but ``#pragma unroll [count]`` on a line of its own. A
+      ``#define`` would change every later op and the engine's code (``#undef`` after
+      the body cannot restore a macro it redefined, and push/pop_macro only works for
+      names known in advance); a ``#pragma`` could silence the diagnostics the module
+      makes errors (a body that can end without a return); ``#if`` could hide code from
+      any check. ``_Pragma``, ``__pragma`` and the ``%:`` digraph are the same things
+      spelled otherwise. Telling a directive from a '#' in a comment or a string would
+      take a C++ lexer, so a '#' anywhere is refused: a refusal costs a rewording, a
+      miss costs every other op. A constant is a ``constexpr``, a helper a lambda.
+    * No ``__global__``: an op is a device function, not a kernel.
+    * A body that closes its function early (an unmatched ``}``) is stopped by the
+      compiler: see ``codegen.py``'s scope guard, whose name is reserved here.
+
+    Op bodies are trusted code (they run on the device with its full power): these
+    rules keep one op from changing others by accident, they are not a sandbox.
+    """
+    check_no_nul(body, f"op {op!r}: the body")
+    joined = _SPLICE.sub("", body)
+    for spelling, why in _FORBIDDEN.items():
+        if spelling in joined:
+            raise InvalidArgument(f"op {op!r}: the body may not hold {spelling!r}: {why}")
+    for line in joined.split("\n") if "#" in joined else ():
+        if "#" in line and not _UNROLL.fullmatch(line):
+            raise InvalidArgument(
+                f"op {op!r}: the body holds a '#' ({line.strip()[:60]!r}): a body may hold "
+                "no preprocessor directive but '#pragma unroll [count]' on its own line, "
+                "and no '#' in a comment or string either (see check_body)"
+            )
+    return body
+
+
+class ArrayParam(CheckedModel):
     """A device array argument. ``length`` is the minimum element count: "n" or a constant."""
 
     kind: Literal["array"] = "array"
@@ -100,7 +149,7 @@ class ArrayParam(_Frozen):
         return f"{self.c_type}* __restrict__ {self.name}"
 
 
-class ScalarParam(_Frozen):
+class ScalarParam(CheckedModel):
     """A scalar argument passed by value in the task record."""
 
     kind: Literal["scalar"] = "scalar"
@@ -125,7 +174,7 @@ class ScalarParam(_Frozen):
 Param = Annotated[ArrayParam | ScalarParam, Field(discriminator="kind")]
 
 
-class OpSpec(_Frozen):
+class OpSpec(CheckedModel):
     """An engine op: a name, a signature and a CUDA C++ body.
 
     The body runs once per block the task spans, with every thread of the
@@ -134,7 +183,8 @@ class OpSpec(_Frozen):
     ``GPA_FOR_EACH(i)`` loop over this block's share of ``0..n``). It returns
     0 on success or a positive failure code (reported as ``TaskFailed``).
     ``multi_block=False`` keeps every task of this op on one block (for ops
-    such as a reduction that need the whole task in one block).
+    such as a reduction that need the whole task in one block). What a body may
+    not hold (a NUL, preprocessor directives, ``__global__``...): :func:`check_body`.
     """
 
     name: str
@@ -144,6 +194,11 @@ class OpSpec(_Frozen):
     version: int = Field(default=1, ge=1)
 
     _check_op_name = field_validator("name")(classmethod(lambda cls, v: _check_identifier(v)))
+
+    @model_validator(mode="after")
+    def _check_body(self) -> OpSpec:
+        check_body(self.body, self.name)
+        return self
 
     @model_validator(mode="after")
     def _check_params(self) -> OpSpec:

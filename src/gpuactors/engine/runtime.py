@@ -16,11 +16,12 @@ import enum
 import platform
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
+from pydantic import Field, field_validator
 
+from gpuactors.checked import Settings
 from gpuactors.cuda import status as cuda_status
 from gpuactors.cuda.loader import MODULE_LOADS, ModuleLoadGate
 from gpuactors.engine.abi import (
@@ -34,6 +35,7 @@ from gpuactors.engine.abi import (
 )
 from gpuactors.engine.codegen import CLOCK_KERNEL_NAME, ENGINE_KERNEL_NAME
 from gpuactors.engine.messages import MAX_TIMEOUT_S
+from gpuactors.engine.ops import OpSpec
 from gpuactors.engine.ring import HostRing, check_capacity, reset_ring, u64_words
 from gpuactors.errors import DeviceFault, EngineError, EngineModeError, InvalidArgument
 from gpuactors.logs import get_logger
@@ -60,54 +62,64 @@ class PersistentThreadMode(str, enum.Enum):
     DISABLE = "disable"
 
 
-@dataclass(frozen=True)
-class EngineConfig:
-    """Sizes and timings of one engine. Defaults suit many small tasks."""
+#: The longest duration a setting takes, in ms: a task's own timeout is capped there too.
+_MAX_MS = MAX_TIMEOUT_S * 1e3
+#: CUDA's limit on a grid's x dimension.
+_MAX_GRID_BLOCKS = (1 << 31) - 1
+
+
+class EngineConfig(Settings):
+    """Sizes and timings of one engine. Defaults suit many small tasks.
+
+    Checked when built (a strict pydantic model: see :mod:`gpuactors.checked`):
+    durations are finite and at most ``MAX_TIMEOUT_S`` (about 11.6 days), counts are
+    ints, and a bad value raises InvalidArgument naming the field.
+    """
 
     capacity: int = 4096
-    grid_blocks: int | None = None  # None: one block per SM (block 0 dispatches)
-    block_threads: int = 256
-    idle_park_ms: float = 2.0
-    max_residency_ms: float = 100.0  # 0: never park for residency
-    max_units_per_task: int = 128
+    # Blocks of the engine kernel; None: one per SM. Block 0 dispatches, so at least 2.
+    grid_blocks: Annotated[int, Field(ge=2, le=_MAX_GRID_BLOCKS)] | None = None
+    block_threads: Literal[64, 128, 256, 512, 1024] = 256
+    idle_park_ms: float = Field(default=2.0, ge=0, le=_MAX_MS)
+    max_residency_ms: float = Field(default=100.0, ge=0, le=_MAX_MS)  # 0: never park for it
+    max_units_per_task: int = Field(default=128, ge=1, le=65536)
     # A lone one-block task with n up to this runs on the dispatcher's block, with no
     # hand-off to a worker (the latency path); polling waits for it. 0: never.
-    inline_max_n: int = 1 << 12
-    mode: PersistentThreadMode = PersistentThreadMode.AUTO
-    hang_grace_ms: float = 1000.0  # a task this late past its deadline hangs the engine
+    inline_max_n: int = Field(default=1 << 12, ge=0, lt=1 << 64)
+    # Enum members or their values ("auto", ...): the one field that converts.
+    mode: PersistentThreadMode = Field(default=PersistentThreadMode.AUTO, strict=False)
+    # A task this late past its deadline hangs the engine.
+    hang_grace_ms: float = Field(default=1000.0, gt=0, le=_MAX_MS)
     # Deadline of tasks sent without one: every wait ends (None: tasks may wait forever).
-    default_task_timeout_s: float | None = 60.0
+    default_task_timeout_s: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S)] | None = 60.0
 
-    def __post_init__(self) -> None:
-        check_capacity(self.capacity)
-        if self.block_threads not in (64, 128, 256, 512, 1024):
-            raise InvalidArgument(
-                f"block_threads must be 64..1024, a power of two: {self.block_threads}"
-            )
-        if self.grid_blocks is not None and self.grid_blocks < 2:
-            raise InvalidArgument("grid_blocks must be >= 2 (block 0 dispatches, the rest work)")
-        if self.idle_park_ms < 0 or self.max_residency_ms < 0 or self.hang_grace_ms <= 0:
-            raise InvalidArgument("idle_park_ms, max_residency_ms must be >= 0; hang_grace_ms > 0")
-        default_timeout = self.default_task_timeout_s
-        if default_timeout is not None and not 0 < default_timeout <= MAX_TIMEOUT_S:
-            raise InvalidArgument(
-                f"default_task_timeout_s must be > 0 and <= {MAX_TIMEOUT_S:g} s (as a "
-                f"task's own timeout), or None for no deadline: {default_timeout!r}"
-            )
-        if not 1 <= self.max_units_per_task <= 65536:
-            raise InvalidArgument("max_units_per_task must be in 1..65536")
-        if (
-            isinstance(self.inline_max_n, bool)
-            or not isinstance(self.inline_max_n, int)
-            or not 0 <= self.inline_max_n < 1 << 64
-        ):
-            raise InvalidArgument(f"inline_max_n must be an int >= 0, got {self.inline_max_n!r}")
+    @field_validator("capacity")
+    @classmethod
+    def _check_capacity(cls, capacity: int) -> int:
+        return check_capacity(capacity)
 
     @property
     def unit_capacity(self) -> int:
         """Unit queue entries: room for a full warp's worth of maximal tasks, power of two."""
         need = max(self.capacity, 32 * self.max_units_per_task)
         return 1 << (need - 1).bit_length()
+
+
+def check_start_options(
+    ops: Sequence[object], config: object, *, device_id: object, full_policy: object
+) -> EngineConfig:
+    """The config an engine starts with (``EngineConfig()`` for None), once the rest of
+    its start options are checked too: a misspelt ``full_policy`` would act as "wait",
+    and a wrong type would fail later with an AttributeError far from its cause."""
+    if not all(isinstance(op, OpSpec) for op in ops):
+        raise InvalidArgument(f"ops must be OpSpecs, got {[type(op).__name__ for op in ops]}")
+    if config is not None and not isinstance(config, EngineConfig):
+        raise InvalidArgument(f"config must be an EngineConfig or None, not {config!r}")
+    if isinstance(device_id, bool) or not isinstance(device_id, int) or device_id < 0:
+        raise InvalidArgument(f"device_id must be an int >= 0, not {device_id!r}")
+    if full_policy not in ("wait", "fail"):
+        raise InvalidArgument(f"full_policy must be 'wait' or 'fail', not {full_policy!r}")
+    return config or EngineConfig()
 
 
 def _pinned(cupy: Any, dtype: np.dtype[Any], count: int) -> tuple[Any, np.ndarray]:

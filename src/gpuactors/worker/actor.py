@@ -31,14 +31,17 @@ import sys
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
+from pydantic import Field
 
 from gpuactors.actors import Actor, ActorRef, ActorSystem, Deferred, Props, handles
 from gpuactors.actors.deferred import failed_reply
+from gpuactors.checked import Settings
 from gpuactors.engine.messages import (
+    MAX_TIMEOUT_S,
     AliasOp,
     BatchCompletion,
     Completion,
@@ -103,33 +106,35 @@ from gpuactors.worker.wire import decode_error, encode_frame
 _STATEFUL = (InstallOp, ReplaceOp, AliasOp, Rollback)
 _WATCHDOG_SECONDS = 0.25
 _DOOMED_GRACE_SECONDS = 2.0
+#: Text without a NUL (a process argument cannot hold one).
+_NO_NUL = r"^[^\x00]*$"
+#: A dotted Python module name, as ``python -m`` takes it.
+_MODULE_NAME = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
 
 
-@dataclass(frozen=True)
-class IsolationConfig:
-    """How an isolated engine runs and replaces its worker processes."""
+class IsolationConfig(Settings):
+    """How an isolated engine runs and replaces its worker processes.
+
+    Checked when built, as ``EngineConfig`` is: counts are ints, durations finite and
+    at most ``MAX_TIMEOUT_S``, and a bad value raises InvalidArgument naming the field.
+    """
 
     # Booted spare workers: a replacement waits on no process start. Finding the culprit
     # of a fault can cost two workers (see above), so two spares make both swaps instant.
-    standbys: int = 1
-    max_restarts: int = 5  # replacements allowed within restart_window_s ...
-    restart_window_s: float = 60.0  # ... before the engine is declared failed
-    start_timeout_s: float = 120.0  # one worker's boot (import, context, engine module)
-    max_attempts: int = 3  # workers one job may be sent to before it fails with DeviceFault
+    standbys: int = Field(default=1, ge=0)
+    # Replacements allowed within restart_window_s; one more fails the engine.
+    max_restarts: int = Field(default=5, ge=0)
+    restart_window_s: float = Field(default=60.0, gt=0, le=MAX_TIMEOUT_S)
+    # One worker's boot (import, context, engine module).
+    start_timeout_s: float = Field(default=120.0, gt=0, le=MAX_TIMEOUT_S)
+    max_attempts: int = Field(default=3, ge=1)  # workers one job may go to before DeviceFault
     # A request the worker has not answered this long past its own deadline means
     # the worker is stuck: it is killed and replaced.
-    unresponsive_s: float = 30.0
-    python: str = field(default_factory=lambda: sys.executable)
+    unresponsive_s: float = Field(default=30.0, gt=0, le=MAX_TIMEOUT_S)
+    # The interpreter that runs workers (a NUL would only fail when a worker starts).
+    python: str = Field(default_factory=lambda: sys.executable, min_length=1, pattern=_NO_NUL)
     # The module run as ``python -m MODULE FD``; the supervision tests swap in a CPU stand-in.
-    worker_module: str = "gpuactors.worker"
-
-    def __post_init__(self) -> None:
-        if self.standbys < 0:
-            raise InvalidArgument("standbys must be >= 0")
-        if self.max_restarts < 0 or self.restart_window_s <= 0 or self.start_timeout_s <= 0:
-            raise InvalidArgument("max_restarts >= 0, restart_window_s and start_timeout_s > 0")
-        if self.max_attempts < 1 or self.unresponsive_s <= 0:
-            raise InvalidArgument("max_attempts >= 1 and unresponsive_s > 0")
+    worker_module: str = Field(default="gpuactors.worker", pattern=_MODULE_NAME)
 
 
 @dataclass(eq=False)
