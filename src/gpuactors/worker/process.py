@@ -1,14 +1,18 @@
 """One worker process seen from its parent: spawn, boot, send, receive, kill.
 
-The child is ``python -m gpuactors.worker FD`` with one end of a private
-socketpair. Writes go through asyncio's buffered transport, so neither side can
-block the other by not reading.
+The child runs the worker module (``gpuactors.worker``) with one end of a private
+socketpair, started as ``python -I bootstrap.py PATH MODULE FD`` (see
+:mod:`gpuactors.worker.bootstrap`): never with the working directory on its
+``sys.path``, so a ``numpy.py`` in the folder a service runs from cannot stand in
+for the real one. Writes go through asyncio's buffered transport, so neither side
+can block the other by not reading.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -27,6 +31,20 @@ log = get_logger(component="worker")
 
 #: Where ``gpuactors`` is imported from, so the child finds the same package.
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+#: The script a worker starts with: it sets sys.path, then runs the worker module.
+_BOOTSTRAP = str(Path(__file__).resolve().with_name("bootstrap.py"))
+
+
+def worker_path(python: str) -> list[str]:
+    """The folders a worker imports from, before its interpreter's own: this package's
+    root, then ``PYTHONPATH``, then (when it runs this interpreter) this process's
+    ``sys.path``, so it imports what its parent imports. Only absolute folders: an
+    empty or relative entry means "the working directory", which is not ours to trust.
+    Another interpreter gets no sys.path of ours (its own site-packages may differ)."""
+    entries = [_PACKAGE_ROOT, *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    if python == sys.executable:
+        entries += [str(entry) for entry in sys.path]
+    return list(dict.fromkeys(entry for entry in entries if os.path.isabs(entry)))
 
 
 class WorkerProcess:
@@ -55,17 +73,19 @@ class WorkerProcess:
     ) -> WorkerProcess:
         """Start a worker and wait until its engine is up (or raise why it is not)."""
         started = time.perf_counter()
+        python = python or sys.executable
         ours, theirs = socket.socketpair()
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get("PYTHONPATH")]))
         try:
+            # -I: neither the working directory nor the script's folder on sys.path (and
+            # no PYTHON* variables, no user site): the path comes as an argument instead.
             process = await asyncio.create_subprocess_exec(
-                python or sys.executable,
-                "-m",
+                python,
+                "-I",
+                _BOOTSTRAP,
+                json.dumps(worker_path(python)),
                 module,
                 str(theirs.fileno()),
                 pass_fds=(theirs.fileno(),),
-                env=env,
                 stdin=subprocess.DEVNULL,
             )
         except BaseException:
