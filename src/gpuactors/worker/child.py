@@ -1,4 +1,4 @@
-"""The worker process of an isolated engine: ``python -m gpuactors.worker FD``.
+"""The worker process of an isolated engine: module ``gpuactors.worker``, its socket FD as argument.
 
 It owns the CUDA context, runs an ordinary :class:`~gpuactors.engine.Engine` and
 serves requests read from the socket ``FD``. When the engine faults or hangs the
