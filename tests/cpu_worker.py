@@ -7,12 +7,17 @@ hangs until its deadline plus grace (``TaskHung``), ``crash`` exits without a wo
 ``stall`` never answers, ``slow`` is a fill that takes 0.6 s, and uploading an empty
 array crashes the worker outside any job. Only IsolatedEngineActor's logic is tested with it; the
 GPU tests (``test_worker_gpu.py``) run the real worker.
+
+It also breaks the protocol on cue, as a subverted worker would: ops named in
+``MISBEHAVIOUR`` answer with a pickle, garbage, a wrong answer or a wrong request id,
+and an op of that name in the boot's ops (``boot_pickle``...) spoils the boot instead.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import pickle
 import socket
 import sys
 import time
@@ -33,9 +38,54 @@ from gpuactors.errors import DeviceFault, TaskHung, UnknownOp
 from gpuactors.messages import Ack
 from gpuactors.nvrtc.messages import CompileRequest, Launched
 from gpuactors.worker.messages import Download, Free, Job, LaunchJob, RemoteArray, Upload
-from gpuactors.worker.wire import encode_error, encode_frame, read_frame
+from gpuactors.worker.wire import (
+    Answer,
+    Boot,
+    Failure,
+    Faulted,
+    Frame,
+    JobRan,
+    KernelLoaded,
+    LaunchRan,
+    Ready,
+    Request,
+    encode_frame,
+    read_frame,
+    wire_error,
+)
 
 GRACE_S = 0.3
+
+
+class RunsInParent:
+    """Unpickling this writes the file its path names: proof that code ran."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return (open, (self.marker, "w"))
+
+
+def raw_frame(body: bytes) -> bytes:
+    return len(body).to_bytes(4, "big") + body
+
+
+def misbehaviour(name: str, rid: int, args: tuple[Any, ...]) -> bytes:
+    """The bytes a subverted worker sends instead of an answer (or a boot's Ready)."""
+    if name.endswith("pickle"):  # args[0]: the marker file the pickle would create
+        return raw_frame(pickle.dumps(("rep", rid, True, RunsInParent(args[0]))))
+    if name.endswith("garbage"):
+        return raw_frame(b"abcd")
+    if name.endswith("wrong_answer"):  # a well-formed frame, but not what the request gets
+        return encode_frame(Answer(rid=rid, value=12345))
+    if name.endswith("wrong_rid"):
+        return encode_frame(Answer(rid=rid + 1000, value=12345))
+    raise ValueError(name)
+
+
+MISBEHAVIOUR = ("reply_pickle", "reply_garbage", "reply_wrong_answer", "reply_wrong_rid")
+BOOT_MISBEHAVIOUR = ("boot_pickle", "boot_garbage", "boot_wrong_answer")
 
 
 class FakeWorker:
@@ -48,16 +98,19 @@ class FakeWorker:
         self.processed = 0
         self.seq = 0
 
-    def send(self, frame: object) -> None:
+    def send(self, frame: Frame) -> None:
         self.writer.write(encode_frame(frame))
 
     async def serve(self, rid: int, message: Any) -> None:
+        if isinstance(message, Job) and message.op in MISBEHAVIOUR:
+            self.writer.write(misbehaviour(message.op, rid, message.args))
+            return
         try:
             reply = await self.handle(message)
         except Exception as exc:
-            self.send(("rep", rid, False, encode_error(exc)))
+            self.send(Failure(rid=rid, error=wire_error(exc)))
         else:
-            self.send(("rep", rid, True, reply))
+            self.send(Answer(rid=rid, value=reply))
         finally:
             self.in_flight.pop(rid, None)
         if isinstance(message, Shutdown):
@@ -80,12 +133,15 @@ class FakeWorker:
             return Ack()
         if isinstance(message, CompileRequest):  # no NVRTC here: a handle per request
             self.next_array += 1
-            return self.next_array, {n: n for n in message.kernel_names}, "key", ""
+            kernels = {n: n for n in message.kernel_names}
+            return KernelLoaded(id=self.next_array, kernels=kernels, cache_key="key", log="")
         if isinstance(message, LaunchJob):  # "runs" by returning the arguments as they are
             self.processed += 1
             name = message.name or next(iter(message.kernel.kernels))
             arrays = tuple(a if isinstance(a, np.ndarray) else None for a in message.args)
-            return Launched(name=name, symbol=name, elapsed_us=0.0), arrays
+            return LaunchRan(
+                launched=Launched(name=name, symbol=name, elapsed_us=0.0), arrays=arrays
+            )
         if isinstance(message, InstallOp):
             self.ops.append(message.op.name)
             return OpInstalled(
@@ -117,7 +173,7 @@ class FakeWorker:
             return ShutdownReport(completed=self.processed, cancelled=0)
         raise TypeError(f"the CPU worker does not handle {type(message).__name__}")
 
-    async def job(self, job: Job) -> tuple[Completion, tuple[Any, ...]]:
+    async def job(self, job: Job) -> JobRan:
         args = [self.arrays[a.id] if isinstance(a, RemoteArray) else a for a in job.args]
         if job.op == "crash":
             os._exit(9)
@@ -145,7 +201,8 @@ class FakeWorker:
         returns = job.returns
         if returns is None:
             returns = tuple(i for i, a in enumerate(job.args) if isinstance(a, np.ndarray))
-        return completion, tuple(args[i] if i in returns else None for i in range(len(args)))
+        arrays = tuple(args[i] if i in returns else None for i in range(len(args)))
+        return JobRan(completion=completion, arrays=arrays)
 
     def fault(self, culprit_error: Exception) -> None:
         """Fail every job in flight like the engine does, then report and exit."""
@@ -153,26 +210,36 @@ class FakeWorker:
         for rid, task in list(self.in_flight.items()):
             if task is not me:
                 task.cancel()
-                self.send(("rep", rid, False, encode_error(DeviceFault("the engine faulted"))))
+                self.send(Failure(rid=rid, error=DeviceFault("the engine faulted")))
         asyncio.get_running_loop().call_later(0.02, self.leave, str(culprit_error))
         raise culprit_error
 
     def leave(self, reason: str) -> None:
-        self.send(("faulted", reason))
+        self.send(Faulted(reason=reason))
         asyncio.get_running_loop().call_later(0.01, os._exit, 70)
 
 
 async def main(fd: int) -> None:
     reader, writer = await asyncio.open_unix_connection(sock=socket.socket(fileno=fd))
-    _, boot = await read_frame(reader)
-    worker = FakeWorker(writer, ["fill", "axpy", *(op.name for op in boot.ops)])
-    worker.send(("ready", {"pid": os.getpid(), "startup_s": 0.0}))
+    boot = await read_frame(reader)
+    assert isinstance(boot, Boot)
+    ops = [op.name for op in boot.spec.ops]
+    worker = FakeWorker(writer, ["fill", "axpy", *ops])
+    spoilt = [op for op in ops if op in BOOT_MISBEHAVIOUR]
+    if spoilt:  # the marker file for boot_pickle is the op's body
+        marker = next(op.body for op in boot.spec.ops if op.name == spoilt[0])
+        writer.write(misbehaviour(spoilt[0], 0, (marker,)))
+        await writer.drain()
+        await asyncio.sleep(60)  # the parent must not wait for this
+    worker.send(Ready(pid=os.getpid(), startup_s=0.0))
     while True:
         try:
-            _, rid, message = await read_frame(reader)
+            request = await read_frame(reader)
         except (asyncio.IncompleteReadError, ConnectionError):
             os._exit(0)
-        worker.in_flight[rid] = asyncio.create_task(worker.serve(rid, message))
+        assert isinstance(request, Request)
+        task = asyncio.create_task(worker.serve(request.rid, request.message))
+        worker.in_flight[request.rid] = task
 
 
 if __name__ == "__main__":

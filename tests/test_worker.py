@@ -27,22 +27,37 @@ from gpuactors.worker import (
     RemoteKernel,
     Upload,
 )
-from gpuactors.worker.wire import decode_error, encode_error, encode_frame, read_frame
+from gpuactors.worker.wire import (
+    Failure,
+    Faulted,
+    Request,
+    decode_frame,
+    encode_frame,
+    read_frame,
+    wire_error,
+)
 
 
 async def test_frames_round_trip_through_a_stream() -> None:
     reader = asyncio.StreamReader()
-    sent = [("req", 1, Job(op="fill", args=(np.arange(4.0), 2.5), n=4)), ("faulted", "x" * 70000)]
+    job = Job(op="fill", args=(np.arange(4.0), 2.5), n=4)
+    sent = [Request(rid=1, message=job), Faulted(reason="x" * 70000)]
     for frame in sent:
         reader.feed_data(encode_frame(frame))
     reader.feed_eof()
     first = await read_frame(reader)
-    assert first[:2] == ("req", 1)
-    assert first[2].op == "fill"
-    np.testing.assert_array_equal(first[2].args[0], np.arange(4.0))
+    assert isinstance(first, Request) and first.rid == 1
+    assert isinstance(first.message, Job) and first.message.op == "fill"
+    np.testing.assert_array_equal(first.message.args[0], np.arange(4.0))
     assert await read_frame(reader) == sent[1]
     with pytest.raises(asyncio.IncompleteReadError):
         await read_frame(reader)
+
+
+def round_trip(error: BaseException) -> Exception:
+    frame = decode_frame(encode_frame(Failure(rid=1, error=wire_error(error)))[4:])
+    assert isinstance(frame, Failure)
+    return frame.error
 
 
 @pytest.mark.parametrize(
@@ -55,7 +70,7 @@ async def test_frames_round_trip_through_a_stream() -> None:
     ],
 )
 def test_errors_keep_their_class_text_and_details(error: Exception) -> None:
-    rebuilt = decode_error(encode_error(error))
+    rebuilt = round_trip(error)
     assert type(rebuilt) is type(error)
     assert str(rebuilt) == str(error)
     assert vars(rebuilt) == vars(error)
@@ -64,7 +79,7 @@ def test_errors_keep_their_class_text_and_details(error: Exception) -> None:
 def test_foreign_errors_arrive_as_worker_error() -> None:
     error = RuntimeError("cudaErrorIllegalAddress")
     error.unpicklable = lambda: None  # type: ignore[attr-defined]
-    rebuilt = decode_error(encode_error(error))
+    rebuilt = round_trip(error)
     assert isinstance(rebuilt, WorkerError)
     assert "RuntimeError" in str(rebuilt) and "cudaErrorIllegalAddress" in str(rebuilt)
 

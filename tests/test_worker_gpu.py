@@ -17,6 +17,7 @@ from gpuactors.actors import ActorSystem
 from gpuactors.cuda import no_device_reason
 from gpuactors.engine import ArrayParam, EngineConfig, EnqueueBatch, OpSpec, ScalarParam
 from gpuactors.errors import (
+    CompileError,
     DeviceFailed,
     DeviceFault,
     GpuRefStale,
@@ -239,4 +240,35 @@ async def test_kernels_compiled_and_launched_in_the_worker_survive_a_faulting_ke
         np.testing.assert_allclose(again.arrays[0], x + 1.0, rtol=1e-6)
         health = await engine.health()
         assert health.restarts == 1 and health.culprits == 1 and again.generation == 2
+        await engine.shutdown()
+
+
+async def test_values_cross_the_real_workers_protocol_intact() -> None:
+    """The worker protocol (JSON + raw buffers) with the real worker: large, strided,
+    multi-dimensional and 0-d arrays, errors with their details, engine replies."""
+    rng = np.random.default_rng()
+    async with ActorSystem("iso") as system:
+        engine = await IsolatedEngine.start(
+            system, ops=[SCALE], isolation=IsolationConfig(standbys=0)
+        )
+        n = 1 << 22  # 16 MiB each way, by value
+        x = rng.standard_normal(2 * n).astype(np.float32)[::2]  # strided: sent contiguous
+        result = await engine.run("scale", np.empty(n, np.float32), x, np.float32(0.5), n=n)
+        np.testing.assert_allclose(result.arrays[0], 0.5 * x, rtol=1e-6)
+        assert result.arrays[0].flags.writeable  # the caller owns what comes back
+        for array in (
+            rng.standard_normal((3, 5, 7)),
+            np.array(2.5, np.float32),
+            np.eye(3, dtype=bool),
+        ):
+            remote = await engine.upload(array)
+            back = await engine.download(remote)
+            assert back.dtype == array.dtype and back.shape == array.shape
+            np.testing.assert_array_equal(back, array)
+        with pytest.raises(CompileError) as compile_error:
+            await engine.compile('extern "C" __global__ void k(float* x) { oops; }', "k")
+        assert "oops" in compile_error.value.log  # the error's details crossed too
+        stats = await engine.stats()
+        assert stats.processed >= 1 and "scale@1" in stats.ops
+        assert (await engine.health()).restarts == 0
         await engine.shutdown()

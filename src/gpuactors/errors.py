@@ -165,3 +165,9 @@ class TaskHung(TaskTimeout):
 class WorkerError(GpuError):
     """The worker process that hosts an isolated engine failed in a way not covered above
     (it could not start, or raised an error of an unexpected type: its text is kept)."""
+
+
+class WorkerProtocolError(WorkerError):
+    """A worker process sent bytes that are not a well-formed frame of the worker protocol,
+    or a reply that does not fit its request. Nothing it says can be trusted any more:
+    the requests it held fail with this error at once and it is replaced."""

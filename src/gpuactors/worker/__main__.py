@@ -1,4 +1,4 @@
-"""``python -m gpuactors.worker FD``: run a worker process (started by an isolated engine)."""
+"""A worker process (the module run by ``worker/bootstrap.py`` for an isolated engine; arg: FD)."""
 
 from gpuactors.worker.child import main
 

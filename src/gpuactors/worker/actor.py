@@ -44,7 +44,6 @@ from gpuactors.engine.messages import (
     MAX_TIMEOUT_S,
     AliasOp,
     BatchCompletion,
-    Completion,
     Drain,
     Drained,
     EngineStats,
@@ -73,18 +72,18 @@ from gpuactors.errors import (
     InvalidArgument,
     TaskHung,
     WorkerError,
+    WorkerProtocolError,
 )
 from gpuactors.messages import Ack, Message
 from gpuactors.nvrtc.messages import (
     Compile,
     CompileAsync,
-    CompileRequest,
     block_dims,
     grid_dims,
 )
 from gpuactors.nvrtc.options import NvrtcOpts
-from gpuactors.worker.child import BootSpec
 from gpuactors.worker.messages import (
+    BootSpec,
     Download,
     Downloaded,
     Free,
@@ -100,7 +99,18 @@ from gpuactors.worker.messages import (
     WorkerState,
 )
 from gpuactors.worker.process import WorkerProcess
-from gpuactors.worker.wire import decode_error, encode_frame
+from gpuactors.worker.wire import (
+    Answer,
+    Failure,
+    Faulted,
+    Frame,
+    JobRan,
+    KernelLoaded,
+    LaunchRan,
+    Request,
+    check_answer,
+    encode_frame,
+)
 
 #: Messages that change what the engine runs: replayed, in order, on every new worker.
 _STATEFUL = (InstallOp, ReplaceOp, AliasOp, Rollback)
@@ -163,7 +173,9 @@ class IsolatedEngineActor(Actor):
         full_policy: Literal["wait", "fail"] = "wait",
     ) -> None:
         self._engine_config = config or EngineConfig()
-        self._boot = BootSpec(tuple(ops), self._engine_config, device_id, full_policy)
+        self._boot = BootSpec(
+            ops=tuple(ops), config=self._engine_config, device_id=device_id, full_policy=full_policy
+        )
         self._isolation = isolation or IsolationConfig()
         self._history: list[Message] = []  # successful stateful messages, in order
         self._worker: WorkerProcess | None = None
@@ -229,7 +241,7 @@ class IsolatedEngineActor(Actor):
         self._parked = False
         worker.start_reading(
             lambda frame: self._on_frame(worker, frame),
-            lambda reason: self._on_worker_lost(worker, reason),
+            lambda error: self._on_connection_lost(worker, error),
         )
 
     def _refill_standbys(self) -> None:
@@ -251,8 +263,12 @@ class IsolatedEngineActor(Actor):
             return
         self._standbys.append(standby)
         self._standby_arrived.set()
-        # A standby that dies while waiting is simply dropped (and replaced).
-        standby.start_reading(lambda _frame: None, lambda _r: self._drop_standby(standby))
+
+        # A standby that dies (or speaks unasked) while waiting is dropped (and replaced).
+        def drop(_frame_or_error: object) -> None:
+            self._drop_standby(standby)
+
+        standby.start_reading(drop, drop)
 
     def _drop_standby(self, standby: WorkerProcess) -> None:
         if standby in self._standbys:
@@ -390,14 +406,11 @@ class IsolatedEngineActor(Actor):
         """A request with its frame; InvalidArgument if the message cannot be sent."""
         rid = self._next_rid
         try:
-            frame = encode_frame(("req", rid, msg))
-        except GpuActorsError:
-            raise
-        except Exception as exc:  # e.g. an object array holding a lambda
+            frame = encode_frame(Request(rid=rid, message=msg))
+        except InvalidArgument as exc:  # e.g. an object array, or a frame over 4 GiB
             raise InvalidArgument(
-                f"{type(msg).__name__} cannot be sent to the worker process: "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
+                f"{type(msg).__name__} cannot be sent to the worker process: {exc}"
+            ) from None
         self._next_rid += 1
         return _Request(rid, msg, frame, future, alone=alone)
 
@@ -440,25 +453,29 @@ class IsolatedEngineActor(Actor):
         return budget + self._isolation.unresponsive_s if timeout else float("inf")
 
     # ------------------------------------------------------------------ replies
-    def _on_frame(self, worker: WorkerProcess, frame: Any) -> None:
+    def _on_frame(self, worker: WorkerProcess, frame: Frame) -> None:
         if worker is not self._worker:
             return
-        if frame[0] == "faulted":
-            self._on_worker_lost(worker, f"the worker's device faulted: {frame[1]}")
+        if isinstance(frame, Faulted):
+            self._on_worker_lost(worker, f"the worker's device faulted: {frame.reason}")
             return
-        _, rid, ok, payload = frame
-        request = self._in_flight.pop(rid, None)
-        if request is None:
+        try:
+            if not isinstance(frame, Answer | Failure):
+                raise WorkerProtocolError(f"a serving worker sent {type(frame).__name__}")
+            request = self._answered(frame)
+        except WorkerProtocolError as exc:
+            self._on_connection_lost(worker, exc)
             return
-        if self._alone == rid:
+        del self._in_flight[request.rid]
+        if self._alone == request.rid:
             self._alone = None
-        if ok:
+        if isinstance(frame, Answer):
             try:
-                self._succeeded(request, payload)
-            except Exception as exc:  # a reply we cannot use: that caller's error only
+                self._succeeded(request, frame.value)
+            except Exception as exc:  # our own bug: that caller's error only
                 _settle(request, error=WorkerError(f"unusable reply from the worker: {exc}"))
         else:
-            error = decode_error(payload)
+            error = frame.error
             if isinstance(error, TaskHung):  # the culprit; the worker is going down
                 self._culprits += 1
                 self._hang_reported = True
@@ -471,6 +488,16 @@ class IsolatedEngineActor(Actor):
             else:
                 _settle(request, error=error)
         self._pump()
+
+    def _answered(self, frame: Answer | Failure) -> _Request:
+        """The request ``frame`` answers; WorkerProtocolError if it answers none the
+        worker holds, or does not fit it."""
+        request = self._in_flight.get(frame.rid)
+        if request is None:
+            raise WorkerProtocolError(f"the worker answered request {frame.rid}: it holds none")
+        if isinstance(frame, Answer):
+            check_answer(request.message, frame.value)
+        return request
 
     def _doom(self, worker: WorkerProcess) -> None:
         """The worker said its context is lost: send it nothing more, and do not trust it
@@ -491,30 +518,26 @@ class IsolatedEngineActor(Actor):
             self._history.append(message)
         if isinstance(message, Park | Resume):
             self._parked = isinstance(message, Park)
-        if isinstance(message, Job):
-            completion, arrays = payload
-            assert isinstance(completion, Completion)
+        if isinstance(payload, JobRan):
             payload = JobResult(
-                completion=completion,
-                arrays=arrays,
+                completion=payload.completion,
+                arrays=payload.arrays,
                 generation=self._generation,
                 attempts=request.attempts,
             )
-        elif isinstance(message, LaunchJob):
-            launched, arrays = payload
+        elif isinstance(payload, LaunchRan):
             payload = LaunchResult(
-                launched=launched,
-                arrays=arrays,
+                launched=payload.launched,
+                arrays=payload.arrays,
                 generation=self._generation,
                 attempts=request.attempts,
             )
-        elif isinstance(message, CompileRequest):
-            kernel_id, kernels, cache_key, log = payload
+        elif isinstance(payload, KernelLoaded):
             payload = RemoteKernel(
-                id=kernel_id,
-                kernels=kernels,
-                cache_key=cache_key,
-                log=log,
+                id=payload.id,
+                kernels=payload.kernels,
+                cache_key=payload.cache_key,
+                log=payload.log,
                 generation=self._generation,
                 owner=self._owner,
             )
@@ -532,6 +555,23 @@ class IsolatedEngineActor(Actor):
         _settle(request, result=payload)
 
     # ----------------------------------------------------------------- recovery
+    def _on_connection_lost(self, worker: WorkerProcess, error: WorkerError) -> None:
+        """The worker's stream ended, or it broke the protocol (WorkerProtocolError).
+
+        A worker that broke the protocol cannot be trusted about anything it held: those
+        requests fail with the error now (no watchdog wait, no re-run on the word of a
+        broken worker), then it is replaced like any lost worker.
+        """
+        if worker is not self._worker:
+            return
+        if isinstance(error, WorkerProtocolError):
+            for request in [*self._in_flight.values(), *self._suspects]:
+                _settle(request, error=error)
+            self._in_flight.clear()
+            self._suspects.clear()
+            self._alone = None
+        self._on_worker_lost(worker, str(error))
+
     def _on_worker_lost(self, worker: WorkerProcess, reason: str) -> None:
         if worker is not self._worker:
             return

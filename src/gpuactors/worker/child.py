@@ -1,4 +1,4 @@
-"""The worker process of an isolated engine: ``python -m gpuactors.worker FD``.
+"""The worker process of an isolated engine: module ``gpuactors.worker``, its socket FD as argument.
 
 It owns the CUDA context, runs an ordinary :class:`~gpuactors.engine.Engine` and
 serves requests read from the socket ``FD``. When the engine faults or hangs the
@@ -15,37 +15,58 @@ import os
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from gpuactors.actors import ActorRef, ActorSystem, Props
 from gpuactors.cuda import no_device_reason
-from gpuactors.engine import Engine, EngineConfig, Enqueue, EnqueueBatch, OpSpec, Shutdown
-from gpuactors.errors import ActorStopped, DeviceFault, GpuRefStale, NoCudaDevice, TaskHung
+from gpuactors.engine import Engine, Enqueue, EnqueueBatch, Shutdown
+from gpuactors.errors import (
+    ActorStopped,
+    DeviceFault,
+    GpuRefStale,
+    InvalidArgument,
+    NoCudaDevice,
+    TaskHung,
+    WorkerError,
+    WorkerProtocolError,
+)
 from gpuactors.logs import get_logger
 from gpuactors.messages import Ack, Message
 from gpuactors.nvrtc import KernelHandle, NvrtcActor
 from gpuactors.nvrtc.messages import CompileRequest, Launch
-from gpuactors.worker.messages import Download, Free, Job, LaunchJob, RemoteArray, Upload
-from gpuactors.worker.wire import encode_error, encode_frame, read_frame
+from gpuactors.worker.messages import (
+    BootSpec,
+    Download,
+    Free,
+    Job,
+    LaunchJob,
+    RemoteArray,
+    Upload,
+)
+from gpuactors.worker.wire import (
+    Answer,
+    Boot,
+    BootFailed,
+    Failure,
+    Faulted,
+    Frame,
+    JobRan,
+    KernelLoaded,
+    LaunchRan,
+    Ready,
+    Request,
+    encode_frame,
+    read_frame,
+    wire_error,
+)
 
 #: How long a faulted worker keeps serving replies before it reports and exits.
 _FAULT_FLUSH_SECONDS = 0.02
 EXIT_FAULTED = 70
 
 log = get_logger(component="worker")
-
-
-@dataclass(frozen=True)
-class BootSpec:
-    """What a worker needs to start its engine (sent as the first frame)."""
-
-    ops: tuple[OpSpec, ...] = ()
-    config: EngineConfig = field(default_factory=EngineConfig)
-    device_id: int = 0
-    full_policy: Literal["wait", "fail"] = "wait"
 
 
 class WorkerHost:
@@ -65,7 +86,7 @@ class WorkerHost:
         self.fault: str | None = None
         self.done = asyncio.Event()
 
-    def send(self, frame: object) -> None:
+    def send(self, frame: Frame) -> None:
         self._writer.write(encode_frame(frame))
 
     async def serve(self, rid: int, message: Message) -> None:
@@ -74,11 +95,17 @@ class WorkerHost:
         except Exception as exc:
             if isinstance(exc, DeviceFault | TaskHung | ActorStopped):
                 self._faulted(f"{type(exc).__name__}: {exc}")
-            self.send(("rep", rid, False, encode_error(exc)))
+            self.send(Failure(rid=rid, error=wire_error(exc)))
+            return
+        try:
+            answer = encode_frame(Answer(rid=rid, value=reply))
+        except InvalidArgument as exc:  # a reply this protocol cannot carry: our bug
+            error = WorkerError(f"the worker's reply cannot be sent: {exc}")
+            self.send(Failure(rid=rid, error=error))
         else:
-            self.send(("rep", rid, True, reply))
-            if isinstance(message, Shutdown):
-                self.done.set()
+            self._writer.write(answer)
+        if isinstance(message, Shutdown):
+            self.done.set()
 
     async def _handle(self, message: Message) -> Any:
         if self.fault is not None:
@@ -91,7 +118,12 @@ class WorkerHost:
             handle = await self._compiler().ask(message, timeout=None)
             kernel_id = self._new_id()
             self._kernels[kernel_id] = handle
-            return kernel_id, dict(handle.kernels), handle.cache_key, handle.log
+            return KernelLoaded(
+                id=kernel_id,
+                kernels=dict(handle.kernels),
+                cache_key=handle.cache_key,
+                log=handle.log,
+            )
         if isinstance(message, Upload):
             array_id = self._new_id()
             self._arrays[array_id] = _device_call(_to_device, message.array)
@@ -112,15 +144,15 @@ class WorkerHost:
         self._last_id += 1
         return self._last_id
 
-    async def _run_job(self, job: Job) -> tuple[Any, tuple[Any, ...]]:
+    async def _run_job(self, job: Job) -> JobRan:
         args, copies = self._device_args(job.args)
         completion = await self.engine.ref.ask(
             Enqueue(op=job.op, args=args, n=job.n, blocks=job.blocks, timeout=job.timeout),
             timeout=None,  # the task's own deadline bounds it
         )
-        return completion, _returned(copies, job.returns, len(job.args))
+        return JobRan(completion=completion, arrays=_returned(copies, job.returns, len(job.args)))
 
-    async def _launch(self, job: LaunchJob) -> tuple[Any, tuple[Any, ...]]:
+    async def _launch(self, job: LaunchJob) -> LaunchRan:
         handle = self._kernels.get(job.kernel.id)
         if handle is None:
             raise GpuRefStale(f"remote kernel {job.kernel.id} (from another worker)", 0, 0)
@@ -136,7 +168,7 @@ class WorkerHost:
             ),
             timeout=None,
         )
-        return launched, _returned(copies, job.returns, len(job.args))
+        return LaunchRan(launched=launched, arrays=_returned(copies, job.returns, len(job.args)))
 
     def _device_args(self, host_args: tuple[Any, ...]) -> tuple[tuple[Any, ...], dict[int, Any]]:
         """The arguments as the device sees them, and the copies made of NumPy ones."""
@@ -210,8 +242,10 @@ async def serve(fd: int) -> int:
     """Boot the engine, serve requests until Shutdown, a fault or the parent leaving."""
     sock = socket.socket(fileno=fd)
     reader, writer = await asyncio.open_unix_connection(sock=sock)
-    kind, boot = await read_frame(reader)
-    assert kind == "boot", kind
+    frame = await read_frame(reader)
+    if not isinstance(frame, Boot):
+        raise WorkerProtocolError(f"the parent began with {type(frame).__name__}, not Boot")
+    boot: BootSpec = frame.spec
     started = time.perf_counter()
     async with ActorSystem("worker") as system:
         try:
@@ -226,16 +260,16 @@ async def serve(fd: int) -> int:
                 full_policy=boot.full_policy,
             )
         except Exception as exc:  # e.g. NoCudaDevice: the parent raises it
-            writer.write(encode_frame(("boot_failed", encode_error(exc))))
+            writer.write(encode_frame(BootFailed(error=wire_error(exc))))
             await writer.drain()
             return 1
         host = WorkerHost(engine, writer, system, boot.device_id)
-        host.send(("ready", {"pid": os.getpid(), "startup_s": time.perf_counter() - started}))
+        host.send(Ready(pid=os.getpid(), startup_s=time.perf_counter() - started))
         requests: set[asyncio.Task[None]] = set()
         reading = asyncio.create_task(_read_requests(reader, host, requests))
         await host.done.wait()
         if host.fault is not None:
-            host.send(("faulted", host.fault))
+            host.send(Faulted(reason=host.fault))
             with contextlib.suppress(ConnectionError):
                 await writer.drain()
             _exit(EXIT_FAULTED)  # never wait on a poisoned context's teardown
@@ -250,13 +284,17 @@ async def _read_requests(
 ) -> None:
     try:
         while True:
-            kind, rid, message = await read_frame(reader)
-            assert kind == "req", kind
-            task = asyncio.create_task(host.serve(rid, message))
+            frame = await read_frame(reader)
+            if not isinstance(frame, Request):
+                raise WorkerProtocolError(f"the parent sent {type(frame).__name__}, not Request")
+            task = asyncio.create_task(host.serve(frame.rid, frame.message))
             requests.add(task)
             task.add_done_callback(requests.discard)
     except (asyncio.IncompleteReadError, ConnectionError):
         log.info("the parent closed the connection; the worker stops", pid=os.getpid())
+        host.done.set()
+    except WorkerProtocolError as exc:  # nothing more from this parent can be understood
+        log.error("the parent broke the worker protocol; the worker stops", error=str(exc))
         host.done.set()
 
 

@@ -12,12 +12,23 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import Field, field_validator
+from pydantic import Field, InstanceOf, field_validator
 
 from gpuactors.engine.messages import MAX_TIMEOUT_S, Completion
+from gpuactors.engine.ops import OpSpec
+from gpuactors.engine.runtime import EngineConfig
 from gpuactors.errors import InvalidArgument
 from gpuactors.messages import Message, Reply
 from gpuactors.nvrtc.messages import Launched, LaunchShape
+
+
+class BootSpec(Message):
+    """What a worker needs to start its engine (the first frame it reads)."""
+
+    ops: tuple[OpSpec, ...] = ()
+    config: InstanceOf[EngineConfig] = Field(default_factory=EngineConfig)
+    device_id: int = Field(default=0, ge=0)
+    full_policy: Literal["wait", "fail"] = "wait"
 
 
 class RemoteArray(Reply):

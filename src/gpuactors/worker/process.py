@@ -1,14 +1,18 @@
 """One worker process seen from its parent: spawn, boot, send, receive, kill.
 
-The child is ``python -m gpuactors.worker FD`` with one end of a private
-socketpair. Writes go through asyncio's buffered transport, so neither side can
-block the other by not reading.
+The child runs the worker module (``gpuactors.worker``) with one end of a private
+socketpair, started as ``python -I bootstrap.py PATH MODULE FD`` (see
+:mod:`gpuactors.worker.bootstrap`): never with the working directory on its
+``sys.path``, so a ``numpy.py`` in the folder a service runs from cannot stand in
+for the real one. Writes go through asyncio's buffered transport, so neither side
+can block the other by not reading.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -16,17 +20,30 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from gpuactors.errors import WorkerError
+from gpuactors.errors import WorkerError, WorkerProtocolError
 from gpuactors.logs import get_logger
-from gpuactors.worker.child import BootSpec
-from gpuactors.worker.wire import decode_error, encode_frame, read_frame
+from gpuactors.worker.messages import BootSpec
+from gpuactors.worker.wire import Boot, BootFailed, Frame, Ready, encode_frame, read_frame
 
 log = get_logger(component="worker")
 
 #: Where ``gpuactors`` is imported from, so the child finds the same package.
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+#: The script a worker starts with: it sets sys.path, then runs the worker module.
+_BOOTSTRAP = str(Path(__file__).resolve().with_name("bootstrap.py"))
+
+
+def worker_path(python: str) -> list[str]:
+    """The folders a worker imports from, before its interpreter's own: this package's
+    root, then ``PYTHONPATH``, then (when it runs this interpreter) this process's
+    ``sys.path``, so it imports what its parent imports. Only absolute folders: an
+    empty or relative entry means "the working directory", which is not ours to trust.
+    Another interpreter gets no sys.path of ours (its own site-packages may differ)."""
+    entries = [_PACKAGE_ROOT, *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    if python == sys.executable:
+        entries += [str(entry) for entry in sys.path]
+    return list(dict.fromkeys(entry for entry in entries if os.path.isabs(entry)))
 
 
 class WorkerProcess:
@@ -45,27 +62,30 @@ class WorkerProcess:
         self._reader = reader
         self._writer = writer
         self._reading: asyncio.Task[None] | None = None
-        self._on_frame: Callable[[Any], None] = lambda _frame: None
-        self._on_closed: Callable[[str], None] = lambda _reason: None
+        self._on_frame: Callable[[Frame], None] = lambda _frame: None
+        self._on_closed: Callable[[WorkerError], None] = lambda _error: None
         self.closed = False
 
     @classmethod
     async def spawn(
         cls, boot: BootSpec, *, python: str, module: str, timeout: float
     ) -> WorkerProcess:
-        """Start a worker and wait until its engine is up (or raise why it is not)."""
+        """Start a worker and wait until its engine is up (or raise why it is not:
+        the engine's own error, WorkerError, or WorkerProtocolError for a bad answer)."""
         started = time.perf_counter()
+        python = python or sys.executable
         ours, theirs = socket.socketpair()
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get("PYTHONPATH")]))
         try:
+            # -I: neither the working directory nor the script's folder on sys.path (and
+            # no PYTHON* variables, no user site): the path comes as an argument instead.
             process = await asyncio.create_subprocess_exec(
-                python or sys.executable,
-                "-m",
+                python,
+                "-I",
+                _BOOTSTRAP,
+                json.dumps(worker_path(python)),
                 module,
                 str(theirs.fileno()),
                 pass_fds=(theirs.fileno(),),
-                env=env,
                 stdin=subprocess.DEVNULL,
             )
         except BaseException:
@@ -76,8 +96,8 @@ class WorkerProcess:
         writer: asyncio.StreamWriter | None = None
         try:
             reader, writer = await asyncio.open_unix_connection(sock=ours)
-            writer.write(encode_frame(("boot", boot)))
-            kind, payload = await asyncio.wait_for(read_frame(reader), timeout)
+            writer.write(encode_frame(Boot(spec=boot)))
+            frame = await asyncio.wait_for(read_frame(reader), timeout)
         except (asyncio.IncompleteReadError, ConnectionError, TimeoutError) as exc:
             _abandon(process, writer, ours)
             what = "did not start in time" if isinstance(exc, TimeoutError) else "exited"
@@ -85,18 +105,24 @@ class WorkerProcess:
                 f"the worker process {what} (pid {process.pid}, timeout {timeout:g} s); "
                 "its stderr says why"
             ) from None
-        except BaseException:  # cancelled (the engine stopped while it booted), or a bug
+        except BaseException:  # WorkerProtocolError, cancelled (the engine stopped), a bug
             _abandon(process, writer, ours)
             raise
-        if kind != "ready":
+        if not isinstance(frame, Ready):
             _abandon(process, writer, ours)
-            raise decode_error(payload)
+            if isinstance(frame, BootFailed):
+                raise frame.error
+            raise WorkerProtocolError(
+                f"the worker (pid {process.pid}) answered its boot with "
+                f"{type(frame).__name__}, not Ready"
+            )
         return cls(process, reader, writer, time.perf_counter() - started)
 
     def start_reading(
-        self, on_frame: Callable[[Any], None], on_closed: Callable[[str], None]
+        self, on_frame: Callable[[Frame], None], on_closed: Callable[[WorkerError], None]
     ) -> None:
-        """Deliver every frame to ``on_frame``, and ``on_closed`` once when the stream ends.
+        """Deliver every frame to ``on_frame``, and ``on_closed`` once when the stream ends
+        (a WorkerError) or breaks (a WorkerProtocolError: nothing after it is read).
 
         Called again (a standby becoming the worker), it only swaps the two callbacks.
         """
@@ -111,17 +137,17 @@ class WorkerProcess:
             try:
                 frame = await read_frame(self._reader)
             except (asyncio.IncompleteReadError, ConnectionError):
-                reason = "the worker process exited"
+                error = WorkerError("the worker process exited")
                 break
-            except Exception as exc:  # a broken frame: treat the worker as lost
-                reason = f"the worker connection broke: {type(exc).__name__}: {exc}"
+            except WorkerProtocolError as exc:
+                error = exc
                 break
             try:
                 self._on_frame(frame)  # looked up per frame: a promoted standby swaps it
             except Exception:  # our own bug: log it, keep reading (the worker is fine)
                 log.exception("handling a worker frame failed", pid=self.pid)
         if not self.closed:
-            self._on_closed(reason)
+            self._on_closed(error)
 
     def send(self, frame: bytes) -> None:
         """Send one frame made by :func:`~gpuactors.worker.wire.encode_frame`."""

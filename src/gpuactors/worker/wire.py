@@ -1,64 +1,281 @@
 """The byte protocol between an isolated engine and its worker process.
 
-Frames are a 4-byte big-endian length and a pickle. Both ends are processes we
-started ourselves from the same installed package over a private socketpair, so
-pickle's trust model holds (nothing here ever reads a file or a foreign socket).
+A frame is a 4-byte big-endian length, then the body: a 4-byte header length,
+the header (ASCII JSON: the frame as a :mod:`~gpuactors.worker.codec` tree and
+the length of each byte segment) and the segments (NumPy buffers, raw). Frames
+carry data only, never code: each end rebuilds the other's messages through
+their own validation, from a fixed list of classes, and anything malformed is a
+:class:`~gpuactors.errors.WorkerProtocolError`. The parent also checks that each
+answer fits its request (:func:`check_answer`): a worker that breaks the protocol
+fails what it held at once and is replaced, with no wait for a watchdog.
 
-Errors cross as ``(class name, text, attributes)`` and are rebuilt on arrival:
-our exception classes take keyword or positional details in ``__init__`` that a
-plain pickle round trip would call with the wrong arguments.
+Both directions use the same codec; the worker trusts its parent no more than
+the parent trusts it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import pickle
+import json
 from typing import Any
 
-import gpuactors.errors as errors_module
-from gpuactors.errors import GpuActorsError, WorkerError
+import numpy as np
+from pydantic import BaseModel, ConfigDict, InstanceOf
+
+from gpuactors.engine.messages import (
+    AliasOp,
+    BatchCompletion,
+    Completion,
+    EngineStats,
+    EnqueueBatch,
+    InstallOp,
+    OpAliasSet,
+    OpInstalled,
+    OpPrepared,
+    Park,
+    Parked,
+    PrepareOp,
+    ReplaceOp,
+    Resume,
+    Rollback,
+    Shutdown,
+    ShutdownReport,
+    Stats,
+)
+from gpuactors.engine.ops import ArrayParam, OpSpec, ScalarParam
+from gpuactors.engine.runtime import EngineConfig, PersistentThreadMode
+from gpuactors.errors import GpuActorsError, InvalidArgument, WorkerError, WorkerProtocolError
+from gpuactors.messages import Ack, Message
+from gpuactors.nvrtc.messages import Compile, CompileAsync, Launched
+from gpuactors.nvrtc.options import NvrtcOpts
+from gpuactors.worker.codec import Codec
+from gpuactors.worker.messages import (
+    BootSpec,
+    Download,
+    Free,
+    Job,
+    LaunchJob,
+    RemoteArray,
+    RemoteKernel,
+    Upload,
+)
 
 _LENGTH_BYTES = 4
 MAX_FRAME_BYTES = (1 << 32) - 1
 
-#: One error in transit: (class name, text, instance attributes that pickle).
-WireError = tuple[str, str, dict[str, Any]]
+
+class _Strict(BaseModel):
+    """Frames and answers: exact types, nothing extra (they come from the other process)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
 
-def encode_frame(obj: object) -> bytes:
-    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    if len(payload) > MAX_FRAME_BYTES:
-        raise errors_module.InvalidArgument(
-            f"a message of {len(payload)} bytes is too large for the worker protocol"
+# ------------------------------------------------------------------- frames
+class Boot(_Strict):
+    """Parent -> worker, first: start the engine."""
+
+    spec: BootSpec
+
+
+class Ready(_Strict):
+    """Worker -> parent: the engine is up; requests may come."""
+
+    pid: int
+    startup_s: float
+
+
+class BootFailed(_Strict):
+    """Worker -> parent: the engine could not start (e.g. NoCudaDevice); the worker exits."""
+
+    error: InstanceOf[GpuActorsError]
+
+
+class Request(_Strict):
+    """Parent -> worker: handle ``message``; the answer names the same ``rid``."""
+
+    rid: int
+    message: Message
+
+
+class Answer(_Strict):
+    """Worker -> parent: request ``rid`` succeeded with ``value`` (see :func:`check_answer`)."""
+
+    rid: int
+    value: Any
+
+
+class Failure(_Strict):
+    """Worker -> parent: request ``rid`` failed with ``error``."""
+
+    rid: int
+    error: InstanceOf[GpuActorsError]
+
+
+class Faulted(_Strict):
+    """Worker -> parent: its device context is lost; it exits now."""
+
+    reason: str
+
+
+Frame = Boot | Ready | BootFailed | Request | Answer | Failure | Faulted
+
+
+# ------------------------------------------------- what a worker answers
+class JobRan(_Strict):
+    """The answer to a Job: the completion and one entry per argument (the array after
+    the task for returned positions, else None)."""
+
+    completion: Completion
+    arrays: tuple[InstanceOf[np.ndarray] | None, ...]
+
+
+class LaunchRan(_Strict):
+    """The answer to a LaunchJob, like :class:`JobRan`."""
+
+    launched: Launched
+    arrays: tuple[InstanceOf[np.ndarray] | None, ...]
+
+
+class KernelLoaded(_Strict):
+    """The answer to a compile: the worker's id for the handle, and what it holds."""
+
+    id: int
+    kernels: dict[str, str]
+    cache_key: str
+    log: str
+
+
+#: Every request a worker serves, and the type of its answer.
+_ANSWERS: dict[type[Message], type] = {
+    Job: JobRan,
+    LaunchJob: LaunchRan,
+    Compile: KernelLoaded,
+    CompileAsync: KernelLoaded,
+    Upload: int,  # the worker's id for the array
+    Download: np.ndarray,
+    Free: Ack,
+    InstallOp: OpInstalled,
+    ReplaceOp: OpInstalled,
+    PrepareOp: OpPrepared,
+    AliasOp: OpAliasSet,
+    Rollback: OpAliasSet,
+    Stats: EngineStats,
+    EnqueueBatch: BatchCompletion,
+    Park: Parked,
+    Resume: Ack,
+    Shutdown: ShutdownReport,
+}
+
+_CODEC = Codec(
+    [
+        *(Boot, Ready, BootFailed, Request, Answer, Failure, Faulted),
+        *(JobRan, LaunchRan, KernelLoaded),
+        *_ANSWERS,  # requests ...
+        *(t for t in _ANSWERS.values() if issubclass(t, BaseModel)),  # ... and their answers
+        # what those hold
+        *(BootSpec, EngineConfig, PersistentThreadMode, OpSpec, ArrayParam, ScalarParam),
+        *(NvrtcOpts, RemoteArray, RemoteKernel, Completion, Launched),
+    ]
+)
+
+
+# ----------------------------------------------------------------- framing
+def encode_frame(frame: Frame) -> bytes:
+    """The bytes of ``frame``; InvalidArgument if something in it cannot be sent."""
+    segments: list[memoryview] = []
+    try:
+        tree = _CODEC.encode(frame, segments)
+        sizes = [segment.nbytes for segment in segments]
+        header = json.dumps({"value": tree, "segments": sizes}, separators=(",", ":")).encode()
+    except InvalidArgument:
+        raise
+    except (ValueError, TypeError, RecursionError) as exc:  # an int too long for JSON, a cycle
+        raise InvalidArgument(f"it cannot be encoded: {exc}") from None
+    length = _LENGTH_BYTES + len(header) + sum(sizes)
+    if length > MAX_FRAME_BYTES:
+        raise InvalidArgument(
+            f"it is {length} bytes long, over the worker protocol's {MAX_FRAME_BYTES}"
         )
-    return len(payload).to_bytes(_LENGTH_BYTES, "big") + payload
+    prefix = length.to_bytes(_LENGTH_BYTES, "big") + len(header).to_bytes(_LENGTH_BYTES, "big")
+    return b"".join([prefix, header, *segments])
 
 
-async def read_frame(reader: asyncio.StreamReader) -> Any:
-    """The next object from ``reader``; ``asyncio.IncompleteReadError`` at end of stream."""
+def decode_frame(body: bytes) -> Frame:
+    """The frame whose body (what follows the length) is ``body``; WorkerProtocolError
+    for anything else."""
+    view = memoryview(body)
+    if len(view) < _LENGTH_BYTES:
+        raise WorkerProtocolError(f"a frame of {len(view)} bytes has no header")
+    header_end = _LENGTH_BYTES + int.from_bytes(view[:_LENGTH_BYTES], "big")
+    if header_end > len(view):
+        raise WorkerProtocolError("a frame's header runs past its end")
+    try:
+        header = json.loads(str(view[_LENGTH_BYTES:header_end], "ascii"))
+    except (ValueError, RecursionError) as exc:  # not JSON (a pickle, say), or nested absurdly
+        raise WorkerProtocolError(f"a frame's header is not JSON: {exc}") from None
+    if not isinstance(header, dict) or set(header) != {"value", "segments"}:
+        raise WorkerProtocolError("a frame's header must hold exactly 'value' and 'segments'")
+    sizes = header["segments"]
+    if not (
+        isinstance(sizes, list)
+        and all(type(size) is int and size >= 0 for size in sizes)
+        and sum(sizes) == len(view) - header_end
+    ):
+        raise WorkerProtocolError("a frame's segment sizes do not add up to its length")
+    segments, start = [], header_end
+    for size in sizes:
+        segments.append(view[start : start + size])
+        start += size
+    frame = _CODEC.decode(header["value"], segments)
+    if not isinstance(frame, Frame):
+        raise WorkerProtocolError(f"a {type(frame).__name__} is not a frame")
+    return frame
+
+
+async def read_frame(reader: asyncio.StreamReader) -> Frame:
+    """The next frame from ``reader``: ``asyncio.IncompleteReadError`` at the end of the
+    stream, WorkerProtocolError for a malformed one."""
     length = int.from_bytes(await reader.readexactly(_LENGTH_BYTES), "big")
-    return pickle.loads(await reader.readexactly(length))
+    return decode_frame(await reader.readexactly(length))
 
 
-def encode_error(exc: BaseException) -> WireError:
-    attributes: dict[str, Any] = {}
-    for key, value in vars(exc).items():
-        try:
-            pickle.dumps(value)
-        except Exception:
-            continue
-        attributes[key] = value
-    return type(exc).__name__, str(exc), attributes
+# ------------------------------------------------------- errors and answers
+def wire_error(exc: BaseException) -> GpuActorsError:
+    """``exc`` as it can cross: a gpuactors error as it is, anything else (a bug or a
+    library's error in the worker) as a WorkerError that keeps its class name and text."""
+    if isinstance(exc, GpuActorsError):
+        return exc
+    return WorkerError(f"the worker process raised {type(exc).__name__}: {exc}")
 
 
-def decode_error(wire: WireError) -> GpuActorsError:
-    """Our error class of that name with the same text and attributes; anything else
-    (a bug or a library error in the worker) arrives as :class:`WorkerError`."""
-    name, text, attributes = wire
-    cls = getattr(errors_module, name, None)
-    if not (isinstance(cls, type) and issubclass(cls, GpuActorsError)):
-        return WorkerError(f"the worker process raised {name}: {text}")
-    error = cls.__new__(cls)
-    Exception.__init__(error, text)
-    error.__dict__.update(attributes)
-    return error
+def check_answer(message: Message, value: Any) -> None:
+    """WorkerProtocolError unless ``value`` is what a worker answers to ``message``."""
+    wanted = _ANSWERS.get(type(message))
+    fits = wanted is not None and isinstance(value, wanted) and not isinstance(value, bool)
+    if fits and isinstance(message, Job | LaunchJob):
+        fits = _arrays_fit(message.args, message.returns, value.arrays)
+    if fits and isinstance(message, Download):
+        fits = value.shape == message.array.shape
+    if not fits:
+        raise WorkerProtocolError(
+            f"the worker's answer to {type(message).__name__} does not fit it "
+            f"({type(value).__name__})"
+        )
+
+
+def _arrays_fit(
+    args: tuple[Any, ...], returns: tuple[int, ...] | None, arrays: tuple[Any, ...]
+) -> bool:
+    """One entry per argument: an array shaped like the argument where it is returned,
+    else None."""
+    if returns is None:
+        returns = tuple(i for i, arg in enumerate(args) if isinstance(arg, np.ndarray))
+    if len(arrays) != len(args):
+        return False
+    for position, (arg, array) in enumerate(zip(args, arrays, strict=True)):
+        if position in returns:
+            if not (isinstance(array, np.ndarray) and array.shape == arg.shape):
+                return False
+        elif array is not None:
+            return False
+    return True

@@ -1,0 +1,305 @@
+"""Values as data for the worker protocol: a JSON tree plus raw byte segments.
+
+Why not pickle: unpickling runs whatever callable the bytes name, so a subverted
+worker process would run code in its parent. This codec carries data only. JSON
+holds the structure; NumPy buffers and ``bytes`` travel as raw segments next to
+it (no base64: a large array costs one copy on each side); objects are rebuilt
+only for classes on an explicit list, through their own validation (pydantic
+models, dataclasses' ``__post_init__``, enum lookup), so a message decoded in the
+other process is checked exactly like one built at a call site.
+
+The tree: JSON null, booleans, numbers, strings and arrays (decoded as tuples)
+stand for themselves; everything else is an object tagged by its ``"@"`` key:
+``dict`` (string keys), ``bytes``, ``complex``, ``array`` and ``scalar``
+(NumPy, numeric dtypes only), ``error`` (a gpuactors error: class name, text,
+attributes), ``enum`` and ``object`` (a listed class, by name, and its fields).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import math
+import re
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel
+
+import gpuactors.errors as errors_module
+from gpuactors.errors import GpuActorsError, InvalidArgument, WorkerProtocolError
+
+#: Byte order and a numeric kind (bool, signed, unsigned, float, complex) with its size.
+_NUMERIC_DTYPE = re.compile(r"[<>|=][biufc][0-9]{1,2}")
+_MAX_DIMENSIONS = 32
+_PLAIN = frozenset({type(None), bool, int, float, str})
+#: The keys of each tagged object, "@" included: a tree with other keys is malformed.
+_KEYS = {
+    tag: frozenset({"@", *names})
+    for tag, names in {
+        "dict": ("items",),
+        "bytes": ("segment",),
+        "complex": ("real", "imag"),
+        "array": ("dtype", "shape", "segment"),
+        "scalar": ("dtype", "hex"),
+        "error": ("type", "text", "attributes"),
+        "enum": ("type", "value"),
+        "object": ("type", "fields"),
+    }.items()
+}
+
+Segments = Sequence[memoryview]
+
+
+class Codec:
+    """Encodes values into a tree and byte segments, and back, for a fixed set of classes
+    (pydantic models, dataclasses and enums, known by name)."""
+
+    def __init__(self, classes: Iterable[type]) -> None:
+        self._objects: dict[str, type] = {}  # models and dataclasses
+        self._enums: dict[str, type[enum.Enum]] = {}
+        self._field_names: dict[type, tuple[str, ...]] = {}  # what an object sends
+        for cls in classes:
+            known = self._objects.get(cls.__name__) or self._enums.get(cls.__name__)
+            if known is cls:
+                continue
+            if known is not None:
+                raise ValueError(f"two classes named {cls.__name__} in one codec")
+            if issubclass(cls, enum.Enum):
+                self._enums[cls.__name__] = cls
+                continue
+            if issubclass(cls, BaseModel):
+                self._field_names[cls] = tuple(cls.model_fields)
+            elif dataclasses.is_dataclass(cls):  # the fields its __init__ takes
+                self._field_names[cls] = tuple(f.name for f in dataclasses.fields(cls) if f.init)
+            else:
+                raise TypeError(f"{cls.__name__} is not a model, dataclass or enum")
+            self._objects[cls.__name__] = cls
+        self._decoders: dict[str, Callable[[dict[str, Any], Segments], Any]] = {
+            "dict": self._decode_dict,
+            "bytes": _decode_bytes,
+            "complex": _decode_complex,
+            "array": _decode_array,
+            "scalar": _decode_scalar,
+            "error": self._decode_error,
+            "enum": self._decode_enum,
+            "object": self._decode_object,
+        }
+
+    # ---------------------------------------------------------------- encoding
+    def encode(self, value: Any, segments: list[memoryview]) -> Any:
+        """The tree for ``value``; its buffers are appended to ``segments``.
+
+        InvalidArgument, saying what it holds, if something in it cannot be sent (an
+        object array, a lambda, an instance of a class not on the list).
+        """
+        kind = type(value)
+        if kind in _PLAIN:
+            return value
+        if kind is tuple or kind is list:
+            return [self.encode(item, segments) for item in value]
+        names = self._field_names.get(kind)
+        if names is not None:
+            fields = {name: self.encode(getattr(value, name), segments) for name in names}
+            return {"@": "object", "type": kind.__name__, "fields": fields}
+        if isinstance(value, np.ndarray):
+            dtype = _numeric_dtype(value.dtype)  # first: an object array has no bytes to send
+            flat = np.ascontiguousarray(value).reshape(-1)
+            segments.append(flat.view(np.uint8).data)
+            return {
+                "@": "array",
+                "dtype": dtype,
+                "shape": list(value.shape),
+                "segment": len(segments) - 1,
+            }
+        if isinstance(value, np.generic):
+            return {
+                "@": "scalar",
+                "dtype": _numeric_dtype(value.dtype),
+                "hex": value.tobytes().hex(),
+            }
+        if isinstance(value, dict):
+            return {"@": "dict", "items": self._encode_items(value, segments)}
+        if isinstance(value, bytes | bytearray):
+            segments.append(memoryview(value))
+            return {"@": "bytes", "segment": len(segments) - 1}
+        if isinstance(value, complex):
+            return {"@": "complex", "real": value.real, "imag": value.imag}
+        if isinstance(value, GpuActorsError):
+            return {"@": "error", **self._encode_error(value, segments)}
+        if isinstance(value, enum.Enum) and self._enums.get(kind.__name__) is kind:
+            return {"@": "enum", "type": kind.__name__, "value": self.encode(value.value, segments)}
+        raise InvalidArgument(
+            f"it holds a value of type {kind.__name__} (the worker protocol carries NumPy "
+            "arrays and scalars, plain values and its own messages)"
+        )
+
+    def _encode_items(self, mapping: dict[Any, Any], segments: list[memoryview]) -> dict[str, Any]:
+        items: dict[str, Any] = {}
+        for key, item in mapping.items():
+            if type(key) is not str:
+                raise InvalidArgument(
+                    f"it holds a dict with a key of type {type(key).__name__} (keys must be str)"
+                )
+            items[key] = self.encode(item, segments)
+        return items
+
+    def _encode_error(self, error: GpuActorsError, segments: list[memoryview]) -> dict[str, Any]:
+        """Class name, text and the attributes that encode (others are left behind: the
+        text already says what happened)."""
+        attributes: dict[str, Any] = {}
+        for key, item in vars(error).items():
+            if not _is_attribute_name(key):
+                continue
+            scratch = list(segments)
+            try:
+                attributes[key] = self.encode(item, scratch)
+            except InvalidArgument:
+                continue
+            segments[:] = scratch
+        return {"type": type(error).__name__, "text": str(error), "attributes": attributes}
+
+    # ---------------------------------------------------------------- decoding
+    def decode(self, tree: Any, segments: Segments) -> Any:
+        """The value ``tree`` stands for; WorkerProtocolError for anything malformed."""
+        try:
+            return self._decode(tree, segments)
+        except WorkerProtocolError:
+            raise
+        except Exception as exc:  # a validator, enum or NumPy refused what the tree says
+            raise WorkerProtocolError(f"a malformed value: {type(exc).__name__}: {exc}") from exc
+
+    def _decode(self, tree: Any, segments: Segments) -> Any:
+        if type(tree) in _PLAIN:
+            return tree
+        if type(tree) is list:
+            return tuple(
+                item if type(item) in _PLAIN else self._decode(item, segments) for item in tree
+            )
+        if type(tree) is not dict:
+            raise WorkerProtocolError(f"a {type(tree).__name__} is not a value")
+        tag = tree.get("@")
+        decoder = self._decoders.get(tag) if type(tag) is str else None
+        if decoder is None or tree.keys() != _KEYS[str(tag)]:
+            raise WorkerProtocolError(f"not a value: a {tag!r} object with keys {sorted(tree)}")
+        return decoder(tree, segments)
+
+    def _decode_dict(self, tree: dict[str, Any], segments: Segments) -> dict[str, Any]:
+        items = _expect(tree, "items", dict)
+        return {key: self._decode(item, segments) for key, item in items.items()}
+
+    def _decode_object(self, tree: dict[str, Any], segments: Segments) -> Any:
+        cls = self._objects.get(_expect(tree, "type", str))
+        if cls is None:
+            raise WorkerProtocolError(f"{tree['type']!r} is not a class the protocol carries")
+        fields = _expect(tree, "fields", dict)
+        # Most fields are plain values: no call for them (this runs for every request).
+        values = {
+            key: item if type(item) in _PLAIN else self._decode(item, segments)
+            for key, item in fields.items()
+        }
+        if issubclass(cls, BaseModel):
+            return cls.model_validate(values)
+        return cls(**values)
+
+    def _decode_enum(self, tree: dict[str, Any], segments: Segments) -> enum.Enum:
+        cls = self._enums.get(_expect(tree, "type", str))
+        if cls is None:
+            raise WorkerProtocolError(f"{tree['type']!r} is not an enum the protocol carries")
+        return cls(self._decode(tree["value"], segments))
+
+    def _decode_error(self, tree: dict[str, Any], segments: Segments) -> GpuActorsError:
+        """The gpuactors error of that class name, text and attributes. Built without its
+        ``__init__``: our errors take their details as arguments that format the text."""
+        name = _expect(tree, "type", str)
+        cls = getattr(errors_module, name, None)
+        if not (isinstance(cls, type) and issubclass(cls, GpuActorsError)):
+            raise WorkerProtocolError(f"{name!r} is not a gpuactors error")
+        attributes = _expect(tree, "attributes", dict)
+        if not all(_is_attribute_name(key) for key in attributes):
+            raise WorkerProtocolError(f"bad error attribute names: {sorted(attributes)!r}")
+        error = cls.__new__(cls)
+        Exception.__init__(error, _expect(tree, "text", str))
+        # Into __dict__, not through setattr: no descriptor of the class (args...) runs.
+        error.__dict__.update(
+            {key: self._decode(item, segments) for key, item in attributes.items()}
+        )
+        return error
+
+
+def _decode_bytes(tree: dict[str, Any], segments: Segments) -> bytes:
+    return bytes(_segment(segments, tree))
+
+
+def _decode_complex(tree: dict[str, Any], _segments: Segments) -> complex:
+    real, imag = tree["real"], tree["imag"]
+    if not all(type(part) in (int, float) for part in (real, imag)):
+        raise WorkerProtocolError("a complex number's parts must be numbers")
+    return complex(real, imag)
+
+
+def _decode_array(tree: dict[str, Any], segments: Segments) -> np.ndarray:
+    dtype = _parse_dtype(tree)
+    shape = tree["shape"]
+    if not (
+        type(shape) is list
+        and len(shape) <= _MAX_DIMENSIONS
+        and all(type(extent) is int and extent >= 0 for extent in shape)
+    ):
+        raise WorkerProtocolError(f"bad array shape {shape!r}")
+    buffer = _segment(segments, tree)
+    if len(buffer) != math.prod(shape) * dtype.itemsize:
+        raise WorkerProtocolError(f"an array of shape {shape} {dtype} in {len(buffer)} bytes")
+    # A copy: the caller owns a writable, aligned array, not a view of the frame.
+    return np.frombuffer(buffer, dtype=dtype).reshape(shape).copy()
+
+
+def _decode_scalar(tree: dict[str, Any], _segments: Segments) -> np.generic:
+    dtype = _parse_dtype(tree)
+    raw = bytes.fromhex(_expect(tree, "hex", str))
+    if len(raw) != dtype.itemsize:
+        raise WorkerProtocolError(f"a {dtype} scalar of {len(raw)} bytes")
+    scalar: np.generic = np.frombuffer(raw, dtype=dtype)[0]
+    return scalar
+
+
+@functools.lru_cache(maxsize=64)
+def _numeric_dtype(dtype: np.dtype[Any]) -> str:
+    if not _NUMERIC_DTYPE.fullmatch(dtype.str):
+        raise InvalidArgument(
+            f"it holds a NumPy value of dtype {dtype} (the worker protocol carries bool, "
+            "integer, float and complex dtypes)"
+        )
+    return str(dtype.str)
+
+
+def _parse_dtype(tree: dict[str, Any]) -> np.dtype[Any]:
+    return _dtype_named(_expect(tree, "dtype", str))
+
+
+@functools.lru_cache(maxsize=64)
+def _dtype_named(text: str) -> np.dtype[Any]:
+    if not _NUMERIC_DTYPE.fullmatch(text):
+        raise WorkerProtocolError(f"{text!r} is not a numeric dtype")
+    dtype: np.dtype[Any] = np.dtype(text)
+    return dtype
+
+
+def _segment(segments: Segments, tree: dict[str, Any]) -> memoryview:
+    index = tree["segment"]
+    if type(index) is not int or not 0 <= index < len(segments):
+        raise WorkerProtocolError(f"no byte segment {index!r}")
+    return segments[index]
+
+
+def _expect(tree: dict[str, Any], key: str, kind: type) -> Any:
+    value = tree[key]
+    if type(value) is not kind:
+        raise WorkerProtocolError(f"a {tree['@']!r} value's {key!r} must be a {kind.__name__}")
+    return value
+
+
+def _is_attribute_name(key: object) -> bool:
+    return isinstance(key, str) and key.isidentifier() and not key.startswith("_")
