@@ -143,7 +143,8 @@ class IsolationConfig(Settings):
     unresponsive_s: float = Field(default=30.0, gt=0, le=MAX_TIMEOUT_S)
     # The interpreter that runs workers (a NUL would only fail when a worker starts).
     python: str = Field(default_factory=lambda: sys.executable, min_length=1, pattern=_NO_NUL)
-    # The module run as ``python -m MODULE FD``; the supervision tests swap in a CPU stand-in.
+    # The module a worker runs as __main__ (its socket FD as argument); the supervision
+    # tests swap in a CPU stand-in.
     worker_module: str = Field(default="gpuactors.worker", pattern=_MODULE_NAME)
 
 
