@@ -8,7 +8,7 @@ An ask to an idle actor with a synchronous handler is handled at once in the ask
 task (no mailbox round trip), so it beats the baseline; an async handler always goes
 through the mailbox, and is measured and checked too.
 
-Run: ``PYTHONPATH=src python benchmarks/bench_actors.py [--asks N] [--tells N]``
+Run: ``python -m gpuactors.benchmarks.bench_actors [--asks N] [--tells N] [--json PATH]``
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ import argparse
 import asyncio
 import gc
 import platform
-import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from gpuactors.actors import Actor, ActorSystem, MailboxConfig, Props, handles
+from gpuactors.benchmarks.results import ScriptResults, add_json_option
 from gpuactors.messages import Message
 
 ASK_P50_MAX_RATIO = 1.5
@@ -143,7 +143,8 @@ async def actor_numbers(asks: int, tells: int) -> dict[str, Any]:
     }
 
 
-async def main(asks: int, tells: int, strict: bool = False) -> int:
+async def measure(asks: int, tells: int, results: ScriptResults) -> None:
+    """Measure, print the tables and the targets, and record them in ``results``."""
     (base_p50, base_p99), base_rate = await bare_baseline(asks, tells)
     ours = await actor_numbers(asks, tells)
     (p50, p99), (tp50, tp99) = ours["ask"], ours["ask_timeout"]
@@ -152,51 +153,70 @@ async def main(asks: int, tells: int, strict: bool = False) -> int:
     print(f"gpuactors actor benchmark: Python {platform.python_version()}, {platform.machine()}")
     print(f"asks: {asks} sequential round trips; tells: {tells} messages\n")
     print(f"{'':34}{'p50 us':>10}{'p99 us':>10}{'p50 ratio':>12}")
-    print(f"{'bare asyncio.Queue + Future':34}{base_p50:>10.2f}{base_p99:>10.2f}{1.0:>12.2f}")
-    print(f"{'actor ask()':34}{p50:>10.2f}{p99:>10.2f}{p50 / base_p50:>12.2f}")
-    print(f"{'actor ask(timeout=5.0)':34}{tp50:>10.2f}{tp99:>10.2f}{tp50 / base_p50:>12.2f}")
-    print(f"{'actor ask(), async handler':34}{mp50:>10.2f}{mp99:>10.2f}{mp50 / base_p50:>12.2f}")
+    rows = [
+        ("bare asyncio.Queue + Future", base_p50, base_p99, True),
+        ("actor ask()", p50, p99, False),
+        ("actor ask(timeout=5.0)", tp50, tp99, False),
+        ("actor ask(), async handler", mp50, mp99, False),
+    ]
+    for label, row_p50, row_p99, baseline in rows:
+        print(f"{label:34}{row_p50:>10.2f}{row_p99:>10.2f}{row_p50 / base_p50:>12.2f}")
+        results.latency(label, row_p50, row_p99, baseline=baseline)
     print()
     print(f"{'':34}{'msgs/s':>12}{'ratio':>10}")
-    print(f"{'bare asyncio.Queue put_nowait':34}{base_rate:>12,.0f}{1.0:>10.2f}")
-    tell_ratio = ours["tell"] / base_rate
-    print(f"{'actor tell() (capacity=N)':34}{ours['tell']:>12,.0f}{tell_ratio:>10.2f}")
-    print(
-        f"{'actor tell_wait() (1024, WAIT)':34}{ours['tell_wait']:>12,.0f}"
-        f"{ours['tell_wait'] / base_rate:>10.2f}"
-    )
+    base_label = "bare asyncio.Queue put_nowait"
+    print(f"{base_label:34}{base_rate:>12,.0f}{1.0:>10.2f}")
+    for label, rate in (
+        ("actor tell() (capacity=N)", ours["tell"]),
+        ("actor tell_wait() (1024, WAIT)", ours["tell_wait"]),
+    ):
+        print(f"{label:34}{rate:>12,.0f}{rate / base_rate:>10.2f}")
+        results.compare(
+            label,
+            rate,
+            baseline_label=base_label,
+            baseline_value=base_rate,
+            unit="messages/s",
+            higher_is_better=True,
+        )
     print()
     checks = [
-        (
-            f"ask p50 <= {ASK_P50_MAX_RATIO}x baseline",
-            p50 / base_p50 <= ASK_P50_MAX_RATIO,
-            f"{p50 / base_p50:.2f}x",
-        ),
+        (f"ask p50 <= {ASK_P50_MAX_RATIO}x baseline", p50 / base_p50, f"{p50 / base_p50:.2f}x"),
         (
             f"ask(timeout) p50 <= {ASK_P50_MAX_RATIO}x baseline",
-            tp50 / base_p50 <= ASK_P50_MAX_RATIO,
+            tp50 / base_p50,
             f"{tp50 / base_p50:.2f}x",
         ),
         (
             f"ask (async handler) p50 <= {ASK_P50_MAX_RATIO}x",
-            mp50 / base_p50 <= ASK_P50_MAX_RATIO,
+            mp50 / base_p50,
             f"{mp50 / base_p50:.2f}x",
         ),
-        (
-            f"tell >= {TELL_MIN_PER_S:,} msgs/s",
-            ours["tell"] >= TELL_MIN_PER_S,
-            f"{ours['tell']:,.0f}/s",
-        ),
     ]
-    for name, met, value in checks:
-        print(f"target {name:38} {'MET' if met else 'NOT MET':8} ({value})")
-    return 1 if strict and not all(met for _, met, _ in checks) else 0
+    for name, ratio, value in checks:
+        met = results.target(name, ratio <= ASK_P50_MAX_RATIO, value)
+        print(f"target {name:38} {met:8} ({value})")
+    name = f"tell >= {TELL_MIN_PER_S:,} msgs/s"
+    value = f"{ours['tell']:,.0f}/s"
+    met = results.target(name, ours["tell"] >= TELL_MIN_PER_S, value)
+    print(f"target {name:38} {met:8} ({value})")
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--asks", type=int, default=20_000)
     parser.add_argument("--tells", type=int, default=200_000)
     parser.add_argument("--strict", action="store_true", help="exit 1 if a target is NOT MET")
-    args = parser.parse_args()
-    sys.exit(asyncio.run(main(args.asks, args.tells, args.strict)))
+    add_json_option(parser)
+    args = parser.parse_args(argv)
+    results = ScriptResults.start("bench_actors")
+    try:
+        asyncio.run(measure(args.asks, args.tells, results))
+    finally:
+        if args.json is not None:
+            results.write(args.json)
+    return 1 if args.strict and not results.all_met else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,6 +1,6 @@
 """Engine latency and throughput against CuPy baselines measured in the same run.
 
-Run on a GPU machine:  python benchmarks/bench_engine.py [--quick]
+Run on a GPU machine:  python -m gpuactors.benchmarks.bench_engine [--quick] [--json PATH]
 
 Sections (each prints medians, p99 and the ratio to its baseline):
   1. ring round trip without asyncio: publish a record, spin on its marker
@@ -21,10 +21,13 @@ import statistics
 import sys
 import time
 from array import array
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
 import numpy as np
+
+from gpuactors.benchmarks.results import ScriptResults, add_json_option
 
 AXPY_SOURCE = r"""
 extern "C" __global__ void axpy(float* y, const float* x, float a, unsigned long long n) {
@@ -50,32 +53,36 @@ def percentiles(samples_s: list[float]) -> tuple[float, float]:
     return float(np.percentile(us, 50)), float(np.percentile(us, 99))
 
 
-VERDICTS: list[bool] = []  # every target's outcome, for --strict
-
-
-def verdict(met: bool) -> str:
-    VERDICTS.append(met)
-    return "MET" if met else "NOT MET"
+BASELINE = "CuPy launch+sync"
 
 
 def report(
+    results: ScriptResults,
     name: str,
     ours: list[float],
     base: list[float],
     target_p50: float | None,
     target_p99: float | None = None,
 ) -> None:
+    """Print one latency section beside the baseline, and record it (and its targets)."""
     p50, p99 = percentiles(ours)
     b50, b99 = percentiles(base)
     ratio50, ratio99 = p50 / b50, p99 / b50
     print(
-        f"{name}: p50 {p50:.2f} us, p99 {p99:.2f} us | CuPy launch+sync p50 {b50:.2f} us, "
+        f"{name}: p50 {p50:.2f} us, p99 {p99:.2f} us | {BASELINE} p50 {b50:.2f} us, "
         f"p99 {b99:.2f} us | ratio p50 {ratio50:.2f}x, p99/base-p50 {ratio99:.2f}x"
     )
+    results.latency(name, p50, p99)
     if target_p50 is not None:
-        print(f"  target p50 <= {target_p50}x CuPy: {verdict(ratio50 <= target_p50)}")
+        met = results.target(
+            f"{name}: p50 <= {target_p50}x CuPy", ratio50 <= target_p50, f"{ratio50:.2f}x"
+        )
+        print(f"  target p50 <= {target_p50}x CuPy: {met}")
     if target_p99 is not None:
-        print(f"  target p99 <= {target_p99}x CuPy p50: {verdict(ratio99 <= target_p99)}")
+        met = results.target(
+            f"{name}: p99 <= {target_p99}x CuPy p50", ratio99 <= target_p99, f"{ratio99:.2f}x"
+        )
+        print(f"  target p99 <= {target_p99}x CuPy p50: {met}")
         # The machine's own spread in this run: where CuPy's p99 is itself past the
         # bound, a slow spell met both (the asks are interleaved with the baseline).
         print(f"  (CuPy's own p99 is {b99 / b50:.2f}x its p50)")
@@ -378,20 +385,33 @@ async def hot_swap_pause(clients: int = 50) -> tuple[float, float, float, int]:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
     parser.add_argument("--clients", type=int, default=1000)
     parser.add_argument("--strict", action="store_true", help="exit 1 if a target is NOT MET")
+    add_json_option(parser)
     args = parser.parse_args(argv)
+    results = ScriptResults.start("bench_engine")
+    try:
+        measure(args, results)
+    finally:
+        if args.json is not None:
+            results.write(args.json)
+    return 1 if args.strict and not results.all_met else 0
+
+
+def measure(args: argparse.Namespace, results: ScriptResults) -> None:
+    """Run the six sections in order, printing each and recording it in ``results``."""
     import cupy as cp
 
     repeats = 1000 if args.quick else 5000
     per_client = 50 if args.quick else 200
     props = cp.cuda.runtime.getDeviceProperties(0)
     when = datetime.now(timezone.utc)
+    results.device = props["name"].decode()
     print(
-        f"bench_engine on {props['name'].decode()} ({when:%Y-%m-%d %H:%M} UTC), "
+        f"bench_engine on {results.device} ({when:%Y-%m-%d %H:%M} UTC), "
         f"CuPy {cp.__version__}, Python {sys.version.split()[0]}, op axpy n={N}"
     )
 
@@ -403,25 +423,43 @@ def main(argv: list[str] | None = None) -> int:
         f"(sections 1 and 2 interleaved with their baseline: 10 rounds of a block each, "
         f"{len(base):,} samples of each kind)"
     )
-    report("1. ring round trip (no asyncio)", ring, base, target_p50=0.5)
+    report(results, "1. ring round trip (no asyncio)", ring, base, target_p50=0.5)
     report(
-        "2. await engine.ask(Enqueue) single client", asked, base, target_p50=1.0, target_p99=2.0
+        results,
+        "2. await engine.ask(Enqueue) single client",
+        asked,
+        base,
+        target_p50=1.0,
+        target_p99=2.0,
     )
+    results.latency(BASELINE, *percentiles(base), baseline=True)
     # A slow spell of the machine lasts seconds: it shows as blocks with a high p99.
     for kind, label in (("ask", "asks"), ("base", "CuPy")):
         block_p99 = " ".join(f"{percentiles(block)[1]:.0f}" for block in blocks[kind])
         print(f"  p99 of each block in run order, {label}: {block_p99} us")
     rate, stats = asyncio.run(engine_clients(args.clients, per_client))
     base_rate = baseline.back_to_back_rate()
+    clients = f"{args.clients} concurrent clients"
+    results.compare(
+        clients,
+        rate,
+        baseline_label="CuPy back-to-back",
+        baseline_value=base_rate,
+        unit="tasks or launches per second",
+        higher_is_better=True,
+    )
+    met = results.target(
+        f"{clients}: >= 3x CuPy", rate >= 3 * base_rate, f"{rate / base_rate:.2f}x"
+    )
     print(
-        f"3. {args.clients} concurrent clients: {rate:,.0f} tasks/s | CuPy back-to-back "
-        f"{base_rate:,.0f} launches/s | ratio {rate / base_rate:.2f}x (target >= 3x: "
-        f"{verdict(rate >= 3 * base_rate)})"
+        f"3. {clients}: {rate:,.0f} tasks/s | CuPy back-to-back "
+        f"{base_rate:,.0f} launches/s | ratio {rate / base_rate:.2f}x (target >= 3x: {met})"
     )
     print(
         f"   engine stats: mode={stats.mode} launches={stats.launches} parks={stats.park_reasons}"
     )
     ceiling = asyncio.run(asyncio_ceiling(args.clients, per_client))
+    results.figure(f"event loop alone, {clients} awaiting bare futures", ceiling, "awaits/s")
     print(
         f"   the event loop alone ({args.clients} tasks awaiting bare futures, no work): "
         f"{ceiling:,.0f} awaits/s = {ceiling / base_rate:.2f}x CuPy back-to-back"
@@ -429,24 +467,38 @@ def main(argv: list[str] | None = None) -> int:
     print(f"   (medians of the baseline: {statistics.median(base) * 1e6:.2f} us)")
     tiny = 200_000 if args.quick else 1_000_000
     tiny_rate, engine_s, cupy_s = asyncio.run(engine_batches(tiny, 10_000))
-    print(
-        f"4. EnqueueBatch of {tiny:,} tiny tasks: {tiny_rate:,.0f} tasks/s "
-        f"(target >= 10M/s: {verdict(tiny_rate >= 10e6)})"
-    )
+    batch = f"EnqueueBatch of {tiny:,} tiny tasks"
+    results.figure(batch, tiny_rate, "tasks/s")
+    met = results.target(f"{batch}: >= 10M tasks/s", tiny_rate >= 10e6, f"{tiny_rate:,.0f}/s")
+    print(f"4. {batch}: {tiny_rate:,.0f} tasks/s (target >= 10M/s: {met})")
     speedup = cupy_s / engine_s
+    jobs = "10,000 x 1 KiB byte-histogram jobs"
+    results.compare(
+        jobs,
+        engine_s * 1e3,
+        baseline_label="one CuPy launch per job",
+        baseline_value=cupy_s * 1e3,
+        unit="ms",
+        higher_is_better=False,
+    )
+    met = results.target(f"{jobs}: >= 10x faster than CuPy", speedup >= 10, f"{speedup:.1f}x")
     print(
-        f"5. 10,000 x 1 KiB byte-histogram jobs: engine {engine_s * 1e3:.2f} ms | one CuPy "
-        f"launch per job {cupy_s * 1e3:.2f} ms | speed-up {speedup:.1f}x "
-        f"(target >= 10x: {verdict(speedup >= 10)})"
+        f"5. {jobs}: engine {engine_s * 1e3:.2f} ms | one CuPy "
+        f"launch per job {cupy_s * 1e3:.2f} ms | speed-up {speedup:.1f}x (target >= 10x: {met})"
     )
     worst, steady_p99, pause, tasks = asyncio.run(hot_swap_pause())
+    for name, value in (
+        ("hot swap: longest task around the swap", worst),
+        ("hot swap: steady p99", steady_p99),
+        ("hot swap: kernel not serving", pause),
+    ):
+        results.figure(name, value, "ms")
+    met = results.target("hot swap: longest task <= 5 ms", worst <= 5, f"{worst:.2f} ms")
     print(
         f"6. hot swap under load (50 clients, {tasks:,} tasks): longest task around the swap "
         f"{worst:.2f} ms (steady p99 {steady_p99:.2f} ms); kernel not serving for {pause:.2f} ms "
-        f"(park + module load) | target <= 5 ms excluding compile: "
-        f"{verdict(worst <= 5)}"
+        f"(park + module load) | target <= 5 ms excluding compile: {met}"
     )
-    return 1 if args.strict and not all(VERDICTS) else 0
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ Section "launch" (needs a GPU; skipped with a message elsewhere): the round trip
 CuPy RawKernel launch + ``stream.synchronize()`` of the same kernel, interleaved in the
 same run; p50/p99 and their ratio.
 
-Run: ``PYTHONPATH=src python benchmarks/bench_nvrtc.py [--sections compile] [--repeats N]``
+Run: ``python -m gpuactors.benchmarks.bench_nvrtc [--sections compile] [--repeats N] [--json PATH]``
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ import asyncio
 import gc
 import platform
 import statistics
-import sys
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from gpuactors.benchmarks.plots import format_us
+from gpuactors.benchmarks.results import ScriptResults, add_json_option
 from gpuactors.nvrtc import (
     CompiledModule,
     DiskModuleCache,
@@ -90,15 +90,6 @@ __global__ void block_sum(const T* __restrict__ x, T* __restrict__ out, int n) {
 NAMES = ("sgemm_tiled<float>", "sgemm_tiled<double>", "block_sum<float, 256>")
 
 
-@dataclass(frozen=True)
-class Check:
-    """One target: what it is, whether it was met, and the measured value."""
-
-    name: str
-    met: bool
-    value: str
-
-
 def median_us(samples_ns: list[int]) -> float:
     return statistics.median(samples_ns) / 1000.0
 
@@ -109,7 +100,7 @@ def percentile_us(samples_ns: list[int], q: float) -> float:
 
 
 # --------------------------------------------------------------------- compile
-def bench_compile(args: argparse.Namespace) -> list[Check]:
+def bench_compile(args: argparse.Namespace, results: ScriptResults) -> None:
     """Cold compile vs disk-cache hit vs memory-cache hit for one realistic kernel."""
     arch = args.arch
     opts = NvrtcOpts(name_expressions=NAMES, defines={"TILE": "16"}, std="c++17")
@@ -164,30 +155,38 @@ def bench_compile(args: argparse.Namespace) -> list[Check]:
     for label, samples, n in rows:
         med = median_us(samples)
         print(
-            f"{label:36}{_fmt_us(med):>12}{_fmt_us(percentile_us(samples, 0.9)):>12}"
+            f"{label:36}{format_us(med):>12}{format_us(percentile_us(samples, 0.9)):>12}"
             f"{n:>7}{cold_us / med:>9.0f}x"
         )
+    for label, med in (("disk-cache hit, median", disk_us), ("memory-cache hit, median", mem_us)):
+        results.compare(
+            label,
+            med,
+            baseline_label="cold compile, median",
+            baseline_value=cold_us,
+            unit="us",
+            higher_is_better=False,
+        )
     nvrtc_us = statistics.median(nvrtc_only) * 1e6
-    print(f"{'  of which the NVRTC compile':36}{_fmt_us(nvrtc_us):>12}")
+    results.figure("cold compile: the NVRTC compile, median", nvrtc_us, "us")
+    print(f"{'  of which the NVRTC compile':36}{format_us(nvrtc_us):>12}")
     lags_ns = asyncio.run(_loop_lags_during_a_compile(opts, arch, headers))
+    worst_lag_us, p99_lag_us = max(lags_ns) / 1000, percentile_us(lags_ns, 0.99)
+    results.figure("event-loop lag during a cold compile, worst", worst_lag_us, "us")
+    results.figure("event-loop lag during a cold compile, p99", p99_lag_us, "us")
     print(
         f"event-loop lag during a cold get_or_compile_async (1 ms ticks): worst "
-        f"{_fmt_us(max(lags_ns) / 1000)}, p99 {_fmt_us(percentile_us(lags_ns, 0.99))}, "
-        f"{len(lags_ns)} ticks"
+        f"{format_us(worst_lag_us)}, p99 {format_us(p99_lag_us)}, {len(lags_ns)} ticks"
     )
     print()
-    return [
-        Check(
-            f"disk hit >= {DISK_MIN_SPEEDUP:.0f}x faster than cold",
-            cold_us / disk_us >= DISK_MIN_SPEEDUP,
-            f"{cold_us / disk_us:.0f}x",
-        ),
-        Check(
-            f"memory hit <= {MEMORY_HIT_MAX_US:.0f} us",
-            mem_us <= MEMORY_HIT_MAX_US,
-            f"{mem_us:.1f} us",
-        ),
-    ]
+    results.target(
+        f"disk hit >= {DISK_MIN_SPEEDUP:.0f}x faster than cold",
+        cold_us / disk_us >= DISK_MIN_SPEEDUP,
+        f"{cold_us / disk_us:.0f}x",
+    )
+    results.target(
+        f"memory hit <= {MEMORY_HIT_MAX_US:.0f} us", mem_us <= MEMORY_HIT_MAX_US, f"{mem_us:.1f} us"
+    )
 
 
 async def _loop_lags_during_a_compile(
@@ -209,10 +208,6 @@ async def _loop_lags_during_a_compile(
     return lags_ns
 
 
-def _fmt_us(us: float) -> str:
-    return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.1f} us"
-
-
 # ---------------------------------------------------------------------- launch
 LAUNCH_SOURCE = r"""
 extern "C" __global__ void axpy(float* y, const float* x, float a, int n) {
@@ -226,20 +221,18 @@ LAUNCH_PER_ROUND = 500
 LAUNCH_MAX_RATIO = 1.5
 
 
-def bench_launch(args: argparse.Namespace) -> list[Check]:
+def bench_launch(args: argparse.Namespace, results: ScriptResults) -> None:
     """``await nvrtc.ask(Launch(...))`` vs CuPy RawKernel launch + synchronize."""
     from gpuactors.cuda import no_device_reason
 
     reason = no_device_reason()
     if reason is not None:
         print(f"section launch: SKIPPED, it needs a CUDA device ({reason})\n")
-        return []
-    import asyncio
-
-    return asyncio.run(_bench_launch())
+        return
+    asyncio.run(_bench_launch(results))
 
 
-async def _bench_launch() -> list[Check]:
+async def _bench_launch(results: ScriptResults) -> None:
     import cupy as cp
     import numpy as np
 
@@ -251,7 +244,7 @@ async def _bench_launch() -> list[Check]:
     x = cp.random.random(n, dtype=cp.float32)
     y = cp.zeros(n, dtype=cp.float32)
     args = (y, x, np.float32(1.0), np.int32(n))
-    grid, block = (n // 256,), (256,)
+    grid, block = (n // 256, 1, 1), (256, 1, 1)
     raw = cp.RawKernel(LAUNCH_SOURCE, "axpy")
     stream = cp.cuda.Stream(non_blocking=True)
     cp.cuda.runtime.deviceSynchronize()
@@ -305,6 +298,7 @@ async def _bench_launch() -> list[Check]:
 
     props = cp.cuda.runtime.getDeviceProperties(0)
     name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+    results.device = name
     b50, b99 = percentile_us(base, 0.5), percentile_us(base, 0.99)
     o50, o99 = percentile_us(ours, 0.5), percentile_us(ours, 0.99)
     print(
@@ -312,40 +306,42 @@ async def _bench_launch() -> list[Check]:
         f"({grid[0]} x {block[0]}), {len(ours)} round trips each, interleaved"
     )
     rows = [
-        ("CuPy RawKernel launch + stream.synchronize()", b50, b99),
-        ("await nvrtc.ask(Launch(...))", o50, o99),
+        ("CuPy RawKernel launch + stream.synchronize()", b50, b99, True),
+        ("await nvrtc.ask(Launch(...))", o50, o99, False),
         (
             "await nvrtc.ask(Launch(..., timed=True))",
             percentile_us(ours_timed, 0.5),
             percentile_us(ours_timed, 0.99),
+            False,
         ),
     ]
     print(f"{'':46}{'p50':>11}{'p99':>11}")
-    for label, p50, p99 in rows:
-        print(f"{label:46}{_fmt_us(p50):>11}{_fmt_us(p99):>11}")
+    for label, p50, p99, baseline in rows:
+        print(f"{label:46}{format_us(p50):>11}{format_us(p99):>11}")
+        results.latency(label, p50, p99, baseline=baseline)
+    gpu_median_us = statistics.median(gpu_us)
+    results.figure("GPU time per launch (CUDA events), median", gpu_median_us, "us")
     print(
         f"ratio p50 {o50 / b50:.2f}x, p99 {o99 / b99:.2f}x (untimed); GPU time per launch "
-        f"(CUDA events of the timed launches, median): {_fmt_us(statistics.median(gpu_us))}"
+        f"(CUDA events of the timed launches, median): {format_us(gpu_median_us)}"
     )
     print()
-    return [
-        Check(
-            f"launch ask p50 <= {LAUNCH_MAX_RATIO}x CuPy launch+sync",
-            o50 / b50 <= LAUNCH_MAX_RATIO,
-            f"{o50 / b50:.2f}x: {o50:.1f} us vs {b50:.1f} us",
-        )
-    ]
+    results.target(
+        f"launch ask p50 <= {LAUNCH_MAX_RATIO}x CuPy launch+sync",
+        o50 / b50 <= LAUNCH_MAX_RATIO,
+        f"{o50 / b50:.2f}x: {o50:.1f} us vs {b50:.1f} us",
+    )
 
 
 # ------------------------------------------------------------------------ main
-SECTIONS: dict[str, Callable[[argparse.Namespace], list[Check]]] = {
+SECTIONS: dict[str, Callable[[argparse.Namespace, ScriptResults], None]] = {
     "compile": bench_compile,
     "launch": bench_launch,
 }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument(
         "--sections", default=",".join(SECTIONS), help=f"comma-separated, of: {', '.join(SECTIONS)}"
     )
@@ -354,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=50, help="disk-hit repeats")
     parser.add_argument("--cold-repeats", type=int, default=7, help="cold-compile repeats")
     parser.add_argument("--memory-repeats", type=int, default=5000, help="memory-hit repeats")
+    add_json_option(parser)
     args = parser.parse_args(argv)
     chosen = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = [s for s in chosen if s not in SECTIONS]
@@ -361,13 +358,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown sections {unknown}; known: {list(SECTIONS)}")
 
     print(f"gpuactors NVRTC benchmark: Python {platform.python_version()}, {platform.machine()}\n")
-    checks: list[Check] = []
-    for section in chosen:
-        checks.extend(SECTIONS[section](args))
-    for check in checks:
+    results = ScriptResults.start("bench_nvrtc")
+    try:
+        for section in chosen:
+            SECTIONS[section](args, results)
+    finally:
+        if args.json is not None:
+            results.write(args.json)
+    for check in results.targets:
         print(f"target {check.name:40} {'MET' if check.met else 'NOT MET':8} ({check.value})")
-    return 1 if args.strict and not all(check.met for check in checks) else 0
+    return 1 if args.strict and not results.all_met else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -1,6 +1,6 @@
 """Time to recover from a device fault and from a hung op, and what isolation costs.
 
-Run on a GPU machine:  python benchmarks/bench_recovery.py [--jobs 300] [--strict]
+Run on a GPU machine:  python -m gpuactors.benchmarks.bench_recovery [--jobs 300] [--json PATH]
 
 The engine runs in a supervised worker process (``gpuactors.worker``): an
 in-process context reset leaves CuPy unusable (``probe_context_reset.py``), so a
@@ -28,27 +28,21 @@ import asyncio
 import os
 import sys
 import time
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu_scripts"))
-from fault_ops import BAD, SPIN
-from soak import rss_bytes  # RSS after malloc_trim, as the soak measures it
-
 from gpuactors.actors import ActorSystem
+from gpuactors.benchmarks.fault_ops import BAD, SPIN
+from gpuactors.benchmarks.memory import rss_bytes
+from gpuactors.benchmarks.results import ScriptResults, add_json_option
 from gpuactors.engine import EngineConfig
 from gpuactors.errors import DeviceFault, TaskHung
 from gpuactors.worker import IsolatedEngine, IsolationConfig, JobResult
 
-VERDICTS: list[bool] = []
 N = 1024
-
-
-def verdict(met: bool) -> str:
-    VERDICTS.append(met)
-    return "MET" if met else "NOT MET"
 
 
 async def standbys_ready(engine: IsolatedEngine, count: int, timeout: float = 120.0) -> None:
@@ -72,10 +66,10 @@ async def good_jobs(
     return expected, tasks
 
 
-def count_lost(expected: list[np.ndarray], results: list[object]) -> int:
+def count_lost(expected: Sequence[np.ndarray], replies: Sequence[object]) -> int:
     """Jobs without a correct result; prints what the first few got instead."""
     wrong = []
-    for want, got in zip(expected, results, strict=True):
+    for want, got in zip(expected, replies, strict=True):
         if not (isinstance(got, JobResult) and np.allclose(got.arrays[0], want, atol=1e-5)):
             wrong.append(got)
     for got in wrong[:3]:
@@ -83,7 +77,7 @@ def count_lost(expected: list[np.ndarray], results: list[object]) -> int:
     return len(wrong)
 
 
-async def breakdown(kind: str, jobs: int, standbys: int) -> None:
+async def breakdown(kind: str, jobs: int, standbys: int, results: ScriptResults) -> None:
     """One fault (or hang) with ``jobs`` good jobs around it; prints one result line."""
     rng = np.random.default_rng(7)
     config = EngineConfig(hang_grace_ms=300.0)
@@ -112,26 +106,35 @@ async def breakdown(kind: str, jobs: int, standbys: int) -> None:
         probe = await engine.run("fill", np.zeros(N, np.float32), 3.0, n=N)
         restored = time.perf_counter() - failed_at
         assert np.all(probe.arrays[0] == 3.0)
-        results = await asyncio.gather(*tasks_before, *tasks_after, return_exceptions=True)
-        lost = count_lost(before + after, results)
+        replies = await asyncio.gather(*tasks_before, *tasks_after, return_exceptions=True)
+        lost = count_lost(before + after, replies)
         health = await engine.health()
         await engine.shutdown()
     internal = health.last_recovery_s or 0.0
+    case = f"{kind}, {standbys} standby"
+    results.figure(f"{case}: error to caller after submit", (failed_at - submitted) * 1e3, "ms")
+    results.figure(f"{case}: next job served after the error", restored * 1e3, "ms")
+    results.figure(f"{case}: worker swap", internal * 1e3, "ms")
+    results.figure(f"{case}: good jobs lost", lost, "jobs")
+    in_time = results.target(
+        f"{case}: restored within 2 s", restored < 2.0, f"{restored * 1e3:.1f} ms"
+    )
+    none_lost = results.target(f"{case}: 0 jobs lost", lost == 0, f"{lost} lost")
     print(
-        f"   {kind}, {standbys} standby: error to caller "
+        f"   {case}: error to caller "
         f"{(failed_at - submitted) * 1e3:7.1f} ms after submit | next job served "
         f"{restored * 1e3:7.1f} ms later (worker swap {internal * 1e3:.1f} ms) | "
         f"{jobs} good jobs in flight: {lost} lost, {health.retried_jobs} re-run | "
-        f"restarts {health.restarts} | restored within 2 s: {verdict(restored < 2.0)}, "
-        f"0 lost: {verdict(lost == 0)}"
+        f"restarts {health.restarts} | restored within 2 s: {in_time}, 0 lost: {none_lost}"
     )
 
 
-async def start_cost() -> None:
+async def start_cost(results: ScriptResults) -> None:
     async with ActorSystem("bench-recovery") as system:
         started = time.perf_counter()
         engine = await IsolatedEngine.start(system, isolation=IsolationConfig(standbys=0))
         elapsed = time.perf_counter() - started
+        results.figure("cold worker start", elapsed, "s")
         print(f"1. cold worker start (Python + CuPy + context + engine module): {elapsed:.2f} s")
         await engine.shutdown()
 
@@ -224,7 +227,7 @@ async def soak_round(jobs: int, clients: int, fault_every: int) -> tuple[int, in
     return lost, faults, restarts
 
 
-def soak_with_faults(jobs: int) -> None:
+def soak_with_faults(jobs: int, results: ScriptResults) -> None:
     import gc
 
     device_used()  # this process's own context exists before the baseline
@@ -238,18 +241,29 @@ def soak_with_faults(jobs: int) -> None:
     time.sleep(0.5)  # let the driver reclaim the last worker's memory
     rss1, dev1 = rss_bytes(), device_used()
     alive = live_children()
+    results.figure("soak with faults: verified jobs per second", jobs / elapsed, "jobs/s")
+    results.figure("soak with faults: device memory delta", dev1 - dev0, "bytes")
+    results.figure("soak with faults: RSS delta", rss1 - rss0, "bytes")
+    none_lost = results.target("soak with faults: 0 jobs lost", lost == 0, f"{lost} lost")
+    none_alive = results.target(
+        "soak: no worker alive after shutdown", not alive, f"{len(alive)} alive"
+    )
     print(
         f"6. soak with faults: {jobs:,} verified jobs by value from 100 clients in "
         f"{elapsed:.1f} s, "
         f"{faults} injected faults, {restarts} worker replacements | lost {lost} "
-        f"({verdict(lost == 0)}) | workers still alive after shutdown {len(alive)} "
-        f"({verdict(not alive)})"
+        f"({none_lost}) | workers still alive after shutdown {len(alive)} ({none_alive})"
+    )
+    device_met = results.target(
+        "soak: device memory not above its baseline", dev1 <= dev0, f"{dev1 - dev0:+,} bytes"
+    )
+    rss_met = results.target(
+        "soak: RSS within 1 MiB of its baseline", rss1 - rss0 <= 1 << 20, f"{rss1 - rss0:+,} bytes"
     )
     print(
         f"   device memory in use (all processes) before {dev0:,} after {dev1:,} delta "
-        f"{dev1 - dev0:+,} ({verdict(dev1 <= dev0)}) | this process's RSS before {rss0:,} "
-        f"after {rss1:,} delta {rss1 - rss0:+,} (within 1 MiB: "
-        f"{verdict(rss1 - rss0 <= 1 << 20)})"
+        f"{dev1 - dev0:+,} ({device_met}) | this process's RSS before {rss0:,} "
+        f"after {rss1:,} delta {rss1 - rss0:+,} (within 1 MiB: {rss_met})"
     )
 
 
@@ -277,7 +291,7 @@ def pct(samples: list[float]) -> str:
     return f"p50 {np.percentile(us, 50):7.1f} us, p99 {np.percentile(us, 99):7.1f} us"
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--jobs", type=int, default=300, help="good jobs around each fault")
     parser.add_argument("--repeats", type=int, default=2000)
@@ -290,30 +304,50 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--soak-jobs", type=int, default=100_000, help="0 skips the soak")
     parser.add_argument("--strict", action="store_true", help="exit 1 if a target is NOT MET")
+    add_json_option(parser)
     args = parser.parse_args(argv)
+    results = ScriptResults.start("bench_recovery")
+    try:
+        measure(args, results)
+    finally:
+        if args.json is not None:
+            results.write(args.json)
+    return 1 if args.strict and not results.all_met else 0
+
+
+def measure(args: argparse.Namespace, results: ScriptResults) -> None:
+    """Run the sections in order, printing each and recording it in ``results``."""
     from gpuactors.cuda.device import probe_device
 
     props = probe_device(0)
+    results.device = props.name
     print(
         f"bench_recovery on {props.name} ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC), "
         f"Python {sys.version.split()[0]}, pid {os.getpid()}"
     )
-    asyncio.run(start_cost())
+    asyncio.run(start_cost(results))
     print(f"2./3. recovery ({args.jobs} good axpy jobs by value around the bad one):")
     for case in args.cases:
         kind, standbys = case.split("-")
-        asyncio.run(breakdown(kind, args.jobs, int(standbys)))
+        asyncio.run(breakdown(kind, args.jobs, int(standbys), results))
     remote_s, value_s = asyncio.run(isolation_cost(args.repeats))
     base = cupy_launch_sync(args.repeats)
     b50 = float(np.median(base))
+    for label, samples, baseline in (
+        ("CuPy launch+sync in this process", base, True),
+        ("isolated job, RemoteArray", remote_s, False),
+        ("isolated job, by value", value_s, False),
+    ):
+        p50, p99 = np.percentile(np.asarray(samples) * 1e6, [50, 99])
+        results.latency(label, float(p50), float(p99), baseline=baseline)
     print(f"4. one {N}-float fill, round trip: CuPy launch+sync in this process {pct(base)}")
     print(f"   isolated job, RemoteArray: {pct(remote_s)} ({np.median(remote_s) / b50:.2f}x CuPy)")
     print(f"   isolated job, by value:    {pct(value_s)} ({np.median(value_s) / b50:.2f}x CuPy)")
     rate = asyncio.run(isolated_throughput(100, 200))
+    results.figure("100 concurrent clients, RemoteArray fill jobs", rate, "jobs/s")
     print(f"5. 100 concurrent clients, RemoteArray fill jobs: {rate:,.0f} jobs/s")
     if args.soak_jobs:
-        soak_with_faults(args.soak_jobs)
-    return 1 if args.strict and not all(VERDICTS) else 0
+        soak_with_faults(args.soak_jobs, results)
 
 
 if __name__ == "__main__":

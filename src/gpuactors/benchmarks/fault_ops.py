@@ -1,4 +1,8 @@
-"""Ops that break the device on purpose: one faults, one never returns."""
+"""Ops that break the device on purpose: one faults, one never returns.
+
+``bench_recovery`` measures how the isolated engine recovers from them; the GPU tests
+(``tests/gpu_scripts``) use them too.
+"""
 
 from __future__ import annotations
 
