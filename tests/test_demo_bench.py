@@ -236,7 +236,7 @@ def test_every_benchmark_is_run_shipped_and_takes_its_options() -> None:
         flags += ["--arch"] if script.takes_arch else []
         for flag in flags:
             assert f'"{flag}"' in source, f"{script.name} has no option {flag}"
-        assert "add_json_option(parser)" in source, f"{script.name} takes no --json"
+        assert "add_result_options(parser)" in source, f"{script.name} takes no --json"
         runner = (BENCHMARKS / script.name).read_text(encoding="utf-8")
         assert f"from {script.module} import main" in runner
 

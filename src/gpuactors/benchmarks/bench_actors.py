@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from gpuactors.actors import Actor, ActorSystem, MailboxConfig, Props, handles
-from gpuactors.benchmarks.results import ScriptResults, add_json_option
+from gpuactors.benchmarks.results import ScriptResults, add_result_options, run_measurement
 from gpuactors.messages import Message
 
 ASK_P50_MAX_RATIO = 1.5
@@ -206,16 +206,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--asks", type=int, default=20_000)
     parser.add_argument("--tells", type=int, default=200_000)
-    parser.add_argument("--strict", action="store_true", help="exit 1 if a target is NOT MET")
-    add_json_option(parser)
+    add_result_options(parser)
     args = parser.parse_args(argv)
-    results = ScriptResults.start("bench_actors")
-    try:
-        asyncio.run(measure(args.asks, args.tells, results))
-    finally:
-        if args.json is not None:
-            results.write(args.json)
-    return 1 if args.strict and not results.all_met else 0
+    return run_measurement(
+        "bench_actors", args, lambda results: asyncio.run(measure(args.asks, args.tells, results))
+    )
 
 
 if __name__ == "__main__":

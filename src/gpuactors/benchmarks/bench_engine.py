@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuactors.benchmarks.results import ScriptResults, add_json_option
+from gpuactors.benchmarks.results import ScriptResults, add_result_options, run_measurement
 
 AXPY_SOURCE = r"""
 extern "C" __global__ void axpy(float* y, const float* x, float a, unsigned long long n) {
@@ -389,16 +389,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
     parser.add_argument("--clients", type=int, default=1000)
-    parser.add_argument("--strict", action="store_true", help="exit 1 if a target is NOT MET")
-    add_json_option(parser)
+    add_result_options(parser)
     args = parser.parse_args(argv)
-    results = ScriptResults.start("bench_engine")
-    try:
-        measure(args, results)
-    finally:
-        if args.json is not None:
-            results.write(args.json)
-    return 1 if args.strict and not results.all_met else 0
+    return run_measurement("bench_engine", args, lambda results: measure(args, results))
 
 
 def measure(args: argparse.Namespace, results: ScriptResults) -> None:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gpuactors.benchmarks.plots import format_us
-from gpuactors.benchmarks.results import ScriptResults, add_json_option
+from gpuactors.benchmarks.results import ScriptResults, add_result_options, run_measurement
 from gpuactors.nvrtc import (
     CompiledModule,
     DiskModuleCache,
@@ -346,28 +346,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--sections", default=",".join(SECTIONS), help=f"comma-separated, of: {', '.join(SECTIONS)}"
     )
     parser.add_argument("--arch", default="sm_90", help="target architecture (default sm_90)")
-    parser.add_argument("--strict", action="store_true", help="exit 1 if a target is NOT MET")
     parser.add_argument("--repeats", type=int, default=50, help="disk-hit repeats")
     parser.add_argument("--cold-repeats", type=int, default=7, help="cold-compile repeats")
     parser.add_argument("--memory-repeats", type=int, default=5000, help="memory-hit repeats")
-    add_json_option(parser)
+    add_result_options(parser)
     args = parser.parse_args(argv)
     chosen = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = [s for s in chosen if s not in SECTIONS]
     if unknown:
         parser.error(f"unknown sections {unknown}; known: {list(SECTIONS)}")
 
-    print(f"gpuactors NVRTC benchmark: Python {platform.python_version()}, {platform.machine()}\n")
-    results = ScriptResults.start("bench_nvrtc")
-    try:
+    def measure(results: ScriptResults) -> None:
+        print(
+            f"gpuactors NVRTC benchmark: Python {platform.python_version()}, {platform.machine()}\n"
+        )
         for section in chosen:
             SECTIONS[section](args, results)
-    finally:
-        if args.json is not None:
-            results.write(args.json)
-    for check in results.targets:
-        print(f"target {check.name:40} {'MET' if check.met else 'NOT MET':8} ({check.value})")
-    return 1 if args.strict and not results.all_met else 0
+        for check in results.targets:
+            print(f"target {check.name:40} {'MET' if check.met else 'NOT MET':8} ({check.value})")
+
+    return run_measurement("bench_nvrtc", args, measure)
 
 
 if __name__ == "__main__":

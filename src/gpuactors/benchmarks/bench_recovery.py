@@ -37,7 +37,7 @@ import numpy as np
 from gpuactors.actors import ActorSystem
 from gpuactors.benchmarks.fault_ops import BAD, SPIN
 from gpuactors.benchmarks.memory import rss_bytes
-from gpuactors.benchmarks.results import ScriptResults, add_json_option
+from gpuactors.benchmarks.results import ScriptResults, add_result_options, run_measurement
 from gpuactors.engine import EngineConfig
 from gpuactors.errors import DeviceFault, TaskHung
 from gpuactors.worker import IsolatedEngine, IsolationConfig, JobResult
@@ -303,16 +303,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="KIND-STANDBYS: a fault or a hang, with that many booted spare workers",
     )
     parser.add_argument("--soak-jobs", type=int, default=100_000, help="0 skips the soak")
-    parser.add_argument("--strict", action="store_true", help="exit 1 if a target is NOT MET")
-    add_json_option(parser)
+    add_result_options(parser)
     args = parser.parse_args(argv)
-    results = ScriptResults.start("bench_recovery")
-    try:
-        measure(args, results)
-    finally:
-        if args.json is not None:
-            results.write(args.json)
-    return 1 if args.strict and not results.all_met else 0
+    return run_measurement("bench_recovery", args, lambda results: measure(args, results))
 
 
 def measure(args: argparse.Namespace, results: ScriptResults) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
@@ -136,8 +137,9 @@ class ScriptResults(BaseModel):
             raise ValueError(f"{path} is not a benchmark results document: {exc}") from None
 
 
-def add_json_option(parser: argparse.ArgumentParser) -> None:
-    """The ``--json PATH`` option every benchmark script takes."""
+def add_result_options(parser: argparse.ArgumentParser) -> None:
+    """The options every benchmark script takes: ``--strict`` and ``--json PATH``."""
+    parser.add_argument("--strict", action="store_true", help="exit 1 if a target is NOT MET")
     parser.add_argument(
         "--json",
         type=Path,
@@ -145,6 +147,20 @@ def add_json_option(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="also write the results as JSON to PATH (gpuactors bench reads it)",
     )
+
+
+def run_measurement(
+    script: str, args: argparse.Namespace, measure: Callable[[ScriptResults], object]
+) -> int:
+    """A script's ``main``: ``measure`` into a new document, written to ``--json`` even
+    when it fails midway; exit code 1 only with ``--strict`` and a target NOT MET."""
+    results = ScriptResults.start(script)
+    try:
+        measure(results)
+    finally:
+        if args.json is not None:
+            results.write(args.json)
+    return 1 if args.strict and not results.all_met else 0
 
 
 # ------------------------------------------------------------- gpuactors bench
