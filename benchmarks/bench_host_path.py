@@ -104,6 +104,7 @@ class HostPath:
 
 
 CALL_NAMES = ("enqueue_default", "ask_new_none", "ask_reused_none")
+PROFILED = "enqueue_default"  # the call --profile looks into (what users call)
 
 
 @contextmanager
@@ -204,7 +205,7 @@ async def bulk_futures_rate(clients: int, per_client: int) -> tuple[float, float
 
 # ---------------------------------------------------------------------- collector
 class Collections:
-    """Counts the cyclic GC's collections by generation, and the time they take."""
+    """Counts the cyclic GC's collections by generation, and the CPU time they take."""
 
     def __init__(self) -> None:
         self.counts = [0, 0, 0]
@@ -213,10 +214,10 @@ class Collections:
 
     def __call__(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
-            self._started = time.perf_counter()
+            self._started = time.process_time()
         else:
             self.counts[info["generation"]] += 1
-            self.seconds += time.perf_counter() - self._started
+            self.seconds += time.process_time() - self._started
 
     @contextmanager
     def counting(self) -> Iterator[None]:
@@ -278,18 +279,18 @@ async def run(args: argparse.Namespace, profiler: cProfile.Profile | None) -> di
                 order = [*CALL_NAMES[round_index % 3 :], *CALL_NAMES[: round_index % 3]]
                 figures.add_many("floor_bulk_futures", await bulk_futures_rate(clients, per_client))
                 for name in order:
-                    if profiler is not None:
-                        profiler.enable()
                     calls = [client_calls[name] for client_calls in many]
                     figures.add_many(name, await clients_rate(calls, per_client))
-                    if profiler is not None:
-                        profiler.disable()
                 figures.add_single("floor_await_done", await latencies(await_done, single))
                 figures.add_single("floor_loop_turn", await latencies(one_loop_turn, single))
                 for name in order:
                     figures.add_single(name, await latencies(one[name], single))
         tasks = path.runtime.finished - finished_before
         device_s = path.runtime.device_seconds - device_before
+        if profiler is not None:  # one more round, profiled (its times are not figures)
+            profiler.enable()
+            await clients_rate([client_calls[PROFILED] for client_calls in many], per_client)
+            profiler.disable()
         processed = (await path.engine.stats()).processed
         await path.engine.shutdown(timeout=60)
     return {
@@ -406,6 +407,58 @@ def new_loop(kind: str) -> asyncio.AbstractEventLoop | None:
     return asyncio.new_event_loop()
 
 
+# ----------------------------------------------------------------- profile by part
+#: Function names of the engine's harvest and reply (wherever they are defined).
+HARVEST = {
+    "wait_harvest",
+    "harvest",
+    "_harvest",
+    "_finish",
+    "_outcome",
+    "_outcome_of",
+    "build_completion",
+    "spin_until_equal",
+    "is_done",
+}
+
+
+def part_of(file: str, line: int, name: str) -> str:
+    """Which part of the host path a profiled function belongs to."""
+    path = file.replace("\\", "/")
+    callers = {(code.co_filename, code.co_firstlineno) for code in CALLER_CODES}
+    if (file, line) in callers or path.endswith("gpuactors/actors/ref.py"):
+        return "caller: Engine.enqueue, ActorRef.ask"
+    if path.endswith("gpuactors/messages.py") or "/pydantic/" in path or "validate_python" in name:
+        return "new message: pydantic validation"
+    if path.endswith("gpuactors/engine/host_runtime.py"):
+        return "stand-in device"
+    if name in HARVEST or "set_result" in name or "set_exception" in name:
+        return "engine: harvest and reply"
+    if "/gpuactors/actors/" in path:
+        return "actor runtime: mailbox, dispatch, Deferred links"
+    if "/gpuactors/" in path or path.startswith("<gpuactors"):
+        return "engine: accept and publish"
+    if "/asyncio/" in path or "_asyncio" in name or "_contextvars" in name:
+        return "asyncio: loop turns, futures, tasks"
+    if path.endswith("bench_host_path.py"):
+        return "the benchmark's clients"
+    return "other (builtins)"
+
+
+CALLER_CODES = (Engine.enqueue.__code__,)
+
+
+def where_time_goes(stats: pstats.Stats) -> dict[str, float]:
+    """Each part's share of the profiled own time, largest first."""
+    parts: dict[str, float] = {}
+    entries: dict[tuple[str, int, str], tuple[Any, ...]] = stats.stats  # type: ignore[attr-defined]
+    for (file, line, name), (_calls, _primitive, own, _cumulative, _callers) in entries.items():
+        part = part_of(file, line, name)
+        parts[part] = parts.get(part, 0.0) + own
+    whole = sum(parts.values()) or 1.0
+    return {part: own / whole for part, own in sorted(parts.items(), key=lambda kv: -kv[1])}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=1000)
@@ -416,7 +469,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
     parser.add_argument("--json", metavar="PATH", help="also write the results here")
     parser.add_argument(
-        "--profile", metavar="PATH", help="cProfile the many-client calls; stats saved here"
+        "--profile",
+        metavar="PATH",
+        help=f"cProfile {PROFILED}'s many-client rounds: stats saved here, shares by part printed",
     )
     args = parser.parse_args(argv)
     loop = new_loop(args.loop)
@@ -436,7 +491,16 @@ def main(argv: list[str] | None = None) -> int:
     report(result)
     if profiler is not None:
         profiler.dump_stats(args.profile)
-        pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+        stats = pstats.Stats(profiler)
+        stats.sort_stats("tottime").print_stats(20)
+        where = where_time_goes(stats)
+        result["profile"] = where
+        cpu_us = result["concurrent"][PROFILED]["cpu_us_per_task"]
+        print(f"where {PROFILED}'s time goes at {args.clients:,} clients: cProfile's own time")
+        print(f"by part (one more round), scaled to {cpu_us:.2f} us/task unprofiled; the GC's")
+        print("time falls in whichever part allocated when it ran:")
+        for part, share in where.items():
+            print(f"  {part:<48} {100 * share:5.1f}%  ~{share * cpu_us:5.2f} us")
     if args.json:
         with open(args.json, "w") as out:
             json.dump(result, out, indent=2)

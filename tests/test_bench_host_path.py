@@ -1,7 +1,7 @@
 """The host-path benchmark, run for a moment: it measures what it says (every task it
 sent finished on the host ring, each figure is there and positive), under each GC
-setting. No timing is asserted. Also: the benchmark's stand-in device finishes tasks
-as the protocol's consumer does."""
+setting, and its profile's parts add up. No timing is asserted. Also: the benchmark's
+stand-in device finishes tasks as the protocol's consumer does."""
 
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ def test_a_tiny_run_writes_every_figure(
     threshold = gc.get_threshold()
     out = tmp_path / "host_path.json"
     tiny = ["--clients", "40", "--per-client", "3", "--single", "60", "--rounds", "2"]
-    assert load("bench_host_path").main([*tiny, "--gc", gc_mode, "--json", str(out)]) == 0
+    profile = ["--profile", str(tmp_path / "stats.prof")] if gc_mode == "default" else []
+    assert load("bench_host_path").main([*tiny, *profile, "--gc", gc_mode, "--json", str(out)]) == 0
     assert gc.get_threshold() == threshold and gc.get_freeze_count() == 0  # all put back
     printed = capsys.readouterr().out
     assert "NOT in these figures" in printed and "concurrent clients" in printed
@@ -61,6 +62,13 @@ def test_a_tiny_run_writes_every_figure(
         assert ratio == pytest.approx(
             concurrent[name]["tasks_per_s"] / concurrent["floor_bulk_futures"]["tasks_per_s"]
         )
+    if profile:  # the profiled round is one more, not in the figures
+        assert (tmp_path / "stats.prof").stat().st_size > 0 and "where enqueue_default" in printed
+        shares = result["profile"]
+        assert sum(shares.values()) == pytest.approx(1.0) and min(shares.values()) >= 0
+        assert {"engine: accept and publish", "asyncio: loop turns, futures, tasks"} <= set(shares)
+    else:
+        assert "profile" not in result
     assert len(result["gc"]["collections"]) == 3
     assert result["device_stand_in_us_per_task"] > 0
 
