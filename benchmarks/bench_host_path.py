@@ -16,6 +16,12 @@ Measured, in interleaved rounds so that each meets the same machine:
   against Python's floor: as many coroutines awaiting bare futures that one task
   resolves in bulk, once per loop turn.
 
+The stand-in device finishes every task the moment it is kicked, so the engine's
+in-line path (publish, spin, answer) never misses its spin here: at many clients
+today's engine then serves every task in line, one at a time. On a GPU a single
+missed spin moves it to coalescing (Deferred replies) for a while: a probe on an H200
+at 1,000 clients saw from under 1% to 100% of the tasks in line, run to run.
+
 ``after="current_stream"`` (``Enqueue``'s default) asks CuPy whether the caller's
 stream is idle; the host ring has no stream, so here an idle stream's answer stands
 in and CuPy's query (a ``cudaStreamQuery``) is not in the figures.
