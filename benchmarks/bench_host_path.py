@@ -47,6 +47,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
+from bench_engine import asyncio_ceiling  # (this script's folder is on sys.path)
 
 from gpuactors.actors import ActorSystem, MailboxConfig, Props
 from gpuactors.engine import actor as actor_module
@@ -176,37 +177,12 @@ async def timed(work: Awaitable[Any], tasks: int) -> tuple[float, float]:
 
 
 async def bulk_futures_rate(clients: int, per_client: int) -> tuple[float, float]:
-    """Python's floor: ``clients`` coroutines each awaiting bare futures that one task
-    resolves all at once, once per loop turn (no message, no actor)."""
-    loop = asyncio.get_running_loop()
-    pending: list[asyncio.Future[None]] = []
-    wake = asyncio.Event()
-
-    async def client() -> None:
-        for _ in range(per_client):
-            future = loop.create_future()
-            pending.append(future)
-            wake.set()
-            await future
-
-    async def resolver() -> None:
-        while True:
-            await wake.wait()
-            wake.clear()
-            batch = pending[:]
-            pending.clear()
-            for future in batch:
-                future.set_result(None)
-            await asyncio.sleep(0)
-
-    serving = asyncio.create_task(resolver())
-    try:
-        return await timed(
-            asyncio.gather(*(client() for _ in range(clients))), clients * per_client
-        )
-    finally:
-        serving.cancel()
-        await asyncio.gather(serving, return_exceptions=True)
+    """Python's floor (``bench_engine.asyncio_ceiling``): ``clients`` coroutines each
+    awaiting bare futures that one task resolves in bulk, once per loop turn; tasks/s
+    and the process's CPU time per task in microseconds."""
+    cpu = time.process_time()
+    rate = await asyncio_ceiling(clients, per_client)
+    return rate, (time.process_time() - cpu) * 1e6 / (clients * per_client)
 
 
 # ---------------------------------------------------------------------- collector

@@ -6,27 +6,23 @@ stand-in device finishes tasks as the protocol's consumer does."""
 from __future__ import annotations
 
 import gc
-import importlib.util
 import json
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
 
 from gpuactors.engine.host_runtime import HostRuntime
+from test_probes import BENCHMARKS, load
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 CALLS = ("enqueue_default", "ask_new_none", "ask_reused_none")
 
 
-def load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture(autouse=True)
+def benchmarks_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As when the script runs: its folder on sys.path (it imports bench_engine)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
 
 
 @pytest.mark.parametrize("gc_mode", ["default", "freeze", "threshold"])
