@@ -445,6 +445,7 @@ def stand_ins(tmp_path: Path) -> Path:
     (folder / "bench_recovery.py").write_text(
         "import sys\nopen(sys.argv[-1], 'w').write('not json')\nprint('recovery')\n"
     )
+    (folder / "bench_host_path.py").write_text("import sys\nprint('host path', sys.argv[1:-2])\n")
     return folder
 
 
@@ -492,7 +493,7 @@ def test_json_collects_every_scripts_results(stand_ins: Path, tmp_path: Path) ->
     assert "argv []" in out.read_text()  # no --quick
     elsewhere = tmp_path / "data" / "all.json"
     run_bench(["--benchmarks-dir", str(stand_ins), "--out", str(out), "--json", str(elsewhere)])
-    assert len(BenchDocument.model_validate_json(elsewhere.read_text()).scripts) == 4
+    assert len(BenchDocument.model_validate_json(elsewhere.read_text()).scripts) == len(bench.SCRIPTS)
 
 
 def test_only_help_and_missing_scripts(stand_ins: Path, tmp_path: Path) -> None:

@@ -76,6 +76,11 @@ SCRIPTS: tuple[BenchScript, ...] = (
         quick_args=("--quick",),
     ),
     BenchScript(
+        "bench_host_path.py",
+        "the engine's host path on a host ring (no GPU) vs Python's floor, 1 and 1,000 clients",
+        quick_args=("--per-client", "5", "--single", "1000", "--rounds", "3"),
+    ),
+    BenchScript(
         "bench_recovery.py",
         "isolated engine: time to recover from a fault and a hang, its cost, a faulty soak",
         quick_args=("--jobs", "100", "--repeats", "300", "--soak-jobs", "20000"),
