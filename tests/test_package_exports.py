@@ -18,8 +18,9 @@ from gpuactors.messages import Message, Reply
 
 INIT = Path(gpuactors.__file__)
 
-# Bases that only share fields between messages; users send their subclasses.
-NOT_EXPORTED = {"CompileRequest", "HostArgs", "LaunchShape"}
+# Bases that only share fields between messages (users send their subclasses), and
+# the first frame a worker reads (the library sends it, never a user).
+NOT_EXPORTED = {"CompileRequest", "HostArgs", "LaunchShape", "BootSpec"}
 
 # Top-level modules whose import would make `import gpuactors` heavy or need a GPU.
 HEAVY = ("cupy", "torch", "ray", "cuda", "numpy", "pydantic", "anyio")

@@ -49,6 +49,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "NoCudaDevice", "GpuRefStale", "WrongDevice", "LaunchError", "DeviceFault",
         "DeviceFailed", "EngineError", "UnknownOp", "QueueFull", "EngineStopped",
         "EngineModeError", "TaskFailed", "TaskTimeout", "TaskHung", "WorkerError",
+        "WorkerProtocolError",
     ),
     "gpuactors.cuda": ("cuda_device_count", "no_device_reason"),
     "gpuactors.cuda.device": (
@@ -149,6 +150,7 @@ if TYPE_CHECKING:
     from gpuactors.errors import UnhandledMessage as UnhandledMessage
     from gpuactors.errors import UnknownOp as UnknownOp
     from gpuactors.errors import WorkerError as WorkerError
+    from gpuactors.errors import WorkerProtocolError as WorkerProtocolError
     from gpuactors.errors import WrongDevice as WrongDevice
     from gpuactors.logs import configure_logging as configure_logging
     from gpuactors.messages import Ack as Ack
