@@ -89,7 +89,7 @@ SCRIPTS: tuple[BenchScript, ...] = (
 
 
 # ---------------------------------------------------------------- arguments
-def _build_parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpuactors bench",
         description="Run the benchmarks of gpuactors.benchmarks and write a Markdown report "
@@ -430,7 +430,7 @@ def _unwritable(out: Path) -> str | None:
 def run_bench(argv: Sequence[str], *, err: TextIO | None = None) -> int:
     """Entry point of ``gpuactors bench``: 0 only if every script exited 0."""
     err = err or sys.stderr
-    parser = _build_parser()
+    parser = build_parser()
     try:
         args = parser.parse_args(list(argv))
         scripts = select_scripts(args.only)

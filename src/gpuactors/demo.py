@@ -80,7 +80,7 @@ HIST_OP = OpSpec(
 
 
 # ------------------------------------------------------------------ arguments
-def _build_parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpuactors demo",
         description="Run many concurrent clients through the persistent engine, park and "
@@ -96,7 +96,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """The demo's options; argparse exits (SystemExit) on --help or a bad value."""
-    parser = _build_parser()
+    parser = build_parser()
     args = parser.parse_args(list(argv))
     if args.clients < 1:
         parser.error("--clients must be >= 1")
