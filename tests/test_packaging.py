@@ -99,10 +99,18 @@ def test_license_is_the_apache_2_text_and_declared_as_spdx() -> None:
     assert "setuptools>=77" in requires  # the first to take an SPDX license string
 
 
-def test_readme_block_comes_right_after_the_tagline() -> None:
-    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
-    prose = [line for line in lines[: lines.index("```bash")] if line.strip()]
-    assert len(prose) == 2 and prose[0].startswith("# ")
+def test_readme_shows_users_their_install_before_the_contributors_block() -> None:
+    """A product page: a user's install line (one CUDA major each) and the quickstart come
+    first; the block CI runs follows under "Develop", for contributors."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"^```(?:bash|sh|shell|console)?[ \t]*\n", text, re.M)
+    assert block, "README.md has no code block"
+    before = text[: block.start()]
+    assert before.startswith("# ")
+    assert 'pip install "gpuactors[cu13]"' in before and 'pip install "gpuactors[cu12]"' in before
+    assert "~~~python" in before, "the quickstart comes before the contributors' block"
+    headings = [line for line in before.splitlines() if line.startswith("## ")]
+    assert headings[-1] == "## Develop"
 
 
 def test_ci_script_is_executable_and_strict() -> None:
