@@ -10,7 +10,7 @@ import pytest
 from gpuactors.errors import InvalidArgument
 from gpuactors.nvrtc import NvrtcOpts, cache_key, compile_source
 from gpuactors.nvrtc.compiler import request_key_of
-from gpuactors.nvrtc.headers import scan_includes
+from gpuactors.nvrtc.headers import reads_no_file, scan_includes
 from gpuactors.nvrtc.keys import full_key, path_states, untracked_key
 from gpuactors.nvrtc.manifest import Manifest, make_manifest
 from test_nvrtc_support import SAXPY
@@ -229,6 +229,26 @@ def test_the_scan_sees_the_spellings_nvrtc_accepts(tmp_path: Path, directive: st
     _value_header(tmp_path, 1)
     scan = scan_includes(directive + "\n", headers={}, include_paths=[str(tmp_path)], name="k")
     assert list(scan.files) == [str(tmp_path / "val.h")]
+
+
+@pytest.mark.parametrize(
+    ("text", "may_read"),
+    [
+        ("__global__ void k() {}", False),
+        ('#include "a.h"', True),
+        ("#inc\\\nlude", True),  # a line splice
+        ("#inc??/\nlude", True),  # a trigraph backslash, then a splice
+        ("__has_include(<a.h>)", True),
+        ("#embed <a.bin>", True),
+        ("import m;", True),
+        ("int \\u0078;", True),  # a universal character name could spell a word
+    ],
+)
+def test_only_texts_without_include_words_count_as_reading_no_file(
+    text: str, may_read: bool
+) -> None:
+    """Such a compile needs no child to report its headers: it has none."""
+    assert reads_no_file([b"int a;", text.encode()]) is not may_read
 
 
 @pytest.mark.parametrize("flag", ["--pre-include=val.h", "-include=val.h"])

@@ -1,8 +1,10 @@
 """Compile CUDA C++ with NVRTC (through ``cuda.bindings.nvrtc``).
 
-:func:`compile_source` is the one place that talks to NVRTC. It is blocking and
-thread-safe; cuda-bindings releases the GIL inside ``nvrtcCompileProgram``, so a
-compile in a worker thread leaves an event loop running.
+:func:`compile_traced` (behind :func:`compile_source` and the
+:class:`~gpuactors.nvrtc.KernelCompiler`) is the one place that compiles with NVRTC,
+while a child process reports the headers NVRTC reads (``discovery.py``). It is
+blocking and thread-safe; cuda-bindings releases the GIL inside
+``nvrtcCompileProgram``, so a compile in a worker thread leaves an event loop running.
 """
 
 from __future__ import annotations
@@ -357,7 +359,12 @@ def compile_traced(
     options = opts.render(target)
     _check_supported(target)
     scan = scan_includes(source, headers=headers, include_paths=opts.include_paths, name=name)
-    discovery = Discovery(source, name=name, headers=headers, options=options)
+    # No child to ask when nothing in the texts can make NVRTC open a file: it reads none.
+    discovery = (
+        None
+        if scan.reads_no_file
+        else Discovery(source, name=name, headers=headers, options=options)
+    )
     try:
         started = time.perf_counter()
         header_names = sorted(headers)
@@ -376,9 +383,10 @@ def compile_traced(
         finally:
             nvrtc.nvrtcDestroyProgram(prog)
         seconds = time.perf_counter() - started
-        deps = discovery.finish()
+        deps = () if discovery is None else discovery.finish()
     finally:
-        discovery.close()
+        if discovery is not None:
+            discovery.close()
     manifest = None
     key, cacheable = untracked_key(request, image), False
     if deps is not None:

@@ -32,14 +32,20 @@ MAX_SCAN_BYTES = 512 * 1024 * 1024
 ABSENT = b"absent"
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 
-# Translation phases 2 and 3 before matching directives: line splices go, comments
-# become blanks (a comment inside a string literal fools this; the scan is a guard).
-_SPLICE = re.compile(rb"\\[ \t]*\r?\n")
+# Translation phases 1 to 3 before matching directives: line splices go (a ``??/``
+# trigraph is a backslash too), comments become blanks (a comment inside a string
+# literal fools this; the scan is a guard).
+_SPLICE = re.compile(rb"(?:\\|\?\?/)[ \t]*\r?\n")
 _COMMENT = re.compile(rb"/\*.*?\*/|//[^\n]*", re.DOTALL)
 _NAME = rb'[ \t\f\v]*([<"])([^>"\r\n]+)[>"]'
 _DIRECTIVE = re.compile(
-    rb"^[ \t\f\v]*(?:#|%:)[ \t\f\v]*(?:include_next|include|import)" + _NAME, re.MULTILINE
+    rb"^[ \t\f\v]*(?:#|%:|\?\?=)[ \t\f\v]*(?:include_next|include|import)" + _NAME,
+    re.MULTILINE,
 )
+# The preprocessor opens a file only for a directive or operator spelled with one of
+# these words (a macro cannot expand to a directive); a universal character name could
+# spell them otherwise. A text without any reads no file.
+_FILE_WORDS = (b"include", b"import", b"embed", b"\\u", b"\\U")
 _HAS_INCLUDE = re.compile(rb"__has_include(?:_next)?[ \t\f\v]*\(" + _NAME)
 
 
@@ -130,12 +136,22 @@ class IncludeScan:
 
     files: dict[str, bytes]
     probed: tuple[str, ...]
+    #: True when the source and the in-memory headers cannot make NVRTC open any file.
+    reads_no_file: bool
+
+
+def _unspliced(text: bytes) -> bytes:
+    return _SPLICE.sub(b"", text) if b"\\" in text or b"??/" in text else text
+
+
+def reads_no_file(texts: Sequence[bytes]) -> bool:
+    """Whether these texts, compiled together, can make NVRTC open no file at all."""
+    return not any(word in _unspliced(text) for text in texts for word in _FILE_WORDS)
 
 
 def _names(text: bytes) -> list[tuple[bool, str]]:
     """``(quoted, name)`` of every include and ``__has_include`` spotted in ``text``."""
-    if b"\\" in text:
-        text = _SPLICE.sub(b"", text)
+    text = _unspliced(text)
     if b"include" not in text and b"import" not in text:  # the usual case, cheaply
         return []
     text = _COMMENT.sub(b" ", text)
@@ -163,6 +179,7 @@ def scan_includes(
     probed: list[str] = []
     pending: list[tuple[bytes, str]] = [(source.encode("utf-8"), source_dir)]
     pending += [(text.encode("utf-8"), source_dir) for text in headers.values()]
+    given = reads_no_file([text for text, _here in pending])
     budget = MAX_SCAN_BYTES
     while pending:
         text, here = pending.pop()
@@ -197,4 +214,4 @@ def scan_includes(
                 files[candidate] = b"sha256:" + hashlib.sha256(content).digest()
                 pending.append((content, os.path.dirname(candidate)))
                 break
-    return IncludeScan(files=files, probed=tuple(dict.fromkeys(probed)))
+    return IncludeScan(files=files, probed=tuple(dict.fromkeys(probed)), reads_no_file=given)
