@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,23 +26,16 @@ def key(
     opts: NvrtcOpts | None = None,
     arch: str = "sm_90",
     headers: Mapping[str, str] | None = None,
+    full: bool = True,
 ) -> str:
-    """The full key (the first call for a request compiles it)."""
-    return cache_key(source, name=name, opts=opts or NvrtcOpts(), arch=arch, headers=headers or {})
+    """The full key (the first call for a request compiles it), or with ``full=False``
+    the request key: the full key is a hash over it, so it differs when that does."""
+    of = cache_key if full else request_key_of
+    return of(source, name=name, opts=opts or NvrtcOpts(), arch=arch, headers=headers or {})
 
 
-def request(
-    source: str = SAXPY,
-    *,
-    name: str = "kernel.cu",
-    opts: NvrtcOpts | None = None,
-    arch: str = "sm_90",
-    headers: Mapping[str, str] | None = None,
-) -> str:
-    """The request key: the full key is a hash over it, so it differs when this does."""
-    return request_key_of(
-        source, name=name, opts=opts or NvrtcOpts(), arch=arch, headers=headers or {}
-    )
+def request(source: str = SAXPY, **change: Any) -> str:
+    return key(source, full=False, **change)
 
 
 def test_key_is_stable_and_matches_the_compiled_module() -> None:

@@ -22,8 +22,10 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import platformdirs
 from structlog.typing import FilteringBoundLogger
@@ -59,6 +61,8 @@ _READ_FLAGS = (
 )
 _STALE_TEMP_SECONDS = 3600.0
 _KEY = re.compile(r"^[0-9a-f]{64}$")
+V = TypeVar("V")
+T = TypeVar("T")
 
 
 def _log() -> FilteringBoundLogger:
@@ -85,37 +89,38 @@ def _check_key(key: str) -> str:
 
 
 # ---------------------------------------------------------------------- memory
-class MemoryModuleCache:
-    """An in-process LRU of compiled modules, capped at ``max_entries``. Thread-safe."""
+class _Lru(Generic[V]):
+    """An in-process LRU map, capped at ``max_entries``, with hit and eviction counters.
+    Thread-safe."""
 
-    def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
+    def __init__(self, max_entries: int) -> None:
         if max_entries < 1:
             raise InvalidArgument(f"max_entries must be >= 1, got {max_entries}")
         self.max_entries = max_entries
-        self._entries: OrderedDict[str, CompiledModule] = OrderedDict()
+        self._entries: OrderedDict[str, V] = OrderedDict()
         self._lock = threading.Lock()
         self._hits = self._misses = self._evictions = self._writes = 0
 
-    def get(self, key: str) -> CompiledModule | None:
-        """The module stored under ``key`` (marking it most recently used), or None."""
+    def get(self, key: str) -> V | None:
+        """The value stored under ``key`` (marking it most recently used), or None."""
         with self._lock:
-            module = self._entries.get(key)
-            if module is None:
+            value = self._entries.get(key)
+            if value is None:
                 self._misses += 1
                 return None
             self._entries.move_to_end(key)
             self._hits += 1
-            return module
+            return value
 
-    def peek(self, key: str) -> CompiledModule | None:
+    def peek(self, key: str) -> V | None:
         """Like :meth:`get` but touches neither the LRU order nor the counters."""
         with self._lock:
             return self._entries.get(key)
 
-    def put(self, key: str, module: CompiledModule) -> None:
-        """Store ``module`` under ``key``, evicting the least recently used beyond the cap."""
+    def put(self, key: str, value: V) -> None:
+        """Store ``value`` under ``key``, evicting the least recently used beyond the cap."""
         with self._lock:
-            self._entries[key] = module
+            self._entries[key] = value
             self._entries.move_to_end(key)
             self._writes += 1
             while len(self._entries) > self.max_entries:
@@ -143,6 +148,25 @@ class MemoryModuleCache:
                 writes=self._writes,
                 entries=len(self._entries),
             )
+
+
+class MemoryModuleCache(_Lru[CompiledModule]):
+    """An in-process LRU of compiled modules, capped at ``max_entries``. Thread-safe."""
+
+    def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
+        super().__init__(max_entries)
+
+
+class ManifestStore(_Lru[Manifest]):
+    """The manifests known in this process, by request key. Thread-safe.
+
+    Any manifest that came from a real compile of a request is safe to use for it: the
+    full key it leads to names an entry only if a compile read exactly those files with
+    exactly that content. A stale one costs a miss, never a wrong hit.
+    """
+
+    def __init__(self, max_entries: int = 4 * DEFAULT_MAX_ENTRIES) -> None:
+        super().__init__(max_entries)
 
 
 # ------------------------------------------------------------------------ disk
@@ -246,37 +270,31 @@ class DiskModuleCache:
     def get(self, key: str) -> CompiledModule | None:
         """The verified module stored under ``key``, or None (missing, distrusted or
         discarded)."""
-        path = self.path_for(key)
-        read = self._read_trusted(path)
-        if read is None:
-            self._count(misses=1)
-            return None
-        data, info = read
-        try:
-            module = decode_entry(data, expected_key=key)
-        except CorruptEntry as exc:
-            self._discard(path, info, exc.reason)
-            self._count(misses=1, corrupt=1)
-            return None
-        self._touch(path)
-        self._count(hits=1)
+        module = self._read_verified(self.path_for(key), decode_entry, key)
+        self._count(**({"hits": 1} if module is not None else {"misses": 1}))
         return module
 
     def get_manifest(self, request_key: str) -> Manifest | None:
         """The verified manifest stored for ``request_key``, or None."""
-        path = self.manifest_path_for(request_key)
+        return self._read_verified(
+            self.manifest_path_for(request_key), decode_manifest, request_key
+        )
+
+    def _read_verified(self, path: Path, decode: Callable[..., T], expected_key: str) -> T | None:
+        """What ``decode`` makes of the trusted entry at ``path``, or None; a corrupt
+        entry is discarded and counted."""
         read = self._read_trusted(path)
         if read is None:
             return None
         data, info = read
         try:
-            manifest = decode_manifest(data, expected_key=request_key)
+            value = decode(data, expected_key=expected_key)
         except CorruptEntry as exc:
             self._discard(path, info, exc.reason)
             self._count(corrupt=1)
             return None
         self._touch(path)
-        return manifest
+        return value
 
     def _warn_once(self, event: str, **details: str) -> None:
         marker = event + details.get("path", "")

@@ -24,10 +24,11 @@ from structlog.typing import FilteringBoundLogger
 
 from ..errors import CompileError, InvalidArgument, NvrtcUnavailable
 from ..logs import get_logger
+from .cache import ManifestStore
 from .discovery import Discovery
 from .headers import ABSENT, scan_includes
 from .keys import full_key, path_states, request_key, untracked_key
-from .manifest import Manifest, ManifestStore, make_manifest
+from .manifest import Manifest, make_manifest
 from .module import CompiledModule
 from .options import NvrtcOpts, arch_number
 

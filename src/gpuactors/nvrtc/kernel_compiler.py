@@ -24,10 +24,10 @@ from structlog.typing import FilteringBoundLogger
 
 from ..errors import InvalidArgument
 from ..logs import get_logger
-from .cache import DiskModuleCache, MemoryModuleCache
+from .cache import DiskModuleCache, ManifestStore, MemoryModuleCache
 from .compiler import compile_traced, load_nvrtc, nvrtc_loaded, request_key_of
 from .keys import full_key, path_states
-from .manifest import Manifest, ManifestStore
+from .manifest import Manifest
 from .module import CompiledModule
 from .options import NvrtcOpts
 

@@ -17,8 +17,6 @@ every candidate the include scan looked at). The key records whether each exists
 from __future__ import annotations
 
 import os
-import threading
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -67,39 +65,3 @@ def make_manifest(
     probes.difference_update(deps)
     probes.difference_update(os.path.normpath(d) for d in deps)
     return Manifest(deps=tuple(sorted(set(deps))), probes=tuple(sorted(probes)))
-
-
-class ManifestStore:
-    """The manifests known in this process, by request key: an LRU of ``max_entries``.
-
-    Any manifest that came from a real compile of a request is safe to use for it: the
-    full key it leads to names an entry only if a compile read exactly those files with
-    exactly that content. A stale one costs a miss, never a wrong hit.
-    """
-
-    def __init__(self, max_entries: int = 1024) -> None:
-        self.max_entries = max_entries
-        self._entries: OrderedDict[str, Manifest] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, request: str) -> Manifest | None:
-        with self._lock:
-            manifest = self._entries.get(request)
-            if manifest is not None:
-                self._entries.move_to_end(request)
-            return manifest
-
-    def put(self, request: str, manifest: Manifest) -> None:
-        with self._lock:
-            self._entries[request] = manifest
-            self._entries.move_to_end(request)
-            while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._entries)
