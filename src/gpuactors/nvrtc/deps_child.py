@@ -34,8 +34,10 @@ def _die_with_the_parent(parent: int) -> None:
 
 def main(folder: str, parent: int) -> int:
     _die_with_the_parent(parent)
-    with open(os.path.join(folder, "request.json"), encoding="utf-8") as handle:
+    path = os.path.join(folder, "request.json")
+    with open(path, encoding="utf-8") as handle:
         request = json.load(handle)
+    os.unlink(path)  # the source need not outlive this read
     nvrtc = ctypes.CDLL(request["library"])
     headers: dict[str, str] = request["headers"]
     names = sorted(headers)

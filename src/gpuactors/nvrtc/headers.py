@@ -30,7 +30,7 @@ MAX_HEADER_BYTES = 64 * 1024 * 1024
 MAX_SCAN_BYTES = 512 * 1024 * 1024
 
 ABSENT = b"absent"
-_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
 # Translation phases 1 to 3 before matching directives: line splices go (a ``??/``
 # trigraph is a backslash too), comments become blanks (a comment inside a string
