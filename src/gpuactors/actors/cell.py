@@ -13,7 +13,12 @@ deferred replies still pending then fail with ``ActorStopped``; watchers get
 current handler cancelled.
 
 What the actor's own code raises (a handler, on either path, a lifecycle hook, or
-its supervisor's decider) is one of three things:
+its supervisor's decider) is one of four things:
+
+- a :class:`~gpuactors.errors.GpuActorsError` raised by a handler: its asker's
+  error, not the actor's failure. The asker gets it as it is; the supervisor never
+  hears of it (no restart); for a tell, nobody can get it, so it is logged as a
+  warning. A handler needs no try/except to refuse a bad request;
 
 - the end of the actor's task, not a failure: the task's own cancellation (stop
   timeout, loop shutdown), or its coroutine being closed by the garbage collector;

@@ -34,6 +34,10 @@ T = TypeVar("T")
 class Deferred(Generic[T]):
     """A reply that is not ready yet, returned by a handler instead of the reply itself.
 
+    A handler that makes the future itself saves a future and two callbacks per ask
+    by taking its reply future instead (``context.reply_future()``: the module's
+    docstring).
+
     The actor moves on to its next message at once; the ask resolves with the
     future's result or exception when the future completes. This is how an actor
     replies "when the GPU has finished" while it keeps accepting work. A cancelled
@@ -65,7 +69,10 @@ def reply_from(future: asyncio.Future[T]) -> T | Deferred[T]:
 
 
 def failed_reply(error: BaseException) -> Deferred[Any]:
-    """A reply that is the asker's error, not the actor's failure (supervision never sees it)."""
+    """A reply that is the asker's error, not the actor's failure (supervision never sees it).
+
+    A handler that fails its asker with a GpuActorsError simply raises it (the same
+    rule); this is for other exceptions meant for the asker."""
     future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
     future.set_exception(error)
     return Deferred(future)
