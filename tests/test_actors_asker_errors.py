@@ -58,6 +58,10 @@ class Strict(Actor):
         return asyncio.current_task(), self.incarnation
 
 
+def assert_no_failure_logged(logs: list[dict[str, Any]]) -> None:
+    assert not any(entry.get("event") == "actor failed" for entry in logs)
+
+
 async def incarnation(ref: ActorRef) -> int:
     _, number = await ref.ask(Where())
     assert isinstance(number, int)
@@ -76,7 +80,7 @@ async def test_at_once_the_asker_gets_it_and_the_actor_is_not_restarted(
         task, number = await ref.ask(Where())
         assert task is asyncio.current_task()  # still answered at once
         assert number == first
-    assert not any(entry.get("event") == "actor failed" for entry in captured_logs)
+    assert_no_failure_logged(captured_logs)
 
 
 async def test_through_the_mailbox_the_asker_gets_it_and_the_actor_is_not_restarted(
@@ -92,7 +96,7 @@ async def test_through_the_mailbox_the_asker_gets_it_and_the_actor_is_not_restar
             with pytest.raises(InvalidArgument):
                 await asker
         assert await incarnation(ref) == first
-    assert not any(entry.get("event") == "actor failed" for entry in captured_logs)
+    assert_no_failure_logged(captured_logs)
 
 
 async def test_a_told_handler_s_error_is_logged_not_supervised(
@@ -105,7 +109,7 @@ async def test_a_told_handler_s_error_is_logged_not_supervised(
         assert await incarnation(ref) == first
     warned = [e for e in captured_logs if "meant for its asker" in str(e.get("event"))]
     assert len(warned) == 1 and warned[0]["message_type"] == "Refuse"
-    assert not any(entry.get("event") == "actor failed" for entry in captured_logs)
+    assert_no_failure_logged(captured_logs)
 
 
 @pytest.mark.parametrize("path", ["at once", "mailbox"])
