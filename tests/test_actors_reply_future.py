@@ -199,13 +199,52 @@ async def test_taking_the_future_and_returning_a_value_is_a_failure(path: str) -
         assert holder(ref).restarts_seen == 1  # supervised: restarted (the default)
 
 
-async def test_a_handler_that_raises_after_taking_fails_its_asker_and_is_supervised() -> None:
+@pytest.mark.parametrize("path", ["at once", "mailbox"])
+async def test_a_handler_that_raises_after_taking_fails_its_asker_and_is_supervised(
+    path: str,
+) -> None:
     async with ActorSystem() as system:
         ref = system.spawn(Holder)
+        await ref.ask(Count())
+        before = holder(ref)
+        blocker = await busy(ref) if path == "mailbox" else None
         with pytest.raises(ValueError, match="a bug after taking"):
             await ref.ask(TakeAndRaise(), timeout=5.0)
         await ref.ask(Count())
         assert holder(ref).restarts_seen == 1
+        if blocker is not None:  # taken by the instance the failure replaced
+            before.owed["blocker"].set_result(None)
+            await blocker
+
+
+class TakeAndRefuse(Message):
+    pass
+
+
+class Pause(Message):
+    """Handled by an async handler: the asks sent after it queue in the mailbox."""
+
+
+class Refuser(Actor):
+    @handles(TakeAndRefuse)
+    def take_and_refuse(self, msg: TakeAndRefuse) -> None:
+        self.context.reply_future()
+        raise InvalidArgument("refused after taking")
+
+    @handles(Pause)
+    async def pause(self, msg: Pause) -> None:
+        await asyncio.sleep(0)
+
+
+@pytest.mark.parametrize("path", ["at once", "mailbox"])
+async def test_a_gpuactors_error_raised_after_taking_reaches_the_asker(path: str) -> None:
+    async with ActorSystem() as system:
+        ref = system.spawn(Refuser)
+        if path == "mailbox":
+            ref.tell(Pause())
+        with pytest.raises(InvalidArgument, match="refused after taking"):
+            await ref.ask(TakeAndRefuse())
+        assert ref._cell.owed_replies.pending == 0
 
 
 @pytest.mark.parametrize("how", ["timeout", "cancel"])

@@ -164,6 +164,15 @@ def _forward(
             reply.set_exception(error)
 
 
+def _drop(future: asyncio.Future[Any]) -> None:
+    """Nobody will wait on ``future``: cancel it (so settling it later is skipped), or
+    mark an exception already set on it as retrieved."""
+    if not future.done():
+        future.cancel()
+    elif not future.cancelled():
+        future.exception()
+
+
 def _task_is_cancelled() -> bool:
     """Was the current task cancelled (rather than a handler raising CancelledError)?
 
@@ -418,11 +427,11 @@ class ActorCell:
             result = method(message)
         except BaseException as exc:  # all of it is the handler's here: it raised it
             taken = self._end_handler()
+            if taken is not None:  # made here, never seen by the asker: the raise wins
+                _drop(taken)
             if isinstance(exc, GpuActorsError):  # the asker's error, not the actor's failure
                 return AtOnceFailure(exc)
             failure = self._as_failure(exc, f"handler of {type(message).__name__}")
-            if taken is not None and not taken.done():
-                taken.set_exception(failure)
             # First in the system lane: ahead of a stop the handler may have asked for,
             # as on the mailbox path, where the supervisor hears of a failure at once.
             self.mailbox.signal(_HandledAtOnceFailed(failure, message, cid), first=True)
