@@ -316,8 +316,11 @@ def test_actor_benchmark_writes_its_json(tmp_path: Path) -> None:
     assert [c.label for c in results.comparisons] == [
         "actor tell() (capacity=N)",
         "actor tell_wait() (1024, WAIT)",
+        "reply later: context.reply_future()",
     ]
-    assert all(c.unit == "messages/s" and c.value > 0 for c in results.comparisons)
+    *tells, later = results.comparisons
+    assert all(c.unit == "messages/s" and c.value > 0 for c in tells)
+    assert later.unit == "cpu us/task" and later.value > 0 and later.baseline_value > 0
     assert len(results.targets) == 4
     for target in results.targets:
         assert f"target {target.name:38} {'MET' if target.met else 'NOT MET':8}" in proc.stdout
