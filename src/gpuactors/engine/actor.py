@@ -268,19 +268,15 @@ class PersistentEngineActor(Actor):
                 return accepted  # an error, or queued: a Deferred
             seq = accepted
         runtime.kick()
-        # The GPU takes microseconds: build the reply meanwhile (the marker brings only
-        # its device figures), then spin, bounded like the poller's own spin.
+        # Spin, bounded like the poller's own spin: the GPU takes microseconds.
         spec = resolved.spec
-        reply, fields = build_completion(seq, spec.name, spec.version)
         harvested = runtime.ring.wait_harvest(seq, SPIN_SECONDS)
         if harvested is not None:
             status, units, device_ns = harvested
             if status == abi.STATUS_OK:
                 self._latencies.append(time.perf_counter() - accepted_at)
                 self._processed += 1
-                fields["units"] = units
-                fields["device_ns"] = device_ns
-                return reply
+                return build_completion(seq, spec.name, spec.version, units, device_ns)
             outcome = self._outcome_of(seq, spec, resolved.op_id, accepted_at, status, 0, 0)
             assert isinstance(outcome, GpuActorsError)
             return failed_reply(outcome)
@@ -719,7 +715,7 @@ class PersistentEngineActor(Actor):
         self._latencies.append(time.perf_counter() - accepted_at)
         if status == abi.STATUS_OK:
             self._processed += 1
-            return build_completion(seq, op.name, op.version, units, device_ns)[0]
+            return build_completion(seq, op.name, op.version, units, device_ns)
         self._failed += 1
         if status == abi.STATUS_DEADLINE:
             return TaskTimeout(f"task {seq} of op {op.name!r} missed its deadline")
