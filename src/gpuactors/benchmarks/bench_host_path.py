@@ -114,15 +114,21 @@ CALL_NAMES = ("enqueue_default", "ask_new_none", "ask_reused_none")
 PROFILED = "enqueue_default"  # the call --profile looks into (what users call)
 
 
+class IdleStream:
+    """A CuPy stream with no work queued (what ``after="current_stream"`` asks about)."""
+
+    done = True
+
+
 @contextmanager
 def idle_stream() -> Iterator[None]:
     """The caller's CuPy stream, as ``after="current_stream"`` sees it: always idle."""
-    original = actor_module._pending_work_event
-    actor_module._pending_work_event = lambda: None
+    original = actor_module._current_stream
+    actor_module._current_stream = IdleStream
     try:
         yield
     finally:
-        actor_module._pending_work_event = original
+        actor_module._current_stream = original
 
 
 # ----------------------------------------------------------------------- one client

@@ -64,6 +64,13 @@ from gpuactors.engine.ops import BUILTIN_OPS, OpSpec
 from gpuactors.engine.optable import OpTable, ResolvedOp
 from gpuactors.engine.ring import RecordColumns
 from gpuactors.engine.runtime import EngineConfig, EngineRuntime, check_start_options
+from gpuactors.engine.submissions import (
+    After,
+    Submission,
+    Submissions,
+    Submit,
+    check_task_fields,
+)
 from gpuactors.errors import (
     ActorStopped,
     AskTimeout,
@@ -340,6 +347,132 @@ class PersistentEngineActor(Actor):
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush_staged)
         return Deferred(future)
+
+    @handles(Submit)
+    def submit(self, msg: Submit) -> None:
+        """Accept every task an ``Engine`` client submitted since its last ``Submit``.
+        A lone task on an idle engine runs in line (publish, spin, settle its future
+        before this returns); otherwise all are published together and the harvest
+        settles each caller's own future. Errors go to each task's future, never to
+        the asker of ``Submit`` (its ask only hands the tasks over)."""
+        entries = msg.submissions.take()
+        accepted_at = time.perf_counter()
+        events: dict[int, Any] = {}  # each distinct stream is asked once per Submit
+        lone = len(entries) == 1 and not self._pending and not self._staged and not self._backlog
+        if lone and self._in_line(entries[0], events, accepted_at):  # an idle engine
+            return
+        tasks = [task for e in entries if (task := self._accept(e, events, accepted_at))]
+        if not tasks:
+            return
+        for task in tasks:
+            if task.ready_event is not None or (self._backlog and self._queue_behind()):
+                self._backlog.append(task)
+            else:
+                self._staged.append(task)
+        self._wake.set()
+        self._flush_staged()  # every task of this drain: one store, one kick
+
+    def _accept(
+        self, entry: Submission, events: dict[int, Any], accepted_at: float
+    ) -> _Task | None:
+        """Submitted task ``entry``, checked and encoded; None if its caller went away
+        or it was refused (its future has the error). ``events``: the event of each
+        stream asked so far in this drain (each distinct stream is asked once)."""
+        if entry.future.done():  # its caller went away before it was accepted
+            return None
+        try:
+            ready_event = None
+            if entry.stream is not None:
+                key = id(entry.stream)
+                if key not in events:
+                    events[key] = _stream_event(entry.stream)
+                ready_event = events[key]
+            return self._task_of(entry, ready_event, accepted_at)
+        except GpuActorsError as exc:
+            entry.future.set_exception(exc)
+        except Exception as exc:  # the caller's arguments, not the actor's failure
+            entry.future.set_exception(_unreadable(entry.op, exc))
+        return None
+
+    def _task_of(self, entry: Submission, ready_event: Any, accepted_at: float) -> _Task:
+        """Submitted task ``entry``, checked and encoded (errors raise)."""
+        self._check_serving()
+        resolved = self._ops.resolutions.get(entry.op) or self._ops.resolve(entry.op)
+        n, blocks = check_count(resolved.spec, entry.n, entry.blocks)
+        words = resolved.encoder.encode(entry.args, n, self._device_id)
+        return _Task(
+            entry.future,
+            resolved.spec,
+            resolved.op_id,
+            n,
+            words,
+            blocks,
+            self._deadline_ns(entry.timeout),
+            entry.args,
+            accepted_at,
+            ready_event,
+        )
+
+    def _in_line(self, entry: Submission, events: dict[int, Any], accepted_at: float) -> bool:
+        """Publish submitted task ``entry`` at once and spin for it, bounded like the
+        poller's spin; True if that settled its future or handed it to the poller.
+        (``events``: the streams asked, for the general path.)
+        False (nothing done) for any task but the usual one: a ready stream, a
+        serving engine, an op the latency path's publisher takes and room in the
+        ring; the general path takes it then, with its precise errors."""
+        if (
+            entry.future.done()
+            or self._faulted is not None
+            or self._closing
+            or self._runtime is None
+            or GENERATIONS.by_device.get(self._device_id, FIRST_GENERATION) != self._generation
+        ):
+            return False
+        resolved = self._ops.resolutions.get(entry.op)
+        if resolved is None:  # not yet resolved (or unknown: the general path says so)
+            try:
+                resolved = self._ops.resolve(entry.op)
+            except GpuActorsError:
+                return False
+        if resolved.publish is None:
+            return False
+        if entry.stream is not None:
+            try:
+                event = events[id(entry.stream)] = _stream_event(entry.stream)
+            except DeviceFault:
+                return False  # (the general path asks again, and says so)
+            if event is not None:
+                return False  # the general path holds it until the event
+        deadline = self._deadline_ns(entry.timeout)
+        runtime = self._runtime
+        seq = resolved.publish(
+            runtime.ring, entry.args, entry.n, entry.blocks, self._device_id, deadline
+        )
+        if not seq:
+            return False
+        runtime.kick()
+        spec = resolved.spec
+        harvested = runtime.ring.wait_harvest(seq, SPIN_SECONDS)
+        if harvested is None:  # still running: the poller answers
+            self._pending[seq] = _Task(
+                entry.future,
+                spec,
+                resolved.op_id,
+                entry.n,
+                [],
+                entry.blocks,
+                deadline,
+                entry.args,
+                accepted_at,
+            )
+            self._wake.set()
+            return True
+        outcome = self._outcome_of(seq, spec, resolved.op_id, accepted_at, *harvested)
+        if isinstance(outcome, GpuActorsError):
+            entry.future.set_exception(outcome)
+        else:
+            entry.future.set_result(outcome)
+        return True
 
     def _queue_behind(self) -> bool:
         """Must a new task queue behind the backlog? Under "wait", always (FIFO). Under
@@ -1064,13 +1197,26 @@ async def _wait_until(condition: Any, what: str, timeout: float = 10.0) -> None:
 
 def _pending_work_event() -> Any:
     """An event after the work queued on CuPy's current stream, or None if it is idle."""
+    return _stream_event(_current_stream())
+
+
+def _current_stream() -> Any:
+    """CuPy's current stream (the caller's, when called in the caller's task)."""
     import cupy
 
-    stream = cupy.cuda.get_current_stream()
+    return cupy.cuda.get_current_stream()
+
+
+def _stream_event(stream: Any) -> Any:
+    """An event after the work queued on ``stream``, or None if it is idle."""
     try:
         return None if stream.done else stream.record()
-    except cupy.cuda.runtime.CUDARuntimeError as exc:
-        raise DeviceFault(f"the caller's CUDA stream reports an error: {exc}") from exc
+    except Exception as exc:
+        import cupy
+
+        if isinstance(exc, cupy.cuda.runtime.CUDARuntimeError):
+            raise DeviceFault(f"the caller's CUDA stream reports an error: {exc}") from exc
+        raise
 
 
 class Engine:
@@ -1078,6 +1224,10 @@ class Engine:
 
     def __init__(self, ref: ActorRef) -> None:
         self.ref = ref
+        self._submissions = Submissions()
+        self._submit = Submit(submissions=self._submissions)  # one message for every ask
+        self._waiting = 0  # callers of this client waiting for their task's reply
+        self._handing_over: set[asyncio.Task[None]] = set()
 
     @classmethod
     async def start(
@@ -1110,12 +1260,73 @@ class Engine:
         return engine
 
     async def enqueue(
-        self, op: str, *args: Any, n: int, blocks: int = 1, timeout: float | None = None
+        self,
+        op: str,
+        *args: Any,
+        n: int,
+        blocks: int = 1,
+        timeout: float | None = None,
+        after: After = "current_stream",
     ) -> Completion:
-        reply: Completion = await self.ref.ask(
-            Enqueue(op=op, args=args, n=n, blocks=blocks, timeout=timeout)
-        )
-        return reply
+        """Run ``op`` on ``args`` over ``n`` elements; what ``ask(Enqueue(...))`` does,
+        with the same checks and errors, without building a message per task. A lone
+        caller's task is handed over in its own task (on an idle engine: answered in
+        line); while this client's other callers wait, it joins the tasks that one
+        ``Submit`` per loop turn hands over (see :mod:`gpuactors.engine.submissions`)."""
+        n, blocks, seconds = check_task_fields(n, blocks, timeout, after)
+        stream = _current_stream() if after == "current_stream" else None
+        future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
+        entries = self._submissions.entries
+        entries.append(Submission(op, args, n, blocks, seconds, stream, future))
+        if len(entries) == 1:  # else a Submit is on its way for the list: it takes this too
+            if self._waiting:
+                self._hand_over_soon()
+            else:
+                try:
+                    await self.ref.ask(self._submit)  # an idle engine: answered in line
+                except BaseException as exc:
+                    self._ask_failed(exc, future)
+                    if isinstance(exc, asyncio.CancelledError):
+                        raise
+        if future.done():
+            return future.result()
+        self._waiting += 1
+        try:
+            return await future
+        finally:
+            self._waiting -= 1
+
+    async def _hand_over(self) -> None:
+        """Ask the actor to accept the submitted tasks, from a task of its own."""
+        try:
+            await self.ref.ask(self._submit)
+        except BaseException as exc:
+            self._ask_failed(exc, None)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+
+    def _ask_failed(self, exc: BaseException, own: asyncio.Future[Completion] | None) -> None:
+        """A Submit's ask ended in ``exc`` with tasks perhaps still waiting: none is
+        lost. If the actor stopped, they fail with its error; if the asker was
+        cancelled, its ``own`` task is dropped and another Submit goes for the rest."""
+        entries = self._submissions.entries
+        if isinstance(exc, asyncio.CancelledError):
+            if own is not None:
+                own.cancel()
+            entries[:] = [entry for entry in entries if not entry.future.done()]
+            if entries:
+                self._hand_over_soon()
+            return
+        for entry in self._submissions.take():
+            if not entry.future.done():
+                entry.future.set_exception(exc)
+
+    def _hand_over_soon(self) -> None:
+        """Hand the submitted tasks over from a task of their own: it runs once every
+        caller ready in this loop turn has submitted."""
+        task = asyncio.get_running_loop().create_task(self._hand_over())
+        self._handing_over.add(task)  # (the loop keeps only a weak reference)
+        task.add_done_callback(self._handing_over.discard)
 
     async def stats(self) -> EngineStats:
         reply: EngineStats = await self.ref.ask(Stats(), timeout=120.0)
