@@ -52,14 +52,12 @@ from gpuactors.benchmarks.bench_engine import asyncio_ceiling
 from gpuactors.benchmarks.results import ScriptResults, add_result_options, run_measurement
 from gpuactors.engine import actor as actor_module
 from gpuactors.engine.actor import Engine
+from gpuactors.engine.gc_tuning import tune_gc
 from gpuactors.engine.host_runtime import CupyLikeArray, HostEngine, HostRuntime, cupy_like_arrays
 from gpuactors.engine.messages import Completion, Enqueue
 from gpuactors.engine.runtime import EngineConfig
 
 N = 1024  # elements per task (bench_engine's axpy)
-#: ``--gc threshold``: a first generation this large collects about once per
-#: this many allocations instead of 700 (Python's default).
-GC_THRESHOLD = (50_000, 20, 20)
 AFTER_DEFAULT_NOTE = (
     "after='current_stream' (the default) ran with an idle stream standing in for "
     "CuPy's: the stream query it makes on a GPU is NOT in these figures"
@@ -217,9 +215,10 @@ class Collections:
 
 
 def apply_gc(mode: str) -> None:
-    """Set the collector up for ``mode`` (``freeze`` runs later, once all is started)."""
+    """Set the collector up for ``mode`` with ``tune_gc`` (``freeze`` runs later, once
+    all is started); the caller puts it back."""
     if mode == "threshold":
-        gc.set_threshold(*GC_THRESHOLD)
+        tune_gc(freeze=False)
 
 
 # ------------------------------------------------------------------------- a run
@@ -257,8 +256,7 @@ async def run(args: argparse.Namespace, profiler: cProfile.Profile | None) -> di
             await latencies(one[name], 50)
             await clients_rate([calls[name] for calls in many], 2)
         if args.gc == "freeze":
-            gc.collect()
-            gc.freeze()
+            tune_gc(gen0_threshold=None)  # what the engine and the clients hold, frozen
         finished_before = path.runtime.finished
         device_before = path.runtime.device_seconds
         with collections.counting():
