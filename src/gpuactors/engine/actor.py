@@ -1,7 +1,8 @@
 """PersistentEngineActor: ``await engine.ask(Enqueue(...))`` without a kernel launch per task.
 
-The actor validates each task, writes it into the ring and returns a
-``Deferred`` so its mailbox moves straight on. One poller task per engine
+The actor validates each task, writes it into the ring and keeps the asker's own
+reply future (``context.reply_future()``, one future per task) so its mailbox
+moves straight on. One poller task per engine
 watches the completion markers (a short spin, then backing off to sleeps),
 resolves the askers' futures, relaunches a parked kernel when work waits, and
 checks the stream for device faults. No thread per task, no blocking of the
@@ -229,7 +230,7 @@ class PersistentEngineActor(Actor):
 
     # ------------------------------------------------------------------ enqueue
     @handles(Enqueue)
-    def enqueue(self, msg: Enqueue) -> Completion | Deferred[Completion]:
+    def enqueue(self, msg: Enqueue) -> Completion | Deferred[Completion] | None:
         """Accept a task; on an idle engine publish it at once and, if it finishes
         within a short spin, answer at once (no future). This is the latency path:
         every Python call on it costs the asker 0.1 to 0.2 us on the GPU machines, so
@@ -272,7 +273,8 @@ class PersistentEngineActor(Actor):
                 msg, resolved, deadline, ready_event, idle, accepted_at
             )
             if not isinstance(accepted, int):
-                return accepted  # an error, or queued: a Deferred
+                return accepted  # an error (a Deferred), or queued (None: the asker's
+                # own future is settled when the task finishes)
             seq = accepted
         runtime.kick()
         # Spin, bounded like the poller's own spin: the GPU takes microseconds.
@@ -289,12 +291,12 @@ class PersistentEngineActor(Actor):
             return failed_reply(outcome)
         # Still running: the poller answers. Its words are in the ring, only its
         # arguments must stay alive.
-        future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Completion] = self.context.reply_future()  # the asker's own
         self._pending[seq] = _Task(
             future, spec, resolved.op_id, msg.n, [], msg.blocks, deadline, msg.args, accepted_at
         )
         self._wake.set()
-        return Deferred(future)
+        return None
 
     def _accept_generally(
         self,
@@ -304,7 +306,7 @@ class PersistentEngineActor(Actor):
         ready_event: Any,
         idle: bool,
         accepted_at: float,
-    ) -> int | Deferred[Completion]:
+    ) -> int | Deferred[Completion] | None:
         """Every task the latency path's generated publisher did not take: checked
         argument by argument (a precise error for each mistake), then published at
         once on an ``idle`` engine (its sequence number: ``enqueue`` answers it), or
@@ -323,7 +325,7 @@ class PersistentEngineActor(Actor):
             seq = self._runtime.ring.try_publish(resolved.op_id, n, words, blocks, deadline)
             if seq is not None:
                 return seq
-        future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Completion] = self.context.reply_future()  # the asker's own
         task = _Task(
             future,
             resolved.spec,
@@ -339,14 +341,14 @@ class PersistentEngineActor(Actor):
         if ready_event is not None or (self._backlog and self._queue_behind()):
             self._backlog.append(task)
             self._wake.set()
-            return Deferred(future)
+            return None
         # A busy engine: coalesce. Every task that arrives before the loop turns is
         # published together, with one store and one kick.
         self._staged.append(task)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush_staged)
-        return Deferred(future)
+        return None
 
     @handles(Submit)
     def submit(self, msg: Submit) -> None:
