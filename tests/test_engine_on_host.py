@@ -18,7 +18,8 @@ from gpuactors.cuda import arrays as arrays_module
 from gpuactors.engine import actor as actor_module
 from gpuactors.engine import args as args_module
 from gpuactors.engine import optable as optable_module
-from gpuactors.engine.actor import Engine
+from gpuactors.engine import streams as streams_module
+from gpuactors.engine.client import Engine
 from gpuactors.engine.host_runtime import CupyLikeArray, HostEngine, HostRuntime
 from gpuactors.engine.messages import (
     BatchCompletion,
@@ -76,7 +77,7 @@ def cupy_like_arrays(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def stream(monkeypatch: pytest.MonkeyPatch) -> Stream:
     current = Stream()
-    monkeypatch.setattr(actor_module, "_current_stream", lambda: current)
+    monkeypatch.setattr(streams_module, "current_stream", lambda: current)
     return current
 
 

@@ -50,8 +50,8 @@ import numpy as np
 from gpuactors.actors import ActorSystem, MailboxConfig, Props
 from gpuactors.benchmarks.bench_engine import asyncio_ceiling
 from gpuactors.benchmarks.results import ScriptResults, add_result_options, run_measurement
-from gpuactors.engine import actor as actor_module
-from gpuactors.engine.actor import Engine
+from gpuactors.engine import streams
+from gpuactors.engine.client import Engine
 from gpuactors.engine.gc_tuning import tune_gc
 from gpuactors.engine.host_runtime import CupyLikeArray, HostEngine, HostRuntime, cupy_like_arrays
 from gpuactors.engine.messages import Completion, Enqueue
@@ -121,12 +121,12 @@ class IdleStream:
 @contextmanager
 def idle_stream() -> Iterator[None]:
     """The caller's CuPy stream, as ``after="current_stream"`` sees it: always idle."""
-    original = actor_module._current_stream
-    actor_module._current_stream = IdleStream
+    original = streams.current_stream
+    streams.current_stream = IdleStream
     try:
         yield
     finally:
-        actor_module._current_stream = original
+        streams.current_stream = original
 
 
 # ----------------------------------------------------------------------- one client

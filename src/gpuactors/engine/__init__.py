@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from gpuactors.engine.actor import Engine, PersistentEngineActor
+from gpuactors.engine.actor import PersistentEngineActor
+from gpuactors.engine.client import Engine
 from gpuactors.engine.gc_tuning import GcTuning, tune_gc
 from gpuactors.engine.messages import (
     AliasOp,

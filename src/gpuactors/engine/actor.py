@@ -15,8 +15,7 @@ import asyncio
 import functools
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
-from contextlib import asynccontextmanager, suppress
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -24,17 +23,13 @@ import numpy as np
 
 from gpuactors.actors import (
     Actor,
-    ActorRef,
-    ActorSystem,
     Deferred,
-    MailboxConfig,
-    Props,
     failed_reply,
     handles,
 )
 from gpuactors.cuda.generation import FIRST_GENERATION, GENERATIONS
 from gpuactors.cuda.polling import SLEEP_MIN_SECONDS, SPIN_PHASE_SECONDS, SPIN_SECONDS
-from gpuactors.engine import abi
+from gpuactors.engine import abi, streams
 from gpuactors.engine.args import check_count, encode_batch
 from gpuactors.engine.codegen import build_engine_module, cached_engine_module
 from gpuactors.engine.messages import (
@@ -66,21 +61,15 @@ from gpuactors.engine.optable import OpTable, ResolvedOp
 from gpuactors.engine.ring import RecordColumns
 from gpuactors.engine.runtime import EngineConfig, EngineRuntime, check_start_options
 from gpuactors.engine.submissions import (
-    After,
     Submission,
-    Submissions,
     Submit,
-    check_task_fields,
 )
 from gpuactors.errors import (
-    ActorStopped,
-    AskTimeout,
     DeviceFault,
     EngineError,
     EngineStopped,
     GpuActorsError,
     InvalidArgument,
-    MailboxFull,
     QueueFull,
     TaskFailed,
     TaskHung,
@@ -251,7 +240,7 @@ class PersistentEngineActor(Actor):
                 deadline = time.time_ns() + self._default_in_ns
             else:
                 deadline = self._deadline_ns(timeout)
-            ready_event = _pending_work_event() if msg.after == "current_stream" else None
+            ready_event = streams.pending_work_event() if msg.after == "current_stream" else None
         except GpuActorsError as exc:
             return failed_reply(exc)  # the caller's error, not the actor's failure
         runtime = self._runtime
@@ -387,7 +376,7 @@ class PersistentEngineActor(Actor):
             if entry.stream is not None:
                 key = id(entry.stream)
                 if key not in events:
-                    events[key] = _stream_event(entry.stream)
+                    events[key] = streams.stream_event(entry.stream)
                 ready_event = events[key]
             return self._task_of(entry, ready_event, accepted_at)
         except GpuActorsError as exc:
@@ -440,7 +429,7 @@ class PersistentEngineActor(Actor):
             return False
         if entry.stream is not None:
             try:
-                event = events[id(entry.stream)] = _stream_event(entry.stream)
+                event = events[id(entry.stream)] = streams.stream_event(entry.stream)
             except DeviceFault:
                 return False  # (the general path asks again, and says so)
             if event is not None:
@@ -542,7 +531,7 @@ class PersistentEngineActor(Actor):
             records = encode_batch(
                 op, resolved.op_id, msg, self._device_id, self._deadline_ns(msg.timeout)
             )
-            ready_event = _pending_work_event() if msg.after == "current_stream" else None
+            ready_event = streams.pending_work_event() if msg.after == "current_stream" else None
         except GpuActorsError as exc:
             return failed_reply(exc)
         except Exception as exc:  # the caller's arguments, not the actor's failure
@@ -1195,166 +1184,3 @@ async def _wait_until(condition: Any, what: str, timeout: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise EngineError(f"timed out after {timeout} s waiting for {what}")
         await asyncio.sleep(0)
-
-
-def _pending_work_event() -> Any:
-    """An event after the work queued on CuPy's current stream, or None if it is idle."""
-    return _stream_event(_current_stream())
-
-
-def _current_stream() -> Any:
-    """CuPy's current stream (the caller's, when called in the caller's task)."""
-    import cupy
-
-    return cupy.cuda.get_current_stream()
-
-
-def _stream_event(stream: Any) -> Any:
-    """An event after the work queued on ``stream``, or None if it is idle."""
-    try:
-        return None if stream.done else stream.record()
-    except Exception as exc:
-        import cupy
-
-        if isinstance(exc, cupy.cuda.runtime.CUDARuntimeError):
-            raise DeviceFault(f"the caller's CUDA stream reports an error: {exc}") from exc
-        raise
-
-
-class Engine:
-    """A typed handle on a running PersistentEngineActor."""
-
-    def __init__(self, ref: ActorRef) -> None:
-        self.ref = ref
-        self._submissions = Submissions()
-        self._submit = Submit(submissions=self._submissions)  # one message for every ask
-        self._waiting = 0  # callers of this client waiting for their task's reply
-        self._handing_over: set[asyncio.Task[None]] = set()
-
-    @classmethod
-    async def start(
-        cls,
-        system: ActorSystem,
-        *,
-        ops: Sequence[OpSpec] = (),
-        config: EngineConfig | None = None,
-        name: str = "engine",
-        device_id: int = 0,
-        full_policy: Literal["wait", "fail"] = "wait",
-        compiler: KernelCompiler | None = None,
-        mailbox: MailboxConfig | None = None,
-    ) -> Engine:
-        """Spawn the engine actor and wait until its kernel module is loaded."""
-        props = Props(
-            PersistentEngineActor,
-            args=(tuple(ops), config),
-            kwargs={"device_id": device_id, "full_policy": full_policy, "compiler": compiler},
-            mailbox=mailbox or MailboxConfig(capacity=65536),
-        )
-        engine = cls(system.spawn(props, name=name))
-        try:
-            await engine.stats()
-        except ActorStopped:
-            cause = (await system.watch(engine.ref)).cause  # e.g. NoCudaDevice, CompileError
-            if cause is not None:
-                raise cause from None
-            raise
-        return engine
-
-    async def enqueue(
-        self,
-        op: str,
-        *args: Any,
-        n: int,
-        blocks: int = 1,
-        timeout: float | None = None,
-        after: After = "current_stream",
-    ) -> Completion:
-        """Run ``op`` on ``args`` over ``n`` elements; what ``ask(Enqueue(...))`` does,
-        with the same checks and errors, without building a message per task. A lone
-        caller's task is handed over in its own task (on an idle engine: answered in
-        line); while this client's other callers wait, it joins the tasks that one
-        ``Submit`` per loop turn hands over (see :mod:`gpuactors.engine.submissions`)."""
-        n, blocks, seconds = check_task_fields(n, blocks, timeout, after)
-        stream = _current_stream() if after == "current_stream" else None
-        future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
-        entries = self._submissions.entries
-        entries.append(Submission(op, args, n, blocks, seconds, stream, future))
-        if len(entries) == 1:  # else a Submit is on its way for the list: it takes this too
-            if self._waiting:
-                self._hand_over_soon()
-            else:
-                try:
-                    await self.ref.ask(self._submit)  # an idle engine: answered in line
-                except BaseException as exc:
-                    self._ask_failed(exc, future)
-                    if isinstance(exc, asyncio.CancelledError):
-                        raise
-        if future.done():
-            return future.result()
-        self._waiting += 1
-        try:
-            return await future
-        finally:
-            self._waiting -= 1
-
-    async def _hand_over(self) -> None:
-        """Ask the actor to accept the submitted tasks, from a task of its own."""
-        try:
-            await self.ref.ask(self._submit)
-        except BaseException as exc:
-            self._ask_failed(exc, None)
-            if isinstance(exc, asyncio.CancelledError):
-                raise
-
-    def _ask_failed(self, exc: BaseException, own: asyncio.Future[Completion] | None) -> None:
-        """A Submit's ask ended in ``exc`` with tasks perhaps still waiting: none is
-        lost. If the actor stopped, they fail with its error; if the asker was
-        cancelled, its ``own`` task is dropped and another Submit goes for the rest."""
-        entries = self._submissions.entries
-        if isinstance(exc, asyncio.CancelledError):
-            if own is not None:
-                own.cancel()
-            entries[:] = [entry for entry in entries if not entry.future.done()]
-            if entries:
-                self._hand_over_soon()
-            return
-        for entry in self._submissions.take():
-            if not entry.future.done():
-                entry.future.set_exception(exc)
-
-    def _hand_over_soon(self) -> None:
-        """Hand the submitted tasks over from a task of their own: it runs once every
-        caller ready in this loop turn has submitted."""
-        task = asyncio.get_running_loop().create_task(self._hand_over())
-        self._handing_over.add(task)  # (the loop keeps only a weak reference)
-        task.add_done_callback(self._handing_over.discard)
-
-    async def stats(self) -> EngineStats:
-        reply: EngineStats = await self.ref.ask(Stats(), timeout=120.0)
-        return reply
-
-    async def drain(self, timeout: float | None = None) -> Drained:
-        reply: Drained = await self.ref.ask(Drain(), timeout=timeout)
-        return reply
-
-    async def shutdown(
-        self, *, force: bool = False, timeout: float | None = None
-    ) -> ShutdownReport:
-        reply: ShutdownReport = await self.ref.ask(Shutdown(force=force), timeout=timeout)
-        return reply
-
-    @asynccontextmanager
-    async def parked(self) -> AsyncIterator[Parked]:
-        """Keep the kernel parked inside the block (e.g. to load modules, or to measure)."""
-        try:
-            parked: Parked = await self.ref.ask(Park(), timeout=30.0)
-        except (asyncio.CancelledError, AskTimeout):
-            # The Park may still take effect after its asker has gone: undo it then.
-            with suppress(MailboxFull):
-                self.ref.tell(Resume())
-            raise
-        try:
-            yield parked
-        finally:
-            await self.ref.ask(Resume(), timeout=30.0)

@@ -1,4 +1,4 @@
-"""The tasks an :class:`~gpuactors.engine.actor.Engine` client submits, and the one
+"""The tasks an :class:`~gpuactors.engine.client.Engine` client submits, and the one
 message that hands them to the engine actor.
 
 ``Engine.enqueue`` builds no validated message per task: it checks the few fields a
