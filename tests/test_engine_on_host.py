@@ -380,15 +380,24 @@ async def test_a_lone_enqueue_is_answered_in_line(system: ActorSystem, stream: S
     assert not stream.events  # the idle stream was asked, and held nothing
 
 
-async def test_concurrent_enqueues_are_published_together(system: ActorSystem) -> None:
-    """Callers that submit while a task is in flight are accepted together: every one
-    gets its own reply, in the order they called, from one store and one kick."""
+async def one_enqueue_in_flight(
+    system: ActorSystem,
+) -> tuple[HostRuntime, Engine, HostEngine, asyncio.Future[Completion]]:
+    """An engine whose ring finishes nothing until told, one Engine.enqueue in flight."""
     runtime = HostRuntime(auto=False)
     ref, engine_actor = await start(system, runtime)
     engine = Engine(ref)
     out = CupyLikeArray("float32", 1 << 20)
     first = asyncio.ensure_future(engine.enqueue("fill", out, 1.0, n=8, after="none"))
     await loop_turns_until(lambda: runtime.ring.published == 1)
+    return runtime, engine, engine_actor, first
+
+
+async def test_concurrent_enqueues_are_published_together(system: ActorSystem) -> None:
+    """Callers that submit while a task is in flight are accepted together: every one
+    gets its own reply, in the order they called, from one store and one kick."""
+    runtime, engine, engine_actor, first = await one_enqueue_in_flight(system)
+    out = CupyLikeArray("float32", 1 << 20)
     others = [
         asyncio.ensure_future(engine.enqueue("fill", out, float(k), n=8, after="none"))
         for k in range(40)
@@ -435,12 +444,8 @@ def runtime_untouched(engine_actor: HostEngine) -> bool:
 
 async def test_each_callers_error_is_its_own(system: ActorSystem) -> None:
     """A bad task among good ones fails alone, with the error ask(Enqueue) gives."""
-    runtime = HostRuntime(auto=False)
-    ref, _engine_actor = await start(system, runtime)
-    engine = Engine(ref)
-    out = CupyLikeArray("float32", 1 << 20)
-    first = asyncio.ensure_future(engine.enqueue("fill", out, 1.0, n=8, after="none"))
-    await loop_turns_until(lambda: runtime.ring.published == 1)
+    runtime, engine, _engine_actor, first = await one_enqueue_in_flight(system)
+    ref, out = engine.ref, CupyLikeArray("float32", 1 << 20)
     good = asyncio.ensure_future(engine.enqueue("fill", out, 1.0, n=8, after="none"))
     unknown = asyncio.ensure_future(engine.enqueue("nope", out, n=8, after="none"))
     wrong = asyncio.ensure_future(engine.enqueue("fill", out, n=8, after="none"))
