@@ -342,3 +342,8 @@ async def fake_group_members(
     journal = Journal([])
     members = [await FakeLocalMember.start_fake(system, d, journal, ops, **kwargs) for d in devices]
     return members, journal
+
+
+async def start_fake_ray_member(system: ActorSystem, spec: Any) -> FakeLocalMember:
+    """A Ray actor's engine for the CPU tests of the pool (``HostSpec.start_member``)."""
+    return await FakeLocalMember.start_fake(system, spec.device_id, Journal([]), spec.ops)

@@ -62,7 +62,8 @@ def split_batch(
     constraints: list[tuple[str, np.ndarray]] = []
     if devices is not None:
         given = int(devices) if _is_count(devices) else _column(devices, "devices")
-        constraints.append(("the device given for it", np.broadcast_to(given, (count,))))
+        what = f"the {locator.noun} given for it"
+        constraints.append((what, np.broadcast_to(given, (count,))))
     for param, value in zip(op.params, batch.args, strict=True):
         where = f"argument {param.name!r}"
         if isinstance(value, ShardedArray):
@@ -77,13 +78,14 @@ def split_batch(
             key = locator.key_of(value, where)
             if key is not None:
                 constraints.append((f"where {where} lives", np.broadcast_to(key, (count,))))
-    keys = _agreed_keys(constraints, count, spread_over)
+    keys = _agreed_keys(constraints, count, spread_over, locator.noun)
+    noun = locator.noun
     outside = ~np.isin(keys, sorted(locator.keys))
     if outside.any():
         task = int(np.flatnonzero(outside)[0])
         raise WrongDevice(
-            f"task {task} belongs on device {int(keys[task])}, which has no engine in this "
-            f"group (devices {sorted(locator.keys)})"
+            f"task {task} belongs on {noun} {int(keys[task])}, which has no engine in this "
+            f"group ({noun}s {sorted(locator.keys)})"
         )
     return [
         BatchPart(key, tasks, _part_message(batch, op, key, tasks, n, offsets))
@@ -145,7 +147,7 @@ def _task_count(batch: EnqueueBatch, devices: Any) -> int:
 
 
 def _agreed_keys(
-    constraints: list[tuple[str, np.ndarray]], count: int, spread_over: Sequence[int]
+    constraints: list[tuple[str, np.ndarray]], count: int, spread_over: Sequence[int], noun: str
 ) -> np.ndarray:
     """The engine of every task: where all its constraints agree (WrongDevice where two
     disagree), or equal runs over ``spread_over`` when nothing ties the tasks."""
@@ -161,8 +163,8 @@ def _agreed_keys(
         if differ.size:
             task = int(differ[0])
             raise WrongDevice(
-                f"task {task} belongs on device {int(keys[task])} ({source}) and on device "
-                f"{int(theirs[task])} ({other}): one task runs on one device"
+                f"task {task} belongs on {noun} {int(keys[task])} ({source}) and on {noun} "
+                f"{int(theirs[task])} ({other}): one task runs on one {noun}"
             )
     return keys
 

@@ -70,16 +70,18 @@ class EngineGroup:
         *,
         ops: Sequence[OpSpec] = (),
         placement: Placement = "least_loaded",
+        noun: str = "device",
     ) -> None:
-        """A group of engines already started (``ops``: the op set they started with)."""
+        """A group of engines already started (``ops``: the op set they started with;
+        ``noun``: what an engine's key names in messages, e.g. "actor" in a Ray pool)."""
         keys = [member.key for member in members]
         if not keys or len(set(keys)) != len(keys):
-            raise InvalidArgument(f"a group needs engines on distinct devices, got {keys}")
+            raise InvalidArgument(f"a group needs engines with distinct keys, got {keys}")
         self._members = {member.key: member for member in sorted(members, key=lambda m: m.key)}
         self.devices = tuple(self._members)
         self.placement = check_placement(placement)
         self._ledger = OpLedger(ops)
-        self._locator = Locator(self.devices)
+        self._locator = Locator(self.devices, noun)
         self._load = LoadBook(self.devices)
         self._changes = asyncio.Lock()  # op changes reach every engine in one order
 
@@ -134,7 +136,8 @@ class EngineGroup:
     def member(self, device: int) -> EngineMember:
         member = self._members.get(device)
         if member is None:
-            raise WrongDevice(f"device {device} has no engine in this group ({self.devices})")
+            noun = self._locator.noun
+            raise WrongDevice(f"{noun} {device} has no engine in this group ({self.devices})")
         return member
 
     def serving(self) -> tuple[int, ...]:
@@ -214,13 +217,13 @@ class EngineGroup:
         member = self._members[key]
         if member.isolated:
             raise InvalidArgument(
-                f"the engine of device {key} runs in a worker process: send it a Job (NumPy "
-                "arrays by value, or RemoteArrays from upload), not an Enqueue"
+                f"the engine of {self._locator.noun} {key} runs in another process: send it a "
+                "Job (NumPy arrays by value, or RemoteArrays from upload), not an Enqueue"
             )
         load = self._load.in_flight
         load[key] += 1
         try:
-            return await member.ref.ask(task, timeout=timeout)
+            return await member.ask(task, timeout)
         finally:
             load[key] -= 1
 

@@ -16,7 +16,7 @@ from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
 
-from gpuactors.actors import ActorRef, ActorSystem
+from gpuactors.actors import ActorSystem
 from gpuactors.cuda.generation import GENERATIONS
 from gpuactors.engine import Engine, EngineConfig, Enqueue, OpSpec, ShutdownReport
 from gpuactors.errors import DeviceFailed, EngineStopped, InvalidArgument
@@ -27,15 +27,13 @@ T = TypeVar("T")
 
 
 class EngineMember(Protocol):
-    """One engine of a group, on device ``device_id``."""
+    """One engine of a group (on one device: in this process, a worker, or a Ray actor)."""
 
-    device_id: int
-    isolated: bool  # the engine runs in a worker process (its arrays are RemoteArrays)
-    ref: ActorRef  # the engine actor: asks that need no translation go straight to it
+    isolated: bool  # the engine runs in another process (its arrays are RemoteArrays)
 
     @property
     def key(self) -> int:
-        """The engine's key in its group: its device id."""
+        """The engine's key in its group: its device id (a Ray actor's index in a pool)."""
         ...
 
     @property

@@ -24,8 +24,9 @@ _HOST_SCALARS = (int, float, bool, complex, np.generic, np.ndarray)
 class Locator:
     """Finds the engine (by key: a device id, or a Ray actor's index) that holds a value."""
 
-    def __init__(self, keys: Iterable[int]) -> None:
+    def __init__(self, keys: Iterable[int], noun: str = "device") -> None:
         self.keys = frozenset(keys)
+        self.noun = noun  # what a key names, in messages: "device", or "actor" in a Ray pool
         self._owners: dict[str, int] = {}  # RemoteArray.owner -> engine key
 
     def learn(self, remote: RemoteArray, key: int) -> None:
@@ -51,7 +52,7 @@ class Locator:
         if isinstance(value, ShardedArray | PerDevice):
             raise InvalidArgument(
                 f"{what} is a {kind.__name__}: one task runs on one engine; pass the array of "
-                "one device, or send the tasks as an EnqueueBatch, which the group splits"
+                f"one {self.noun}, or send the tasks as an EnqueueBatch, which the group splits"
             )
         if hasattr(value, "__cuda_array_interface__") or hasattr(value, "__dlpack__"):
             return describe_array(value, what).device_id
@@ -62,7 +63,7 @@ class Locator:
         which the arrays must agree with); None when no argument ties the task to one.
         WrongDevice for arrays on two devices, or on a device outside the group: refused
         before anything reaches an engine."""
-        found = chosen
+        found, noun = chosen, self.noun
         source = "the task was sent to"
         for position, arg in enumerate(args):
             key = self.key_of(arg, f"argument {position}")
@@ -70,12 +71,12 @@ class Locator:
                 continue
             if found is not None:
                 raise WrongDevice(
-                    f"argument {position} lives on device {key} but {source} device {found}: "
-                    "one task runs on one device, so all its arrays must live there"
+                    f"argument {position} lives on {noun} {key} but {source} {noun} {found}: "
+                    f"one task runs on one {noun}, so all its arrays must live there"
                 )
             found, source = key, f"argument {position} lives on"
         if found is not None and found not in self.keys:
             raise WrongDevice(
-                f"device {found} has no engine in this group (devices {sorted(self.keys)})"
+                f"{noun} {found} has no engine in this group ({noun}s {sorted(self.keys)})"
             )
         return found
