@@ -328,7 +328,7 @@ async def test_stats_drain_and_shutdown_cover_every_engine(system: ActorSystem) 
 # ------------------------------------------------------------- bad input
 async def test_bad_groups_and_messages_are_typed_errors(system: ActorSystem) -> None:
     members, _ = await fake_group_members(system, (0, 0))
-    with pytest.raises(InvalidArgument, match="distinct devices"):
+    with pytest.raises(InvalidArgument, match="distinct keys"):
         EngineGroup(members)
     group, _ = await two_fakes(system, devices=(3, 4))
     with pytest.raises(InvalidArgument, match="placement"):

@@ -61,32 +61,25 @@ def split_batch(
     offsets = {name: _column(v, f"offsets[{name!r}]") for name, v in batch.offsets.items()}
     constraints: list[tuple[str, np.ndarray]] = []
     if devices is not None:
-        given = int(devices) if _is_count(devices) else _column(devices, "devices")
-        what = f"the {locator.noun} given for it"
-        constraints.append((what, np.broadcast_to(given, (count,))))
+        given = _given_keys(devices, count, locator)
+        constraints.append((f"the {locator.noun} given for it", given))
     for param, value in zip(op.params, batch.args, strict=True):
         where = f"argument {param.name!r}"
         if isinstance(value, ShardedArray):
             if not isinstance(param, ArrayParam):
                 raise InvalidArgument(f"{where} of op {op.name!r} is a scalar, not an array")
+            for device in value.devices:
+                _check_known(device, locator, f"{where} has a shard on")
             starts = offsets.get(param.name, np.zeros(count, dtype=np.int64))
             length = n if param.length == "n" else int(param.length)
-            lengths = np.broadcast_to(length, (count,))
-            index = value.locate(starts, lengths, where)
-            constraints.append((f"where {where} has its data", np.asarray(value.devices)[index]))
+            keys = value.locate(starts, np.broadcast_to(length, (count,)), where)
+            constraints.append((f"where {where} has its data", keys))
         elif not isinstance(value, PerDevice):
             key = locator.key_of(value, where)
             if key is not None:
+                _check_known(key, locator, f"{where} lives on")
                 constraints.append((f"where {where} lives", np.broadcast_to(key, (count,))))
     keys = _agreed_keys(constraints, count, spread_over, locator.noun)
-    noun = locator.noun
-    outside = ~np.isin(keys, sorted(locator.keys))
-    if outside.any():
-        task = int(np.flatnonzero(outside)[0])
-        raise WrongDevice(
-            f"task {task} belongs on {noun} {int(keys[task])}, which has no engine in this "
-            f"group ({noun}s {sorted(locator.keys)})"
-        )
     return [
         BatchPart(key, tasks, _part_message(batch, op, key, tasks, n, offsets))
         for key, tasks in _runs(keys)
@@ -126,6 +119,31 @@ def _column(values: Any, what: str) -> np.ndarray:
     if array.size and array.min() < 0:
         raise InvalidArgument(f"{what} must not be negative")
     return array.astype(np.int64, copy=False)
+
+
+def _given_keys(devices: Any, count: int, locator: Locator) -> np.ndarray:
+    """The engine given for each task (one for all, or one each), every one in the group."""
+    if _is_count(devices):
+        _check_known(int(devices), locator, "the tasks were sent to")
+        return np.broadcast_to(np.int64(devices), (count,))
+    keys = _column(devices, "devices")
+    highest = max(locator.keys)
+    known = np.zeros(highest + 2, dtype=np.bool_)  # the last entry: every key above highest
+    known[sorted(locator.keys)] = True
+    outside = ~known[np.minimum(keys, highest + 1)]
+    if outside.any():
+        task = int(np.flatnonzero(outside)[0])
+        _check_known(int(keys[task]), locator, f"task {task} was sent to")
+    return keys
+
+
+def _check_known(key: int, locator: Locator, what: str) -> None:
+    if key not in locator.keys:
+        noun = locator.noun
+        raise WrongDevice(
+            f"{what} {noun} {key}, which has no engine in this group ({noun}s "
+            f"{sorted(locator.keys)})"
+        )
 
 
 def _task_count(batch: EnqueueBatch, devices: Any) -> int:
