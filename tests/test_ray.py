@@ -25,7 +25,7 @@ from gpuactors.errors import (
     TaskFailed,
     UnknownOp,
 )
-from gpuactors.worker import JobResult, RemoteArray
+from gpuactors.worker import IsolationConfig, JobResult, RemoteArray
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'gpuactors[ray]')")
 
@@ -176,4 +176,17 @@ async def test_an_actor_killed_mid_traffic(ray_cluster: None, idempotent: bool) 
     if idempotent:
         assert lost == []
     assert await until_served(lambda: stamp_version(pool, 1)) == 2
+    await pool.shutdown()
+
+
+async def test_an_actor_hosting_an_isolated_engine(ray_cluster: None) -> None:
+    """The actor runs its engine in a worker process of its own (the CPU stand-in worker
+    of test_worker_supervision.py): spawned from the Ray actor's event loop."""
+    isolation = IsolationConfig(worker_module="cpu_worker", start_timeout_s=60.0, standbys=0)
+    pool = await start_ray_pool(actors=1, num_gpus=0, isolation=isolation)
+    x = await pool.upload(np.arange(8, dtype=np.float32))
+    result = await pool.run("axpy", np.ones(8, np.float32), x, 2.0, n=8, returns=(0,))
+    np.testing.assert_allclose(result.arrays[0], 1.0 + 2.0 * np.arange(8))
+    np.testing.assert_array_equal(await pool.download(x), np.arange(8))
+    assert (await pool.stats()).per_engine[0].processed == 1
     await pool.shutdown()
