@@ -11,7 +11,8 @@ tested on the GPU (test_group_gpu.py, test_ray_gpu.py).
   ``axpy``, ``stamp`` (writes the version that ran), ``bad_write`` (faults the
   "device": every later task fails with DeviceFault, and the device's generation
   moves, as a real engine's does). A body containing ``syntax error`` fails to
-  compile. It binds a task's version when it accepts it, as the engine does.
+  compile; one containing ``refused on device N`` is refused by device N's engine.
+  It binds a task's version when it accepts it, as the engine does.
 * :class:`FakeLocalMember` is LocalMember with host copies for device copies.
 """
 
@@ -51,6 +52,7 @@ from gpuactors.engine.messages import BatchCompletion, OpAliasSet, OpInstalled
 from gpuactors.errors import (
     CompileError,
     DeviceFault,
+    EngineModeError,
     InvalidArgument,
     UnknownOp,
     WrongDevice,
@@ -235,6 +237,8 @@ class FakeEngineActor(Actor):
             await asyncio.sleep(self.compile_s)
             if "syntax error" in msg.op.body:
                 raise CompileError("NVRTC rejected the body", log="error: syntax error")
+            if f"refused on device {self.device_id}" in msg.op.body:
+                raise EngineModeError("the new module's grid cannot stay resident")
             if msg.op.version in self.versions.get(msg.op.name, {}):
                 raise InvalidArgument(f"op {msg.op.name!r} v{msg.op.version} is installed")
             self.versions.setdefault(msg.op.name, {})[msg.op.version] = msg.op

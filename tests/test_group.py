@@ -22,6 +22,7 @@ from gpuactors.engine import EnqueueBatch, Stats
 from gpuactors.errors import (
     CompileError,
     DeviceFault,
+    EngineModeError,
     InvalidArgument,
     NoCudaDevice,
     PartialFailure,
@@ -190,6 +191,19 @@ async def test_explicit_devices_per_task_with_an_array_per_device(system: ActorS
     assert kinds(journal, 0) == kinds(journal, 1) == ["EnqueueBatch"]
 
 
+async def test_an_explicit_device_outside_the_group_is_refused(system: ActorSystem) -> None:
+    group, journal = await two_fakes(system)
+    outs = PerDevice({d: await group.upload(np.zeros(4, np.float32), device=d) for d in (0, 1)})
+    batch = EnqueueBatch(op="fill", args=(outs, 1.0), n=1, count=4)
+    with pytest.raises(WrongDevice, match="task 2 was sent to device 9"):
+        await group.enqueue_batch(batch, devices=np.array([0, 1, 9, 1]))
+    with pytest.raises(WrongDevice, match="the tasks were sent to device 3"):
+        await group.enqueue_batch(batch, devices=3)
+    with pytest.raises(InvalidArgument, match="devices must be a 1-D integer array"):
+        await group.enqueue_batch(batch, devices=np.array([0.0, 1.0, 0.0, 1.0]))
+    assert journal.entries == []
+
+
 async def test_tasks_tied_to_no_device_are_spread_evenly(system: ActorSystem) -> None:
     group, _ = await two_fakes(system)
     outs = {d: await group.upload(np.zeros(5, np.float32), device=d) for d in (0, 1)}
@@ -240,6 +254,19 @@ async def test_a_compile_error_leaves_every_engine_on_the_old_version(system: Ac
         out = await group.upload(np.zeros(1, np.int32), device=device)
         assert (await group.enqueue("stamp", out, n=1)).version == 1
     assert (await group.replace("stamp", V2)).version == 2  # the number was not used up
+
+
+async def test_an_install_refused_by_one_engine_leaves_every_name_on_the_old_version(
+    system: ActorSystem,
+) -> None:
+    group, journal = await two_fakes(system)
+    with pytest.raises(PartialFailure) as caught:
+        await group.replace("stamp", V2 + "\n// refused on device 1")
+    assert list(caught.value.done) == [0] and isinstance(caught.value.errors[1], EngineModeError)
+    assert "AliasOp" not in kinds(journal, 0) + kinds(journal, 1)
+    for device in (0, 1):
+        out = await group.upload(np.zeros(1, np.int32), device=device)
+        assert (await group.enqueue("stamp", out, n=1)).version == 1
 
 
 async def test_alias_and_rollback_reach_every_engine(system: ActorSystem) -> None:
