@@ -70,10 +70,7 @@ async def start_ray_pool(
     options = {"num_gpus": num_gpus, "max_restarts": max_restarts, **(actor_options or {})}
     host = ray.remote(EngineHost).options(**options)
     idempotent = frozenset(idempotent_ops)
-    members = [
-        RayMember(host.remote(spec), key, idempotent=idempotent)
-        for key in range(actors)
-    ]
+    members = [RayMember(host.remote(spec), key, idempotent=idempotent) for key in range(actors)]
     # The first engine compiles the op set; the others find it in their node's kernel cache.
     try:
         await members[0].ask(Stats())
