@@ -64,6 +64,7 @@ STAMP = OpSpec(
     params=(ArrayParam(name="out", dtype="int32", direction="out", length=1),),
     body="if (threadIdx.x == 0) out[0] = 1;\nreturn 0;",
 )
+STAMP_V2 = "if (threadIdx.x == 0) out[0] = 2;\nreturn 0;"  # the body of stamp's version 2
 BAD = OpSpec(
     name="bad_write",
     params=(ArrayParam(name="out", dtype="float32", direction="out"),),

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fake_engines import BAD, STAMP, FakeDeviceArray, Journal, fake_group_members
+from fake_engines import BAD, STAMP, STAMP_V2, FakeDeviceArray, Journal, fake_group_members
 from gpuactors.actors import ActorSystem
 from gpuactors.cuda import cuda_device_count
 from gpuactors.engine import EnqueueBatch, Stats
@@ -33,8 +33,6 @@ from gpuactors.errors import (
 from gpuactors.group import EngineGroup, GroupStats, PerDevice, Shard, ShardedArray
 from gpuactors.messages import Message
 from gpuactors.worker import IsolationConfig, RemoteArray
-
-V2 = "if (threadIdx.x == 0) out[0] = 2;\nreturn 0;"
 
 
 @pytest.fixture
@@ -232,7 +230,7 @@ async def test_a_replace_compiles_first_loads_everywhere_then_flips_every_name(
     system: ActorSystem,
 ) -> None:
     group, journal = await two_fakes(system)
-    reply = await group.replace("stamp", V2)
+    reply = await group.replace("stamp", STAMP_V2)
     assert reply.version == 2 and reply.active and set(reply.per_engine) == {0, 1}
     assert reply.live_on_all_at >= reply.installed_at
     changes = [(d, k, detail) for d, k, detail in journal.entries if k != "Enqueue"]
@@ -253,7 +251,7 @@ async def test_a_compile_error_leaves_every_engine_on_the_old_version(system: Ac
     for device in (0, 1):
         out = await group.upload(np.zeros(1, np.int32), device=device)
         assert (await group.enqueue("stamp", out, n=1)).version == 1
-    assert (await group.replace("stamp", V2)).version == 2  # the number was not used up
+    assert (await group.replace("stamp", STAMP_V2)).version == 2  # the number was not used up
 
 
 async def test_an_install_refused_by_one_engine_leaves_every_name_on_the_old_version(
@@ -261,7 +259,7 @@ async def test_an_install_refused_by_one_engine_leaves_every_name_on_the_old_ver
 ) -> None:
     group, journal = await two_fakes(system)
     with pytest.raises(PartialFailure) as caught:
-        await group.replace("stamp", V2 + "\n// refused on device 1")
+        await group.replace("stamp", STAMP_V2 + "\n// refused on device 1")
     assert list(caught.value.done) == [0] and isinstance(caught.value.errors[1], EngineModeError)
     assert "AliasOp" not in kinds(journal, 0) + kinds(journal, 1)
     for device in (0, 1):
@@ -271,7 +269,7 @@ async def test_an_install_refused_by_one_engine_leaves_every_name_on_the_old_ver
 
 async def test_alias_and_rollback_reach_every_engine(system: ActorSystem) -> None:
     group, journal = await two_fakes(system)
-    await group.replace("stamp", V2)
+    await group.replace("stamp", STAMP_V2)
     back = await group.rollback("stamp")
     assert (back.version, back.previous) == (1, 2) and set(back.per_engine) == {0, 1}
     again = await group.alias("stamp", 2)
@@ -305,7 +303,7 @@ async def test_the_rule_while_a_switch_rolls_under_load(system: ActorSystem) -> 
 
     clients = [asyncio.ensure_future(client(d)) for d in (0, 1, 0, 1)]
     await asyncio.sleep(0.02)
-    reply = await group.replace("stamp", V2)
+    reply = await group.replace("stamp", STAMP_V2)
     replied = asyncio.get_running_loop().time()
     await asyncio.sleep(0.02)
     stop.set()
@@ -329,7 +327,7 @@ async def test_one_device_faults_and_the_other_keeps_serving(system: ActorSystem
     await group.enqueue("fill", outs[6], 2.0, n=4)
     result = await group.run("fill", np.zeros(4, np.float32), 3.0, n=4)  # placed on 6
     np.testing.assert_array_equal(result.arrays[0], np.full(4, 3.0))
-    await group.replace("stamp", V2)  # reaches the serving engine only
+    await group.replace("stamp", STAMP_V2)  # reaches the serving engine only
     assert "InstallOp" in kinds(journal, 6) and "InstallOp" not in kinds(journal, 7)
     stats = await group.ask(Stats())
     assert isinstance(stats, GroupStats)

@@ -18,10 +18,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fake_engines import STAMP, STAMP_V2
 from gpu_scripts.fault_ops import BAD
 from gpuactors.actors import ActorSystem
 from gpuactors.cuda import cuda_device_count, no_device_reason
-from gpuactors.engine import ArrayParam, EngineConfig, EnqueueBatch, OpSpec
+from gpuactors.engine import EngineConfig, EnqueueBatch
 from gpuactors.errors import DeviceFault, WrongDevice
 from gpuactors.group import EngineGroup, PerDevice
 from gpuactors.worker import IsolationConfig, JobResult
@@ -31,12 +32,6 @@ pytestmark = [
     pytest.mark.skipif(no_device_reason() is not None, reason=str(no_device_reason())),
     pytest.mark.skipif(cuda_device_count() < 2, reason="needs 2 CUDA devices"),
 ]
-STAMP = OpSpec(
-    name="stamp",
-    params=(ArrayParam(name="out", dtype="int32", direction="out", length=1),),
-    body="if (threadIdx.x == 0) out[0] = 1;\nreturn 0;",
-)
-V2 = "if (threadIdx.x == 0) out[0] = 2;\nreturn 0;"
 CONFIG = EngineConfig(idle_park_ms=50.0)
 SCRIPT = Path(__file__).parent / "gpu_scripts" / "group_faults.py"
 
@@ -155,7 +150,7 @@ async def test_a_hot_swap_across_both_engines_under_load() -> None:
 
         clients = [asyncio.ensure_future(client(d)) for d in (0, 1) for _ in range(25)]
         await asyncio.sleep(0.1)
-        swap = await group.replace("stamp", V2)
+        swap = await group.replace("stamp", STAMP_V2)
         swapped = time.perf_counter()
         await asyncio.sleep(0.05)
         rolling = time.perf_counter()

@@ -29,13 +29,12 @@ from gpuactors.worker import IsolationConfig, JobResult, RemoteArray
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'gpuactors[ray]')")
 
-from fake_engines import BAD, STAMP, start_fake_ray_member  # noqa: E402
+from fake_engines import BAD, STAMP, STAMP_V2, start_fake_ray_member  # noqa: E402
 from gpuactors.group import EngineGroup  # noqa: E402
 from gpuactors.ray import start_ray_pool  # noqa: E402
 from gpuactors.ray.host import carry, uncarry  # noqa: E402
 
 pytestmark = pytest.mark.slow
-V2 = "if (threadIdx.x == 0) out[0] = 2;\nreturn 0;"
 OPS: tuple[OpSpec, ...] = (STAMP, BAD)
 
 
@@ -128,7 +127,7 @@ async def test_a_fault_restarts_the_actor_with_every_op_change(ray_cluster: None
     """A fault in an engine of the actor's own process ends the actor; Ray starts it
     again, and the pool gives the new instance the op changes made before."""
     pool = await fake_pool(max_restarts=2)
-    await pool.replace("stamp", V2)
+    await pool.replace("stamp", STAMP_V2)
     assert [await stamp_version(pool, actor) for actor in (0, 1)] == [2, 2]
     with pytest.raises(DeviceFault, match="bad_write"):
         await pool.run("bad_write", np.zeros(4, np.float32), n=4, device=1)
@@ -156,7 +155,7 @@ async def test_an_actor_killed_mid_traffic(ray_cluster: None, idempotent: bool) 
     """In-flight jobs of a killed actor fail with EngineLost (at most once), or are sent
     again by Ray when their op is declared idempotent; then the actor serves again."""
     pool = await fake_pool(max_restarts=2, idempotent_ops=("axpy",) if idempotent else ())
-    await pool.replace("stamp", V2)
+    await pool.replace("stamp", STAMP_V2)
     x = np.arange(64, dtype=np.float32)
     member = pool.member(1)
 

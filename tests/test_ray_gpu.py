@@ -17,9 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fake_engines import STAMP, STAMP_V2
 from gpu_scripts.fault_ops import BAD
 from gpuactors.cuda import cuda_device_count, no_device_reason
-from gpuactors.engine import ArrayParam, EngineConfig, EnqueueBatch, OpSpec
+from gpuactors.engine import EngineConfig, EnqueueBatch
 from gpuactors.errors import DeviceFault, EngineLost, GpuRefStale
 from gpuactors.worker import JobResult
 
@@ -32,12 +33,6 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(no_device_reason() is not None, reason=str(no_device_reason())),
 ]
-STAMP = OpSpec(
-    name="stamp",
-    params=(ArrayParam(name="out", dtype="int32", direction="out", length=1),),
-    body="if (threadIdx.x == 0) out[0] = 1;\nreturn 0;",
-)
-V2 = "if (threadIdx.x == 0) out[0] = 2;\nreturn 0;"
 CONFIG = EngineConfig(idle_park_ms=50.0)
 SRC = str(Path(__file__).parents[1] / "src")
 
@@ -117,7 +112,7 @@ async def test_jobs_batches_a_kill_and_a_fault_on_one_host(one_host: int) -> Non
     pool = await start_ray_pool(ops=(STAMP, BAD), config=CONFIG, max_restarts=3)
     assert len(pool.devices) == one_host
     await jobs_and_batches(pool)
-    await pool.replace("stamp", V2)
+    await pool.replace("stamp", STAMP_V2)
     assert {await stamp_version(pool, a) for a in pool.devices} == {2}
 
     # An actor killed mid-traffic: its in-flight jobs fail with EngineLost (at most
@@ -175,7 +170,7 @@ def test_a_pool_over_two_ray_nodes() -> None:
                 actor_options={"scheduling_strategy": "SPREAD"},
             )
             await jobs_and_batches(pool)
-            await pool.replace("stamp", V2)
+            await pool.replace("stamp", STAMP_V2)
             assert [await stamp_version(pool, a) for a in (0, 1)] == [2, 2]
             await pool.shutdown()
 

@@ -246,8 +246,7 @@ class IsolatedMember:
         await self._watched(self.engine.free(array))
 
     def view(self, array: Any, offset: int, shape: tuple[int, ...]) -> Any:
-        remote: RemoteArray = array
-        return remote.model_copy(update={"offset": remote.offset + offset, "shape": shape})
+        return remote_view(array, offset, shape)
 
     async def stop(self, *, force: bool = False) -> ShutdownReport:
         self._failure = "stopped"
@@ -261,3 +260,11 @@ class IsolatedMember:
         except (DeviceFailed, EngineStopped) as exc:
             self._failure = f"{type(exc).__name__}: {exc}"
             raise
+
+
+def remote_view(array: RemoteArray, offset: int, shape: tuple[int, ...]) -> RemoteArray:
+    """``shape`` elements of a RemoteArray from element ``offset`` on: the process that
+    holds the array resolves the view when it uses it."""
+    if offset + math.prod(shape) > array.size:
+        raise InvalidArgument(f"a view of {shape} at {offset} is past the end of {array.shape}")
+    return array.model_copy(update={"offset": array.offset + offset, "shape": shape})

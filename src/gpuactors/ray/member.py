@@ -11,7 +11,6 @@ caller made, in order. Nothing accepted is dropped without an answer.
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +20,7 @@ from ray.exceptions import ActorDiedError, RayActorError, RayError, RayTaskError
 
 from gpuactors.engine import EnqueueBatch, ShutdownReport
 from gpuactors.errors import AskTimeout, EngineError, EngineLost, EngineStopped
+from gpuactors.group.members import remote_view
 from gpuactors.messages import Message
 from gpuactors.ray.host import CHANGES, Outcome, uncarry
 from gpuactors.worker import Download, Downloaded, Free, Job, JobResult, RemoteArray, Upload
@@ -94,10 +94,7 @@ class RayMember:
         await self._call(Free(array=array), False)
 
     def view(self, array: Any, offset: int, shape: tuple[int, ...]) -> Any:
-        remote: RemoteArray = array
-        if math.prod(shape) + offset > remote.size:
-            raise ValueError(f"a view past the end of remote array {remote.id}")
-        return remote.model_copy(update={"offset": remote.offset + offset, "shape": shape})
+        return remote_view(array, offset, shape)
 
     async def stop(self, *, force: bool = False) -> ShutdownReport:
         """Shut the engine down, then end the actor for good (no restart)."""
