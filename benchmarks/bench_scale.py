@@ -5,6 +5,8 @@ Run on a GPU machine:  python benchmarks/bench_scale.py [--quick] [--json PATH] 
 Sections (every result is checked; ratios are to the same measurement on one GPU):
   1. EnqueueBatch of 1,000,000 tiny tasks per GPU (``fill``, one batch over a
      ShardedArray, split by the group): tasks/s. Target >= 1.9x on 2, >= 3.6x on 4.
+     1b (in-process groups only, no target): 1,000 clients spread over the GPUs, each
+     awaiting one Enqueue at a time: tasks/s.
   2. 10,000 x 1 KiB byte-histogram jobs (one batch, split over the GPUs): ms, and
      the speed-up. Same targets.
   Both for a group of engines in this process (one event loop for every GPU) and of
@@ -47,7 +49,13 @@ def verdict(met: bool) -> str:
 
 
 async def group_figures(
-    devices: tuple[int, ...], isolated: bool, tiny: int, jobs: int, repeats: int
+    devices: tuple[int, ...],
+    isolated: bool,
+    tiny: int,
+    jobs: int,
+    repeats: int,
+    clients: int = 1000,
+    per_client: int = 20,
 ) -> dict[str, float]:
     """Sections 1 and 2 on ``devices``: tiny tasks/s and the scan jobs' median time."""
     rng = np.random.default_rng(24)
@@ -91,12 +99,43 @@ async def group_figures(
         once = np.bincount((rows + data_host).ravel(), minlength=jobs * 256)
         found = (await group.download(hist)).ravel()  # byte_hist adds: every run counted
         np.testing.assert_array_equal(found, once * len(scans))
+        figures = {
+            "tiny_tasks_per_s": tiny_rate,
+            "scan_ms": statistics.median(scans[1:]) * 1e3,
+            "start_s": start_s,
+        }
+        if not isolated:
+            figures["clients_tasks_per_s"] = await many_clients(group, clients, per_client)
         await group.shutdown()
-    return {
-        "tiny_tasks_per_s": tiny_rate,
-        "scan_ms": statistics.median(scans[1:]) * 1e3,
-        "start_s": start_s,
-    }
+    return figures
+
+
+async def many_clients(group: EngineGroup, clients: int, per_client: int) -> float:
+    """Section 1b: ``clients`` coroutines, spread over the devices, each awaiting one
+    ``Enqueue`` at a time (what the one event loop of the process has to carry)."""
+    import cupy as cp
+
+    devices = group.devices
+    counters = {}
+    for device in devices:
+        with cp.cuda.Device(device):
+            counters[device] = cp.zeros(clients, dtype=cp.float32)
+            cp.cuda.get_current_stream().synchronize()
+
+    async def client(k: int) -> None:
+        acc = counters[devices[k % len(devices)]]
+        for _ in range(per_client):
+            await group.enqueue("fill", acc[k : k + 1], 1.0, n=1)
+
+    await asyncio.gather(*(client(k) for k in range(min(clients, 100))))  # warm-up
+    began = time.perf_counter()
+    await asyncio.gather(*(client(k) for k in range(clients)))
+    rate = clients * per_client / (time.perf_counter() - began)
+    for index, device in enumerate(devices):
+        with cp.cuda.Device(device):
+            mine = counters[device][index :: len(devices)]
+            assert bool((mine == 1.0).all()), f"a client's task on device {device} did not run"
+    return rate
 
 
 def scaling_lines(kind: str, figures: dict[int, dict[str, float]], tiny: int) -> list[str]:
@@ -110,6 +149,12 @@ def scaling_lines(kind: str, figures: dict[int, dict[str, float]], tiny: int) ->
             f"1. {got['tiny_tasks_per_s']:,.0f} tiny tasks/s ({tiny:,} per GPU) = {tiny_x:.2f}x"
             f" | 2. scan jobs {got['scan_ms']:.2f} ms = {scan_x:.2f}x"
         )
+        if "clients_tasks_per_s" in got:
+            clients_x = got["clients_tasks_per_s"] / one["clients_tasks_per_s"]
+            line += (
+                f" | 1b. 1,000 clients {got['clients_tasks_per_s']:,.0f} tasks/s = {clients_x:.2f}x"
+            )
+            got["clients_ratio"] = clients_x
         if count in TARGETS:
             target = TARGETS[count]
             line += (

@@ -36,6 +36,11 @@ class BatchPart:
     message: EnqueueBatch
 
     @property
+    def size(self) -> int:
+        tasks = self.tasks
+        return tasks.stop - tasks.start if isinstance(tasks, slice) else len(tasks)
+
+    @property
     def task_indices(self) -> np.ndarray:
         if isinstance(self.tasks, slice):
             return np.arange(self.tasks.start, self.tasks.stop)
@@ -222,7 +227,7 @@ def _part_message(
             args.append(value.on(key, f"argument {param.name!r}"))
         else:
             args.append(value)
-    size = len(range(tasks.start, tasks.stop)) if isinstance(tasks, slice) else len(tasks)
+    size = tasks.stop - tasks.start if isinstance(tasks, slice) else len(tasks)
     return EnqueueBatch(
         op=batch.op,
         args=tuple(args),

@@ -245,13 +245,13 @@ class EngineGroup:
         every part is done. Every task is assigned before any part is sent."""
         op = self._ledger.spec(batch.op)
         parts = split_batch(batch, op, self._locator, devices=devices, spread_over=self.serving())
-        sizes = [len(part.task_indices) for part in parts]
-        with self._counting({part.key: size for part, size in zip(parts, sizes, strict=True)}):
+        with self._counting({part.key: part.size for part in parts}):
             done, errors = await ask_each([(self._members[p.key], p.message) for p in parts])
         if errors:
             tasks = {part.key: part.task_indices for part in parts}
             fail("a batch ran on some engines only", done, errors, tasks)
-        return join_replies(parts, [done[part.key] for part in parts], sum(sizes), batch.per_task)
+        count = sum(part.size for part in parts)
+        return join_replies(parts, [done[part.key] for part in parts], count, batch.per_task)
 
     # -------------------------------------------------------------- host data
     def pick(self) -> int:
