@@ -52,7 +52,7 @@ async def start_ray_pool(
         raise InvalidArgument("call ray.init() (or ray.init(address=...)) before start_ray_pool")
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise InvalidArgument(f"max_restarts must be an int >= 0, got {max_restarts!r}")
-    gpus = float(ray.cluster_resources().get("GPU", 0.0))  # type: ignore[no-untyped-call]
+    gpus = float(ray.cluster_resources().get("GPU", 0.0))  # type: ignore[no-untyped-call, unused-ignore]
     if actors is None:
         actors = int(gpus // num_gpus) if num_gpus > 0 else 0
     if isinstance(actors, bool) or not isinstance(actors, int) or actors < 1:
