@@ -100,7 +100,8 @@ def cpu_sweep(count: int, per_us: float) -> None:
 
 def gpu_sweep(count: int, per_us: float) -> None:
     import cupy as cp
-    from bench_engine import BareRing, CupyBaseline  # (a script beside this one)
+
+    from gpuactors.benchmarks.bench_engine import BareRing, CupyBaseline
 
     base, bare = CupyBaseline(), BareRing()
     runtime, ring, axpy, words, n = bare.runtime, bare.runtime.ring, bare.axpy, bare.words, 1024

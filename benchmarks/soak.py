@@ -22,10 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import ctypes
 import gc
-import os
 import random
 import time
 from datetime import datetime, timezone
@@ -33,21 +30,9 @@ from typing import Any
 
 import numpy as np
 
+from gpuactors.benchmarks.memory import rss_bytes
+
 BODY = "GPA_FOR_EACH(i) {{ atomicAdd(&count[i], 1u); version[i] = {version}; }}\nreturn 0;"
-
-
-def release_free_heap() -> None:
-    """Ask glibc to give freed heap pages back to the OS, so RSS shows what is still held
-    (memory freed by Python but kept by the allocator is not a leak)."""
-    # Not glibc: nothing to ask, and RSS then includes the allocator's reserve.
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
-def rss_bytes() -> int:
-    release_free_heap()
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def memory_now() -> dict[str, int]:

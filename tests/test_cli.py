@@ -6,22 +6,26 @@ depend on whether this machine has a CUDA device, they ask the doctor's own prob
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import importlib
 import json
+import logging
 import os
 import subprocess
 import sys
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 
 import gpuactors
 from gpuactors import cli, doctor
 from gpuactors.doctor import Check, DeviceInfo, Facts, Verdict
+from gpuactors.logs import LOGGER_NAME
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 HAS_DEVICE = doctor.cuda_device_count() > 0
@@ -162,13 +166,47 @@ def test_doctor_fails_on_a_cupy_that_cannot_import(tmp_path: Path) -> None:
 @needs_no_device
 @pytest.mark.parametrize("command", ["demo", "bench"])
 def test_gpu_commands_exit_2_without_a_device(command: str, tmp_path: Path) -> None:
-    proc = run_cli(command, "--some-flag", tmp=tmp_path)
+    proc = run_cli(command, tmp=tmp_path)
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert (
         proc.stderr.strip()
         == f"no CUDA device: {command} needs an NVIDIA GPU; run `gpuactors doctor`"
     )
+
+
+@pytest.mark.parametrize(
+    ("command", "option"), [("demo", "--clients"), ("bench", "--quick"), ("bench", "--only")]
+)
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_gpu_commands_print_help_on_any_machine(
+    command: str, option: str, flag: str, tmp_path: Path
+) -> None:
+    proc = run_cli(command, flag, tmp=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"usage: gpuactors {command} ")
+    assert option in proc.stdout
+    assert proc.stderr == ""
+
+
+@pytest.mark.parametrize("command", ["demo", "bench"])
+def test_gpu_commands_refuse_a_bad_option_before_asking_for_a_device(
+    command: str, tmp_path: Path
+) -> None:
+    proc = run_cli(command, "--some-flag", tmp=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert f"gpuactors {command}: error: unrecognized arguments: --some-flag" in proc.stderr
+    assert "no CUDA device" not in proc.stderr
+
+
+def test_log_level_routes_logs_to_stderr_only(tmp_path: Path) -> None:
+    proc = run_cli("--log-level", "debug", "doctor", "--json", tmp=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout)["ok"] is True  # stdout holds the report and nothing else
+    bad = run_cli("--log-level", "loud", "doctor", tmp=tmp_path)
+    assert bad.returncode == 2
+    assert "argument --log-level: invalid choice: 'LOUD'" in bad.stderr
 
 
 def test_version_and_help(tmp_path: Path) -> None:
@@ -181,6 +219,32 @@ def test_version_and_help(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------ in process
+@pytest.fixture(autouse=True)
+def logging_restored() -> Iterator[None]:
+    """cli.main configures gpuactors' logging for the process: put it back afterwards."""
+    saved_structlog = structlog.get_config()
+    logger = logging.getLogger(LOGGER_NAME)
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    yield
+    structlog.configure(**saved_structlog)
+    logger.handlers[:], logger.level, logger.propagate = saved
+
+
+def fake_gpu_module(name: str, entry: str, func: Callable[[list[str]], Any]) -> types.ModuleType:
+    """A stand-in for gpuactors.demo / gpuactors.bench: its entry point and its parser."""
+    module = types.ModuleType(name)
+
+    def build_parser() -> argparse.ArgumentParser:
+        parser = argparse.ArgumentParser(prog=name)
+        parser.add_argument("--n", type=int, default=1)
+        parser.add_argument("extra", nargs="*")
+        return parser
+
+    setattr(module, entry, func)
+    module.build_parser = build_parser  # type: ignore[attr-defined]
+    return module
+
+
 def test_main_doctor_rejects_unknown_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         cli.main(["doctor", "--nope"])
@@ -226,28 +290,52 @@ def test_gpu_command_missing_cupy_says_how_to_install(
 @pytest.mark.usefixtures("with_device")
 def test_gpu_command_forwards_argv_and_exit_code(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[list[str]] = []
-    module = types.ModuleType("gpuactors.demo")
 
     def run_demo(argv: list[str]) -> int:
         seen.append(argv)
         return 3
 
-    module.run_demo = run_demo  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "gpuactors.demo", module)
-    assert cli.main(["demo", "--help", "--n", "4", "extra"]) == 3
-    assert seen == [["--help", "--n", "4", "extra"]]
+    monkeypatch.setitem(
+        sys.modules, "gpuactors.demo", fake_gpu_module("demo", "run_demo", run_demo)
+    )
+    assert cli.main(["demo", "--n", "4", "extra"]) == 3
+    assert seen == [["--n", "4", "extra"]]
 
 
 @pytest.mark.usefixtures("with_device")
 def test_gpu_command_may_be_async(monkeypatch: pytest.MonkeyPatch) -> None:
-    module = types.ModuleType("gpuactors.bench")
-
     async def run_bench(argv: list[str]) -> None:
         assert argv == []
 
-    module.run_bench = run_bench  # type: ignore[attr-defined]
+    module = fake_gpu_module("bench", "run_bench", run_bench)
     monkeypatch.setitem(sys.modules, "gpuactors.bench", module)
     assert cli.main(["bench"]) == 0
+
+
+def test_gpu_command_parses_before_it_asks_for_a_device(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(doctor, "cuda_device_count", lambda: 0)
+    ran: list[list[str]] = []
+    module = fake_gpu_module("demo", "run_demo", ran.append)
+    monkeypatch.setitem(sys.modules, "gpuactors.demo", module)
+    assert cli.main(["demo", "--help"]) == 0
+    assert capsys.readouterr().out.startswith("usage: demo ")
+    assert cli.main(["demo", "--n", "many"]) == 2
+    assert "argument --n: invalid int value: 'many'" in capsys.readouterr().err
+    assert cli.main(["demo", "--n", "2"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
+    assert ran == []
+
+
+def test_gpu_command_without_a_parser_is_not_available(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    module = types.ModuleType("gpuactors.demo")
+    module.run_demo = lambda argv: 0  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "gpuactors.demo", module)
+    assert cli.main(["demo"]) == 2
+    assert "not available in this build (gpuactors.demo.build_parser)" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- pure checks

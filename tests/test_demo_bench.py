@@ -2,24 +2,29 @@
 
 The demo's workload, expected values, verdict and summary are pure functions; its
 op compiles with real NVRTC. The bench runner is exercised end to end on stand-in
-scripts, and its parsers on output printed by the real benchmark code.
+scripts and on the benchmark that needs no GPU; the scripts' JSON on their real code.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
+import importlib
+import inspect
 import io
 import os
+import pkgutil
 import subprocess
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
 
-from gpuactors import bench, demo
+import gpuactors
+from gpuactors import bench, benchmarks, demo
+from gpuactors.benchmarks import bench_engine, bench_nvrtc, plots
+from gpuactors.benchmarks.results import BenchDocument, ScriptResults
 from gpuactors.engine import EngineStats
 from gpuactors.engine.codegen import build_engine_module
 from gpuactors.engine.ops import BUILTIN_OPS
@@ -72,12 +77,25 @@ def test_demo_help_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--clients" in out and "--tasks" in out
 
 
-def test_progress_bar() -> None:
-    assert demo.progress_bar(0, 100, width=10) == "\r[..........]   0%"
-    assert demo.progress_bar(45, 100, width=10) == "\r[####......]  45%"
-    assert demo.progress_bar(100, 100, width=10) == "\r[##########] 100%"
-    assert demo.progress_bar(150, 100, width=10) == "\r[##########] 100%"
-    assert demo.progress_bar(3, 0, width=4) == "\r[....]   0%"
+class Terminal(io.StringIO):
+    """A stream that says it is a terminal, as stderr is when a person runs the demo."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_shows_on_a_terminal_only() -> None:
+    screen = Terminal()
+    with demo.progress_bar(200, screen, enabled=True) as bar:
+        bar.update(100)
+        bar.refresh()
+        assert " 50%" in screen.getvalue() and "100/200" in screen.getvalue()
+        bar.update(100)
+    assert "200/200" in screen.getvalue()
+    for stream, enabled in ((Terminal(), False), (io.StringIO(), True)):
+        with demo.progress_bar(10, stream, enabled=enabled) as bar:
+            bar.update(10)
+        assert stream.getvalue() == "", "no bar when disabled, nor into a log or a pipe"
 
 
 def test_plan_splits_tasks_evenly_and_reproducibly() -> None:
@@ -205,24 +223,22 @@ def test_demo_op_compiles_into_an_engine_module() -> None:
 
 
 # ===================================================================== bench
-def load_benchmark(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", BENCHMARKS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while it runs
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_every_benchmark_script_is_run_and_its_options_exist() -> None:
-    on_disk = {p.name for p in BENCHMARKS.glob("bench_*.py")}
-    assert {s.name for s in bench.SCRIPTS} == on_disk
+def test_every_benchmark_is_run_shipped_and_takes_its_options() -> None:
+    """gpuactors bench runs every bench_* module of the package (what a wheel ships),
+    with options the script has, and benchmarks/ keeps a runner for each of them."""
+    shipped = {m.name for m in pkgutil.iter_modules(benchmarks.__path__)}
+    assert {s.name.removesuffix(".py") for s in bench.SCRIPTS} == {
+        name for name in shipped if name.startswith("bench_")
+    }
     for script in bench.SCRIPTS:
-        source = (BENCHMARKS / script.name).read_text(encoding="utf-8")
+        source = inspect.getsource(importlib.import_module(script.module))
         flags = [a for a in script.quick_args if a.startswith("--")]
         flags += ["--arch"] if script.takes_arch else []
         for flag in flags:
             assert f'"{flag}"' in source, f"{script.name} has no option {flag}"
+        assert "add_result_options(parser)" in source, f"{script.name} takes no --json"
+        runner = (BENCHMARKS / script.name).read_text(encoding="utf-8")
+        assert f"from {script.module} import main" in runner
 
 
 def test_script_selection_and_arguments() -> None:
@@ -235,6 +251,15 @@ def test_script_selection_and_arguments() -> None:
     assert bench.script_args(nvrtc, quick=False, arch=None) == []
     assert bench.script_args(nvrtc, quick=False, arch="sm_90") == ["--arch", "sm_90"]
     assert bench.script_args(nvrtc, quick=True, arch="sm_90")[-2:] == ["--arch", "sm_90"]
+    assert bench.script_command(nvrtc, None)[1:] == ["-m", "gpuactors.benchmarks.bench_nvrtc"]
+    assert bench.script_command(nvrtc, Path("/x"))[1:] == ["/x/bench_nvrtc.py"]
+
+
+def test_missing_scripts_are_named() -> None:
+    assert bench.missing_scripts(bench.SCRIPTS, None) == []
+    nope = bench.BenchScript("bench_nope.py", "not a benchmark")
+    assert bench.missing_scripts([nope], None) == ["gpuactors.benchmarks.bench_nope"]
+    assert bench.missing_scripts([nope], ROOT) == ["bench_nope.py"]
 
 
 def test_script_env_puts_this_gpuactors_first() -> None:
@@ -246,74 +271,89 @@ def test_script_env_puts_this_gpuactors_first() -> None:
     assert bench.script_env({"CUDA_MODULE_LOADING": "LAZY"})["CUDA_MODULE_LOADING"] == "LAZY"
 
 
-def test_engine_latency_lines_parse_as_printed(capsys: pytest.CaptureFixture[str]) -> None:
-    bench_engine = load_benchmark("bench_engine")
+# ------------------------------------------------------------ the results as JSON
+def test_engine_report_records_what_it_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    results = ScriptResults.start("bench_engine")
     ours = [i * 1e-6 for i in range(1, 101)]
     base = [i * 2e-6 for i in range(1, 101)]
-    bench_engine.report("1. ring round trip (no asyncio)", ours, base, target_p50=0.5)
-    bench_engine.report("2. await engine.ask(Enqueue) single client", ours, base, target_p50=1.0)
+    bench_engine.report(results, "1. ring round trip (no asyncio)", ours, base, target_p50=0.4)
+    bench_engine.report(results, "2. single client", ours, base, target_p50=1.0, target_p99=2.0)
     text = capsys.readouterr().out
-    rows = bench.parse_latencies("bench_engine.py", text)
-    assert [(r.label, r.p50, r.p99, r.baseline) for r in rows] == [
-        ("1. ring round trip (no asyncio)", "50.50", "99.01", False),
-        ("2. await engine.ask(Enqueue) single client", "50.50", "99.01", False),
-        ("CuPy launch+sync", "101.00", "198.02", True),
+    assert [(r.label, round(r.p50_us, 2), round(r.p99_us, 2)) for r in results.latencies] == [
+        ("1. ring round trip (no asyncio)", 50.5, 99.01),
+        ("2. single client", 50.5, 99.01),
     ]
-
-
-def test_engine_lines_against_cupy_parse() -> None:
-    text = (
-        "noise\n"
-        "3. 1000 concurrent clients: 12,345 tasks/s | CuPy back-to-back "
-        "67,890 launches/s | ratio 0.18x (target >= 3x: NOT MET)\n"
-        "5. 10,000 x 1 KiB byte-histogram jobs: engine 1.50 ms | one CuPy launch per job "
-        "30.00 ms | speed-up 20.0x (target >= 10x: MET)\n"
-    )
-    rows = bench.parse_comparisons("bench_engine.py", text)
-    assert [(r.label, r.value, r.baseline_label, r.baseline_value, r.unit) for r in rows] == [
-        ("1000 concurrent clients", "12,345", "CuPy back-to-back", "67,890", "per second"),
-        ("10,000 x 1 KiB byte-histogram jobs", "1.50", "one CuPy launch per job", "30.00", "ms"),
+    assert "p50 50.50 us, p99 99.01 us | CuPy launch+sync p50 101.00 us" in text
+    assert [(t.met, t.value) for t in results.targets] == [
+        (False, "0.50x"),
+        (True, "0.50x"),
+        (True, "0.98x"),
     ]
+    assert "target p50 <= 0.4x CuPy: NOT MET" in text and not results.all_met
 
 
-def test_nvrtc_launch_table_parses_as_printed() -> None:
-    fmt = load_benchmark("bench_nvrtc")._fmt_us
-    rows = [
-        ("CuPy RawKernel launch + stream.synchronize()", 12.34, 1234.5),
-        ("await nvrtc.ask(Launch(...))", 15.0, 20.0),
-    ]
-    text = f"{'':46}{'p50':>11}{'p99':>11}\n" + "".join(
-        f"{label:46}{fmt(p50):>11}{fmt(p99):>11}\n" for label, p50, p99 in rows
-    )
-    parsed = bench.parse_latencies("bench_nvrtc.py", text)
-    assert [(r.label, r.p50, r.p99, r.baseline) for r in parsed] == [
-        ("CuPy RawKernel launch + stream.synchronize()", "12.3 us", "1.23 ms", True),
-        ("await nvrtc.ask(Launch(...))", "15.0 us", "20.0 us", False),
-    ]
-    assert bench._micros("1.23 ms") == pytest.approx(1230.0)
-    assert bench._micros("12.30") == bench._micros("12.3 us") == pytest.approx(12.3)
-
-
-def test_actor_table_parses_from_a_real_run() -> None:
+def test_actor_benchmark_writes_its_json(tmp_path: Path) -> None:
+    """The real script, run as benchmarks/ runs it for a person: what it prints and what
+    it writes agree."""
+    out = tmp_path / "actors.json"
     env = {**os.environ, "PYTHONPATH": str(SRC)}
+    argv = [sys.executable, str(BENCHMARKS / "bench_actors.py"), "--asks", "200", "--tells", "2000"]
     proc = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "bench_actors.py"), "--asks", "200", "--tells", "2000"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=False,
+        [*argv, "--json", str(out)], capture_output=True, text=True, timeout=120, env=env
     )
-    assert proc.returncode in (0, 1), proc.stderr  # 1: a target NOT MET on this machine
-    rows = bench.parse_latencies("bench_actors.py", proc.stdout)
-    assert [(r.label, r.baseline) for r in rows] == [
+    assert proc.returncode == 0, proc.stderr
+    results = ScriptResults.read(out)
+    assert results.script == "bench_actors" and results.gpuactors_version == gpuactors.__version__
+    assert [(r.label, r.baseline) for r in results.latencies] == [
         ("bare asyncio.Queue + Future", True),
         ("actor ask()", False),
         ("actor ask(timeout=5.0)", False),
         ("actor ask(), async handler", False),
     ]
-    for row in rows:
-        assert f"{row.p50}" in proc.stdout and float(row.p50) > 0 and float(row.p99) > 0
+    for row in results.latencies:
+        assert 0 < row.p50_us <= row.p99_us
+        assert f"{row.label:34}{row.p50_us:>10.2f}{row.p99_us:>10.2f}" in proc.stdout
+    assert [c.label for c in results.comparisons] == [
+        "actor tell() (capacity=N)",
+        "actor tell_wait() (1024, WAIT)",
+        "reply later: context.reply_future()",
+    ]
+    *tells, later = results.comparisons
+    assert all(c.unit == "messages/s" and c.value > 0 for c in tells)
+    assert later.unit == "cpu us/task" and later.value > 0 and later.baseline_value > 0
+    assert len(results.targets) == 4
+    for target in results.targets:
+        assert f"target {target.name:38} {'MET' if target.met else 'NOT MET':8}" in proc.stdout
+
+
+def test_nvrtc_benchmark_compiles_for_real_and_writes_its_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "nvrtc.json"
+    argv = ["--sections", "compile", "--repeats", "3", "--cold-repeats", "1"]
+    assert bench_nvrtc.main([*argv, "--memory-repeats", "20", "--json", str(out)]) == 0
+    results = ScriptResults.read(out)
+    disk, memory = results.comparisons
+    assert (disk.label, memory.label) == ("disk-cache hit, median", "memory-cache hit, median")
+    assert disk.baseline_label == memory.baseline_label == "cold compile, median"
+    assert disk.baseline_value == memory.baseline_value and not disk.higher_is_better
+    for row in results.comparisons:
+        assert 0 < row.value < row.baseline_value  # a cache hit beats a cold NVRTC compile
+    nvrtc_alone = next(f for f in results.figures if f.name.endswith("the NVRTC compile, median"))
+    assert 0 < nvrtc_alone.value < disk.baseline_value
+    assert [t.name for t in results.targets] == [
+        "disk hit >= 100x faster than cold",
+        "memory hit <= 50 us",
+    ]
+    assert "section compile: NVRTC" in capsys.readouterr().out
+
+
+def test_a_results_file_that_is_not_one_says_so(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"script": "x"}')
+    with pytest.raises(ValueError, match="not a benchmark results document"):
+        ScriptResults.read(bad)
+    assert bench.read_results(tmp_path / "none.json") == (None, "the script wrote no results file")
 
 
 def test_fence_outgrows_backticks_in_the_output() -> None:
@@ -321,14 +361,77 @@ def test_fence_outgrows_backticks_in_the_output() -> None:
     assert bench._fence("a ```` b") == "`````"
 
 
+# ------------------------------------------------------------------------ plots
+def document_with(*scripts: bench.ScriptRunRecord) -> BenchDocument:
+    return BenchDocument(
+        gpuactors_version="0",
+        python="3",
+        platform="x86_64",
+        date=datetime(2026, 1, 1, tzinfo=timezone.utc),
+        card="Stand-in GPU",
+        arch=None,
+        cupy=None,
+        quick=False,
+        module_loading="EAGER",
+        scripts=list(scripts),
+    )
+
+
+def engine_results() -> ScriptResults:
+    results = ScriptResults.start("bench_engine")
+    results.latency("1. ring round trip", 1.5, 2.5)
+    results.latency("CuPy launch+sync", 3.5, 4.5, baseline=True)
+    results.compare(
+        "8 concurrent clients",
+        1000.0,
+        baseline_label="CuPy back-to-back",
+        baseline_value=2000.0,
+        unit="per second",
+        higher_is_better=True,
+    )
+    return results
+
+
+def test_plots_are_drawn_from_the_results(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")  # the test extra installs it
+    record = bench.ScriptRunRecord(
+        name="bench_engine.py", command="c", returncode=0, seconds=1.0, results=engine_results()
+    )
+    drawn, note = plots.draw_plots(document_with(record), tmp_path / "r.md")
+    assert note is None
+    assert [p.name for p in drawn] == ["r-latency.png", "r-vs-baseline.png"]
+    for png in drawn:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plots_say_why_they_were_not_drawn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    empty = bench.ScriptRunRecord(
+        name="bench_actors.py", command="c", returncode=1, seconds=1.0, results=None
+    )
+    assert plots.draw_plots(document_with(empty), tmp_path / "r.md") == (
+        [],
+        plots.NOTHING_TO_PLOT,
+    )
+    monkeypatch.setattr(plots, "_pyplot", lambda: None)  # as without matplotlib
+    record = empty.model_copy(update={"results": engine_results()})
+    assert plots.draw_plots(document_with(record), tmp_path / "r.md") == ([], plots.PLOTS_SKIPPED)
+    assert list(tmp_path.iterdir()) == []
+
+
 # ----------------------------------------------------------- end to end on stand-ins
-ENGINE_OUT = (
-    "bench_engine on Stand-in\n"
-    "1. ring round trip (no asyncio): p50 1.50 us, p99 2.50 us | CuPy launch+sync p50 "
-    "3.50 us, p99 4.50 us | ratio p50 0.43x, p99/base-p50 0.71x\n"
-    "3. 8 concurrent clients: 1,000 tasks/s | CuPy back-to-back 2,000 launches/s | ratio 0.50x\n"
-    "5. 10 x 1 KiB byte-histogram jobs: engine 1.00 ms | one CuPy launch per job 2.00 ms\n"
-)
+ENGINE_OUT = "bench_engine on Stand-in\n1. ring round trip: p50 1.50 us\n"
+WRITES_RESULTS = f"""
+import sys
+from pathlib import Path
+from gpuactors.benchmarks.results import ScriptResults
+results = ScriptResults.start("bench_engine")
+results.latency("1. ring round trip", 1.5, 2.5)
+results.target("ring p50 <= 0.5x CuPy", True, "0.43x")
+results.target("a | pipe", False, "9x")
+results.write(Path(sys.argv[sys.argv.index("--json") + 1]))
+sys.stdout.write({ENGINE_OUT!r})
+print("argv", sys.argv[1:-2])
+"""
 
 
 @pytest.fixture
@@ -336,16 +439,17 @@ def stand_ins(tmp_path: Path) -> Path:
     """A benchmarks folder whose scripts print fixed text (and their arguments)."""
     folder = tmp_path / "benchmarks"
     folder.mkdir()
-    (folder / "bench_engine.py").write_text(
-        f"import sys\nsys.stdout.write({ENGINE_OUT!r})\nprint('argv', sys.argv[1:])\n"
-    )
+    (folder / "bench_engine.py").write_text(WRITES_RESULTS)
     (folder / "bench_actors.py").write_text(
         "import sys\nprint('actor ```table```')\nsys.stderr.write('a warning\\n')\n"
         "raise SystemExit(1)\n"
     )
-    (folder / "bench_nvrtc.py").write_text("import sys\nprint('nvrtc', sys.argv[1:])\n")
-    (folder / "bench_recovery.py").write_text("import sys\nprint('recovery', sys.argv[1:])\n")
-    (folder / "bench_scale.py").write_text("import sys\nprint('scale', sys.argv[1:])\n")
+    (folder / "bench_nvrtc.py").write_text("import sys\nprint('nvrtc', sys.argv[1:-2])\n")
+    (folder / "bench_recovery.py").write_text(
+        "import sys\nopen(sys.argv[-1], 'w').write('not json')\nprint('recovery')\n"
+    )
+    (folder / "bench_host_path.py").write_text("import sys\nprint('host path', sys.argv[1:-2])\n")
+    (folder / "bench_scale.py").write_text("import sys\nprint('scale', sys.argv[1:-2])\n")
     return folder
 
 
@@ -355,30 +459,48 @@ def run_bench(argv: list[str]) -> tuple[int, str]:
     return code, err.getvalue()
 
 
-def test_report_holds_verbatim_output_exit_codes_and_commands(
+def test_report_holds_verbatim_output_exit_codes_commands_and_targets(
     stand_ins: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(bench, "_pyplot", lambda: None)
+    monkeypatch.setattr(plots, "_pyplot", lambda: None)
     monkeypatch.setattr(bench, "probe_machine", lambda: bench.Machine("Stand-in GPU", None, "14"))
     out = tmp_path / "reports" / "report.md"
     code, err = run_bench(["--benchmarks-dir", str(stand_ins), "--out", str(out), "--quick"])
     assert code == 1  # bench_actors.py exited 1
     assert "not every script exited 0: bench_actors.py" in err
+    assert "running bench_nvrtc.py --repeats 10" in err and "bench_nvrtc.py: exit 0 after" in err
     report = out.read_text(encoding="utf-8")
     assert "- card: Stand-in GPU" in report and "- run: quick (--quick)" in report
     assert "| bench_actors.py | 1 |" in report and "| bench_engine.py | 0 |" in report
+    assert "| none: the script wrote no results file |" in report
+    assert "not a benchmark results document" in report  # bench_recovery.py's file
+    assert "| bench_engine.py | ring p50 <= 0.5x CuPy | MET | 0.43x |" in report
+    assert "| bench_engine.py | a \\| pipe | NOT MET | 9x |" in report
     assert ENGINE_OUT + "argv ['--quick']\n" in report  # verbatim
     assert "````text\nactor ```table```\n````" in report
     assert "stderr (last 1 lines):" in report and "a warning" in report
-    assert "Command: `python benchmarks/bench_nvrtc.py --repeats 10" in report
-    assert report.rstrip().endswith(bench.PLOTS_SKIPPED)
+    assert f"Command: `python {stand_ins / 'bench_nvrtc.py'} --repeats 10" in report
+    assert report.rstrip().endswith(plots.PLOTS_SKIPPED)
     assert list(out.parent.glob("*.png")) == []
 
 
-def test_only_and_missing_scripts(
-    stand_ins: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(bench, "_pyplot", lambda: None)
+def test_json_collects_every_scripts_results(stand_ins: Path, tmp_path: Path) -> None:
+    out = tmp_path / "r.md"
+    only = ["--only", "bench_engine.py,bench_nvrtc.py"]
+    code, err = run_bench(["--benchmarks-dir", str(stand_ins), "--out", str(out), "--json", *only])
+    assert code == 0, err
+    document = BenchDocument.model_validate_json((tmp_path / "r.json").read_text())
+    engine, nvrtc = document.scripts
+    assert (engine.name, engine.returncode) == ("bench_engine.py", 0)
+    assert engine.results is not None and engine.results.latencies[0].p50_us == 1.5
+    assert nvrtc.results is None and nvrtc.results_missing == "the script wrote no results file"
+    assert "argv []" in out.read_text()  # no --quick
+    elsewhere = tmp_path / "data" / "all.json"
+    run_bench(["--benchmarks-dir", str(stand_ins), "--out", str(out), "--json", str(elsewhere)])
+    assert len(BenchDocument.model_validate_json(elsewhere.read_text()).scripts) == len(bench.SCRIPTS)
+
+
+def test_only_help_and_missing_scripts(stand_ins: Path, tmp_path: Path) -> None:
     out = tmp_path / "r.md"
     code, _ = run_bench(
         ["--benchmarks-dir", str(stand_ins), "--out", str(out), "--only", "bench_engine.py"]
@@ -386,7 +508,6 @@ def test_only_and_missing_scripts(
     assert code == 0
     report = out.read_text(encoding="utf-8")
     assert "## bench_engine.py" in report and "## bench_actors.py" not in report
-    assert "argv []" in report  # no --quick
     code, err = run_bench(["--benchmarks-dir", str(tmp_path), "--out", str(out)])
     assert code == 2 and "not found in" in err
     code, err = run_bench(["--only", "bench_nope.py"])
@@ -394,12 +515,15 @@ def test_only_and_missing_scripts(
     assert run_bench(["--help"])[0] == 0
 
 
-def test_a_script_past_its_timeout_is_reported(
-    stand_ins: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_script_past_its_timeout_is_killed_with_what_it_started(
+    stand_ins: Path, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(bench, "_pyplot", lambda: None)
+    pid_file = tmp_path / "child.pid"
     (stand_ins / "bench_nvrtc.py").write_text(
-        "import sys, time\nprint('started', flush=True)\ntime.sleep(60)\n"
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "print('started', flush=True)\ntime.sleep(60)\n"
     )
     out = tmp_path / "r.md"
     only = ["--only", "bench_nvrtc.py", "--timeout", "2"]
@@ -408,29 +532,41 @@ def test_a_script_past_its_timeout_is_reported(
     report = out.read_text(encoding="utf-8")
     assert "| bench_nvrtc.py | timed out |" in report
     assert "started" in report and "killed after 2 s" in report
+    child = int(pid_file.read_text())
+    stat = Path(f"/proc/{child}/stat")
+    # Gone, or a zombie that only its killed parent would have reaped.
+    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
 
 
-def test_plots_are_drawn_where_matplotlib_exists(stand_ins: Path, tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
-    out = tmp_path / "r.md"
-    run_bench(["--benchmarks-dir", str(stand_ins), "--out", str(out)])
-    report = out.read_text(encoding="utf-8")
-    for suffix in ("latency", "vs-cupy"):
-        png = tmp_path / f"r-{suffix}.png"
-        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        assert f"![r-{suffix}](r-{suffix}.png)" in report
-
-
+@pytest.mark.parametrize("option", ["--out", "--json"])
 @pytest.mark.parametrize("where", ["folder", "no-parent"])
 def test_an_unusable_out_is_refused_before_any_script_runs(
-    stand_ins: Path, tmp_path: Path, where: str
+    stand_ins: Path, tmp_path: Path, where: str, option: str
 ) -> None:
     """The scripts may take an hour: a report that cannot be written is said at once."""
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    out = tmp_path if where == "folder" else blocker / "report.md"
-    code, err = run_bench(["--benchmarks-dir", str(stand_ins), "--out", str(out)])
-    assert code == 2 and "--out" in err and "running" not in err
+    bad = tmp_path if where == "folder" else blocker / "report.md"
+    argv = ["--benchmarks-dir", str(stand_ins), "--out", str(tmp_path / "r.md"), option, str(bad)]
+    code, err = run_bench(argv)
+    assert code == 2 and option in err and "running" not in err
+
+
+def test_the_installed_benchmarks_run_end_to_end(tmp_path: Path) -> None:
+    """gpuactors bench with no folder runs the package's own modules: here the one that
+    needs no GPU, through its report, its JSON and (matplotlib being there) its plots."""
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "report.md"
+    code, err = run_bench(["--only", "bench_actors.py", "--quick", "--out", str(out), "--json"])
+    assert code == 0, err
+    report = out.read_text(encoding="utf-8")
+    assert "Command: `python -m gpuactors.benchmarks.bench_actors --asks 2000" in report
+    assert "| bench_actors.py | tell >= 200,000 msgs/s |" in report
+    document = BenchDocument.model_validate_json((tmp_path / "report.json").read_text())
+    (run,) = document.scripts
+    assert run.results is not None and len(run.results.latencies) == 4
+    assert "![report-latency](report-latency.png)" in report
+    assert (tmp_path / "report-vs-baseline.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_the_demo_says_why_it_cannot_run_before_it_starts(

@@ -14,29 +14,10 @@ import pytest
 from gpuactors.cuda import arrays as arrays_module
 from gpuactors.engine import args as args_module
 from gpuactors.engine.args import ArgEncoder
+from gpuactors.engine.host_runtime import CupyLikeArray
 from gpuactors.engine.ops import BUILTIN_OPS, ArrayParam, OpSpec, ScalarParam
 from gpuactors.engine.word_encoders import word_encoder, word_encoder_source
 from gpuactors.errors import InvalidArgument
-
-
-class Memory:
-    def __init__(self, ptr: int, device_id: int) -> None:
-        self.ptr = ptr
-        self.device_id = device_id
-
-
-class CupyLikeArray:
-    """What the encoders read of a CuPy array."""
-
-    _c_contiguous = True
-
-    def __init__(
-        self, dtype: Any, size: int, ptr: int = 0x7F00_0000_0000, device_id: int = 0
-    ) -> None:
-        self.dtype = np.dtype(dtype)
-        self.size = size
-        self.data = Memory(ptr, device_id)
-        self._c_contiguous = True
 
 
 @pytest.fixture(autouse=True)

@@ -150,38 +150,6 @@ async def test_compile_async_keeps_the_loop_responsive(tmp_path: Path) -> None:
     )
 
 
-async def test_a_leader_cancelled_while_its_compile_waits_for_a_thread_strands_nobody(
-    compiler: KernelCompiler, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Its compile job, queued behind other work in the executor, still runs: the flight
-    others wait on is settled, and the next request is served."""
-    import time
-
-    from gpuactors.nvrtc import kernel_compiler as module
-
-    load_nvrtc()
-    executor = ThreadPoolExecutor(max_workers=1)
-    asyncio.get_running_loop().set_default_executor(executor)
-    real_key = module.cache_key
-
-    def key_then_busy(*args: object, **kwargs: object) -> str:
-        executor.submit(time.sleep, 0.3)  # the only thread is taken before the compile job
-        return real_key(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(module, "cache_key", key_then_busy)
-    leader = asyncio.ensure_future(compiler.get_or_compile_async(SAXPY, opts=SM90))
-    for _ in range(200):
-        if compiler._inflight:  # the flight is claimed, its compile job queued
-            break
-        await asyncio.sleep(0.005)
-    assert compiler._inflight
-    leader.cancel()
-    monkeypatch.setattr(module, "cache_key", real_key)
-    _module, origin = await asyncio.wait_for(compiler.get_or_compile_async(SAXPY, opts=SM90), 10)
-    assert origin in ("compiled", "memory") and not compiler._inflight
-    assert compiler.compiles == 1
-
-
 async def test_compile_async_hashes_a_large_source_off_the_loop(compiler: KernelCompiler) -> None:
     load_nvrtc()
     body = "// " + "x" * 100 + "\n"

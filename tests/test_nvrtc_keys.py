@@ -4,14 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from gpuactors.errors import InvalidArgument
 from gpuactors.nvrtc import NvrtcOpts, cache_key, compile_source
-from gpuactors.nvrtc.headers import collect_includes
+from gpuactors.nvrtc.compiler import request_key_of
+from gpuactors.nvrtc.headers import reads_no_file, scan_includes
+from gpuactors.nvrtc.keys import full_key, path_states, untracked_key
+from gpuactors.nvrtc.manifest import Manifest, make_manifest
 from test_nvrtc_support import SAXPY
 
-INCLUDING = '#include "outer.cuh"\n#include <cuda_fp16.h>\n' + SAXPY
+INCLUDING = '#include "outer.cuh"\n' + SAXPY
 
 
 def key(
@@ -21,13 +26,22 @@ def key(
     opts: NvrtcOpts | None = None,
     arch: str = "sm_90",
     headers: Mapping[str, str] | None = None,
+    full: bool = True,
 ) -> str:
-    return cache_key(source, name=name, opts=opts or NvrtcOpts(), arch=arch, headers=headers or {})
+    """The full key (the first call for a request compiles it), or with ``full=False``
+    the request key: the full key is a hash over it, so it differs when that does."""
+    of = cache_key if full else request_key_of
+    return of(source, name=name, opts=opts or NvrtcOpts(), arch=arch, headers=headers or {})
+
+
+def request(source: str = SAXPY, **change: Any) -> str:
+    return key(source, full=False, **change)
 
 
 def test_key_is_stable_and_matches_the_compiled_module() -> None:
     assert key() == key()
     assert compile_source(SAXPY, opts=NvrtcOpts(), arch="sm_90").cache_key == key()
+    assert request() == request()
 
 
 @pytest.mark.parametrize(
@@ -47,17 +61,19 @@ def test_key_is_stable_and_matches_the_compiled_module() -> None:
     ],
 )
 def test_each_input_changes_the_key(change: dict[str, object]) -> None:
-    assert key(**change) != key()  # type: ignore[arg-type]
+    assert request(**change) != request()  # type: ignore[arg-type]
 
 
 def test_define_values_change_the_key() -> None:
-    assert key(opts=NvrtcOpts(defines={"N": "1"})) != key(opts=NvrtcOpts(defines={"N": "2"}))
-    assert key(opts=NvrtcOpts(defines={"N": None})) != key(opts=NvrtcOpts(defines={"N": ""}))
+    one, two = NvrtcOpts(defines={"N": "1"}), NvrtcOpts(defines={"N": "2"})
+    assert request(opts=one) != request(opts=two)
+    bare, empty = NvrtcOpts(defines={"N": None}), NvrtcOpts(defines={"N": ""})
+    assert request(opts=bare) != request(opts=empty)
 
 
 def test_in_memory_header_contents_change_the_key() -> None:
     source = '#include "cfg.h"\n' + SAXPY
-    assert key(source, headers={"cfg.h": "#define A 1\n"}) != key(
+    assert request(source, headers={"cfg.h": "#define A 1\n"}) != request(
         source, headers={"cfg.h": "#define A 2\n"}
     )
 
@@ -71,14 +87,7 @@ def test_included_files_on_include_paths_change_the_key(tmp_path: Path) -> None:
     leaf.write_text("#define LEAF 1\n")
     opts = NvrtcOpts(include_paths=(str(tmp_path),))
 
-    found = collect_includes(INCLUDING, headers={}, include_paths=opts.include_paths)
-    assert [(f.name, f.origin) for f in found] == [
-        ("outer.cuh", str(tmp_path / "outer.cuh")),
-        ("cuda_fp16.h", None),  # NVRTC's bundled header: pinned by the NVRTC version
-        ("sub/inner.cuh", str(inner)),
-        ("leaf.cuh", str(leaf)),
-    ]
-    before = key(INCLUDING, opts=opts)
+    before = key(INCLUDING, opts=opts)  # compiles once: NVRTC reports the three files
     leaf.write_text("#define LEAF 2\n")  # two levels down
     after_leaf = key(INCLUDING, opts=opts)
     inner.write_text('#include "leaf.cuh"\n#define INNER 2\n')
@@ -98,13 +107,6 @@ def test_an_in_memory_header_shadows_the_include_path(tmp_path: Path) -> None:
         key(INCLUDING, opts=opts, headers={"outer.cuh": "#define FROM_MEMORY 1\n"}) == with_memory
     )
     assert key(INCLUDING, opts=opts) != with_memory
-
-
-def test_include_cycles_terminate(tmp_path: Path) -> None:
-    (tmp_path / "a.h").write_text('#include "b.h"\n')
-    (tmp_path / "b.h").write_text('#include "a.h"\n')
-    found = collect_includes('#include "a.h"\n', headers={}, include_paths=[str(tmp_path)])
-    assert [f.name for f in found] == ["a.h", "b.h"]
 
 
 def _value_header(directory: Path, value: int) -> None:
@@ -132,21 +134,119 @@ def test_a_quoted_include_in_the_working_directory_is_in_the_key(
     assert key(source) != first
 
 
+# ------------------------------------------------------------ key composition
+def test_the_full_key_covers_each_dependency_and_each_probe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "inc").mkdir()
+    (tmp_path / "inc" / "a.h").write_text("1")
+    manifest = make_manifest(["inc/a.h"], probed=[], name="kernel.cu", include_paths=["inc"])
+    # a.h found on the include path: an a.h next to the program would be found first
+    assert manifest == Manifest(deps=("inc/a.h",), probes=("a.h", "inc/inc/a.h"))
+    request = "0" * 64
+
+    def now() -> str:
+        return full_key(request, manifest, path_states(manifest))
+
+    first = now()
+    assert now() == first and full_key("1" * 64, manifest, path_states(manifest)) != first
+    (tmp_path / "inc" / "a.h").write_text("2")
+    edited = now()
+    (tmp_path / "a.h").write_text("shadow")  # appears earlier on the search path
+    shadowed = now()
+    (tmp_path / "a.h").unlink()
+    (tmp_path / "inc" / "a.h").write_text("1")
+    assert len({first, edited, shadowed}) == 3 and now() == first
+
+
+def test_relative_dependencies_are_read_from_the_working_directory_of_the_lookup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As NVRTC would read them there: same content, same key; other content, other key."""
+    manifest = Manifest(deps=("val.h",), probes=())
+    keys = []
+    for folder, value in (("a", 1), ("b", 1), ("c", 2)):
+        (tmp_path / folder).mkdir()
+        _value_header(tmp_path / folder, value)
+        monkeypatch.chdir(tmp_path / folder)
+        keys.append(full_key("0" * 64, manifest, path_states(manifest)))
+    assert keys[0] == keys[1] != keys[2]
+
+
+def test_untracked_keys_name_the_image() -> None:
+    request = "0" * 64
+    assert untracked_key(request, b"a") == untracked_key(request, b"a")
+    assert untracked_key(request, b"a") != untracked_key(request, b"b")
+    assert untracked_key(request, b"a") != full_key(request, Manifest((), ()), {})
+
+
+# ------------------------------------------------------------- include scan
+def test_the_scan_follows_includes_as_nvrtc_resolves_them(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "outer.cuh").write_text('#include "sub/inner.cuh"\n#include "mem.h"\n')
+    (tmp_path / "sub" / "inner.cuh").write_text('#include "leaf.cuh"\n')
+    (tmp_path / "sub" / "leaf.cuh").write_text("#define LEAF 1\n")
+    scan = scan_includes(
+        INCLUDING, headers={"mem.h": ""}, include_paths=[str(tmp_path)], name="kernel.cu"
+    )
+    assert sorted(scan.files) == [
+        str(tmp_path / "outer.cuh"),
+        str(tmp_path / "sub" / "inner.cuh"),
+        str(tmp_path / "sub" / "leaf.cuh"),  # next to inner.cuh, not on the include path
+    ]
+    assert "outer.cuh" in scan.probed  # next to the program (the working directory) first
+
+
+def test_include_cycles_terminate(tmp_path: Path) -> None:
+    (tmp_path / "a.h").write_text('#include "b.h"\n')
+    (tmp_path / "b.h").write_text('#include "a.h"\n')
+    scan = scan_includes('#include "a.h"\n', headers={}, include_paths=[str(tmp_path)], name="k")
+    assert sorted(Path(p).name for p in scan.files) == ["a.h", "b.h"]
+
+
 @pytest.mark.parametrize(
     "directive",
-    ['#include /* the value */ "val.h"', '# /* c */ include "val.h"', "/* c */ #include <val.h>"],
+    [
+        '#include /* the value */ "val.h"',
+        '# /* c */ include "val.h"',
+        "/* c */ #include <val.h>",
+        '%:include "val.h"',
+        '#inc\\\nlude "val.h"',
+        '#/*\n*/include "val.h"',
+        '#include_next "val.h"',
+        '\f#include "val.h"',
+        '#if __has_include("val.h")\n#endif',
+    ],
 )
-def test_includes_with_comments_between_their_tokens_are_followed(
-    tmp_path: Path, directive: str
+def test_the_scan_sees_the_spellings_nvrtc_accepts(tmp_path: Path, directive: str) -> None:
+    _value_header(tmp_path, 1)
+    scan = scan_includes(directive + "\n", headers={}, include_paths=[str(tmp_path)], name="k")
+    assert list(scan.files) == [str(tmp_path / "val.h")]
+
+
+@pytest.mark.parametrize(
+    ("text", "may_read"),
+    [
+        ("__global__ void k() {}", False),
+        ('#include "a.h"', True),
+        ("#inc\\\nlude", True),  # a line splice
+        ("#inc??/\nlude", True),  # a trigraph backslash, then a splice
+        ("__has_include(<a.h>)", True),
+        ("#embed <a.bin>", True),
+        ("import m;", True),
+        ("int \\u0078;", True),  # a universal character name could spell a word
+    ],
+)
+def test_only_texts_without_include_words_count_as_reading_no_file(
+    text: str, may_read: bool
 ) -> None:
-    found = collect_includes(directive + "\n", headers={}, include_paths=[str(tmp_path)])
-    assert [included.name for included in found] == ["val.h"]
+    """Such a compile needs no child to report its headers: it has none."""
+    assert reads_no_file([b"int a;", text.encode()]) is not may_read
 
 
 @pytest.mark.parametrize("flag", ["--pre-include=val.h", "-include=val.h"])
 def test_pre_includes_are_refused_since_the_key_cannot_see_them(flag: str) -> None:
-    from gpuactors.errors import InvalidArgument
-
     with pytest.raises(InvalidArgument, match="cache key cannot see"):
         NvrtcOpts(extra_flags=(flag,))
 
@@ -161,7 +261,7 @@ def test_pre_includes_are_refused_since_the_key_cannot_see_them(flag: str) -> No
     ],
 )
 def test_text_that_is_not_valid_unicode_is_invalid_argument(change: dict[str, object]) -> None:
-    from gpuactors.errors import InvalidArgument
-
     with pytest.raises(InvalidArgument, match="not valid Unicode"):
         key(**change)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="not valid Unicode"):
+        request(**change)  # type: ignore[arg-type]

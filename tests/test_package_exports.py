@@ -1,20 +1,112 @@
-"""The top-level names resolve lazily and importing gpuactors pulls in no GPU stack."""
+"""The top-level names: one table, all resolvable, and ``import gpuactors`` stays light."""
 
 from __future__ import annotations
 
+import ast
+import importlib
+import inspect
+import json
+import pkgutil
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 import gpuactors
+from gpuactors.messages import Message, Reply
+
+INIT = Path(gpuactors.__file__)
+
+# Bases that only share fields between messages (users send their subclasses), and
+# the first frame a worker reads (the library sends it, never a user).
+NOT_EXPORTED = {"CompileRequest", "HostArgs", "LaunchShape", "BootSpec"}
+
+# Top-level modules whose import would make `import gpuactors` heavy or need a GPU.
+HEAVY = ("cupy", "torch", "ray", "cuda", "numpy", "pydantic", "anyio")
 
 
-def test_every_exported_name_resolves() -> None:
-    for name in gpuactors.__all__:
-        assert getattr(gpuactors, name) is not None, name
-    assert set(gpuactors.__all__) == {*gpuactors._WHERE, "__version__"}
+def library_modules() -> list[str]:
+    """Every module of the library proper (not the command-line entry points)."""
+    return [
+        info.name
+        for info in pkgutil.walk_packages(gpuactors.__path__, "gpuactors.")
+        if not info.name.endswith("__main__") and not info.name.startswith("gpuactors.benchmarks")
+    ]
+
+
+def test_every_exported_name_resolves_to_its_source() -> None:
+    assert gpuactors.__all__[0] == "__version__"
+    assert len(gpuactors.__all__) == len(set(gpuactors.__all__)), "a name exported twice"
+    for name in gpuactors.__all__[1:]:
+        source = importlib.import_module(gpuactors._WHERE[name])
+        assert getattr(gpuactors, name) is getattr(source, name), name
+
+
+def test_dir_lists_every_export() -> None:
+    assert set(gpuactors.__all__) <= set(dir(gpuactors))
+
+
+def test_unknown_name_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="has no attribute 'Nope'"):
+        _ = gpuactors.Nope  # type: ignore[attr-defined]
+    assert not hasattr(gpuactors, "Nope")
+
+
+def test_the_names_users_asked_for_are_exported() -> None:
+    wanted = {
+        "Compile", "CompileAsync", "Launch", "Launched", "NvrtcActor", "KernelHandle",
+        "IsolatedEngine", "AskTimeout", "MailboxFull", "QueueFull", "CompileError",
+        "GpuRefStale", "DeviceFault", "TaskTimeout", "TaskFailed", "Enqueue", "Completion",
+    }  # fmt: skip
+    assert wanted <= set(gpuactors.__all__)
+
+
+def test_every_message_reply_and_error_class_is_exported() -> None:
+    """Walks the whole library, so a message or error added later must join the table."""
+    missing = []
+    for module_name in library_modules():
+        module = importlib.import_module(module_name)
+        for name, value in vars(module).items():
+            if not inspect.isclass(value) or value.__module__ != module_name:
+                continue
+            if name.startswith("_") or name in NOT_EXPORTED:
+                continue
+            if issubclass(value, Message | Reply | BaseException) and (
+                gpuactors._WHERE.get(name) is None or getattr(gpuactors, name) is not value
+            ):
+                missing.append(f"{module_name}.{name}")
+    assert missing == []
+
+
+def test_type_checking_imports_repeat_the_table() -> None:
+    """The imports type checkers read name exactly the table's names and modules."""
+    tree = ast.parse(INIT.read_text(encoding="utf-8"))
+    block = next(
+        node
+        for node in tree.body
+        if isinstance(node, ast.If)
+        and isinstance(node.test, ast.Name)
+        and node.test.id == "TYPE_CHECKING"
+    )
+    seen: dict[str, str] = {}
+    for statement in block.body:
+        assert isinstance(statement, ast.ImportFrom) and statement.module is not None
+        for alias in statement.names:
+            assert alias.asname == alias.name, f"{alias.name}: write it 'X as X'"
+            seen[alias.name] = statement.module
+    assert seen == gpuactors._WHERE
 
 
 def test_import_is_light() -> None:
-    code = "import sys, gpuactors; print('cupy' in sys.modules, 'gpuactors.engine' in sys.modules)"
+    code = (
+        "import json, sys, gpuactors\n"
+        "names = dir(gpuactors)\n"
+        "print(json.dumps({'modules': sorted(sys.modules), 'dir': names}))\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert done.stdout.split() == ["False", "False"]
+    report = json.loads(done.stdout)
+    loaded = set(report["modules"])
+    assert sorted(m for m in loaded if m.split(".")[0] in HEAVY) == []
+    assert sorted(m for m in loaded if m.startswith("gpuactors.")) == []
+    assert set(gpuactors.__all__) <= set(report["dir"])  # dir() imported nothing either

@@ -35,12 +35,14 @@ def test_cpu_gaps_prints_its_figures(capsys: pytest.CaptureFixture[str]) -> None
     assert "clock reads/s" in out and "gaps over 2 us" in out
 
 
-def test_tail_threshold_requests_last_at_least_their_busy_time() -> None:
+def test_tail_threshold_times_busy_requests_and_sums_them_up() -> None:
     probe = load("probe_tail_threshold")
     per_us = probe.iterations_per_us()
     assert per_us > 1
     samples = probe.busy_requests(round(3 * per_us), 200)
-    assert len(samples) == 200 and min(samples) >= 2.5  # (3 us of work at best speed)
+    # Their lengths are not checked against 3 us: a machine busy with other work runs
+    # the calibration slower than a later request (a timed assertion; the probe's job).
+    assert len(samples) == 200 and min(samples) > 0
     p50, p99, stopped = probe.summary([1.0] * 98 + [20.0, 30.0])
     assert p50 == 1.0 and p99 > 20.0 and stopped == 0.02
 

@@ -18,7 +18,8 @@ README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 
 def quickstart() -> str:
-    blocks = re.findall(r"```python\n(.*?)```", README, flags=re.S)
+    # Fenced with ~~~ so that it can come before the Develop block that .ci/run reads.
+    blocks = re.findall(r"~~~python\n(.*?)~~~", README, flags=re.S)
     assert blocks, "the README has a python quickstart"
     return blocks[0]
 

@@ -1,12 +1,13 @@
-"""``gpuactors bench``: run the benchmark scripts and write one Markdown report.
+"""``gpuactors bench``: run the benchmarks and write one Markdown report (and JSON).
 
-Each script in ``benchmarks/`` runs as its own process (``sys.executable``, a
-timeout each, one after the other so they never share the GPU). The report
-holds, per script, the command line, exit code and time, and its stdout
-verbatim; plus the card, the date and the versions. Nothing in the report is
-computed here except the plots, and they are drawn from numbers parsed out of
-that same output (matplotlib is optional: without it the report says
-"plots skipped: matplotlib not installed").
+Each benchmark (``gpuactors.benchmarks.bench_*``, shipped in the package) runs as its
+own process (``python -m ...``, a timeout each, one after the other so they never share
+the GPU), with ``--json`` pointing at a file of its own. The report holds, per script,
+the command line, exit code, time and stdout verbatim, the targets it checked, plus the
+card, the date and the versions. The numbers come from the scripts' JSON files, never
+from their printed text: ``--json`` writes them all to one document, and the plots are
+drawn from it (matplotlib is optional: without it the report says the plots were
+skipped).
 
 This module is command-line UI: it writes its progress to stderr directly.
 """
@@ -14,36 +15,47 @@ This module is command-line UI: it writes its progress to stderr directly.
 from __future__ import annotations
 
 import argparse
-import importlib
+import contextlib
+import importlib.util
 import os
 import platform
 import re
+import signal
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
+
+from tqdm import tqdm
 
 import gpuactors
 from gpuactors import doctor
+from gpuactors.benchmarks.plots import draw_plots
+from gpuactors.benchmarks.results import BenchDocument, ScriptResults, ScriptRunRecord
 from gpuactors.nvrtc.options import arch_from_capability
 
 DEFAULT_TIMEOUT_S = 1200.0
 STDERR_TAIL_LINES = 40
-PLOTS_SKIPPED = "plots skipped: matplotlib not installed"
+TICK_S = 0.5  # how often the progress bar's clock moves while a script runs
 
 
 @dataclass(frozen=True)
 class BenchScript:
-    """One script of ``benchmarks/`` and how ``gpuactors bench`` runs it."""
+    """One benchmark of ``gpuactors.benchmarks`` and how ``gpuactors bench`` runs it."""
 
-    name: str
+    name: str  # the file name, as --only takes it
     what: str
     quick_args: tuple[str, ...] = ()  # what --quick passes (the script's own options)
     takes_arch: bool = False  # pass --arch sm_XX of the device
+
+    @property
+    def module(self) -> str:
+        return f"gpuactors.benchmarks.{self.name.removesuffix('.py')}"
 
 
 SCRIPTS: tuple[BenchScript, ...] = (
@@ -64,6 +76,11 @@ SCRIPTS: tuple[BenchScript, ...] = (
         quick_args=("--quick",),
     ),
     BenchScript(
+        "bench_host_path.py",
+        "the engine's host path on a host ring (no GPU) vs Python's floor, 1 and 1,000 clients",
+        quick_args=("--per-client", "5", "--single", "1000", "--rounds", "3"),
+    ),
+    BenchScript(
         "bench_recovery.py",
         "isolated engine: time to recover from a fault and a hang, its cost, a faulty soak",
         quick_args=("--jobs", "100", "--repeats", "300", "--soak-jobs", "20000"),
@@ -77,19 +94,28 @@ SCRIPTS: tuple[BenchScript, ...] = (
 
 
 # ---------------------------------------------------------------- arguments
-def _build_parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpuactors bench",
-        description="Run the benchmarks in benchmarks/ and write a Markdown report with "
-        "their verbatim output (and plots, if matplotlib is installed). Exits 0 only if "
-        "every script ran to completion; each script prints MET / NOT MET per target "
-        "(run a script with --strict to make an unmet target fail it).",
+        description="Run the benchmarks of gpuactors.benchmarks and write a Markdown report "
+        "with their verbatim output and targets (and plots, if matplotlib is installed). "
+        "Exits 0 only if every script ran to completion; each script prints MET / NOT MET "
+        "per target (run a script with --strict to make an unmet target fail it).",
     )
     parser.add_argument(
         "--out",
         type=Path,
         default=Path("benchmark-report.md"),
         help="report path (default: ./benchmark-report.md); plots go next to it",
+    )
+    parser.add_argument(
+        "--json",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="PATH",
+        help="also write every script's results to one JSON document "
+        "(default PATH: the report's, ending .json)",
     )
     parser.add_argument(
         "--quick", action="store_true", help="fewer repeats: each script's own quick options"
@@ -111,15 +137,10 @@ def _build_parser() -> argparse.ArgumentParser:
         "--benchmarks-dir",
         type=Path,
         default=None,
-        help="where the scripts are (default: benchmarks/ of this checkout, else ./benchmarks)",
+        help="run the scripts of this folder (e.g. edited copies) instead of the installed ones",
     )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return parser
-
-
-def default_benchmarks_dir() -> Path:
-    """``benchmarks/`` beside ``src/`` of this checkout, else ``./benchmarks``."""
-    checkout = Path(gpuactors.__file__).resolve().parents[2] / "benchmarks"
-    return checkout if checkout.is_dir() else Path.cwd() / "benchmarks"
 
 
 def select_scripts(only: str) -> list[BenchScript]:
@@ -141,27 +162,47 @@ def script_args(script: BenchScript, *, quick: bool, arch: str | None) -> list[s
     return args
 
 
+def script_command(script: BenchScript, folder: Path | None) -> list[str]:
+    """How to start ``script``: its installed module, or its file in ``folder``."""
+    if folder is None:
+        return [sys.executable, "-m", script.module]
+    return [sys.executable, str(folder / script.name)]
+
+
+def missing_scripts(scripts: Sequence[BenchScript], folder: Path | None) -> list[str]:
+    """The scripts that cannot be started (not installed, or not in ``folder``)."""
+    if folder is None:
+        return [s.module for s in scripts if importlib.util.find_spec(s.module) is None]
+    return [s.name for s in scripts if not (folder / s.name).is_file()]
+
+
 # ---------------------------------------------------------------- running
 @dataclass(frozen=True)
 class ScriptRun:
-    """What one script did: its command, exit code (None: timed out), time and output."""
+    """What one script did: exit code (None: timed out), time, output and results."""
 
     script: BenchScript
-    argv: tuple[str, ...]
+    shown_command: str  # as a person would type it (without the runner's --json)
     returncode: int | None
     seconds: float
     stdout: str
     stderr: str
+    results: ScriptResults | None
+    results_missing: str | None
 
     @property
     def ok(self) -> bool:
         return self.returncode == 0
 
-
-def _text(data: str | bytes | None) -> str:
-    if data is None:
-        return ""
-    return data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+    def record(self) -> ScriptRunRecord:
+        return ScriptRunRecord(
+            name=self.script.name,
+            command=self.shown_command,
+            returncode=self.returncode,
+            seconds=self.seconds,
+            results=self.results,
+            results_missing=self.results_missing,
+        )
 
 
 def script_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -175,207 +216,81 @@ def script_env(environ: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-def run_script(
-    path: Path, script: BenchScript, args: Sequence[str], *, timeout: float, env: Mapping[str, str]
-) -> ScriptRun:
-    """Run one script to completion (or its timeout), capturing stdout and stderr."""
-    argv = (sys.executable, str(path), *args)
+def run_process(
+    argv: Sequence[str],
+    *,
+    timeout: float,
+    env: Mapping[str, str],
+    tick: Callable[[], object] = lambda: None,
+) -> tuple[int | None, float, str, str]:
+    """Run ``argv`` to completion or its timeout: (exit code or None, seconds, stdout,
+    stderr). ``tick`` is called every TICK_S meanwhile. The command runs in a session
+    of its own, so that a timeout (or Ctrl-C here) ends the processes it started too."""
     started = time.perf_counter()
+    with subprocess.Popen(
+        list(argv),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        encoding="utf-8",
+        errors="replace",
+        env=dict(env),
+        start_new_session=True,
+    ) as proc:
+        try:
+            while True:
+                left = timeout - (time.perf_counter() - started)
+                try:
+                    stdout, stderr = proc.communicate(timeout=max(0.0, min(TICK_S, left)))
+                except subprocess.TimeoutExpired:
+                    if left <= 0:
+                        break
+                    tick()
+                    continue
+                return proc.returncode, time.perf_counter() - started, stdout, stderr
+        except BaseException:
+            _kill_session(proc)
+            raise
+        _kill_session(proc)
+        stdout, stderr = proc.communicate()
+    killed = f"\n[gpuactors bench: killed after {timeout:.0f} s]"
+    return None, time.perf_counter() - started, stdout, stderr + killed
+
+
+def _kill_session(proc: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def read_results(path: Path) -> tuple[ScriptResults | None, str | None]:
+    """The script's results document, or why there is none."""
+    if not path.is_file():
+        return None, "the script wrote no results file"
     try:
-        proc = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=dict(env),
-            cwd=path.parent.parent,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as exc:
-        return ScriptRun(
-            script,
-            argv,
-            None,
-            time.perf_counter() - started,
-            _text(exc.stdout),
-            _text(exc.stderr) + f"\n[gpuactors bench: killed after {timeout:.0f} s]",
-        )
-    return ScriptRun(
-        script, argv, proc.returncode, time.perf_counter() - started, proc.stdout, proc.stderr
+        return ScriptResults.read(path), None
+    except (OSError, ValueError) as exc:
+        return None, str(exc)
+
+
+def run_script(
+    script: BenchScript,
+    args: Sequence[str],
+    *,
+    folder: Path | None,
+    results_dir: Path,
+    timeout: float,
+    env: Mapping[str, str],
+    tick: Callable[[], object] = lambda: None,
+) -> ScriptRun:
+    """Run one script with ``--json`` into ``results_dir``; its output and its results."""
+    json_path = results_dir / f"{script.name.removesuffix('.py')}.json"
+    command = script_command(script, folder)
+    code, seconds, stdout, stderr = run_process(
+        [*command, *args, "--json", str(json_path)], timeout=timeout, env=env, tick=tick
     )
-
-
-# ---------------------------------------------------------------- parsing
-@dataclass(frozen=True)
-class LatencyRow:
-    """One latency measurement as a script printed it (numbers kept as printed,
-    with their unit where the script printed one: "12.30", "12.3 us", "1.20 ms")."""
-
-    source: str
-    label: str
-    p50: str
-    p99: str
-    baseline: bool = False
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """One of our figures beside the CuPy baseline it was measured against, as printed."""
-
-    source: str
-    label: str
-    value: str
-    baseline_label: str
-    baseline_value: str
-    unit: str
-
-
-_ENGINE_LATENCY = re.compile(
-    r"^(?P<label>\S.*?): p50 (?P<p50>[\d.]+) us, p99 (?P<p99>[\d.]+) us \| "
-    r"(?P<base>CuPy [^|]*?) p50 (?P<b50>[\d.]+) us, p99 (?P<b99>[\d.]+) us",
-    re.MULTILINE,
-)
-_ACTOR_ROW = re.compile(
-    r"^(?P<label>(?:bare asyncio|actor ask).*?)\s{2,}"
-    r"(?P<p50>\d+\.\d+)\s+(?P<p99>\d+\.\d+)\s+\d+\.\d+\s*$",
-    re.MULTILINE,
-)
-_LAUNCH_ROW = re.compile(
-    r"^(?P<label>CuPy RawKernel launch.*?|await nvrtc\.ask\(Launch.*?)\s{2,}"
-    r"(?P<p50>[\d.]+ (?:us|ms))\s+(?P<p99>[\d.]+ (?:us|ms))\s*$",
-    re.MULTILINE,
-)
-_COMPARISONS = (
-    (
-        re.compile(
-            r"^(?:\d+\. )?(?P<label>\d+ concurrent clients): (?P<value>[\d,.]+) tasks/s \| "
-            r"(?P<base>CuPy [^|]*?) (?P<bvalue>[\d,.]+) launches/s",
-            re.MULTILINE,
-        ),
-        "per second",
-    ),
-    (
-        re.compile(
-            r"^(?:\d+\. )?(?P<label>[\d,]+ x .*? jobs): engine (?P<value>[\d,.]+) ms \| "
-            r"(?P<base>one CuPy launch per job) (?P<bvalue>[\d,.]+) ms",
-            re.MULTILINE,
-        ),
-        "ms",
-    ),
-)
-
-
-def parse_latencies(source: str, text: str) -> list[LatencyRow]:
-    """The latency rows in a script's output: the engine sections and their CuPy
-    baseline, the actor table and its bare-asyncio baseline, the NVRTC launch table and
-    its CuPy baseline. Other lines are ignored."""
-    rows: list[LatencyRow] = []
-    baselines: dict[str, LatencyRow] = {}
-    for m in _ENGINE_LATENCY.finditer(text):
-        rows.append(LatencyRow(source, m["label"], m["p50"], m["p99"]))
-        baselines.setdefault(
-            m["base"], LatencyRow(source, m["base"], m["b50"], m["b99"], baseline=True)
-        )
-    for pattern, baseline_prefix in ((_ACTOR_ROW, "bare"), (_LAUNCH_ROW, "CuPy")):
-        for m in pattern.finditer(text):
-            is_base = m["label"].startswith(baseline_prefix)
-            rows.append(LatencyRow(source, m["label"], m["p50"], m["p99"], baseline=is_base))
-    return rows + list(baselines.values())
-
-
-def parse_comparisons(source: str, text: str) -> list[Comparison]:
-    """Engine figures printed beside a CuPy baseline: tasks/s vs launches/s, and the time
-    of a batch of jobs vs one CuPy launch per job."""
-    return [
-        Comparison(source, m["label"], m["value"], m["base"], m["bvalue"], unit)
-        for pattern, unit in _COMPARISONS
-        for m in pattern.finditer(text)
-    ]
-
-
-def _number(printed: str) -> float:
-    return float(printed.replace(",", ""))
-
-
-def _micros(printed: str) -> float:
-    """A printed latency in microseconds: "12.30" and "12.3 us" are us, "1.2 ms" is ms."""
-    value, _, unit = printed.partition(" ")
-    return _number(value) * (1000.0 if unit == "ms" else 1.0)
-
-
-# ---------------------------------------------------------------- plotting
-def _pyplot() -> Any | None:
-    """matplotlib.pyplot with a file-only backend, or None if matplotlib is missing."""
-    try:
-        matplotlib = importlib.import_module("matplotlib")
-    except ImportError:
-        return None
-    matplotlib.use("Agg")
-    return importlib.import_module("matplotlib.pyplot")
-
-
-def _latency_figure(plt: Any, rows: Sequence[LatencyRow], path: Path) -> None:
-    sources = list(dict.fromkeys(row.source for row in rows))
-    fig, axes = plt.subplots(
-        len(sources), 1, figsize=(9, 1.2 + 0.9 * len(rows)), squeeze=False, constrained_layout=True
-    )
-    for ax, source in zip(axes[:, 0], sources, strict=True):
-        mine = [row for row in rows if row.source == source]
-        labels = [f"{row.label}{' (baseline)' if row.baseline else ''}" for row in mine]
-        ys = list(range(len(mine)))
-        for offset, attr, colour in ((-0.2, "p50", "tab:blue"), (0.2, "p99", "tab:orange")):
-            values = [_micros(getattr(row, attr)) for row in mine]
-            bars = ax.barh([y + offset for y in ys], values, height=0.4, color=colour, label=attr)
-            ax.bar_label(bars, labels=[getattr(row, attr) for row in mine], padding=3, fontsize=8)
-        ax.set_yticks(ys, labels, fontsize=8)
-        ax.invert_yaxis()
-        ax.margins(x=0.15)
-        ax.set_xlabel("microseconds (bars labelled as printed)")
-        ax.set_title(f"{source}: latency p50 / p99", fontsize=10)
-        ax.legend(fontsize=8)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def _comparison_figure(plt: Any, rows: Sequence[Comparison], path: Path) -> None:
-    fig, axes = plt.subplots(
-        len(rows), 1, figsize=(9, 0.5 + 1.5 * len(rows)), squeeze=False, constrained_layout=True
-    )
-    for ax, row in zip(axes[:, 0], rows, strict=True):
-        bars = ax.barh(
-            [0, 1],
-            [_number(row.value), _number(row.baseline_value)],
-            color=["tab:green", "tab:gray"],
-        )
-        ax.bar_label(bars, labels=[row.value, row.baseline_value], padding=3, fontsize=8)
-        ax.set_yticks([0, 1], ["gpuactors", row.baseline_label], fontsize=8)
-        ax.invert_yaxis()
-        ax.margins(x=0.15)
-        ax.set_xlabel(f"{row.unit} (bars labelled as printed)")
-        ax.set_title(f"{row.source}: {row.label}", fontsize=10)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def draw_plots(runs: Sequence[ScriptRun], out: Path) -> tuple[list[Path], str | None]:
-    """PNGs next to ``out`` from the parsed numbers: (files, why none were drawn)."""
-    latencies = [row for run in runs for row in parse_latencies(run.script.name, run.stdout)]
-    comparisons = [row for run in runs for row in parse_comparisons(run.script.name, run.stdout)]
-    plt = _pyplot()
-    if plt is None:
-        return [], PLOTS_SKIPPED
-    if not latencies and not comparisons:
-        return [], "plots skipped: no latency or baseline lines found in the output"
-    drawn: list[Path] = []
-    if latencies:
-        path = out.with_name(f"{out.stem}-latency.png")
-        _latency_figure(plt, latencies, path)
-        drawn.append(path)
-    if comparisons:
-        path = out.with_name(f"{out.stem}-vs-cupy.png")
-        _comparison_figure(plt, comparisons, path)
-        drawn.append(path)
-    return drawn, None
+    shown = " ".join(["python", *command[1:], *args])
+    results, missing = read_results(json_path)
+    return ScriptRun(script, shown, code, seconds, stdout, stderr, results, missing)
 
 
 # ---------------------------------------------------------------- report
@@ -397,51 +312,88 @@ def probe_machine(device: int = 0) -> Machine:
     return Machine(f"no CUDA device {device} ({error or 'none found'})", None, cupy_version)
 
 
-def _fence(text: str) -> str:
-    """A Markdown code fence longer than any backtick run in ``text``."""
-    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
-    return "`" * max(3, longest + 1)
-
-
-def render_report(
+def bench_document(
     runs: Sequence[ScriptRun],
     *,
     machine: Machine,
     when: datetime,
     quick: bool,
     env: Mapping[str, str],
+) -> BenchDocument:
+    """Everything the run measured, as one document (``--json`` writes it)."""
+    return BenchDocument(
+        gpuactors_version=gpuactors.__version__,
+        python=platform.python_version(),
+        platform=platform.machine(),
+        date=when,
+        card=machine.card,
+        arch=machine.arch,
+        cupy=machine.cupy,
+        quick=quick,
+        module_loading=env.get(doctor.MODULE_LOADING_ENV, ""),
+        scripts=[run.record() for run in runs],
+    )
+
+
+def _fence(text: str) -> str:
+    """A Markdown code fence longer than any backtick run in ``text``."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    return "`" * max(3, longest + 1)
+
+
+def _exit(returncode: int | None) -> str:
+    return "timed out" if returncode is None else str(returncode)
+
+
+def _cell(text: str) -> str:
+    """Text for a Markdown table cell (a ``|`` would end it)."""
+    return text.replace("|", "\\|")
+
+
+def render_report(
+    runs: Sequence[ScriptRun],
+    document: BenchDocument,
+    *,
     plots: Sequence[Path],
     plots_note: str | None,
 ) -> str:
-    """The Markdown report: header facts, then each script's verbatim output."""
+    """The Markdown report: header facts, the targets, then each script's verbatim output."""
     lines = [
         "# gpuactors benchmark report",
         "",
-        f"- card: {machine.card}",
-        f"- date: {when:%Y-%m-%d %H:%M} UTC",
-        f"- gpuactors {gpuactors.__version__}, Python {platform.python_version()}, "
-        f"CuPy {machine.cupy or 'not installed'}, {platform.machine()}",
-        f"- run: {'quick (--quick)' if quick else 'full'}; "
-        f"{doctor.MODULE_LOADING_ENV}={env.get(doctor.MODULE_LOADING_ENV, '')}",
+        f"- card: {document.card}",
+        f"- date: {document.date:%Y-%m-%d %H:%M} UTC",
+        f"- gpuactors {document.gpuactors_version}, Python {document.python}, "
+        f"CuPy {document.cupy or 'not installed'}, {document.platform}",
+        f"- run: {'quick (--quick)' if document.quick else 'full'}; "
+        f"{doctor.MODULE_LOADING_ENV}={document.module_loading}",
         "",
-        "Each section below is the script's stdout, copied verbatim; the plots are drawn "
-        "from numbers parsed out of that output.",
+        "Each section below is the script's stdout, copied verbatim; the targets and the "
+        "plots come from the results each script wrote as JSON.",
         "",
-        "| script | exit code | seconds |",
-        "| --- | --- | --- |",
+        "| script | exit code | seconds | results |",
+        "| --- | --- | --- | --- |",
     ]
     for run in runs:
-        code = "timed out" if run.returncode is None else str(run.returncode)
-        lines.append(f"| {run.script.name} | {code} | {run.seconds:.1f} |")
+        got = "JSON" if run.results is not None else f"none: {run.results_missing}"
+        lines.append(
+            f"| {run.script.name} | {_exit(run.returncode)} | {run.seconds:.1f} | {_cell(got)} |"
+        )
+    targets = [(run.script.name, t) for run in runs if run.results for t in run.results.targets]
+    if targets:
+        lines += ["", "## Targets", "", "| script | target | result | measured |"]
+        lines.append("| --- | --- | --- | --- |")
+        for name, target in targets:
+            met = "MET" if target.met else "NOT MET"
+            lines.append(f"| {name} | {_cell(target.name)} | {met} | {_cell(target.value)} |")
     lines.append("")
     for run in runs:
-        command = " ".join(["python", f"benchmarks/{run.script.name}", *run.argv[2:]])
         code = "timed out" if run.returncode is None else f"exit code {run.returncode}"
         fence = _fence(run.stdout)
         lines += [
             f"## {run.script.name}",
             "",
-            f"{run.script.what}. Command: `{command}`; {code}, {run.seconds:.1f} s.",
+            f"{run.script.what}. Command: `{run.shown_command}`; {code}, {run.seconds:.1f} s.",
             "",
             f"{fence}text",
             run.stdout.rstrip("\n"),
@@ -468,9 +420,9 @@ def render_report(
 
 # ---------------------------------------------------------------- entry point
 def _unwritable(out: Path) -> str | None:
-    """Why the report could not be written to ``out`` (None: it can)."""
+    """Why a file could not be written to ``out`` (None: it can)."""
     if not out.name or out.is_dir():
-        return "is a folder; give the report's file name"
+        return "is a folder; give the file's name"
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -483,7 +435,7 @@ def _unwritable(out: Path) -> str | None:
 def run_bench(argv: Sequence[str], *, err: TextIO | None = None) -> int:
     """Entry point of ``gpuactors bench``: 0 only if every script exited 0."""
     err = err or sys.stderr
-    parser = _build_parser()
+    parser = build_parser()
     try:
         args = parser.parse_args(list(argv))
         scripts = select_scripts(args.only)
@@ -492,46 +444,79 @@ def run_bench(argv: Sequence[str], *, err: TextIO | None = None) -> int:
     except ValueError as exc:
         err.write(f"gpuactors bench: {exc}\n")
         return 2
-    problem = _unwritable(args.out)  # checked first: the scripts may take an hour
-    if problem is not None:
-        err.write(f"gpuactors bench: --out {args.out}: {problem}\n")
-        return 2
-    folder = args.benchmarks_dir or default_benchmarks_dir()
-    missing = [s.name for s in scripts if not (folder / s.name).is_file()]
+    out: Path = args.out
+    json_out = None if args.json is None else Path(args.json or out.with_suffix(".json"))
+    # Checked first: the scripts may take an hour.
+    for option, path in (("--out", out), ("--json", json_out)):
+        problem = None if path is None else _unwritable(path)
+        if problem is not None:
+            err.write(f"gpuactors bench: {option} {path}: {problem}\n")
+            return 2
+    folder: Path | None = args.benchmarks_dir
+    missing = missing_scripts(scripts, folder)
     if missing:
-        err.write(f"gpuactors bench: {', '.join(missing)} not found in {folder}\n")
+        where = folder if folder is not None else "this installation"
+        err.write(f"gpuactors bench: {', '.join(missing)} not found in {where}\n")
         return 2
     machine = probe_machine()
     env = script_env(os.environ)
     when = datetime.now(timezone.utc)
-    runs: list[ScriptRun] = []
-    for script in scripts:
-        extra = script_args(script, quick=args.quick, arch=machine.arch)
-        err.write(f"running {script.name} {' '.join(extra)}".rstrip() + " ...\n")
-        err.flush()
-        run = run_script(folder / script.name, script, extra, timeout=args.timeout, env=env)
-        code = "timed out" if run.returncode is None else f"exit {run.returncode}"
-        err.write(f"  {script.name}: {code} after {run.seconds:.1f} s\n")
-        runs.append(run)
-    out: Path = args.out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    plots, note = draw_plots(runs, out)
-    out.write_text(
-        render_report(
-            runs,
-            machine=machine,
-            when=when,
-            quick=args.quick,
-            env=env,
-            plots=plots,
-            plots_note=note,
-        ),
-        encoding="utf-8",
-    )
-    err.write(f"report written to {out}" + "".join(f", {p}" for p in plots) + "\n")
+    runs = _run_all(scripts, args, folder=folder, arch=machine.arch, env=env, err=err)
+    document = bench_document(runs, machine=machine, when=when, quick=args.quick, env=env)
+    plots, note = draw_plots(document, out)
+    report = render_report(runs, document, plots=plots, plots_note=note)
+    out.write_text(report, encoding="utf-8")
+    written = [out, *plots]
+    if json_out is not None:
+        document.write(json_out)
+        written.append(json_out)
+    err.write(f"written: {', '.join(str(p) for p in written)}\n")
     if note:
         err.write(note + "\n")
     failed = [run.script.name for run in runs if not run.ok]
     if failed:
         err.write(f"not every script exited 0: {', '.join(failed)} (see the report)\n")
     return 1 if failed else 0
+
+
+def _run_all(
+    scripts: Sequence[BenchScript],
+    args: argparse.Namespace,
+    *,
+    folder: Path | None,
+    arch: str | None,
+    env: Mapping[str, str],
+    err: TextIO,
+) -> list[ScriptRun]:
+    """Run the scripts one after the other, with a progress bar (on a terminal) and one
+    line per script before and after it."""
+    runs: list[ScriptRun] = []
+    # disable=None: the bar shows on a terminal only; logs and pipes get the lines alone.
+    with (
+        tempfile.TemporaryDirectory(prefix="gpuactors-bench-") as results_dir,
+        tqdm(
+            total=len(scripts),
+            unit="script",
+            file=err,
+            disable=True if args.no_progress else None,
+            bar_format="{desc} {bar} {n}/{total} [{elapsed}]",
+        ) as bar,
+    ):
+        for script in scripts:
+            extra = script_args(script, quick=args.quick, arch=arch)
+            bar.set_description(script.name)
+            bar.write(f"running {script.name} {' '.join(extra)}".rstrip() + " ...", file=err)
+            run = run_script(
+                script,
+                extra,
+                folder=folder,
+                results_dir=Path(results_dir),
+                timeout=args.timeout,
+                env=env,
+                tick=bar.refresh,
+            )
+            bar.update(1)
+            code = "timed out" if run.returncode is None else f"exit {run.returncode}"
+            bar.write(f"  {script.name}: {code} after {run.seconds:.1f} s", file=err)
+            runs.append(run)
+    return runs

@@ -11,11 +11,14 @@ its cause. So settings are strict as well: no coercion (``"1000"`` is not 1000,
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpuactors.messages import invalid_argument
+
+if TYPE_CHECKING:  # typing.Self is Python 3.11+; only an annotation needs it here
+    from typing import Self
 
 
 class CheckedModel(BaseModel):

@@ -1,12 +1,15 @@
 """The ``gpuactors`` command line: ``doctor``, ``demo`` and ``bench``.
 
 This module is the user interface, so it writes to stdout/stderr directly; the
-library itself only logs through structlog.
+library itself only logs, and this is where its logs are routed to stderr
+(:func:`~gpuactors.logs.configure_logging`, at ``--log-level``).
 
-``demo`` and ``bench`` need a CUDA device. With one, they hand their remaining
-arguments to ``gpuactors.demo:run_demo(argv)`` / ``gpuactors.bench:run_bench(argv)``,
-imported only then (so the CLI starts fast and works where those modules, or
-CuPy, are missing). Those functions return an exit code (``None`` means 0); an
+``demo`` and ``bench`` hand their remaining arguments to
+``gpuactors.demo:run_demo(argv)`` / ``gpuactors.bench:run_bench(argv)``, imported
+only then (so the CLI starts fast and works where those modules, or CuPy, are
+missing). Their arguments are parsed first, with the module's ``build_parser()``,
+so ``--help`` and a bad option are answered on any machine; only then is a CUDA
+device required. The functions return an exit code (``None`` means 0); an
 awaitable result is run with :func:`asyncio.run`.
 """
 
@@ -26,10 +29,12 @@ from typing import Any
 
 import gpuactors
 from gpuactors import doctor
+from gpuactors.logs import configure_logging
 
 EXIT_UNAVAILABLE = 2  # no device, or the command is not in this build
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
-# name -> (module, function, what it does)
+# name -> (module, function, what it does); each module also has build_parser()
 _GPU_COMMANDS: dict[str, tuple[str, str, str]] = {
     "demo": ("gpuactors.demo", "run_demo", "run a short demonstration on the GPU"),
     "bench": ("gpuactors.bench", "run_bench", "run the benchmarks on the GPU"),
@@ -42,6 +47,13 @@ def _build_parser() -> argparse.ArgumentParser:
         description="An asyncio actor runtime that owns NVIDIA GPUs.",
     )
     parser.add_argument("--version", action="version", version=f"gpuactors {gpuactors.__version__}")
+    parser.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=_LOG_LEVELS,
+        default="WARNING",
+        help="gpuactors' log records shown on stderr (default: WARNING)",
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     doc = commands.add_parser(
         "doctor",
@@ -111,8 +123,10 @@ def _run_doctor(as_json: bool) -> int:
 
 
 # ---------------------------------------------------------------- demo/bench
-def _load_command(name: str) -> Callable[[list[str]], Any] | str:
-    """The entry point of a GPU command, or a message saying why it can't run."""
+def _load_command(
+    name: str,
+) -> tuple[Callable[[list[str]], Any], Callable[[], argparse.ArgumentParser]] | str:
+    """The entry point and parser of a GPU command, or a message saying why it can't run."""
     module_name, func_name, _help = _GPU_COMMANDS[name]
     try:
         module = importlib.import_module(module_name)
@@ -125,19 +139,24 @@ def _load_command(name: str) -> Callable[[list[str]], Any] | str:
         return f"gpuactors {name} could not be loaded: {exc}{hint}"
     except Exception as exc:
         return f"gpuactors {name} could not be loaded: {type(exc).__name__}: {exc}"
-    func = getattr(module, func_name, None)
-    if not callable(func):
-        return f"gpuactors {name} is not available in this build ({module_name}.{func_name})"
-    return func  # type: ignore[no-any-return]
+    for attribute in (func_name, "build_parser"):
+        if not callable(getattr(module, attribute, None)):
+            return f"gpuactors {name} is not available in this build ({module_name}.{attribute})"
+    return getattr(module, func_name), module.build_parser
 
 
 def _run_gpu_command(name: str, argv: list[str]) -> int:
+    loaded = _load_command(name)
+    if isinstance(loaded, str):
+        sys.stderr.write(loaded + "\n")
+        return EXIT_UNAVAILABLE
+    entry, build_parser = loaded
+    try:
+        build_parser().parse_args(argv)  # --help, or a bad option: answered without a GPU
+    except SystemExit as exc:  # argparse printed the help, or why
+        return exc.code if isinstance(exc.code, int) else EXIT_UNAVAILABLE
     if doctor.cuda_device_count() == 0:
         sys.stderr.write(f"no CUDA device: {name} needs an NVIDIA GPU; run `gpuactors doctor`\n")
-        return EXIT_UNAVAILABLE
-    entry = _load_command(name)
-    if isinstance(entry, str):
-        sys.stderr.write(entry + "\n")
         return EXIT_UNAVAILABLE
     result = entry(argv)
     if inspect.isawaitable(result):
@@ -155,6 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     parser = _build_parser()
     args, rest = parser.parse_known_args(args_list)
+    configure_logging(args.log_level)
     if args.command in _GPU_COMMANDS:
         return _run_gpu_command(args.command, rest)
     if rest:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import numpy as np
+from tqdm import tqdm
 
 from gpuactors.actors import ActorSystem
 from gpuactors.doctor import cuda_device_count
@@ -79,7 +80,7 @@ HIST_OP = OpSpec(
 
 
 # ------------------------------------------------------------------ arguments
-def _build_parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpuactors demo",
         description="Run many concurrent clients through the persistent engine, park and "
@@ -95,7 +96,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """The demo's options; argparse exits (SystemExit) on --help or a bad value."""
-    parser = _build_parser()
+    parser = build_parser()
     args = parser.parse_args(list(argv))
     if args.clients < 1:
         parser.error("--clients must be >= 1")
@@ -248,17 +249,17 @@ async def midpoint_action(engine: Engine, at_task: int) -> MidpointReport:
 
 
 # ------------------------------------------------------------------ progress
-def progress_bar(done: int, total: int, width: int = 30) -> str:
-    """``\\r[#####.....]  45%``: a bar to overwrite in place on a terminal."""
-    fraction = 0.0 if total <= 0 else min(max(done / total, 0.0), 1.0)
-    filled = int(fraction * width)
-    return f"\r[{'#' * filled}{'.' * (width - filled)}] {int(fraction * 100):3d}%"
+def progress_bar(total: int, stream: TextIO, *, enabled: bool) -> tqdm[Any]:
+    """A bar of ``total`` tasks on ``stream``, drawn only on a terminal (a log or a
+    pipe gets nothing) and only if ``enabled``."""
+    return tqdm(total=total, unit="task", file=stream, disable=None if enabled else True)
 
 
-async def _draw_progress(run: _Run, stream: TextIO, every: float = 0.1) -> None:
+async def _follow(run: _Run, bar: tqdm[Any], every: float = 0.1) -> None:
+    """Move ``bar`` to the clients' count every ``every`` seconds: the clients only
+    count, so drawing costs them nothing."""
     while True:
-        stream.write(progress_bar(run.done, run.tasks))
-        stream.flush()
+        bar.update(run.done - bar.n)
         await asyncio.sleep(every)
 
 
@@ -358,9 +359,8 @@ async def run_workload(args: argparse.Namespace, err: TextIO) -> DemoResult:
                     report, detail=f"{report.detail}; live at task {run.done:,}"
                 )
 
-            drawer = None
-            if not args.no_progress:
-                drawer = asyncio.ensure_future(_draw_progress(run, err))
+            bar = progress_bar(plan.tasks, err, enabled=not args.no_progress)
+            drawer = asyncio.ensure_future(_follow(run, bar))
             midpoint = asyncio.ensure_future(at_midpoint())
             started = time.perf_counter()
             try:
@@ -374,10 +374,10 @@ async def run_workload(args: argparse.Namespace, err: TextIO) -> DemoResult:
                 report = await midpoint
             finally:
                 for task in (drawer, midpoint):
-                    if task is not None and not task.done():
+                    if not task.done():
                         task.cancel()
-                if drawer is not None:
-                    err.write(progress_bar(run.done, run.tasks) + "\n")
+                bar.update(run.done - bar.n)
+                bar.close()
             stats = await engine.stats()
             await engine.shutdown(timeout=60)
         got = cp.asnumpy(bins)

@@ -1,16 +1,10 @@
-"""Ops that break the device on purpose: one faults, one never returns."""
+"""The ops that break the device on purpose, for the GPU test scripts beside this file.
+
+They live in ``gpuactors.benchmarks.fault_ops`` (``bench_recovery`` injects them too, and
+it runs from an installed wheel)."""
 
 from __future__ import annotations
 
-from gpuactors.engine import ArrayParam, OpSpec
+from gpuactors.benchmarks.fault_ops import BAD, SPIN
 
-BAD = OpSpec(
-    name="bad_write",
-    params=(ArrayParam(name="out", dtype="float32", direction="out"),),
-    body="if (threadIdx.x == 0) { float* p = (float*)0x10; *p = 1.0f; }\nreturn 0;",
-)
-SPIN = OpSpec(
-    name="spin_forever",
-    params=(ArrayParam(name="out", dtype="float32", direction="out"),),
-    body="volatile int forever = 1;\nwhile (forever) { __nanosleep(1000); }\nreturn 0;",
-)
+__all__ = ["BAD", "SPIN"]

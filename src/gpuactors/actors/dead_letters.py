@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import structlog
+from gpuactors.logs import get_logger
 
 DeadLetterReason = Literal["unhandled", "stopped"]
 
@@ -46,7 +46,7 @@ class DeadLetters:
             try:
                 subscriber(letter)
             except Exception as exc:  # a subscriber's bug must not stop the actor
-                structlog.get_logger("gpuactors.dead_letters").error(
+                get_logger(component="dead-letters").error(
                     "dead-letter subscriber raised", subscriber=repr(subscriber), exc_info=exc
                 )
 

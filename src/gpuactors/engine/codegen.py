@@ -18,7 +18,6 @@ from gpuactors.nvrtc import (
     CompiledModule,
     KernelCompiler,
     NvrtcOpts,
-    cache_key,
     default_compiler,
 )
 from gpuactors.nvrtc.handle import cubin_entries
@@ -157,16 +156,15 @@ def cached_engine_module(
 ) -> CompiledModule | None:
     """The engine module for ``ops`` if the memory cache holds it, else None.
 
-    Cheap enough for the event loop (no thread, no disk, no NVRTC): a hot swap whose
-    module was compiled ahead (``PrepareOp``) must not queue behind a busy loop for
-    the GIL in a worker thread.
+    Cheap enough for the event loop (no thread, no cache file, no NVRTC): a hot swap
+    whose module was compiled ahead (``PrepareOp``) must not queue behind a busy loop
+    for the GIL in a worker thread.
     """
     engine = render_engine_source(ops, block_threads=block_threads, op_ids=op_ids)
     compiler = compiler or default_compiler()
-    key = cache_key(
+    module = compiler.find_in_memory(
         engine.source, name="gpa_engine.cu", opts=ENGINE_OPTS, arch=arch, headers=kernel_headers()
     )
-    module = compiler.memory.get(key)
     return None if module is None else check_engine_module(module)
 
 

@@ -72,9 +72,10 @@ def _check_identifier(name: str) -> str:
 #: The name of the engine's own check that a body stays inside its function (codegen.py).
 BODY_SCOPE_GUARD = "gpa_body_scope"
 #: Line splices. NVRTC joins lines only where the newline follows the backslash at once;
-#: the checks join those with blanks between too, so no spelling is missed.
+#: the search for spellings joins those with blanks between too, so none is missed.
 _SPLICE = re.compile(r"\\[ \t\v\f\r]*\n")
-#: The one directive a body may hold, alone on its line: ``#pragma unroll`` [count].
+#: The one directive a body may hold, alone on its line (no splice in or out of it):
+#: ``#pragma unroll`` [count].
 _UNROLL = re.compile(r"[ \t\v\f\r]*#[ \t]*pragma[ \t]+unroll([ \t]+[0-9]+)?[ \t\v\f\r]*")
 #: Spellings a body may not hold anywhere (a plain substring test: quick, and a name
 #: that merely contains one is refused too), and why.
@@ -95,7 +96,7 @@ def check_body(body: str, op: str) -> str:
 
     * No NUL: NVRTC reads the source as a C string and silently drops everything after
       one (the rest of the module, the engine kernel included).
-    * No preprocessor directive but ``#pragma unroll [count]`` on a line of its own. A
+    * No preprocessor directive but ``#pragma unroll [count]`` alone on its line. A
       ``#define`` would change every later op and the engine's code (``#undef`` after
       the body cannot restore a macro it redefined, and push/pop_macro only works for
       names known in advance); a ``#pragma`` could silence the diagnostics the module
@@ -116,7 +117,9 @@ def check_body(body: str, op: str) -> str:
     for spelling, why in _FORBIDDEN.items():
         if spelling in joined:
             raise InvalidArgument(f"op {op!r}: the body may not hold {spelling!r}: {why}")
-    for line in joined.split("\n") if "#" in joined else ():
+    # Lines as written: an allowed line holds no backslash, so no splice can extend it,
+    # and one that a splice prefixes with anything but blanks is no directive.
+    for line in body.split("\n") if "#" in body else ():
         if "#" in line and not _UNROLL.fullmatch(line):
             raise InvalidArgument(
                 f"op {op!r}: the body holds a '#' ({line.strip()[:60]!r}): a body may hold "

@@ -1,9 +1,15 @@
 """The two module caches: in process memory (LRU by entries) and on disk (LRU by bytes).
 
 Both are keyed on the full cache key (:func:`gpuactors.nvrtc.compiler.cache_key`) and
-are thread-safe. The disk cache is also safe across processes: entries are written to
-a unique temporary file and renamed into place, so a reader sees either no entry or a
-whole one, and every entry is verified (magic, length, SHA-256, key) before use.
+are thread-safe. The disk cache also keeps each request's manifest (the files NVRTC
+read), and is safe across processes: entries are written to a unique temporary file
+and renamed into place, so a reader sees either no entry or a whole one, and every
+entry is verified (magic, length, SHA-256, key) before use.
+
+What the disk cache trusts: a folder and entries owned by this user that neither group
+nor others can write, and regular files only. Anything else is left alone, logged as a
+warning, and the module is compiled instead (an entry's SHA-256 finds damage, not a
+forgery by someone who can write the folder).
 """
 
 from __future__ import annotations
@@ -16,15 +22,25 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import platformdirs
 from structlog.typing import FilteringBoundLogger
 
 from ..errors import InvalidArgument
 from ..logs import get_logger
-from .entry import FORMAT_VERSION, CorruptEntry, decode_entry, encode_entry
+from .entry import (
+    FORMAT_VERSION,
+    CorruptEntry,
+    decode_entry,
+    decode_manifest,
+    encode_entry,
+    encode_manifest,
+)
+from .manifest import Manifest
 from .module import CompiledModule
 
 #: Root of gpuactors' caches; the kernel cache lives in its ``kernels`` folder.
@@ -32,9 +48,21 @@ CACHE_DIR_ENV = "GPUACTORS_CACHE_DIR"
 DEFAULT_MAX_ENTRIES = 256
 DEFAULT_MAX_BYTES = 512 * 1024 * 1024
 ENTRY_SUFFIX = ".mod"
+MANIFEST_SUFFIX = ".dep"
 _TEMP_SUFFIX = ".tmp"
+#: The largest entry a read accepts when the cache has no byte cap.
+_MAX_ENTRY_BYTES = 1 << 30
+_READ_FLAGS = (
+    os.O_RDONLY
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_NONBLOCK", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+    | getattr(os, "O_BINARY", 0)
+)
 _STALE_TEMP_SECONDS = 3600.0
 _KEY = re.compile(r"^[0-9a-f]{64}$")
+V = TypeVar("V")
+T = TypeVar("T")
 
 
 def _log() -> FilteringBoundLogger:
@@ -61,37 +89,38 @@ def _check_key(key: str) -> str:
 
 
 # ---------------------------------------------------------------------- memory
-class MemoryModuleCache:
-    """An in-process LRU of compiled modules, capped at ``max_entries``. Thread-safe."""
+class _Lru(Generic[V]):
+    """An in-process LRU map, capped at ``max_entries``, with hit and eviction counters.
+    Thread-safe."""
 
-    def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
+    def __init__(self, max_entries: int) -> None:
         if max_entries < 1:
             raise InvalidArgument(f"max_entries must be >= 1, got {max_entries}")
         self.max_entries = max_entries
-        self._entries: OrderedDict[str, CompiledModule] = OrderedDict()
+        self._entries: OrderedDict[str, V] = OrderedDict()
         self._lock = threading.Lock()
         self._hits = self._misses = self._evictions = self._writes = 0
 
-    def get(self, key: str) -> CompiledModule | None:
-        """The module stored under ``key`` (marking it most recently used), or None."""
+    def get(self, key: str) -> V | None:
+        """The value stored under ``key`` (marking it most recently used), or None."""
         with self._lock:
-            module = self._entries.get(key)
-            if module is None:
+            value = self._entries.get(key)
+            if value is None:
                 self._misses += 1
                 return None
             self._entries.move_to_end(key)
             self._hits += 1
-            return module
+            return value
 
-    def peek(self, key: str) -> CompiledModule | None:
+    def peek(self, key: str) -> V | None:
         """Like :meth:`get` but touches neither the LRU order nor the counters."""
         with self._lock:
             return self._entries.get(key)
 
-    def put(self, key: str, module: CompiledModule) -> None:
-        """Store ``module`` under ``key``, evicting the least recently used beyond the cap."""
+    def put(self, key: str, value: V) -> None:
+        """Store ``value`` under ``key``, evicting the least recently used beyond the cap."""
         with self._lock:
-            self._entries[key] = module
+            self._entries[key] = value
             self._entries.move_to_end(key)
             self._writes += 1
             while len(self._entries) > self.max_entries:
@@ -121,13 +150,48 @@ class MemoryModuleCache:
             )
 
 
+class MemoryModuleCache(_Lru[CompiledModule]):
+    """An in-process LRU of compiled modules, capped at ``max_entries``. Thread-safe."""
+
+    def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
+        super().__init__(max_entries)
+
+
+class ManifestStore(_Lru[Manifest]):
+    """The manifests known in this process, by request key. Thread-safe.
+
+    Any manifest that came from a real compile of a request is safe to use for it: the
+    full key it leads to names an entry only if a compile read exactly those files with
+    exactly that content. A stale one costs a miss, never a wrong hit.
+    """
+
+    def __init__(self, max_entries: int = 4 * DEFAULT_MAX_ENTRIES) -> None:
+        super().__init__(max_entries)
+
+
 # ------------------------------------------------------------------------ disk
 def default_cache_dir() -> Path:
     """``$GPUACTORS_CACHE_DIR/kernels`` if that is set, else the platform's user cache
-    folder for gpuactors (``platformdirs.user_cache_dir("gpuactors")``) + ``/kernels``."""
+    folder for gpuactors (``platformdirs.user_cache_dir("gpuactors")``) + ``/kernels``.
+    A relative ``GPUACTORS_CACHE_DIR`` is taken from the working directory now."""
     root = os.environ.get(CACHE_DIR_ENV, "").strip()
     base = Path(root).expanduser() if root else Path(platformdirs.user_cache_dir("gpuactors"))
-    return base / "kernels"
+    return Path(os.path.abspath(base / "kernels"))
+
+
+def _current_user() -> int | None:
+    geteuid = getattr(os, "geteuid", None)
+    return geteuid() if geteuid is not None else None
+
+
+def _distrust(info: os.stat_result) -> str | None:
+    """Why a folder or entry with this ``stat`` is not to be trusted, or None."""
+    user = _current_user()
+    if user is not None and info.st_uid != user:
+        return f"owned by uid {info.st_uid}, not by this user (uid {user})"
+    if info.st_mode & 0o022:
+        return f"writable by group or others (mode {oct(stat.S_IMODE(info.st_mode))})"
+    return None
 
 
 def _unlink_quietly(path: str | Path) -> None:
@@ -155,13 +219,16 @@ def _make_private_dirs(path: Path) -> None:
 class DiskModuleCache:
     """A content-addressed folder of verified module entries, LRU-capped at ``max_bytes``.
 
-    ``directory`` defaults to :func:`default_cache_dir`. Folders it creates are 0o700 and
-    entries 0o600. Writes are atomic (unique temp file + ``os.replace``; ``fsync=True``
-    also flushes file and folder). Reads verify each entry; a corrupt, truncated or
-    tampered one is deleted and counted as ``corrupt`` (and a miss). A hit touches the
-    entry's mtime, and after each write the oldest entries are evicted until the folder
-    is under ``max_bytes`` (``None``: no cap). I/O errors never escape: a failed read
-    is a miss, a failed write is logged and skipped.
+    ``directory`` defaults to :func:`default_cache_dir`; a relative one is made absolute
+    once, here. Folders it creates are 0o700 and entries 0o600. Writes are atomic
+    (unique temp file + ``os.replace``; ``fsync=True`` also flushes file and folder).
+    Reads use only a folder and entries this user owns and no one else can write, and
+    regular files (a FIFO never blocks a read); anything else is a logged miss. Reads
+    verify each entry; a corrupt, truncated or tampered one is deleted and counted as
+    ``corrupt`` (and a miss). A hit touches the entry's mtime, and after each write the
+    oldest entries are evicted until the folder is under ``max_bytes`` (``None``: no
+    cap). I/O errors never escape: a failed read is a miss, a failed write is logged
+    and skipped.
     """
 
     def __init__(
@@ -173,17 +240,26 @@ class DiskModuleCache:
     ) -> None:
         if max_bytes is not None and max_bytes < 1:
             raise InvalidArgument(f"max_bytes must be >= 1 or None, got {max_bytes}")
-        self.directory = Path(directory).expanduser() if directory else default_cache_dir()
+        self.directory = (
+            Path(os.path.abspath(Path(directory).expanduser()))
+            if directory
+            else default_cache_dir()
+        )
         self.max_bytes = max_bytes
         self.fsync = fsync
         self._lock = threading.Lock()
         self._counters = dict.fromkeys(("hits", "misses", "evictions", "corrupt", "writes"), 0)
         self._dir_ready = False
+        self._warned: set[str] = set()
 
     # ------------------------------------------------------------------ paths
     def path_for(self, key: str) -> Path:
         """Where the entry for ``key`` lives (the format version is in the name)."""
         return self.directory / f"{_check_key(key)}.v{FORMAT_VERSION}{ENTRY_SUFFIX}"
+
+    def manifest_path_for(self, request_key: str) -> Path:
+        """Where the manifest of the request with ``request_key`` lives."""
+        return self.directory / f"{_check_key(request_key)}.v{FORMAT_VERSION}{MANIFEST_SUFFIX}"
 
     def _count(self, **deltas: int) -> None:
         with self._lock:
@@ -192,36 +268,88 @@ class DiskModuleCache:
 
     # ------------------------------------------------------------------- read
     def get(self, key: str) -> CompiledModule | None:
-        """The verified module stored under ``key``, or None (missing or discarded)."""
-        path = self.path_for(key)
+        """The verified module stored under ``key``, or None (missing, distrusted or
+        discarded)."""
+        module = self._read_verified(self.path_for(key), decode_entry, key)
+        self._count(**({"hits": 1} if module is not None else {"misses": 1}))
+        return module
+
+    def get_manifest(self, request_key: str) -> Manifest | None:
+        """The verified manifest stored for ``request_key``, or None."""
+        return self._read_verified(
+            self.manifest_path_for(request_key), decode_manifest, request_key
+        )
+
+    def _read_verified(self, path: Path, decode: Callable[..., T], expected_key: str) -> T | None:
+        """What ``decode`` makes of the trusted entry at ``path``, or None; a corrupt
+        entry is discarded and counted."""
+        read = self._read_trusted(path)
+        if read is None:
+            return None
+        data, info = read
         try:
-            fd = os.open(
-                path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
+            value = decode(data, expected_key=expected_key)
+        except CorruptEntry as exc:
+            self._discard(path, info, exc.reason)
+            self._count(corrupt=1)
+            return None
+        self._touch(path)
+        return value
+
+    def _warn_once(self, event: str, **details: str) -> None:
+        marker = event + details.get("path", "")
+        if marker not in self._warned:
+            self._warned.add(marker)
+            _log().warning(event, **details)
+
+    def _folder_distrust(self) -> str | None:
+        """Why the cache folder must not be used, or None (also None when it is missing)."""
+        try:
+            info = os.stat(self.directory)
+        except OSError:
+            return None
+        reason = _distrust(info)
+        if reason is not None:
+            self._warn_once(
+                "nvrtc_cache_dir_distrusted",
+                path=str(self.directory),
+                reason=reason,
+                hint="others could plant entries: set GPUACTORS_CACHE_DIR to a folder only "
+                "you can write; compiling instead",
             )
+        return reason
+
+    def _read_trusted(self, path: Path) -> tuple[bytes, os.stat_result] | None:
+        """The bytes of the entry at ``path`` and its ``fstat``, or None: missing, in a
+        distrusted folder, not a regular file, owned by another user, writable by
+        others, over the size limit, or unreadable (all but missing are logged)."""
+        if self._folder_distrust() is not None:
+            return None
+        try:
+            fd = os.open(path, _READ_FLAGS)
         except FileNotFoundError:
-            self._count(misses=1)
             return None
-        except OSError as exc:
+        except OSError as exc:  # a symlink (ELOOP) among others
             _log().warning("nvrtc_cache_read_failed", path=str(path), error=str(exc))
-            self._count(misses=1)
             return None
+        limit = self.max_bytes if self.max_bytes is not None else _MAX_ENTRY_BYTES
         try:
             with os.fdopen(fd, "rb") as handle:
                 info = os.fstat(handle.fileno())
-                data = handle.read() if stat.S_ISREG(info.st_mode) else b""
+                if not stat.S_ISREG(info.st_mode):
+                    reason: str | None = "not a regular file"
+                elif info.st_size > limit:
+                    reason = f"{info.st_size} bytes, over the {limit}-byte limit"
+                else:
+                    reason = _distrust(info)
+                if reason is not None:
+                    _log().warning("nvrtc_cache_entry_distrusted", path=str(path), reason=reason)
+                    return None
+                data = handle.read(limit + 1)
         except OSError as exc:
             _log().warning("nvrtc_cache_read_failed", path=str(path), error=str(exc))
-            self._count(misses=1)
             return None
-        try:
-            module = decode_entry(data, expected_key=key)
-        except CorruptEntry as exc:
-            self._discard(path, info, exc.reason)
-            self._count(misses=1, corrupt=1)
-            return None
-        self._touch(path)
-        self._count(hits=1)
-        return module
+        return data, info
 
     def _discard(self, path: Path, seen: os.stat_result, reason: str) -> None:
         """Delete a bad entry, unless another process has replaced it since we read it."""
@@ -247,10 +375,23 @@ class DiskModuleCache:
         if self.max_bytes is not None and len(data) > self.max_bytes:
             _log().warning("nvrtc_cache_entry_too_big", size=len(data), max_bytes=self.max_bytes)
             return False
+        if not self._write(path, data, prefix=module.cache_key[:16]):
+            return False
+        self._count(writes=1)
+        self._enforce_cap(keep=path)
+        return True
+
+    def put_manifest(self, request_key: str, manifest: Manifest) -> bool:
+        """Store the manifest of the request with ``request_key``; True if it was written."""
+        path = self.manifest_path_for(request_key)
+        return self._write(path, encode_manifest(request_key, manifest), prefix=request_key[:16])
+
+    def _write(self, path: Path, data: bytes, *, prefix: str) -> bool:
         try:
-            self._ensure_dir()
+            if not self._ensure_dir():
+                return False
             fd, temp = tempfile.mkstemp(
-                prefix=f".{module.cache_key[:16]}.", suffix=_TEMP_SUFFIX, dir=self.directory
+                prefix=f".{prefix}.", suffix=_TEMP_SUFFIX, dir=self.directory
             )  # mkstemp makes the file 0o600, with a name no other writer can pick
             try:
                 with os.fdopen(fd, "wb") as handle:
@@ -268,24 +409,14 @@ class DiskModuleCache:
             _log().warning("nvrtc_cache_write_failed", path=str(path), error=str(exc))
             self._dir_ready = False  # the folder may have been removed: recreate it next time
             return False
-        self._count(writes=1)
-        self._enforce_cap(keep=path)
         return True
 
-    def _ensure_dir(self) -> None:
-        if self._dir_ready:
-            return
-        _make_private_dirs(self.directory)
-        info = os.stat(self.directory)
-        getuid = getattr(os, "getuid", None)
-        if info.st_mode & 0o022 or (getuid is not None and info.st_uid != getuid()):
-            _log().warning(
-                "nvrtc_cache_dir_not_private",
-                path=str(self.directory),
-                mode=oct(stat.S_IMODE(info.st_mode)),
-                hint="others could plant entries; use a folder only you can write",
-            )
-        self._dir_ready = True
+    def _ensure_dir(self) -> bool:
+        """Create the folder if needed; False (logged) when it is not this user's alone."""
+        if not self._dir_ready:
+            _make_private_dirs(self.directory)
+            self._dir_ready = True
+        return self._folder_distrust() is None
 
     def _fsync_dir(self) -> None:
         if not hasattr(os, "O_DIRECTORY"):
@@ -298,7 +429,8 @@ class DiskModuleCache:
 
     # --------------------------------------------------------------- eviction
     def _scan(self) -> list[tuple[int, str, int, Path]]:
-        """``(mtime_ns, name, size, path)`` of every entry; deletes stale temp files."""
+        """``(mtime_ns, name, size, path)`` of every entry and manifest; deletes stale
+        temp files."""
         found: list[tuple[int, str, int, Path]] = []
         stale_before = time.time() - _STALE_TEMP_SECONDS
         try:
@@ -312,7 +444,7 @@ class DiskModuleCache:
                 continue
             if not stat.S_ISREG(info.st_mode):
                 continue
-            if item.name.endswith(ENTRY_SUFFIX):
+            if item.name.endswith((ENTRY_SUFFIX, MANIFEST_SUFFIX)):
                 found.append((info.st_mtime_ns, item.name, info.st_size, Path(item.path)))
             elif item.name.endswith(_TEMP_SUFFIX) and info.st_mtime < stale_before:
                 _unlink_quietly(item.path)  # left behind by a writer that died mid-write
@@ -346,7 +478,7 @@ class DiskModuleCache:
             _log().debug("nvrtc_cache_evicted", path=str(path), size=size)
 
     def clear(self) -> None:
-        """Delete every entry (not the folder)."""
+        """Delete every entry and manifest (not the folder)."""
         for _mtime, _name, _size, path in self._scan():
             _unlink_quietly(path)
 
@@ -354,6 +486,7 @@ class DiskModuleCache:
         return isinstance(key, str) and bool(_KEY.match(key)) and self.path_for(key).exists()
 
     def stats(self) -> CacheStats:
-        entries = len(self._scan())
+        """The counters; ``entries`` counts modules (manifests are not counted)."""
+        entries = sum(name.endswith(ENTRY_SUFFIX) for _mtime, name, _size, _path in self._scan())
         with self._lock:
             return CacheStats(**self._counters, entries=entries)

@@ -1,8 +1,10 @@
 """Compile CUDA C++ with NVRTC (through ``cuda.bindings.nvrtc``).
 
-:func:`compile_source` is the one place that talks to NVRTC. It is blocking and
-thread-safe; cuda-bindings releases the GIL inside ``nvrtcCompileProgram``, so a
-compile in a worker thread leaves an event loop running.
+:func:`compile_traced` (behind :func:`compile_source` and the
+:class:`~gpuactors.nvrtc.KernelCompiler`) is the one place that compiles with NVRTC,
+while a child process reports the headers NVRTC reads (``discovery.py``). It is
+blocking and thread-safe; cuda-bindings releases the GIL inside
+``nvrtcCompileProgram``, so a compile in a worker thread leaves an event loop running.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import re
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -21,7 +24,11 @@ from structlog.typing import FilteringBoundLogger
 
 from ..errors import CompileError, InvalidArgument, NvrtcUnavailable
 from ..logs import get_logger
-from .keys import module_cache_key
+from .cache import ManifestStore
+from .discovery import Discovery
+from .headers import ABSENT, scan_includes
+from .keys import full_key, path_states, request_key, untracked_key
+from .manifest import Manifest, make_manifest
 from .module import CompiledModule
 from .options import NvrtcOpts, arch_number
 
@@ -125,21 +132,21 @@ def _error_string(result: Any) -> str:
 
 
 # ------------------------------------------------------------------------ keys
-def cache_key(
+def request_key_of(
     source: str,
     *,
-    name: str = "kernel.cu",
+    name: str,
     opts: NvrtcOpts,
-    arch: str | None = None,
-    headers: Mapping[str, str] = _EMPTY,
+    arch: str | None,
+    headers: Mapping[str, str],
 ) -> str:
-    """The full cache key :func:`compile_source` would give this compile (see ``keys``).
+    """The request key of this compile: what the caller hands NVRTC (see ``keys``).
 
     Raises InvalidArgument for text that is not valid Unicode (a lone surrogate in the
     source, its name, a header or an option): NVRTC takes UTF-8."""
     target = opts.resolve_arch(arch)
     try:
-        return module_cache_key(
+        return request_key(
             source,
             name=name,
             rendered_options=opts.render(target),
@@ -149,13 +156,41 @@ def cache_key(
             nvrtc_build=nvrtc_build(),
             name_expressions=opts.name_expressions,
             headers=headers,
-            include_paths=opts.include_paths,
         )
     except UnicodeEncodeError as exc:
         raise InvalidArgument(
             f"{name!r}: the source, its name, a header or an option is not valid Unicode "
             f"text ({exc.reason} at position {exc.start}); NVRTC takes UTF-8"
         ) from None
+
+
+#: What NVRTC read for the requests :func:`compile_source` compiled in this process.
+_manifests = ManifestStore()
+
+
+def cache_key(
+    source: str,
+    *,
+    name: str = "kernel.cu",
+    opts: NvrtcOpts,
+    arch: str | None = None,
+    headers: Mapping[str, str] = _EMPTY,
+) -> str:
+    """The full cache key :func:`compile_source` gives this compile now (see ``keys``).
+
+    The key covers the files NVRTC reads, which only NVRTC can tell: the first call for
+    a request compiles it (and raises what :func:`compile_source` raises); later ones
+    hash the files that compile read. A compile whose reads NVRTC did not report
+    (an automatic precompiled header was used) gets a key naming its image.
+    """
+    request = request_key_of(source, name=name, opts=opts, arch=arch, headers=headers)
+    manifest = _manifests.get(request)
+    if manifest is None:
+        module = compile_source(source, name=name, opts=opts, arch=arch, headers=headers)
+        manifest = _manifests.get(request)
+        if manifest is None:
+            return module.cache_key
+    return full_key(request, manifest, path_states(manifest))
 
 
 def _check_supported(arch: str) -> None:
@@ -266,60 +301,105 @@ def compile_source(
     ``arch`` is the device's own architecture, used when ``opts.arch`` is None
     (``opts.arch`` wins when set). ``headers`` maps include names to their text.
     Raises :class:`CompileError` (with NVRTC's full log and the failing lines) when
-    NVRTC rejects the source, :class:`InvalidArgument` for an unusable target, and
-    :class:`NvrtcUnavailable` when NVRTC cannot be loaded. Blocking; thread-safe.
+    NVRTC rejects the source, :class:`InvalidArgument` for an unusable target or an
+    include naming a FIFO, a device or an oversized file, and :class:`NvrtcUnavailable`
+    when NVRTC cannot be loaded. Blocking; thread-safe.
     """
     if not isinstance(source, str):
         raise InvalidArgument(f"source must be str, not {type(source).__name__}")
-    target = opts.resolve_arch(arch)
-    key = cache_key(source, name=name, opts=opts, arch=target, headers=headers)
-    return compile_keyed(source, name=name, opts=opts, arch=target, headers=headers, key=key)
+    request = request_key_of(source, name=name, opts=opts, arch=arch, headers=headers)
+    known = _manifests.get(request)
+    traced = compile_traced(
+        source,
+        name=name,
+        opts=opts,
+        arch=arch,
+        headers=headers,
+        request=request,
+        before=path_states(known) if known is not None else {},
+    )
+    if traced.manifest is not None:
+        _manifests.put(request, traced.manifest)
+    return traced.module
 
 
-def compile_keyed(
+@dataclass(frozen=True)
+class TracedCompile:
+    """A compiled module and what NVRTC reported it read.
+
+    ``manifest`` is None when NVRTC did not report every read. ``cacheable`` says the
+    module's ``cache_key`` is the full key: every file NVRTC read was hashed before the
+    compile as well (by the include scan or from an earlier manifest) and had not
+    changed after it (or is no file at all). Otherwise the key names the image and the
+    module is not cached: a file edited during the compile may not be what it read.
+    """
+
+    module: CompiledModule
+    manifest: Manifest | None
+    cacheable: bool
+
+
+def compile_traced(
     source: str,
     *,
     name: str,
     opts: NvrtcOpts,
     arch: str | None,
     headers: Mapping[str, str],
-    key: str,
-) -> CompiledModule:
-    """:func:`compile_source` for a caller that has already computed the cache ``key``."""
+    request: str,
+    before: Mapping[str, bytes],
+) -> TracedCompile:
+    """Compile while a child asks NVRTC which headers the compile reads (``discovery``).
+
+    ``request`` is the request key; ``before`` the states (``keys.path_states``) of
+    files hashed before the compile, from the manifest a lookup used. Raises what
+    :func:`compile_source` raises.
+    """
     nvrtc = _nvrtc()
     target = opts.resolve_arch(arch)
     options = opts.render(target)
     _check_supported(target)
-    started = time.perf_counter()
-    header_names = sorted(headers)
-    result, prog = nvrtc.nvrtcCreateProgram(
-        source.encode("utf-8"),
-        name.encode("utf-8"),
-        len(header_names),
-        [headers[h].encode("utf-8") for h in header_names],
-        [h.encode("utf-8") for h in header_names],
+    scan = scan_includes(source, headers=headers, include_paths=opts.include_paths, name=name)
+    # No child to ask when nothing in the texts can make NVRTC open a file: it reads none.
+    discovery = (
+        None
+        if scan.reads_no_file
+        else Discovery(source, name=name, headers=headers, options=options)
     )
-    _check(result, "nvrtcCreateProgram")
     try:
-        for expr in opts.name_expressions:
-            (result,) = nvrtc.nvrtcAddNameExpression(prog, expr.encode("utf-8"))
-            _check(result, f"nvrtcAddNameExpression({expr!r})")
-        encoded = [o.encode("utf-8") for o in options]
-        (result,) = nvrtc.nvrtcCompileProgram(prog, len(encoded), encoded)
-        log = _program_log(nvrtc, prog)
-        if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            _raise_compile_error(
-                result, log, source=source, name=name, arch=target, headers=headers
+        started = time.perf_counter()
+        header_names = sorted(headers)
+        result, prog = nvrtc.nvrtcCreateProgram(
+            source.encode("utf-8"),
+            name.encode("utf-8"),
+            len(header_names),
+            [headers[h].encode("utf-8") for h in header_names],
+            [h.encode("utf-8") for h in header_names],
+        )
+        _check(result, "nvrtcCreateProgram")
+        try:
+            image, lowered, log = _compile_program(
+                nvrtc, prog, source=source, name=name, opts=opts, arch=target, headers=headers
             )
-        lowered: dict[str, str] = {}
-        for expr in opts.name_expressions:
-            result, mangled = nvrtc.nvrtcGetLoweredName(prog, expr.encode("utf-8"))
-            _check(result, f"nvrtcGetLoweredName({expr!r})")
-            lowered[expr] = bytes(mangled).decode("utf-8")
-        image = _output(nvrtc, prog, opts.output)
+        finally:
+            nvrtc.nvrtcDestroyProgram(prog)
+        seconds = time.perf_counter() - started
+        deps = () if discovery is None else discovery.finish()
     finally:
-        nvrtc.nvrtcDestroyProgram(prog)
-    seconds = time.perf_counter() - started
+        if discovery is not None:
+            discovery.close()
+    manifest = None
+    key, cacheable = untracked_key(request, image), False
+    if deps is not None:
+        manifest = make_manifest(
+            deps, probed=scan.probed, name=name, include_paths=opts.include_paths
+        )
+        states = path_states(manifest)
+        earlier = {**scan.files, **before}
+        # A dependency that is no file is an in-memory header, or a name from a #line.
+        cacheable = all(states[d] in (ABSENT, earlier.get(d)) for d in manifest.deps)
+        if cacheable:
+            key = full_key(request, manifest, states)
     module = CompiledModule(
         image=image,
         kind=opts.output,
@@ -341,9 +421,38 @@ def compile_keyed(
         seconds=round(seconds, 4),
         size=len(image),
         warnings=len(module.warnings),
+        reads=None if deps is None else len(deps),
+        cacheable=cacheable,
         pid=os.getpid(),
     )
-    return module
+    return TracedCompile(module=module, manifest=manifest, cacheable=cacheable)
+
+
+def _compile_program(
+    nvrtc: Any,
+    prog: Any,
+    *,
+    source: str,
+    name: str,
+    opts: NvrtcOpts,
+    arch: str,
+    headers: Mapping[str, str],
+) -> tuple[bytes, dict[str, str], str]:
+    """Compile the created program ``prog``: its image, lowered names and log."""
+    for expr in opts.name_expressions:
+        (result,) = nvrtc.nvrtcAddNameExpression(prog, expr.encode("utf-8"))
+        _check(result, f"nvrtcAddNameExpression({expr!r})")
+    encoded = [o.encode("utf-8") for o in opts.render(arch)]
+    (result,) = nvrtc.nvrtcCompileProgram(prog, len(encoded), encoded)
+    log = _program_log(nvrtc, prog)
+    if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        _raise_compile_error(result, log, source=source, name=name, arch=arch, headers=headers)
+    lowered: dict[str, str] = {}
+    for expr in opts.name_expressions:
+        result, mangled = nvrtc.nvrtcGetLoweredName(prog, expr.encode("utf-8"))
+        _check(result, f"nvrtcGetLoweredName({expr!r})")
+        lowered[expr] = bytes(mangled).decode("utf-8")
+    return _output(nvrtc, prog, opts.output), lowered, log
 
 
 def _output(nvrtc: Any, prog: Any, kind: str) -> bytes:

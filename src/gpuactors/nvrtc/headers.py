@@ -1,113 +1,217 @@
-"""Which files a source ``#include``s, so that their contents can be part of its cache key.
+"""Reading the files a compile names, without ever blocking or reading without end.
 
-NVRTC is handed two kinds of includes: in-memory headers (a mapping from the exact
-include name to its text) and files found on ``include_paths``. A cache key that
-hashed only the source would hand back a stale binary after a header changed, so
-the key hashes the contents of every include the source reaches.
+NVRTC opens whatever an ``#include`` names: ``/dev/zero`` it refuses, but a FIFO
+blocks it (and its thread) for good, ``__has_include`` included. So before NVRTC runs,
+:func:`scan_includes` follows every include it can spot and refuses, with
+:class:`~gpuactors.errors.InvalidArgument`, a name that leads to something other than
+a regular file or a folder, or to a file over :data:`MAX_HEADER_BYTES`. The scan is a
+guard and a first reading of the headers, never the cache key's authority: what NVRTC
+really read comes from NVRTC itself (see ``manifest.py``). It reads the files it finds
+so that the key can later check they did not change while NVRTC compiled.
 
-The scan is deliberately conservative: it follows every ``#include`` it can read,
-including those inside ``#if`` blocks or comments, so it may hash a file the
-preprocessor would skip (a spurious miss, never a stale hit). Includes it cannot
-find (NVRTC's bundled CUDA headers such as ``<cuda_fp16.h>``) are recorded by name;
-their contents are pinned by the NVRTC version, which is part of the key too.
-Computed includes (``#include MACRO``) cannot be followed.
+Every read here opens with ``O_NONBLOCK`` (a FIFO opens at once instead of waiting for
+a writer), checks the open file's type and size with ``fstat``, and reads at most the cap.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-_GAP = rb"(?:[ \t]|/\*[^\r\n]*?\*/)*"  # blanks, and comments on the same line
-_INCLUDE = re.compile(
-    rb"^" + _GAP + rb"#" + _GAP + rb"include" + _GAP + rb'([<"])([^>"\r\n]+)[>"]', re.MULTILINE
+from ..errors import InvalidArgument
+
+#: The largest header a compile may read (NVRTC would take more; nothing sane needs it).
+MAX_HEADER_BYTES = 64 * 1024 * 1024
+#: The most bytes the scan reads over all the files it follows.
+MAX_SCAN_BYTES = 512 * 1024 * 1024
+
+ABSENT = b"absent"
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+
+# Translation phases 1 to 3 before matching directives: line splices go (a ``??/``
+# trigraph is a backslash too), comments become blanks (a comment inside a string
+# literal fools this; the scan is a guard).
+_SPLICE = re.compile(rb"(?:\\|\?\?/)[ \t]*\r?\n")
+_COMMENT = re.compile(rb"/\*.*?\*/|//[^\n]*", re.DOTALL)
+_NAME = rb'[ \t\f\v]*([<"])([^>"\r\n]+)[>"]'
+_DIRECTIVE = re.compile(
+    rb"^[ \t\f\v]*(?:#|%:|\?\?=)[ \t\f\v]*(?:include_next|include|import)" + _NAME,
+    re.MULTILINE,
 )
+# The preprocessor opens a file only for a directive or operator spelled with one of
+# these words (a macro cannot expand to a directive); a universal character name could
+# spell them otherwise. A text without any reads no file.
+_FILE_WORDS = (b"include", b"import", b"embed", b"\\u", b"\\U")
+_HAS_INCLUDE = re.compile(rb"__has_include(?:_next)?[ \t\f\v]*\(" + _NAME)
 
 
 @dataclass(frozen=True)
-class IncludedFile:
-    """One include the scan reached: how it was named, where it was found, and its bytes."""
+class Unreadable:
+    """Why a path that exists was not read, and whether NVRTC would hang on it or read
+    it without end (a FIFO, a device, a socket, a huge file) rather than just fail."""
 
-    name: str
-    #: ``"header:<name>"`` for an in-memory header, the file path for a file on disk,
-    #: ``None`` when it was not found (a bundled NVRTC header, or a missing file).
-    origin: str | None
-    content: bytes
+    reason: str
+    hazard: bool = True
 
 
-def _include_directives(text: bytes) -> list[tuple[bool, str]]:
-    """``(quoted, name)`` for every ``#include "name"`` / ``#include <name>`` in ``text``."""
-    if b"include" not in text:  # a fast search first: the regex holds the GIL for longer
-        return []
-    return [
-        (m.group(1) == b'"', m.group(2).decode("utf-8", "replace").strip())
-        for m in _INCLUDE.finditer(text)
-    ]
+def _describe(mode: int) -> str:
+    kinds = {
+        stat.S_IFIFO: "a FIFO",
+        stat.S_IFCHR: "a character device",
+        stat.S_IFBLK: "a block device",
+        stat.S_IFSOCK: "a socket",
+        stat.S_IFDIR: "a folder",
+    }
+    return kinds.get(stat.S_IFMT(mode), "not a regular file")
 
 
-def _read(path: str) -> bytes | None:
+def read_regular(path: str, *, limit: int | None = None) -> bytes | Unreadable | None:
+    """The bytes of the regular file at ``path``; None when nothing is there; else why
+    it was not read (not a regular file, over ``limit`` (default :data:`MAX_HEADER_BYTES`),
+    an I/O error).
+
+    Never blocks on a FIFO and never reads more than ``limit`` bytes.
+    """
+    if limit is None:
+        limit = MAX_HEADER_BYTES
     try:
-        with open(path, "rb") as handle:
-            return handle.read()
-    except OSError:
+        fd = os.open(path, _OPEN_FLAGS)
+    except (FileNotFoundError, NotADirectoryError):
         return None
+    except OSError as exc:
+        return Unreadable(f"cannot be opened ({exc.strerror})", hazard=False)
+    except ValueError as exc:  # a NUL or a lone surrogate: no such path
+        return Unreadable(f"is not a path ({exc})", hazard=False)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return Unreadable(f"is {_describe(info.st_mode)}", not stat.S_ISDIR(info.st_mode))
+        if info.st_size > limit:
+            return Unreadable(f"is {info.st_size} bytes, over the {limit}-byte limit")
+        chunks: list[bytes] = []
+        size = 0
+        while size <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:
+            return Unreadable(f"grew over the {limit}-byte limit while it was read")
+        return b"".join(chunks)
+    except OSError as exc:
+        return Unreadable(f"cannot be read ({exc.strerror})", hazard=False)
+    finally:
+        os.close(fd)
 
 
-def collect_includes(
-    source: str | bytes,
+def file_state(path: str) -> bytes:
+    """What the cache key records of a file NVRTC read: its SHA-256, ``absent``, or why
+    it cannot be read (then the key differs from any compile that could read it)."""
+    content = read_regular(path)
+    if content is None:
+        return ABSENT
+    if isinstance(content, Unreadable):
+        return b"unreadable: " + content.reason.encode("utf-8", "replace")
+    return b"sha256:" + hashlib.sha256(content).digest()
+
+
+def presence(path: str) -> bytes:
+    """What the key records of a path NVRTC may have probed: absent, a file, or another kind."""
+    try:
+        info = os.stat(path)
+    except (OSError, ValueError):
+        return ABSENT
+    return b"file" if stat.S_ISREG(info.st_mode) else b"other"
+
+
+@dataclass(frozen=True)
+class IncludeScan:
+    """What :func:`scan_includes` saw: the state of each file it read, by the path NVRTC
+    would name it with, and every candidate path it looked at."""
+
+    files: dict[str, bytes]
+    probed: tuple[str, ...]
+    #: True when the source and the in-memory headers cannot make NVRTC open any file.
+    reads_no_file: bool
+
+
+def _unspliced(text: bytes) -> bytes:
+    return _SPLICE.sub(b"", text) if b"\\" in text or b"??/" in text else text
+
+
+def reads_no_file(texts: Sequence[bytes]) -> bool:
+    """Whether these texts, compiled together, can make NVRTC open no file at all."""
+    return not any(word in _unspliced(text) for text in texts for word in _FILE_WORDS)
+
+
+def _names(text: bytes) -> list[tuple[bool, str]]:
+    """``(quoted, name)`` of every include and ``__has_include`` spotted in ``text``."""
+    text = _unspliced(text)
+    if b"include" not in text and b"import" not in text:  # the usual case, cheaply
+        return []
+    text = _COMMENT.sub(b" ", text)
+    found = [*_DIRECTIVE.finditer(text), *_HAS_INCLUDE.finditer(text)]
+    return [(m.group(1) == b'"', m.group(2).decode("utf-8", "replace").strip()) for m in found]
+
+
+def scan_includes(
+    source: str,
     *,
     headers: Mapping[str, str],
     include_paths: Sequence[str],
-    name: str = "kernel.cu",
-) -> list[IncludedFile]:
-    """Every include ``source`` reaches, recursively, in a deterministic order.
-
-    Resolution follows NVRTC: an include name listed in ``headers`` is that header;
-    otherwise a quoted include is looked up next to the including file (the source's
-    own is the directory of its program ``name``, taken from the working directory:
-    NVRTC searches there), then each include path in order; an angle include on the
-    include paths only.
-    """
-    text = source.encode("utf-8") if isinstance(source, str) else source
-    found: list[IncludedFile] = []
-    seen: set[tuple[str, str | None]] = set()
-    # (text, directory of the including file or None for in-memory headers)
-    pending: list[tuple[bytes, str | None]] = [(text, os.path.dirname(os.path.abspath(name)))]
-    while pending:
-        current, here = pending.pop(0)
-        for quoted, name in _include_directives(current):
-            origin, content = _resolve(name, quoted, here, headers, include_paths)
-            marker = (name, origin)
-            if marker in seen:
-                continue
-            seen.add(marker)
-            found.append(IncludedFile(name, origin, content if content is not None else b""))
-            if content is not None:
-                on_disk = origin is not None and not origin.startswith("header:")
-                pending.append((content, os.path.dirname(origin) if origin and on_disk else None))
-    return found
-
-
-def _resolve(
     name: str,
-    quoted: bool,
-    here: str | None,
-    headers: Mapping[str, str],
-    include_paths: Sequence[str],
-) -> tuple[str | None, bytes | None]:
-    if name in headers:
-        return f"header:{name}", headers[name].encode("utf-8")
-    candidates: list[str] = []
-    if os.path.isabs(name):
-        candidates.append(name)
-    else:
-        if quoted and here is not None:
-            candidates.append(os.path.join(here, name))
-        candidates.extend(os.path.join(directory, name) for directory in include_paths)
-    for candidate in candidates:
-        content = _read(candidate)
-        if content is not None:
-            return os.path.normpath(candidate), content
-    return None, None
+) -> IncludeScan:
+    """Follow the includes of ``source`` the way NVRTC resolves them; raise
+    InvalidArgument for one that leads to a FIFO, a device, a socket or an oversized file.
+
+    Resolution: a name listed in ``headers`` is that header; otherwise a quoted include
+    is looked for next to the including file (for the source and in-memory headers: the
+    directory of the program ``name``, the working directory for a bare name), then on
+    each include path in order; an angle include on the include paths only.
+    """
+    source_dir = os.path.dirname(name)
+    files: dict[str, bytes] = {}
+    probed: list[str] = []
+    pending: list[tuple[bytes, str]] = [(source.encode("utf-8"), source_dir)]
+    pending += [(text.encode("utf-8"), source_dir) for text in headers.values()]
+    given = reads_no_file([text for text, _here in pending])
+    budget = MAX_SCAN_BYTES
+    while pending:
+        text, here = pending.pop()
+        for quoted, include in _names(text):
+            if include in headers:
+                continue
+            roots = ([here] if quoted else []) + list(include_paths)
+            candidates = (
+                [include]
+                if os.path.isabs(include)
+                else [os.path.join(root, include) for root in roots]
+            )
+            for candidate in candidates:
+                if candidate in files:
+                    break
+                probed.append(candidate)
+                content = read_regular(candidate)
+                if content is None:
+                    continue
+                if isinstance(content, Unreadable):
+                    if not content.hazard:
+                        continue  # NVRTC says "cannot open source file"; nothing hangs
+                    raise InvalidArgument(
+                        f"#include {include!r}: {candidate!r} {content.reason}; an include "
+                        "must name a regular file"
+                    )
+                budget -= len(content)
+                if budget < 0:
+                    raise InvalidArgument(
+                        f"the includes of {name!r} add up to more than {MAX_SCAN_BYTES} bytes"
+                    )
+                files[candidate] = b"sha256:" + hashlib.sha256(content).digest()
+                pending.append((content, os.path.dirname(candidate)))
+                break
+    return IncludeScan(files=files, probed=tuple(dict.fromkeys(probed)), reads_no_file=given)

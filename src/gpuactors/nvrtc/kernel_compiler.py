@@ -3,25 +3,31 @@
 :class:`KernelCompiler` is what the rest of gpuactors uses. Sync and async callers
 share its memory cache and its in-flight table, so concurrent identical requests
 (threads, tasks, or a mix) run a single compile and all get its result.
+
+A lookup computes the request key, finds the request's manifest (the files NVRTC read
+last time: in memory, else on disk), hashes those files into the full key, and looks
+that up. No manifest: a miss. A hit never runs NVRTC.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
-import functools
 import os
 import threading
 from collections.abc import Mapping
 from concurrent.futures import Future
+from dataclasses import dataclass, field
 from typing import Literal
 
 from structlog.typing import FilteringBoundLogger
 
 from ..errors import InvalidArgument
 from ..logs import get_logger
-from .cache import DiskModuleCache, MemoryModuleCache
-from .compiler import cache_key, compile_keyed, load_nvrtc, nvrtc_loaded
+from .cache import DiskModuleCache, ManifestStore, MemoryModuleCache
+from .compiler import compile_traced, load_nvrtc, nvrtc_loaded, request_key_of
+from .keys import full_key, path_states
+from .manifest import Manifest
 from .module import CompiledModule
 from .options import NvrtcOpts
 
@@ -35,6 +41,27 @@ _EMPTY: Mapping[str, str] = {}
 def _log() -> FilteringBoundLogger:
     # Looked up per use, so configure_logging() after import still applies.
     return get_logger(component="nvrtc.compiler")
+
+
+@dataclass(frozen=True)
+class _Request:
+    """One compile request, looked up: its request key, the manifest known for it, the
+    states of that manifest's files (hashed now, before any compile) and the full key."""
+
+    source: str
+    name: str
+    opts: NvrtcOpts
+    arch: str | None
+    headers: Mapping[str, str]
+    request: str
+    manifest: Manifest | None = None
+    states: dict[str, bytes] = field(default_factory=dict)
+    key: str | None = None
+
+    @property
+    def flight(self) -> str:
+        """What concurrent identical requests share a compile on."""
+        return self.key if self.key is not None else "request:" + self.request
 
 
 class KernelCompiler:
@@ -61,6 +88,8 @@ class KernelCompiler:
         if slots < 1:
             raise InvalidArgument(f"max_parallel_compiles must be >= 1, got {slots}")
         self._slots = threading.BoundedSemaphore(slots)
+        #: What NVRTC read for each request this compiler compiled or found on disk.
+        self.manifests = ManifestStore()
         self._lock = threading.Lock()
         self._inflight: dict[str, Future[_Result]] = {}
         self._compiles = 0
@@ -70,6 +99,44 @@ class KernelCompiler:
         """How many NVRTC compiles this compiler ran (failed ones included)."""
         with self._lock:
             return self._compiles
+
+    # ----------------------------------------------------------------- lookup
+    def _look_up(
+        self,
+        source: str,
+        name: str,
+        opts: NvrtcOpts,
+        arch: str | None,
+        headers: Mapping[str, str],
+        *,
+        disk: bool = True,
+    ) -> _Request:
+        """The request, with its full key when a manifest for it is known."""
+        request = request_key_of(source, name=name, opts=opts, arch=arch, headers=headers)
+        manifest = self.manifests.get(request)
+        if manifest is None and disk and self.disk is not None:
+            manifest = self.disk.get_manifest(request)
+            if manifest is not None:
+                self.manifests.put(request, manifest)
+        if manifest is None:
+            return _Request(source, name, opts, arch, headers, request)
+        states = path_states(manifest)
+        key = full_key(request, manifest, states)
+        return _Request(source, name, opts, arch, headers, request, manifest, states, key)
+
+    def find_in_memory(
+        self,
+        source: str,
+        *,
+        name: str = "kernel.cu",
+        opts: NvrtcOpts,
+        arch: str | None = None,
+        headers: Mapping[str, str] = _EMPTY,
+    ) -> CompiledModule | None:
+        """The module the memory cache holds for this request, or None. Runs no NVRTC and
+        reads no cache file (it does hash the files the request's manifest lists)."""
+        looked_up = self._look_up(source, name, opts, arch, headers, disk=False)
+        return self.memory.get(looked_up.key) if looked_up.key is not None else None
 
     # ------------------------------------------------------------------- sync
     def get_or_compile(
@@ -86,14 +153,14 @@ class KernelCompiler:
         Raises what :func:`compile_source` raises (every waiter on a failed compile
         gets its :class:`CompileError`; failures are not cached).
         """
-        key = cache_key(source, name=name, opts=opts, arch=arch, headers=headers)
-        claim = self._claim(key)
+        looked_up = self._look_up(source, name, opts, arch, headers)
+        claim = self._claim(looked_up)
         if isinstance(claim, CompiledModule):
             return claim, "memory"
         flight, leader = claim
         if not leader:
             return flight.result()[0], "memory"
-        self._fly(flight, key, source, name, opts, arch, headers)
+        self._fly(flight, looked_up)
         return flight.result()
 
     # ------------------------------------------------------------------ async
@@ -106,109 +173,115 @@ class KernelCompiler:
         arch: str | None = None,
         headers: Mapping[str, str] = _EMPTY,
     ) -> tuple[CompiledModule, Origin]:
-        """:meth:`get_or_compile` for a running event loop: the disk lookup and the
-        compile run in a worker thread, and concurrent identical requests share one.
+        """:meth:`get_or_compile` for a running event loop: the lookup and the compile
+        run in worker threads, and concurrent identical requests share one compile.
 
         Cancelling the awaiting task does not stop a compile others may be waiting for;
-        it still fills the caches. The key is computed in a worker thread too: it
-        hashes the source and reads the headers it includes (megabytes, or a slow disk).
+        it still fills the caches. The lookup runs in a worker thread too: it hashes the
+        source and the files its manifest lists (megabytes, or a slow disk). The compile
+        runs in a daemon thread of its own: NVRTC blocked on a file (a FIFO named by a
+        macro include, which the include scan cannot see) must not keep the process from
+        exiting, as a thread of the default executor would.
         """
         if not nvrtc_loaded():
             await asyncio.to_thread(load_nvrtc)  # a first use loads a big library: not here
-        key = await asyncio.to_thread(
-            cache_key, source, name=name, opts=opts, arch=arch, headers=headers
-        )
-        claim = self._claim(key)
+        looked_up = await asyncio.to_thread(self._look_up, source, name, opts, arch, headers)
+        claim = self._claim(looked_up)
         if isinstance(claim, CompiledModule):
             return claim, "memory"
         flight, leader = claim
         if leader:
-            # The job resolves ``flight`` itself, and it is shielded: a cancelled leader
-            # must not cancel a job still queued in the executor, which would leave the
-            # flight unsettled and every follower waiting for good.
-            fly = functools.partial(self._fly, flight, key, source, name, opts, arch, headers)
             context = contextvars.copy_context()  # (as to_thread: the logs keep their context)
-            job = asyncio.get_running_loop().run_in_executor(None, context.run, fly)
+            thread = threading.Thread(
+                target=context.run,
+                args=(self._fly, flight, looked_up),
+                name=f"gpuactors-nvrtc-{looked_up.name}",
+                daemon=True,
+            )
             try:
-                await asyncio.shield(job)
-            except asyncio.CancelledError:
+                thread.start()
+            except RuntimeError as exc:  # no thread could be started: settle for everyone
+                self._settle(flight, looked_up.flight, exc)
                 raise
-            except BaseException as exc:  # the job never started (executor shut down)
-                if not flight.done():
-                    self._settle(flight, key, exc)
-                raise
-            return flight.result()
+            # Shielded: a cancelled leader leaves the compile (and its followers) alone.
+            return await asyncio.shield(asyncio.wrap_future(flight))
         shared, _origin = await asyncio.wrap_future(flight)
         return shared, "memory"
 
     # ---------------------------------------------------------------- flights
-    def _claim(self, key: str) -> CompiledModule | tuple[Future[_Result], bool]:
-        """The cached module, else the in-flight future for ``key`` and whether the
+    def _claim(self, looked_up: _Request) -> CompiledModule | tuple[Future[_Result], bool]:
+        """The cached module, else the in-flight future for the request and whether the
         caller leads it (and so must run :meth:`_fly`)."""
-        module = self.memory.get(key)
-        if module is not None:
-            return module
-        with self._lock:
-            module = self.memory.peek(key)  # a flight may have landed since the lookup
+        key = looked_up.key
+        if key is not None:
+            module = self.memory.get(key)
             if module is not None:
                 return module
-            flight = self._inflight.get(key)
+        with self._lock:
+            if key is not None:
+                module = self.memory.peek(key)  # a flight may have landed since the lookup
+                if module is not None:
+                    return module
+            flight = self._inflight.get(looked_up.flight)
             if flight is not None:
                 return flight, False
             flight = Future()
             flight.set_running_or_notify_cancel()  # nobody can cancel a shared compile
-            self._inflight[key] = flight
+            self._inflight[looked_up.flight] = flight
             return flight, True
 
-    def _fly(
-        self,
-        flight: Future[_Result],
-        key: str,
-        source: str,
-        name: str,
-        opts: NvrtcOpts,
-        arch: str | None,
-        headers: Mapping[str, str],
-    ) -> None:
+    def _fly(self, flight: Future[_Result], looked_up: _Request) -> None:
         """Disk, else compile; fill the caches; resolve ``flight``. Never raises."""
         try:
-            result = self._load_or_compile(key, source, name, opts, arch, headers)
+            result = self._load_or_compile(looked_up)
         except BaseException as exc:
-            self._settle(flight, key, exc)
+            self._settle(flight, looked_up.flight, exc)
             return
-        self.memory.put(key, result[0])
-        self._settle(flight, key, result)  # after the memory put: a newcomer finds one or the other
+        self._settle(flight, looked_up.flight, result)
 
-    def _settle(self, flight: Future[_Result], key: str, outcome: _Result | BaseException) -> None:
+    def _settle(self, flight: Future[_Result], name: str, outcome: _Result | BaseException) -> None:
         with self._lock:
-            self._inflight.pop(key, None)
+            self._inflight.pop(name, None)
         if isinstance(outcome, BaseException):
             flight.set_exception(outcome)
         else:
             flight.set_result(outcome)
 
-    def _load_or_compile(
-        self,
-        key: str,
-        source: str,
-        name: str,
-        opts: NvrtcOpts,
-        arch: str | None,
-        headers: Mapping[str, str],
-    ) -> _Result:
-        if self.disk is not None:
-            module = self.disk.get(key)
+    def _load_or_compile(self, looked_up: _Request) -> _Result:
+        """From disk, else compiled; a module that can be cached is put in memory (before
+        the flight settles: a newcomer finds one or the other) and on disk."""
+        if self.disk is not None and looked_up.key is not None:
+            module = self.disk.get(looked_up.key)
             if module is not None:
+                self.memory.put(module.cache_key, module)
                 return module, "disk"
         with self._slots:
             with self._lock:
                 self._compiles += 1
-            module = compile_keyed(
-                source, name=name, opts=opts, arch=arch, headers=headers, key=key
+            traced = compile_traced(
+                looked_up.source,
+                name=looked_up.name,
+                opts=looked_up.opts,
+                arch=looked_up.arch,
+                headers=looked_up.headers,
+                request=looked_up.request,
+                before=looked_up.states,
             )
-        _log().debug("nvrtc_cache_filled", key=key[:16], source=name, arch=module.arch)
-        if self.disk is not None:
-            self.disk.put(module)
+        module = traced.module
+        if traced.manifest is not None:
+            self.manifests.put(looked_up.request, traced.manifest)
+            if self.disk is not None:
+                self.disk.put_manifest(looked_up.request, traced.manifest)
+        _log().debug(
+            "nvrtc_cache_filled" if traced.cacheable else "nvrtc_compiled_uncached",
+            key=module.cache_key[:16],
+            source=looked_up.name,
+            arch=module.arch,
+        )
+        if traced.cacheable:
+            self.memory.put(module.cache_key, module)
+            if self.disk is not None:
+                self.disk.put(module)
         return module, "compiled"
 
 

@@ -1,12 +1,15 @@
-"""The full cache key of a compiled module.
+"""Cache keys: a request key over what the caller hands over, a full key over what NVRTC read.
 
 A key must change whenever the binary NVRTC would produce could change (compare
-CuPy's ``cupy/cuda/compiler.py``): it is a SHA-256 over the source and its name
-(``__FILE__`` and assert messages embed it), the rendered NVRTC options, the target
-architecture, the output kind, the NVRTC version, the name expressions, and the
-contents of every header the source reaches (in-memory headers, files next to the
-program's name and files on the include paths, recursively). Every field is
-length-prefixed, so no two different inputs hash the same byte stream.
+CuPy's ``cupy/cuda/compiler.py`` and ccache's direct mode). The *request key* is a
+SHA-256 over the source and its name (``__FILE__`` and assert messages embed it), the
+rendered NVRTC options (include paths among them), the target architecture, the output
+kind, the NVRTC version and build, the name expressions and every in-memory header.
+The *full key* adds, for a :class:`~gpuactors.nvrtc.manifest.Manifest` NVRTC reported
+for that request, the content of each file it read and whether each probe path exists.
+Paths are hashed as NVRTC named them, so a relative one is read from the working
+directory of the lookup, as NVRTC would read it there. Every field is length-prefixed,
+so no two different inputs hash the same byte stream.
 """
 
 from __future__ import annotations
@@ -15,10 +18,11 @@ import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
-from .headers import collect_includes
+from .headers import file_state, presence
+from .manifest import Manifest
 
 #: Bump when the key's composition changes; old entries then simply stop matching.
-KEY_SCHEMA = b"gpuactors-nvrtc-key/2"  # 2: includes next to the program's name
+KEY_SCHEMA = b"gpuactors-nvrtc-key/3"  # 3: keyed on what NVRTC reports it read
 
 
 class _Digest(Protocol):
@@ -38,7 +42,7 @@ def _strings(digest: _Digest, tag: bytes, values: Iterable[str]) -> None:
         _field(digest, b"item", item.encode("utf-8"))
 
 
-def module_cache_key(
+def request_key(
     source: str,
     *,
     name: str,
@@ -49,9 +53,8 @@ def module_cache_key(
     nvrtc_build: str,
     name_expressions: Sequence[str],
     headers: Mapping[str, str],
-    include_paths: Sequence[str],
 ) -> str:
-    """The hex SHA-256 key of one compile; see the module docstring for what it covers."""
+    """The hex SHA-256 of everything the caller hands NVRTC (see the module docstring)."""
     digest = hashlib.sha256()
     _field(digest, b"schema", KEY_SCHEMA)
     _field(digest, b"nvrtc", f"{nvrtc_version[0]}.{nvrtc_version[1]}|{nvrtc_build}".encode())
@@ -60,16 +63,42 @@ def module_cache_key(
     _strings(digest, b"options", rendered_options)
     _strings(digest, b"names", name_expressions)
     _field(digest, b"name", name.encode("utf-8"))
-    source_bytes = source.encode("utf-8")
-    _field(digest, b"source", source_bytes)
+    _field(digest, b"source", source.encode("utf-8"))
     # Headers handed to NVRTC take part even when nothing includes them (NVRTC sees them).
     for header_name in sorted(headers):
         _field(digest, b"header-name", header_name.encode("utf-8"))
         _field(digest, b"header", headers[header_name].encode("utf-8"))
-    for included in collect_includes(
-        source_bytes, headers=headers, include_paths=include_paths, name=name
-    ):
-        _field(digest, b"include", included.name.encode("utf-8"))
-        _field(digest, b"found-at", (included.origin or "<not found>").encode("utf-8"))
-        _field(digest, b"content", included.content)
+    return digest.hexdigest()
+
+
+#: The state of each path a manifest lists, as the key records it.
+PathStates = dict[str, bytes]
+
+
+def path_states(manifest: Manifest) -> PathStates:
+    """Read (hash) every dependency and look at every probe of ``manifest``, now."""
+    states = {path: file_state(path) for path in manifest.deps}
+    states.update((path, b"probe:" + presence(path)) for path in manifest.probes)
+    return states
+
+
+def full_key(request: str, manifest: Manifest, states: Mapping[str, bytes]) -> str:
+    """The hex SHA-256 of a request key and the ``states`` of its manifest's paths."""
+    digest = hashlib.sha256()
+    _field(digest, b"schema", KEY_SCHEMA)
+    _field(digest, b"request", request.encode())
+    _strings(digest, b"deps", manifest.deps)
+    _strings(digest, b"probes", manifest.probes)
+    for path in (*manifest.deps, *manifest.probes):
+        _field(digest, b"state", states[path])
+    return digest.hexdigest()
+
+
+def untracked_key(request: str, image: bytes) -> str:
+    """The key of a module whose reads are not known (never cached): it names the image,
+    so two such modules share a key only when they are the same binary."""
+    digest = hashlib.sha256()
+    _field(digest, b"schema", KEY_SCHEMA)
+    _field(digest, b"untracked", request.encode())
+    _field(digest, b"image", image)
     return digest.hexdigest()

@@ -118,7 +118,7 @@ _WATCHDOG_SECONDS = 0.25
 _DOOMED_GRACE_SECONDS = 2.0
 #: Text without a NUL (a process argument cannot hold one).
 _NO_NUL = r"^[^\x00]*$"
-#: A dotted Python module name, as ``python -m`` takes it.
+#: A dotted Python module name (what a worker imports and runs as __main__).
 _MODULE_NAME = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
 
 

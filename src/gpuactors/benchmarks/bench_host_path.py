@@ -1,0 +1,493 @@
+"""The engine's host path on the CPU: what users call, against Python's floor.
+
+The real engine actor (``PersistentEngineActor`` and its ``Engine`` client) runs
+over a host ring (:mod:`gpuactors.engine.host_runtime`): every kick finishes every
+published task at once, word by word, so what is measured is the host's share of a
+task (the ask, accepting, publishing, harvesting, replying, and the asyncio around
+them). The stand-in device's own time is measured and printed apart.
+
+Measured, in interleaved rounds so that each meets the same machine:
+
+* one client, p50 and p99 per task: ``await engine.enqueue(...)`` (a new message
+  per call, default arguments), ``await ref.ask(Enqueue(..., after="none"))`` (new
+  message per call) and the same with one message reused; against one ``await`` of
+  a resolved future and one loop turn (a future set by ``call_soon``);
+* many concurrent clients (1,000 by default), tasks/s: the same three calls,
+  against Python's floor: as many coroutines awaiting bare futures that one task
+  resolves in bulk, once per loop turn.
+
+The stand-in device finishes every task the moment it is kicked, so the engine's
+in-line path (publish, spin, answer) never misses its spin here: at many clients
+today's engine then serves every task in line, one at a time. On a GPU a single
+missed spin moves it to coalescing (Deferred replies) for a while: a probe on an H200
+at 1,000 clients saw from under 1% to 100% of the tasks in line, run to run.
+
+``after="current_stream"`` (``Enqueue``'s default) asks CuPy whether the caller's
+stream is idle; the host ring has no stream, so here an idle stream's answer stands
+in and CuPy's query (a ``cudaStreamQuery``) is not in the figures.
+
+Run: ``PYTHONPATH=src python benchmarks/bench_host_path.py [--gc default|freeze|threshold]
+[--loop asyncio|uvloop] [--json PATH] [--profile PATH]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import gc
+import json
+import platform
+import pstats
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+from gpuactors.benchmarks.bench_engine import asyncio_ceiling
+
+from gpuactors.actors import ActorSystem, MailboxConfig, Props
+from gpuactors.engine import actor as actor_module
+from gpuactors.engine.actor import Engine
+from gpuactors.engine.host_runtime import CupyLikeArray, HostEngine, HostRuntime, cupy_like_arrays
+from gpuactors.engine.messages import Completion, Enqueue
+from gpuactors.engine.runtime import EngineConfig
+
+N = 1024  # elements per task (bench_engine's axpy)
+#: ``--gc threshold``: a first generation this large collects about once per
+#: this many allocations instead of 700 (Python's default).
+GC_THRESHOLD = (50_000, 20, 20)
+AFTER_DEFAULT_NOTE = (
+    "after='current_stream' (the default) ran with an idle stream standing in for "
+    "CuPy's: the stream query it makes on a GPU is NOT in these figures"
+)
+
+Call = Callable[[], Awaitable[Any]]
+
+
+# ------------------------------------------------------------------ what is measured
+class HostPath:
+    """A running host engine and the calls the benchmark makes of it."""
+
+    def __init__(self, system: ActorSystem, clients: int) -> None:
+        config = EngineConfig()  # the defaults users get
+        self.runtime = HostRuntime(capacity=config.capacity, keep_records=False)
+        props = Props(
+            HostEngine,
+            args=(self.runtime,),
+            kwargs={"config": config},
+            mailbox=MailboxConfig(capacity=65536),  # as Engine.start spawns it
+        )
+        self.engine = Engine(system.spawn(props, name="engine"))
+        # One pair of arrays per client, as real clients would have.
+        self.arrays = [
+            (CupyLikeArray("float32", N, ptr=(k + 1) << 24), CupyLikeArray("float32", N))
+            for k in range(max(1, clients))
+        ]
+
+    def calls(self, k: int) -> dict[str, Call]:
+        """The three calls of client ``k``, by name."""
+        engine, ref = self.engine, self.engine.ref
+        y, x = self.arrays[k]
+        reused = Enqueue(op="axpy", args=(y, x, 1.0), n=N, after="none")
+
+        def enqueue_default() -> Awaitable[Completion]:
+            return engine.enqueue("axpy", y, x, 1.0, n=N)
+
+        def ask_new_none() -> Awaitable[Any]:
+            return ref.ask(Enqueue(op="axpy", args=(y, x, 1.0), n=N, after="none"))
+
+        def ask_reused_none() -> Awaitable[Any]:
+            return ref.ask(reused)
+
+        return {
+            "enqueue_default": enqueue_default,
+            "ask_new_none": ask_new_none,
+            "ask_reused_none": ask_reused_none,
+        }
+
+
+CALL_NAMES = ("enqueue_default", "ask_new_none", "ask_reused_none")
+PROFILED = "enqueue_default"  # the call --profile looks into (what users call)
+
+
+@contextmanager
+def idle_stream() -> Iterator[None]:
+    """The caller's CuPy stream, as ``after="current_stream"`` sees it: always idle."""
+    original = actor_module._pending_work_event
+    actor_module._pending_work_event = lambda: None
+    try:
+        yield
+    finally:
+        actor_module._pending_work_event = original
+
+
+# ----------------------------------------------------------------------- one client
+async def latencies(call: Call, count: int) -> tuple[list[float], float]:
+    """``count`` sequential calls' times in microseconds, and the process's CPU time
+    per call (a shared machine's stolen time is in the former, not in the latter)."""
+    clock = time.perf_counter
+    samples = []
+    cpu = time.process_time()
+    for _ in range(count):
+        start = clock()
+        await call()
+        samples.append(clock() - start)
+    cpu_us = (time.process_time() - cpu) * 1e6 / count
+    return [sample * 1e6 for sample in samples], cpu_us
+
+
+async def await_done() -> None:
+    """One await of a future that has its result already (no loop turn)."""
+    future = asyncio.get_running_loop().create_future()
+    future.set_result(None)
+    await future
+
+
+async def one_loop_turn() -> None:
+    """One await of a future that the loop's next turn sets (a reply through the loop)."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+    loop.call_soon(future.set_result, None)
+    await future
+
+
+# ------------------------------------------------------------------ many clients
+async def clients_rate(calls: list[Call], per_client: int) -> tuple[float, float]:
+    """Tasks/s of ``len(calls)`` coroutines each making ``per_client`` calls in turn,
+    and the process's CPU time per task in microseconds."""
+
+    async def client(call: Call) -> None:
+        for _ in range(per_client):
+            await call()
+
+    return await timed(asyncio.gather(*(client(call) for call in calls)), len(calls) * per_client)
+
+
+async def timed(work: Awaitable[Any], tasks: int) -> tuple[float, float]:
+    """Tasks/s while ``work`` runs, and the process's CPU time per task in microseconds
+    (a shared machine's stolen time is in the former, not in the latter)."""
+    cpu, start = time.process_time(), time.perf_counter()
+    await work
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return tasks / elapsed, cpu * 1e6 / tasks
+
+
+async def bulk_futures_rate(clients: int, per_client: int) -> tuple[float, float]:
+    """Python's floor (``bench_engine.asyncio_ceiling``): ``clients`` coroutines each
+    awaiting bare futures that one task resolves in bulk, once per loop turn; tasks/s
+    and the process's CPU time per task in microseconds."""
+    cpu = time.process_time()
+    rate = await asyncio_ceiling(clients, per_client)
+    return rate, (time.process_time() - cpu) * 1e6 / (clients * per_client)
+
+
+# ---------------------------------------------------------------------- collector
+class Collections:
+    """Counts the cyclic GC's collections by generation, and the CPU time they take."""
+
+    def __init__(self) -> None:
+        self.counts = [0, 0, 0]
+        self.seconds = 0.0
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.process_time()
+        else:
+            self.counts[info["generation"]] += 1
+            self.seconds += time.process_time() - self._started
+
+    @contextmanager
+    def counting(self) -> Iterator[None]:
+        gc.callbacks.append(self)
+        try:
+            yield
+        finally:
+            gc.callbacks.remove(self)
+
+
+def apply_gc(mode: str) -> None:
+    """Set the collector up for ``mode`` (``freeze`` runs later, once all is started)."""
+    if mode == "threshold":
+        gc.set_threshold(*GC_THRESHOLD)
+
+
+# ------------------------------------------------------------------------- a run
+class Figures:
+    """What the rounds measured, by call name: latencies (us) and CPU us per call for
+    one client; tasks/s and CPU us per task for many."""
+
+    def __init__(self) -> None:
+        singles = ("floor_await_done", "floor_loop_turn", *CALL_NAMES)
+        self.latencies: dict[str, list[float]] = {name: [] for name in singles}
+        self.single_cpu: dict[str, list[float]] = {name: [] for name in singles}
+        many = ("floor_bulk_futures", *CALL_NAMES)
+        self.rates: dict[str, list[float]] = {name: [] for name in many}
+        self.many_cpu: dict[str, list[float]] = {name: [] for name in many}
+
+    def add_single(self, name: str, measured: tuple[list[float], float]) -> None:
+        self.latencies[name] += measured[0]
+        self.single_cpu[name].append(measured[1])
+
+    def add_many(self, name: str, measured: tuple[float, float]) -> None:
+        self.rates[name].append(measured[0])
+        self.many_cpu[name].append(measured[1])
+
+
+async def run(args: argparse.Namespace, profiler: cProfile.Profile | None) -> dict[str, Any]:
+    clients, per_client, single = args.clients, args.per_client, args.single
+    figures = Figures()
+    collections = Collections()
+    async with ActorSystem("bench-host-path") as system:
+        path = HostPath(system, clients)
+        await path.engine.stats()  # started
+        one = path.calls(0)
+        many = [path.calls(k) for k in range(clients)]
+        for name in CALL_NAMES:  # warm up every path (first calls build caches)
+            await latencies(one[name], 50)
+            await clients_rate([calls[name] for calls in many], 2)
+        if args.gc == "freeze":
+            gc.collect()
+            gc.freeze()
+        finished_before = path.runtime.finished
+        device_before = path.runtime.device_seconds
+        with collections.counting():
+            for round_index in range(args.rounds):
+                # A rotating order: no call always runs first, or after the same one.
+                order = [*CALL_NAMES[round_index % 3 :], *CALL_NAMES[: round_index % 3]]
+                figures.add_many("floor_bulk_futures", await bulk_futures_rate(clients, per_client))
+                for name in order:
+                    calls = [client_calls[name] for client_calls in many]
+                    figures.add_many(name, await clients_rate(calls, per_client))
+                figures.add_single("floor_await_done", await latencies(await_done, single))
+                figures.add_single("floor_loop_turn", await latencies(one_loop_turn, single))
+                for name in order:
+                    figures.add_single(name, await latencies(one[name], single))
+        tasks = path.runtime.finished - finished_before
+        device_s = path.runtime.device_seconds - device_before
+        if profiler is not None:  # one more round, profiled (its times are not figures)
+            profiler.enable()
+            await clients_rate([client_calls[PROFILED] for client_calls in many], per_client)
+            profiler.disable()
+        processed = (await path.engine.stats()).processed
+        await path.engine.shutdown(timeout=60)
+    return {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "loop": args.loop,
+        "gc": {
+            "mode": args.gc,
+            "threshold": list(gc.get_threshold()),
+            "collections": collections.counts,
+            "collections_per_1000_tasks": [1000 * c / max(1, tasks) for c in collections.counts],
+            "gc_us_per_task": 1e6 * collections.seconds / max(1, tasks),
+        },
+        "clients": clients,
+        "per_client": per_client,
+        "rounds": args.rounds,
+        "after_default": AFTER_DEFAULT_NOTE,
+        **summary(figures),
+        "device_stand_in_us_per_task": 1e6 * device_s / max(1, tasks),
+        "tasks_finished": tasks,
+        "tasks_expected": args.rounds * (clients * per_client + single) * len(CALL_NAMES),
+        "engine_processed": processed,
+    }
+
+
+def summary(figures: Figures) -> dict[str, Any]:
+    """Percentiles, medians over rounds, and the ratios to the floors."""
+    single = {
+        name: {
+            "p50_us": float(np.percentile(samples, 50)),
+            "p99_us": float(np.percentile(samples, 99)),
+            "cpu_us": statistics.median(figures.single_cpu[name]),
+            "samples": len(samples),
+        }
+        for name, samples in figures.latencies.items()
+    }
+    concurrent = {
+        name: {
+            "tasks_per_s": statistics.median(rates),
+            "us_per_task": 1e6 / statistics.median(rates),
+            "cpu_us_per_task": statistics.median(figures.many_cpu[name]),
+            "rounds": len(rates),
+        }
+        for name, rates in figures.rates.items()
+    }
+    floor = concurrent["floor_bulk_futures"]
+    turn, done = single["floor_loop_turn"], single["floor_await_done"]
+    ratios: dict[str, float] = {}
+    for name in CALL_NAMES:
+        ratios[f"{name}_rate_vs_bulk_futures"] = (
+            concurrent[name]["tasks_per_s"] / floor["tasks_per_s"]
+        )
+        ratios[f"{name}_cpu_vs_bulk_futures"] = (
+            concurrent[name]["cpu_us_per_task"] / floor["cpu_us_per_task"]
+        )
+        ratios[f"{name}_p50_vs_loop_turn"] = single[name]["p50_us"] / turn["p50_us"]
+        ratios[f"{name}_p50_vs_await_done"] = single[name]["p50_us"] / done["p50_us"]
+    return {"single": single, "concurrent": concurrent, "ratios": ratios}
+
+
+def report(result: dict[str, Any]) -> None:
+    print(
+        f"host path of the engine: Python {result['python']} ({result['machine']}), "
+        f"{result['loop']} loop, gc {result['gc']['mode']} {result['gc']['threshold']}"
+    )
+    print(f"!! {AFTER_DEFAULT_NOTE}")
+    single, ratios = result["single"], result["ratios"]
+    print("one client, per task (wall p50/p99; the process's CPU time):")
+    for name, figures in single.items():
+        line = (
+            f"  {name:<18} p50 {figures['p50_us']:7.2f} us  p99 {figures['p99_us']:7.2f} us"
+            f"  cpu {figures['cpu_us']:6.2f} us"
+        )
+        if name in CALL_NAMES:
+            line += (
+                f"  p50 {ratios[f'{name}_p50_vs_loop_turn']:4.1f}x a loop turn, "
+                f"{ratios[f'{name}_p50_vs_await_done']:3.0f}x an await of a done future"
+            )
+        print(line)
+    print(f"{result['clients']:,} concurrent clients, {result['per_client']} tasks each a round:")
+    for name, figures in result["concurrent"].items():
+        line = (
+            f"  {name:<18} {figures['tasks_per_s']:>9,.0f} tasks/s {figures['us_per_task']:6.2f}"
+            f" us/task  cpu {figures['cpu_us_per_task']:6.2f} us/task"
+        )
+        if name in CALL_NAMES:
+            line += (
+                f"  {ratios[f'{name}_rate_vs_bulk_futures']:.2f}x the bare-futures rate, "
+                f"{ratios[f'{name}_cpu_vs_bulk_futures']:.1f}x its cpu"
+            )
+        print(line)
+    gc_report = result["gc"]
+    per_1000 = ", ".join(f"{c:.2f}" for c in gc_report["collections_per_1000_tasks"])
+    print(
+        f"gc: collections per 1,000 tasks by generation [{per_1000}], "
+        f"{gc_report['gc_us_per_task']:.2f} us per task in collections"
+    )
+    print(
+        f"the stand-in device: {result['device_stand_in_us_per_task']:.2f} us per task "
+        "(in the figures above; a GPU does this work off the host)"
+    )
+
+
+# -------------------------------------------------------------------------- main
+def new_loop(kind: str) -> asyncio.AbstractEventLoop | None:
+    """A fresh event loop of ``kind``; None where uvloop is not installed."""
+    if kind == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            return None
+        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+        return loop
+    return asyncio.new_event_loop()
+
+
+# ----------------------------------------------------------------- profile by part
+#: Function names of the engine's harvest and reply (wherever they are defined).
+HARVEST = {
+    "wait_harvest",
+    "harvest",
+    "_harvest",
+    "_finish",
+    "_outcome",
+    "_outcome_of",
+    "build_completion",
+    "spin_until_equal",
+    "is_done",
+}
+
+
+def part_of(file: str, line: int, name: str) -> str:
+    """Which part of the host path a profiled function belongs to."""
+    path = file.replace("\\", "/")
+    callers = {(code.co_filename, code.co_firstlineno) for code in CALLER_CODES}
+    if (file, line) in callers or path.endswith("gpuactors/actors/ref.py"):
+        return "caller: Engine.enqueue, ActorRef.ask"
+    if path.endswith("gpuactors/messages.py") or "/pydantic/" in path or "validate_python" in name:
+        return "new message: pydantic validation"
+    if path.endswith("gpuactors/engine/host_runtime.py"):
+        return "stand-in device"
+    if name in HARVEST or "set_result" in name or "set_exception" in name:
+        return "engine: harvest and reply"
+    if "/gpuactors/actors/" in path:
+        return "actor runtime: mailbox, dispatch, Deferred links"
+    if "/gpuactors/" in path or path.startswith("<gpuactors"):
+        return "engine: accept and publish"
+    if "/asyncio/" in path or "_asyncio" in name or "_contextvars" in name:
+        return "asyncio: loop turns, futures, tasks"
+    if path.endswith("bench_host_path.py"):
+        return "the benchmark's clients"
+    return "other (builtins)"
+
+
+CALLER_CODES = (Engine.enqueue.__code__,)
+
+
+def where_time_goes(stats: pstats.Stats) -> dict[str, float]:
+    """Each part's share of the profiled own time, largest first."""
+    parts: dict[str, float] = {}
+    entries: dict[tuple[str, int, str], tuple[Any, ...]] = stats.stats  # type: ignore[attr-defined]
+    for (file, line, name), (_calls, _primitive, own, _cumulative, _callers) in entries.items():
+        part = part_of(file, line, name)
+        parts[part] = parts.get(part, 0.0) + own
+    whole = sum(parts.values()) or 1.0
+    return {part: own / whole for part, own in sorted(parts.items(), key=lambda kv: -kv[1])}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", type=int, default=1000)
+    parser.add_argument("--per-client", type=int, default=20, help="tasks per client per round")
+    parser.add_argument("--single", type=int, default=3000, help="one-client tasks per round")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--gc", choices=("default", "freeze", "threshold"), default="default")
+    parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
+    parser.add_argument("--json", metavar="PATH", help="also write the results here")
+    parser.add_argument(
+        "--profile",
+        metavar="PATH",
+        help=f"cProfile {PROFILED}'s many-client rounds: stats saved here, shares by part printed",
+    )
+    args = parser.parse_args(argv)
+    loop = new_loop(args.loop)
+    if loop is None:
+        print("uvloop is not installed (pip install uvloop): nothing measured")
+        return 0
+    profiler = cProfile.Profile() if args.profile else None
+    saved_threshold = gc.get_threshold()
+    apply_gc(args.gc)
+    try:
+        with cupy_like_arrays(), idle_stream():
+            result = loop.run_until_complete(run(args, profiler))
+    finally:
+        loop.close()
+        gc.set_threshold(*saved_threshold)
+        gc.unfreeze()
+    report(result)
+    if profiler is not None:
+        profiler.dump_stats(args.profile)
+        stats = pstats.Stats(profiler)
+        stats.sort_stats("tottime").print_stats(20)
+        where = where_time_goes(stats)
+        result["profile"] = where
+        cpu_us = result["concurrent"][PROFILED]["cpu_us_per_task"]
+        print(f"where {PROFILED}'s time goes at {args.clients:,} clients: cProfile's own time")
+        print(f"by part (one more round), scaled to {cpu_us:.2f} us/task unprofiled; the GC's")
+        print("time falls in whichever part allocated when it ran:")
+        for part, share in where.items():
+            print(f"  {part:<48} {100 * share:5.1f}%  ~{share * cpu_us:5.2f} us")
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(result, out, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
