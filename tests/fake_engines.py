@@ -13,7 +13,8 @@ tested on the GPU (test_group_gpu.py, test_ray_gpu.py).
   moves, as a real engine's does). A body containing ``syntax error`` fails to
   compile; one containing ``refused on device N`` is refused by device N's engine.
   It binds a task's version when it accepts it, as the engine does.
-* :class:`FakeLocalMember` is LocalMember with host copies for device copies.
+* :class:`FakeLocalMember` is LocalMember with host copies for device copies, and its
+  tasks sent as Enqueue messages (the engine client's submission path is the engine's).
 """
 
 from __future__ import annotations
@@ -333,6 +334,12 @@ class FakeLocalMember(LocalMember):
         props = Props(FakeEngineActor, args=(ops, device_id, journal, compile_s))
         ref = system.spawn(props)
         return cls(Engine(ref), device_id)
+
+    async def _enqueue(self, task: Enqueue) -> Completion:
+        """As a message: the engine client's submission path is the engine's (tested with
+        it), and the fake engine speaks the engine's messages."""
+        completion: Completion = await self.ref.ask(task)
+        return completion
 
     def _to_device(self, host: np.ndarray) -> Any:
         return FakeDeviceArray(np.array(host, copy=True), self.device_id)

@@ -18,7 +18,7 @@ import numpy as np
 
 from gpuactors.actors import ActorSystem
 from gpuactors.cuda.generation import GENERATIONS
-from gpuactors.engine import Engine, EngineConfig, Enqueue, OpSpec, ShutdownReport
+from gpuactors.engine import Completion, Engine, EngineConfig, Enqueue, OpSpec, ShutdownReport
 from gpuactors.errors import DeviceFailed, EngineStopped, InvalidArgument
 from gpuactors.messages import Message
 from gpuactors.worker import IsolatedEngine, IsolationConfig, Job, JobResult, RemoteArray
@@ -112,7 +112,17 @@ class LocalMember:
         return not self._stopped and GENERATIONS.current(self.device_id) == self._generation
 
     async def ask(self, message: Message, timeout: float | None = None) -> Any:
+        if type(message) is Enqueue and timeout is None:
+            return await self._enqueue(message)
         return await self.ref.ask(message, timeout=timeout)
+
+    async def _enqueue(self, task: Enqueue) -> Completion:
+        """``task`` through the engine client's own path, where concurrent callers' tasks
+        are handed over together (one Submit per loop turn), not as a message each."""
+        return await self.engine.enqueue(
+            task.op, *task.args, n=task.n, blocks=task.blocks, timeout=task.timeout,
+            after=task.after,
+        )  # fmt: skip
 
     async def run(
         self,
@@ -138,7 +148,7 @@ class LocalMember:
         task = Enqueue(
             op=op, args=tuple(device_args), n=n, blocks=blocks, timeout=timeout, after="none"
         )  # (the copies are complete: _to_device waits for them)
-        completion = await self.ref.ask(task)
+        completion = await self._enqueue(task)
         wanted = tuple(copies) if returns is None else returns
         arrays = tuple(
             self._to_host(copies[p]) if p in copies and p in wanted else None
