@@ -449,6 +449,7 @@ def stand_ins(tmp_path: Path) -> Path:
         "import sys\nopen(sys.argv[-1], 'w').write('not json')\nprint('recovery')\n"
     )
     (folder / "bench_host_path.py").write_text("import sys\nprint('host path', sys.argv[1:-2])\n")
+    (folder / "bench_scale.py").write_text("import sys\nprint('scale', sys.argv[1:-2])\n")
     return folder
 
 
