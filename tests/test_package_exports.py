@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import inspect
 import json
 import pkgutil
@@ -28,12 +29,26 @@ NOT_EXPORTED = {"CompileRequest", "HostArgs", "LaunchShape", "BootSpec", "Submit
 HEAVY = ("cupy", "torch", "ray", "cuda", "numpy", "pydantic", "anyio")
 
 
+# Subpackages that need an optional extra: walked only where that extra is installed.
+OPTIONAL = {"gpuactors.ray": "ray", "gpuactors.torch": "torch"}
+
+
+def _needs_missing_extra(name: str) -> bool:
+    return any(
+        (name == package or name.startswith(package + "."))
+        and importlib.util.find_spec(dependency) is None
+        for package, dependency in OPTIONAL.items()
+    )
+
+
 def library_modules() -> list[str]:
     """Every module of the library proper (not the command-line entry points)."""
     return [
         info.name
         for info in pkgutil.walk_packages(gpuactors.__path__, "gpuactors.")
-        if not info.name.endswith("__main__") and not info.name.startswith("gpuactors.benchmarks")
+        if not info.name.endswith("__main__")
+        and not info.name.startswith("gpuactors.benchmarks")
+        and not _needs_missing_extra(info.name)
     ]
 
 
