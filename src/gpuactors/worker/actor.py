@@ -1,8 +1,8 @@
 """IsolatedEngineActor: a persistent engine in a supervised worker process.
 
 Why a process: a device fault poisons the CUDA context for good, and a
-primary-context reset leaves CuPy unusable in the same process (measured by
-``benchmarks/probe_context_reset.py``). So the engine lives in a child process
+primary-context reset leaves CuPy unusable in the same process (measured: see "What
+the probes established" in ``docs/architecture.md``). So the engine lives in a child process
 that owns the context; when it faults or hangs, this actor replaces it and the
 caller's process never touches the broken context.
 
