@@ -306,6 +306,8 @@ class IsolatedEngineActor(Actor):
             head.deadline = self._watchdog.deadline_of(head.message)
             self._requests.sent(head)
             worker.send(head.frame)
+        if self._requests.head_waits_alone():
+            return  # a re-run suspect still waits its turn: recovery is not over
         if self._died_at is not None and not self._requests.replaying():
             self._last_recovery_s = time.perf_counter() - self._died_at
             self._died_at = None

@@ -74,6 +74,10 @@ class RequestBook:
             return None
         return self.queue.popleft()
 
+    def head_waits_alone(self) -> bool:
+        """The head of the queue must run alone and waits for the worker to empty."""
+        return bool(self.queue and self.alone is None and self.queue[0].alone and self.in_flight)
+
     def sent(self, request: PendingRequest) -> None:
         request.attempts += 1
         self.in_flight[request.rid] = request
