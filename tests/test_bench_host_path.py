@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from benchmark_scripts import BENCHMARKS, load
 from gpuactors.benchmarks.results import ScriptResults
 from gpuactors.engine.host_runtime import HostRuntime
-from test_probes import BENCHMARKS, load
 
 CALLS = ("enqueue_default", "ask_new_none", "ask_reused_none")
 

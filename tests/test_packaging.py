@@ -191,7 +191,7 @@ def test_the_tests_run_from_the_unpacked_sdist(built: tuple[Path, Path], tmp_pat
         "tests/test_packaging.py",
         "tests/test_readme.py",
         "tests/test_examples.py",
-        "tests/test_probes.py",
+        "tests/test_bench_host_path.py",
         "tests/test_demo_bench.py::test_every_benchmark_is_run_shipped_and_takes_its_options",
     ]
     pytest_argv = ["-q", "-p", "no:cacheprovider", "-m", "not slow", "-k", "not cuda_compiles"]

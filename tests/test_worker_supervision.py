@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from gpuactors.actors import ActorSystem
-from gpuactors.engine import ArrayParam, EngineConfig, OpSpec
+from gpuactors.engine import ArrayParam, EngineConfig, EnqueueBatch, OpSpec
 from gpuactors.errors import (
     DeviceFailed,
     DeviceFault,
@@ -233,6 +233,21 @@ async def test_a_message_that_cannot_be_sent_fails_alone() -> None:
             await engine.run("fill", unsendable, 1.0, n=1)
         await all_correct(expected, tasks)
         assert (await engine.health()).restarts == 0
+
+
+async def test_a_batch_on_host_arrays_is_refused_and_the_actor_keeps_serving() -> None:
+    """The handler raises InvalidArgument: its asker gets it, and the actor is not
+    restarted for it (the same worker, nothing failed)."""
+    async with ActorSystem("sup") as system:
+        engine = await IsolatedEngine.start(system, isolation=cpu_isolation())
+        before = await engine.health()
+        batch = EnqueueBatch(op="fill", args=(np.zeros(2, np.float32), 1.0), n=2, count=1)
+        with pytest.raises(InvalidArgument, match="RemoteArray bases and scalars"):
+            await engine.ref.ask(batch)
+        expected, tasks = await axpy_jobs(engine, 3)
+        await all_correct(expected, tasks)
+        after = await engine.health()
+        assert after.state == "serving" and after.pid == before.pid and after.restarts == 0
 
 
 async def test_remote_arrays_of_another_engine_instance_are_stale() -> None:

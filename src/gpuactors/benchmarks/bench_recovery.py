@@ -3,7 +3,7 @@
 Run on a GPU machine:  python -m gpuactors.benchmarks.bench_recovery [--jobs 300] [--json PATH]
 
 The engine runs in a supervised worker process (``gpuactors.worker``): an
-in-process context reset leaves CuPy unusable (``probe_context_reset.py``), so a
+in-process context reset leaves CuPy unusable (``docs/architecture.md``), so a
 fault costs the worker, not the caller's process. Sections:
 
   1. worker start: a cold worker (Python, CuPy, CUDA context, engine module).

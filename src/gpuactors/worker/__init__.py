@@ -7,7 +7,9 @@ replaces when it faults or hangs. See :mod:`gpuactors.worker.actor`.
 
 from __future__ import annotations
 
-from gpuactors.worker.actor import IsolatedEngine, IsolatedEngineActor, IsolationConfig
+from gpuactors.worker.actor import IsolatedEngineActor
+from gpuactors.worker.client import IsolatedEngine
+from gpuactors.worker.config import IsolationConfig
 from gpuactors.worker.messages import (
     Download,
     Downloaded,

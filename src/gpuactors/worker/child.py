@@ -2,8 +2,8 @@
 
 It owns the CUDA context, runs an ordinary :class:`~gpuactors.engine.Engine` and
 serves requests read from the socket ``FD``. When the engine faults or hangs the
-context is lost for good (a primary-context reset leaves CuPy unusable, see
-``benchmarks/probe_context_reset.py``), so the worker reports it and exits; its
+context is lost for good (a primary-context reset leaves CuPy unusable, measured: see
+"What the probes established" in ``docs/architecture.md``), so the worker reports it and exits; its
 parent replaces it.
 """
 

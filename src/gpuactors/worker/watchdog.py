@@ -1,0 +1,69 @@
+"""The deadline watchdog: a worker that leaves a request unanswered long past its
+deadline is stuck (no fault report will come), so it is declared lost."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from gpuactors.engine.messages import InstallOp, PrepareOp, ReplaceOp
+from gpuactors.engine.runtime import EngineConfig
+from gpuactors.messages import Message
+from gpuactors.worker.config import IsolationConfig
+from gpuactors.worker.requests import PendingRequest
+
+_WATCHDOG_SECONDS = 0.25
+
+
+class DeadlineWatchdog:
+    """Checks the requests in flight every quarter second; pauses while parked."""
+
+    def __init__(
+        self,
+        engine_config: EngineConfig,
+        isolation: IsolationConfig,
+        in_flight: Callable[[], list[PendingRequest]],
+        on_stuck: Callable[[str], None],
+    ) -> None:
+        self._engine_config = engine_config
+        self._isolation = isolation
+        self._in_flight = in_flight
+        self._on_stuck = on_stuck
+        # A Park is in force: tasks wait in the ring on purpose, so deadlines pause.
+        self.parked = False
+        self._task: asyncio.Task[None] | None = None
+
+    def deadline_of(self, message: Message) -> float:
+        """The monotonic time by which the worker must answer ``message`` (inf: never
+        counts as stuck)."""
+        return time.monotonic() + self._budget(message)
+
+    def _budget(self, message: Message) -> float:
+        timeout = getattr(message, "timeout", None) or self._engine_config.default_task_timeout_s
+        budget = (timeout or 0.0) + self._engine_config.hang_grace_ms / 1e3
+        if isinstance(message, InstallOp | ReplaceOp | PrepareOp):
+            budget += self._isolation.start_timeout_s  # a cold compile
+        return budget + self._isolation.unresponsive_s if timeout else float("inf")
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._watch())
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(_WATCHDOG_SECONDS)
+            now = time.monotonic()
+            if self.parked:
+                for request in self._in_flight():
+                    request.deadline += _WATCHDOG_SECONDS
+                continue
+            late = [r for r in self._in_flight() if r.deadline < now]
+            if late:
+                self._on_stuck(
+                    f"the worker did not answer {type(late[0].message).__name__} "
+                    f"{self._isolation.unresponsive_s:g} s past its deadline (stuck)"
+                )
