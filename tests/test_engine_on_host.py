@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import AsyncIterator
+from contextlib import nullcontext
 from typing import Any
 
 import pytest
@@ -77,7 +78,8 @@ def cupy_like_arrays(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def stream(monkeypatch: pytest.MonkeyPatch) -> Stream:
     current = Stream()
-    monkeypatch.setattr(streams_module, "current_stream", lambda: current)
+    monkeypatch.setattr(streams_module, "current_stream", lambda _device_id: current)
+    monkeypatch.setattr(streams_module, "device_context", lambda _device_id: nullcontext())
     return current
 
 

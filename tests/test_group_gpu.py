@@ -66,7 +66,10 @@ async def test_single_tasks_and_split_batches_on_two_devices() -> None:
             for d in (0, 1):
                 await group.enqueue("axpy", device_y[d], device_x[d], 0.5, n=1000)
         for d in (0, 1):
-            np.testing.assert_allclose(back(d, device_y[d]), ys[d] + 25.0 * xs[d], rtol=1e-5)
+            # 50 float32 additions: compare with a float32 tolerance, absolute near zero.
+            np.testing.assert_allclose(
+                back(d, device_y[d]), ys[d] + 25.0 * xs[d], rtol=1e-5, atol=1e-4
+            )
         with pytest.raises(WrongDevice):
             await group.enqueue("axpy", device_y[0], device_x[1], 1.0, n=1000)
         stats = await group.stats()

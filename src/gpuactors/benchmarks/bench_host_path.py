@@ -122,7 +122,7 @@ class IdleStream:
 def idle_stream() -> Iterator[None]:
     """The caller's CuPy stream, as ``after="current_stream"`` sees it: always idle."""
     original = streams.current_stream
-    streams.current_stream = IdleStream
+    streams.current_stream = lambda device_id: IdleStream
     try:
         yield
     finally:

@@ -240,7 +240,11 @@ class PersistentEngineActor(Actor):
                 deadline = time.time_ns() + self._default_in_ns
             else:
                 deadline = self._deadline_ns(timeout)
-            ready_event = streams.pending_work_event() if msg.after == "current_stream" else None
+            ready_event = (
+                streams.pending_work_event(self._device_id)
+                if msg.after == "current_stream"
+                else None
+            )
         except GpuActorsError as exc:
             return failed_reply(exc)  # the caller's error, not the actor's failure
         runtime = self._runtime
@@ -376,7 +380,7 @@ class PersistentEngineActor(Actor):
             if entry.stream is not None:
                 key = id(entry.stream)
                 if key not in events:
-                    events[key] = streams.stream_event(entry.stream)
+                    events[key] = streams.stream_event(entry.stream, self._device_id)
                 ready_event = events[key]
             return self._task_of(entry, ready_event, accepted_at)
         except GpuActorsError as exc:
@@ -429,7 +433,9 @@ class PersistentEngineActor(Actor):
             return False
         if entry.stream is not None:
             try:
-                event = events[id(entry.stream)] = streams.stream_event(entry.stream)
+                event = events[id(entry.stream)] = streams.stream_event(
+                    entry.stream, self._device_id
+                )
             except DeviceFault:
                 return False  # (the general path asks again, and says so)
             if event is not None:
@@ -531,7 +537,11 @@ class PersistentEngineActor(Actor):
             records = encode_batch(
                 op, resolved.op_id, msg, self._device_id, self._deadline_ns(msg.timeout)
             )
-            ready_event = streams.pending_work_event() if msg.after == "current_stream" else None
+            ready_event = (
+                streams.pending_work_event(self._device_id)
+                if msg.after == "current_stream"
+                else None
+            )
         except GpuActorsError as exc:
             return failed_reply(exc)
         except Exception as exc:  # the caller's arguments, not the actor's failure

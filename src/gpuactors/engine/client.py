@@ -36,8 +36,9 @@ from gpuactors.nvrtc import KernelCompiler
 class Engine:
     """A typed handle on a running PersistentEngineActor."""
 
-    def __init__(self, ref: ActorRef) -> None:
+    def __init__(self, ref: ActorRef, device_id: int = 0) -> None:
         self.ref = ref
+        self.device_id = device_id  # whose current stream orders after="current_stream"
         self._submissions = Submissions()
         self._submit = Submit(submissions=self._submissions)  # one message for every ask
         self._waiting = 0  # callers of this client waiting for their task's reply
@@ -63,7 +64,7 @@ class Engine:
             kwargs={"device_id": device_id, "full_policy": full_policy, "compiler": compiler},
             mailbox=mailbox or MailboxConfig(capacity=65536),
         )
-        engine = cls(system.spawn(props, name=name))
+        engine = cls(system.spawn(props, name=name), device_id)
         try:
             await engine.stats()
         except ActorStopped:
@@ -88,7 +89,7 @@ class Engine:
         line); while this client's other callers wait, it joins the tasks that one
         ``Submit`` per loop turn hands over (see :mod:`gpuactors.engine.submissions`)."""
         n, blocks, seconds = check_task_fields(n, blocks, timeout, after)
-        stream = streams.current_stream() if after == "current_stream" else None
+        stream = streams.current_stream(self.device_id) if after == "current_stream" else None
         future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
         entries = self._submissions.entries
         entries.append(Submission(op, args, n, blocks, seconds, stream, future))

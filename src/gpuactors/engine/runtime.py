@@ -194,10 +194,13 @@ class EngineRuntime:
 
     # ------------------------------------------------------------ setup
     def _install(self, image: bytes) -> None:
-        """Load an engine module (through the gate, which parks us first)."""
-        module = self._gate.load(image)
-        self._kernel = module.get_function(ENGINE_KERNEL_NAME)
-        self._clock_kernel = module.get_function(CLOCK_KERNEL_NAME)
+        """Load an engine module (through the gate, which parks us first), in this
+        engine's device context: a module loaded while another device is current
+        belongs to that device, and launching its kernel here fails."""
+        with self._cupy.cuda.Device(self.device_id):
+            module = self._gate.load(image)
+            self._kernel = module.get_function(ENGINE_KERNEL_NAME)
+            self._clock_kernel = module.get_function(CLOCK_KERNEL_NAME)
         self._module = module  # the old module is released once unreferenced (we are parked)
 
     def _resolve_mode(self) -> bool:
@@ -218,9 +221,10 @@ class EngineRuntime:
 
     def _resident_blocks(self) -> int:
         driver = self._cupy.cuda.driver
-        per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(
-            self._kernel.ptr, self.config.block_threads, 0
-        )
+        with self._cupy.cuda.Device(self.device_id):
+            per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(
+                self._kernel.ptr, self.config.block_threads, 0
+            )
         return int(per_sm) * self.sm_count
 
     def _write_params(self) -> None:

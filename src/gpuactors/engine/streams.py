@@ -7,27 +7,46 @@ without CuPy (the tests, ``bench_host_path``) can stand an idle or busy stream i
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import Any
 
 from gpuactors.errors import DeviceFault
 
 
-def pending_work_event() -> Any:
-    """An event after the work queued on CuPy's current stream, or None if it is idle."""
-    return stream_event(current_stream())
+def pending_work_event(device_id: int) -> Any:
+    """An event after the work queued on CuPy's current stream of ``device_id``, or None
+    if it is idle."""
+    return stream_event(current_stream(device_id), device_id)
 
 
-def current_stream() -> Any:
-    """CuPy's current stream (the caller's, when called in the caller's task)."""
+def device_context(device_id: int) -> AbstractContextManager[Any]:
+    """``device_id`` made current for a block: CuPy keeps one current stream per device,
+    and an event is made in the current device's context."""
     import cupy
 
-    return cupy.cuda.get_current_stream()
+    context: AbstractContextManager[Any] = cupy.cuda.Device(device_id)
+    return context
 
 
-def stream_event(stream: Any) -> Any:
-    """An event after the work queued on ``stream``, or None if it is idle."""
+def current_stream(device_id: int) -> Any:
+    """CuPy's current stream on ``device_id`` (the caller's, when called in the caller's
+    task): the one that orders a task is its engine's device's, whichever device the
+    caller has selected."""
+    import cupy
+
+    with device_context(device_id):
+        return cupy.cuda.get_current_stream()
+
+
+def stream_event(stream: Any, device_id: int) -> Any:
+    """An event after the work queued on ``stream``, or None if it is idle. A stream's
+    state can be asked from any device; an event must be recorded in the stream's own
+    (``device_id``'s) context."""
     try:
-        return None if stream.done else stream.record()
+        if stream.done:
+            return None
+        with device_context(device_id):
+            return stream.record()
     except Exception as exc:
         import cupy
 

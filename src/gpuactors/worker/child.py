@@ -252,6 +252,11 @@ async def serve(fd: int) -> int:
             reason = no_device_reason()
             if reason is not None:
                 raise NoCudaDevice(f"the worker process has no CUDA device: {reason}")
+            # The worker serves one device: its uploads, downloads and launches are
+            # all that device's, so it is the process's current device throughout.
+            import cupy
+
+            cupy.cuda.Device(boot.device_id).use()
             engine = await Engine.start(
                 system,
                 ops=boot.ops,
