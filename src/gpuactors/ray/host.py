@@ -39,7 +39,13 @@ from gpuactors.engine import (
     Rollback,
     Stats,
 )
-from gpuactors.errors import EngineError, GpuActorsError, GpuRefStale, UnhandledMessage
+from gpuactors.errors import (
+    DeviceFault,
+    EngineError,
+    GpuActorsError,
+    GpuRefStale,
+    UnhandledMessage,
+)
 from gpuactors.group.members import EngineMember, IsolatedMember, LocalMember
 from gpuactors.messages import Ack, Message
 from gpuactors.worker import (
@@ -132,6 +138,9 @@ class EngineHost:
         changes (restarted by Ray): then ``replay_from`` says how many it has."""
         if self._applied < changes:
             return Outcome(replay_from=self._applied)
+        if self._leaving:  # its context is poisoned: any CUDA call would fail untyped
+            fault = DeviceFault("this actor's engine faulted; Ray is starting it anew")
+            return Outcome(error=carry(fault))
         try:
             member = await self._ready()
             value = await self._handle(member, message)
