@@ -42,7 +42,7 @@ import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import numpy as np
@@ -121,12 +121,13 @@ class IdleStream:
 @contextmanager
 def idle_stream() -> Iterator[None]:
     """The caller's CuPy stream, as ``after="current_stream"`` sees it: always idle."""
-    original = streams.current_stream
+    original = streams.current_stream, streams.device_context
     streams.current_stream = lambda device_id: IdleStream
+    streams.device_context = lambda device_id: nullcontext()
     try:
         yield
     finally:
-        streams.current_stream = original
+        streams.current_stream, streams.device_context = original
 
 
 # ----------------------------------------------------------------------- one client

@@ -285,3 +285,7 @@ def measure(args: argparse.Namespace, results: ScriptResults) -> None:
     start_ray(gpus)
     batches = 10 if args.quick else 20
     record_ray(asyncio.run(ray_figures(200 if args.quick else 500, batches, 4)), results)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -39,14 +39,13 @@ def current_stream(device_id: int) -> Any:
 
 
 def stream_event(stream: Any, device_id: int) -> Any:
-    """An event after the work queued on ``stream``, or None if it is idle. A stream's
-    state can be asked from any device; an event must be recorded in the stream's own
-    (``device_id``'s) context."""
+    """An event after the work queued on ``stream``, or None if it is idle. Both are
+    asked in the stream's own (``device_id``'s) context: an event is made in the current
+    one, and a query made from another device's context reports that context's errors
+    (a fault on one device would fail another device's tasks)."""
     try:
-        if stream.done:
-            return None
         with device_context(device_id):
-            return stream.record()
+            return None if stream.done else stream.record()
     except Exception as exc:
         import cupy
 
