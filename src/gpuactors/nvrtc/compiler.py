@@ -33,9 +33,14 @@ from .module import CompiledModule
 from .options import NvrtcOpts, arch_number
 
 _INSTALL_HINT = (
-    "install NVRTC with: pip install 'cuda-bindings>=13,<14' 'nvidia-cuda-nvrtc>=13,<14' "
-    "(or: pip install 'gpuactors')"
+    "install NVRTC of the driver's CUDA major version: pip install 'gpuactors[cu13]' "
+    "(or 'gpuactors[cu12]' for a CUDA 12 driver; `gpuactors doctor` says which)"
 )
+#: The wheels that ship NVRTC, newest naming first: CUDA 13's drops the ``-cu12`` suffix.
+_NVRTC_WHEELS = ("nvidia-cuda-nvrtc", "nvidia-cuda-nvrtc-cu12")
+#: The first NVRTC major version whose ``--fdevice-time-trace`` names the headers it
+#: reads. NVRTC 12.9 accepts the option but writes no "Processing Header File" event.
+TRACES_HEADERS_FROM = 13
 _ERROR_LINE = re.compile(
     r"^(?P<file>.+?)\((?P<line>\d+)\): (?:catastrophic )?error\b(?P<message>.*)$", re.MULTILINE
 )
@@ -82,15 +87,31 @@ def nvrtc_version() -> tuple[int, int]:
 
 @functools.cache
 def nvrtc_build() -> str:
-    """The installed ``nvidia-cuda-nvrtc`` wheel version ("" if NVRTC comes from elsewhere).
+    """The version of the installed NVRTC wheel of the loaded NVRTC's major version
+    (``nvidia-cuda-nvrtc`` or ``nvidia-cuda-nvrtc-cu12``; "" if NVRTC comes from elsewhere).
 
     Part of the cache key, so a patch release of the wheel (same major.minor) still
-    invalidates old binaries.
+    invalidates old binaries. Both wheels can be installed side by side: only the one
+    whose major version is the loaded library's names it.
     """
-    try:
-        return importlib.metadata.version("nvidia-cuda-nvrtc")
-    except importlib.metadata.PackageNotFoundError:
-        return ""
+    major = nvrtc_version()[0]
+    for wheel in _NVRTC_WHEELS:
+        try:
+            version = importlib.metadata.version(wheel)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        if version.split(".")[0] == str(major):
+            return version
+    return ""
+
+
+def traces_headers() -> bool:
+    """Whether the loaded NVRTC can report the headers a compile reads (``discovery``).
+
+    Without it a compile whose source or options can open a file gets a key naming its
+    image and is not cached: its key could not cover the files it read.
+    """
+    return nvrtc_version()[0] >= TRACES_HEADERS_FROM
 
 
 @functools.cache
@@ -361,11 +382,9 @@ def compile_traced(
     _check_supported(target)
     scan = scan_includes(source, headers=headers, include_paths=opts.include_paths, name=name)
     # No child to ask when nothing in the texts can make NVRTC open a file: it reads none.
-    discovery = (
-        None
-        if scan.reads_no_file
-        else Discovery(source, name=name, headers=headers, options=options)
-    )
+    # An NVRTC that cannot name its reads gets none either: the reads stay unknown.
+    asks = not scan.reads_no_file and traces_headers()
+    discovery = Discovery(source, name=name, headers=headers, options=options) if asks else None
     try:
         started = time.perf_counter()
         header_names = sorted(headers)
@@ -384,7 +403,11 @@ def compile_traced(
         finally:
             nvrtc.nvrtcDestroyProgram(prog)
         seconds = time.perf_counter() - started
-        deps = () if discovery is None else discovery.finish()
+        deps: tuple[str, ...] | None = ()  # nothing read
+        if discovery is not None:
+            deps = discovery.finish()
+        elif not scan.reads_no_file:
+            deps = None  # reads that this NVRTC cannot report
     finally:
         if discovery is not None:
             discovery.close()
