@@ -26,7 +26,7 @@ from ..errors import CompileError, InvalidArgument, NvrtcUnavailable
 from ..logs import get_logger
 from .cache import ManifestStore
 from .discovery import Discovery
-from .headers import ABSENT, scan_includes
+from .headers import ABSENT, includes_only_given, scan_includes
 from .keys import full_key, path_states, request_key, untracked_key
 from .manifest import Manifest, make_manifest
 from .module import CompiledModule
@@ -382,8 +382,13 @@ def compile_traced(
     _check_supported(target)
     scan = scan_includes(source, headers=headers, include_paths=opts.include_paths, name=name)
     # No child to ask when nothing in the texts can make NVRTC open a file: it reads none.
-    # An NVRTC that cannot name its reads gets none either: the reads stay unknown.
-    asks = not scan.reads_no_file and traces_headers()
+    # An NVRTC that cannot name its reads gets none either: its reads are known only
+    # when it can read nothing but in-memory headers, and stay unknown otherwise.
+    can_trace = traces_headers()
+    reads_nothing = scan.reads_no_file or (
+        not can_trace and includes_only_given([source, *headers.values()], headers)
+    )
+    asks = can_trace and not reads_nothing
     discovery = Discovery(source, name=name, headers=headers, options=options) if asks else None
     try:
         started = time.perf_counter()
@@ -406,7 +411,7 @@ def compile_traced(
         deps: tuple[str, ...] | None = ()  # nothing read
         if discovery is not None:
             deps = discovery.finish()
-        elif not scan.reads_no_file:
+        elif not reads_nothing:
             deps = None  # reads that this NVRTC cannot report
     finally:
         if discovery is not None:
