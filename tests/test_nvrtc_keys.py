@@ -83,7 +83,7 @@ def test_a_compile_of_in_memory_headers_alone_is_cacheable() -> None:
 def test_only_plain_includes_of_given_headers_read_no_file() -> None:
     given = {"a.cuh"}
     assert includes_only_given(['#include "a.cuh"\nint x;\n'], given)
-    assert includes_only_given(['  #  include "a.cuh"\n', "#include \"a.cu\\\nh\"\n"], given)
+    assert includes_only_given(['  #  include "a.cuh"\n', '#include "a.cu\\\nh"\n'], given)
     assert not includes_only_given(['#include "b.cuh"\n'], given)
     assert not includes_only_given(["#include <a.cuh>\n"], given)  # not looked up first
     assert not includes_only_given(['#include_next "a.cuh"\n'], given)
