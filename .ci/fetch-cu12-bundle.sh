@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Build the CUDA 12 user-space bundle that can travel to the GPU machine (a CUDA 13 driver
-# runs CUDA 12 libraries), to prove the `cu12` path there: cuda-bindings 12.9 and
-# cuda-pathfinder as wheels, and NVRTC 12 (its wheel is ~90 MB, over what a device call
-# carries) unpacked without its *.alt.so variants and packed with xz, with its
-# dist-info so that the cache key still names the wheel's version.
-# Output: ./.cu12/ (ignored by git via .git/info/exclude).
+# runs CUDA 12 libraries), to prove the `cu12` path there: cuda-bindings 12.9,
+# cuda-pathfinder and NVRTC 12 (its wheel alone is ~90 MB, over what a device call
+# carries), unpacked as `pip install --target` would lay them out (dist-info kept: the
+# cache key names the NVRTC wheel's version), without NVRTC's *.alt.so variants and the
+# Cython sources, packed with xz: ~36 MB.
+# Output: ./.cu12/cu12.tar.xz (ignored by git via .git/info/exclude).
 # On the GPU machine (carry: [".cu12"]), start the command with:
-#   mkdir -p /tmp/cu12 && tar -xJf .cu12/nvrtc12.tar.xz -C /tmp/cu12 && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/cu12 .cu12/*.whl && export PYTHONPATH=/tmp/cu12:src || exit;
+#   mkdir -p /tmp/cu12 && tar -xJf .cu12/cu12.tar.xz -C /tmp/cu12 && export PYTHONPATH=/tmp/cu12:src || exit;
+# and preload /tmp/cu12/nvidia/cuda_nvrtc/lib/libnvrtc.so.12 (ctypes.CDLL) before gpuactors
+# loads NVRTC: cuda-pathfinder would otherwise find the machine's NVRTC 13 (nvidia/cu13).
 # Usage: .ci/fetch-cu12-bundle.sh [CUDA_BINDINGS_VERSION] [NVRTC_VERSION]
 #        (defaults 12.9.* and 12.9.*; the GPU machine's Python is 3.12)
 set -euo pipefail
@@ -22,9 +25,11 @@ plat=(--only-binary=:all: --python-version 3.12 --implementation cp --platform m
       --platform manylinux_2_12_x86_64 --platform manylinux2010_x86_64)
 python3 -m pip download -q --no-deps "${plat[@]}" -d .cu12 "cuda-bindings==$bindings" cuda-pathfinder \
     "nvidia-cuda-nvrtc-cu12==$nvrtc" 2>&1 | grep -v '^WARNING: Location' || true
-(cd .cu12/unpack && python3 -m zipfile -e ../nvidia_cuda_nvrtc_cu12-*.whl . \
-    && find . -name '*.alt.so*' -delete)
-tar -C .cu12/unpack -cf - . | xz -T0 -6 > .cu12/nvrtc12.tar.xz
-rm -rf .cu12/unpack .cu12/nvidia_cuda_nvrtc_cu12-*.whl
+for wheel in .cu12/*.whl; do
+    (cd .cu12/unpack && python3 -m zipfile -e "../${wheel##*/}" .)
+done
+find .cu12/unpack \( -name '*.alt.so*' -o -name '*.pyx' -o -name '*.pxd' \) -delete
+tar -C .cu12/unpack -cf - . | xz -T0 -6 > .cu12/cu12.tar.xz
+rm -rf .cu12/unpack .cu12/*.whl
 ls -la .cu12
 du -sh .cu12
