@@ -6,13 +6,13 @@ stand-in device finishes tasks as the protocol's consumer does."""
 from __future__ import annotations
 
 import gc
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from gpuactors.benchmarks.results import ScriptResults
 from gpuactors.engine.host_runtime import HostRuntime
 from test_probes import BENCHMARKS, load
 
@@ -37,36 +37,35 @@ def test_a_tiny_run_writes_every_figure(
     assert gc.get_threshold() == threshold and gc.get_freeze_count() == 0  # all put back
     printed = capsys.readouterr().out
     assert "NOT in these figures" in printed and "concurrent clients" in printed
-    result = json.loads(out.read_text())
-    assert result["gc"]["mode"] == gc_mode and result["loop"] == "asyncio"
-    assert result["clients"] == 40 and result["rounds"] == 2
+    results = ScriptResults.read(out)  # the shared format gpuactors bench reads
+    assert results.script == "bench_host_path" and f"gc {gc_mode}" in (results.device or "")
+    figures = {figure.name: figure.value for figure in results.figures}
     # Every task sent in the measured rounds reached the ring and finished there.
-    assert result["tasks_finished"] == result["tasks_expected"] == 2 * (40 * 3 + 60) * 3
-    assert result["engine_processed"] >= result["tasks_finished"]
-    single, concurrent = result["single"], result["concurrent"]
-    assert set(single) == {"floor_await_done", "floor_loop_turn", *CALLS}
-    assert set(concurrent) == {"floor_bulk_futures", *CALLS}
-    for figures in single.values():
-        assert 0 < figures["p50_us"] <= figures["p99_us"] and figures["cpu_us"] > 0
-        assert figures["samples"] == 2 * 60
-    for figures in concurrent.values():
-        assert figures["tasks_per_s"] > 0 and figures["cpu_us_per_task"] > 0
-        assert figures["us_per_task"] == pytest.approx(1e6 / figures["tasks_per_s"])
-        assert figures["rounds"] == 2
-    for name in CALLS:
-        ratio = result["ratios"][f"{name}_rate_vs_bulk_futures"]
-        assert ratio == pytest.approx(
-            concurrent[name]["tasks_per_s"] / concurrent["floor_bulk_futures"]["tasks_per_s"]
-        )
+    assert figures["tasks_finished"] == figures["tasks_expected"] == 2 * (40 * 3 + 60) * 3
+    assert figures["engine_processed"] >= figures["tasks_finished"]
+    latencies = {latency.label: latency for latency in results.latencies}
+    singles = {"floor_await_done", "floor_loop_turn", *CALLS}
+    assert set(latencies) == {f"1 client: {name}" for name in singles}
+    for name in singles:
+        latency = latencies[f"1 client: {name}"]
+        assert 0 < latency.p50_us <= latency.p99_us and latency.baseline == name.startswith("floor")
+        assert figures[f"1 client: {name} cpu"] > 0
+    comparisons = {comparison.label: comparison for comparison in results.comparisons}
+    assert set(comparisons) == {f"40 clients: {name}" for name in CALLS}
+    for comparison in comparisons.values():
+        assert comparison.value > 0 and comparison.baseline_value > 0
+        assert comparison.unit == "tasks/s" and comparison.higher_is_better
+    for name in ("floor_bulk_futures", *CALLS):
+        assert figures[f"40 clients: {name} cpu"] > 0
+    shares = {name: value for name, value in figures.items() if name.startswith("profile: ")}
     if profile:  # the profiled round is one more, not in the figures
         assert (tmp_path / "stats.prof").stat().st_size > 0 and "where enqueue_default" in printed
-        shares = result["profile"]
         assert sum(shares.values()) == pytest.approx(1.0) and min(shares.values()) >= 0
-        assert {"engine: accept and publish", "asyncio: loop turns, futures, tasks"} <= set(shares)
+        assert {"profile: engine: accept and publish"} <= set(shares)
     else:
-        assert "profile" not in result
-    assert len(result["gc"]["collections"]) == 3
-    assert result["device_stand_in_us_per_task"] > 0
+        assert not shares
+    assert {f"gc: generation {g} collections" for g in range(3)} <= set(figures)
+    assert figures["stand-in device"] > 0
 
 
 def test_without_uvloop_it_says_so_and_measures_nothing(

@@ -316,8 +316,11 @@ def test_actor_benchmark_writes_its_json(tmp_path: Path) -> None:
     assert [c.label for c in results.comparisons] == [
         "actor tell() (capacity=N)",
         "actor tell_wait() (1024, WAIT)",
+        "reply later: context.reply_future()",
     ]
-    assert all(c.unit == "messages/s" and c.value > 0 for c in results.comparisons)
+    *tells, later = results.comparisons
+    assert all(c.unit == "messages/s" and c.value > 0 for c in tells)
+    assert later.unit == "cpu us/task" and later.value > 0 and later.baseline_value > 0
     assert len(results.targets) == 4
     for target in results.targets:
         assert f"target {target.name:38} {'MET' if target.met else 'NOT MET':8}" in proc.stdout
@@ -446,6 +449,7 @@ def stand_ins(tmp_path: Path) -> Path:
         "import sys\nopen(sys.argv[-1], 'w').write('not json')\nprint('recovery')\n"
     )
     (folder / "bench_host_path.py").write_text("import sys\nprint('host path', sys.argv[1:-2])\n")
+    (folder / "bench_scale.py").write_text("import sys\nprint('scale', sys.argv[1:-2])\n")
     return folder
 
 
@@ -493,7 +497,8 @@ def test_json_collects_every_scripts_results(stand_ins: Path, tmp_path: Path) ->
     assert "argv []" in out.read_text()  # no --quick
     elsewhere = tmp_path / "data" / "all.json"
     run_bench(["--benchmarks-dir", str(stand_ins), "--out", str(out), "--json", str(elsewhere)])
-    assert len(BenchDocument.model_validate_json(elsewhere.read_text()).scripts) == len(bench.SCRIPTS)
+    written = BenchDocument.model_validate_json(elsewhere.read_text())
+    assert len(written.scripts) == len(bench.SCRIPTS)
 
 
 def test_only_help_and_missing_scripts(stand_ins: Path, tmp_path: Path) -> None:

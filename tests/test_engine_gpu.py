@@ -209,6 +209,49 @@ async def _increments(engine: Engine, clients: int, per_client: int) -> float:
     return elapsed
 
 
+async def test_many_concurrent_enqueue_callers_checksum(engine: Engine) -> None:
+    """1,000 callers of Engine.enqueue (submitted together, one Submit per loop turn)
+    with the default ``after``: every increment lands exactly once."""
+    import cupy as cp
+
+    clients, per_client = 1000, 50
+    acc = cp.zeros(clients, dtype=cp.float32)
+    one = cp.ones(1, dtype=cp.float32)
+    cp.cuda.get_current_stream().synchronize()
+
+    async def client(k: int) -> None:
+        target = acc[k : k + 1]
+        for _ in range(per_client):
+            done = await engine.enqueue("axpy", target, one, 1.0, n=1)
+            assert done.status == 0 and done.op == "axpy"
+
+    await asyncio.gather(*(client(k) for k in range(clients)))
+    np.testing.assert_array_equal(cp.asnumpy(acc), np.full(clients, per_client, np.float32))
+
+
+async def test_enqueue_waits_for_the_stream_current_at_the_call(engine: Engine) -> None:
+    """The stream that counts is CuPy's current stream when enqueue is called, even
+    when the task is handed over later: the input written on it is read complete."""
+    import cupy as cp
+
+    spin = cp.RawKernel(SPIN_SOURCE, "gpa_test_spin")
+    stream = cp.cuda.Stream(non_blocking=True)
+    n = 1 << 16
+    x = cp.zeros(n, dtype=cp.float32)
+    y = cp.zeros(n, dtype=cp.float32)
+    async with engine.parked():  # the module loads while no engine kernel runs
+        spin((1,), (1,), (np.uint64(0),), stream=stream)
+        stream.synchronize()
+    busy = asyncio.ensure_future(engine.enqueue("fill", y, 5.0, n=n, after="none"))
+    with stream:  # x is written only after 50 ms of spinning on this stream
+        spin((1,), (1,), (np.uint64(50_000_000),))
+        x.fill(3.0)
+        copied = asyncio.ensure_future(engine.enqueue("copy", y, x, n=n))
+        await asyncio.sleep(0)  # both calls start here, this stream current
+    await asyncio.wait_for(asyncio.gather(busy, copied), 30)
+    assert bool((y == 3.0).all()), "the copy ran after the stream's write"
+
+
 async def test_idle_park_and_relaunch(engine: Engine) -> None:
     import cupy as cp
 

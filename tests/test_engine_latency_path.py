@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import numpy as np
 import pytest
 
-from gpuactors.actors import Deferred
+from gpuactors.actors import ActorRef, ActorSystem, Deferred, Props
 from gpuactors.cuda import arrays as arrays_module
 from gpuactors.cuda.generation import GENERATIONS
 from gpuactors.engine import abi
@@ -85,6 +87,30 @@ def engine(status: int | None = abi.STATUS_OK, **config: Any) -> PersistentEngin
     return actor
 
 
+class Unpolled(PersistentEngineActor):
+    """The engine actor on this file's host runtime, spawned as every actor is (its
+    handlers take the asker's reply future), with no poller: the test harvests."""
+
+    def __init__(self, status: int | None) -> None:
+        super().__init__([SCALE], EngineConfig())
+        self._status = status
+
+    async def pre_start(self) -> None:
+        self._runtime = HostRuntime(self._status)  # type: ignore[assignment]
+        self._generation = GENERATIONS.current(0)
+
+
+@asynccontextmanager
+async def spawned(status: int | None) -> AsyncIterator[tuple[ActorRef, Unpolled]]:
+    async with ActorSystem("latency-path") as system:
+        ref = system.spawn(Props(Unpolled, args=(status,)), "engine")
+        await asyncio.sleep(0.01)  # (pre_start)
+        actor = ref._cell.instance
+        assert isinstance(actor, Unpolled)
+        yield ref, actor
+        actor._pending.clear()  # (the ring stays as the test left it)
+
+
 def runtime_of(actor: PersistentEngineActor) -> HostRuntime:
     runtime = actor._runtime
     assert isinstance(runtime, HostRuntime)
@@ -131,27 +157,35 @@ async def test_a_device_failure_is_the_askers_error(a: Any, status: int, error: 
 
 @PATHS
 async def test_a_task_still_running_after_the_spin_is_left_to_the_poller(a: Any) -> None:
-    actor = engine(RUNNING)
-    reply = actor.enqueue(task(a))
-    assert isinstance(reply, Deferred) and not reply.future.done()
-    assert list(actor._pending) == [1] and actor._processed == 0
-    runtime = runtime_of(actor)
-    (seq, _record), *_ = runtime.consumer.take()
-    runtime.consumer.complete(seq, abi.STATUS_OK, units=1, t_ns=0)
-    assert actor._harvest() == 1  # what the poller does
-    done = reply.future.result()
-    assert isinstance(done, Completion) and done.seq == 1 and actor._processed == 1
+    async with spawned(RUNNING) as (ref, actor):
+        reply = asyncio.ensure_future(ref.ask(task(a)))
+        await asyncio.sleep(0)  # asked: answered at once, the reply still to come
+        assert not reply.done()
+        assert list(actor._pending) == [1] and actor._processed == 0
+        runtime = runtime_of(actor)
+        (seq, _record), *_ = runtime.consumer.take()
+        runtime.consumer.complete(seq, abi.STATUS_OK, units=1, t_ns=0)
+        assert actor._harvest() == 1  # what the poller does
+        done = await asyncio.wait_for(reply, 5)
+        assert isinstance(done, Completion) and done.seq == 1 and actor._processed == 1
 
 
 async def test_a_busy_engine_stages_the_task_for_one_publish_per_loop_turn() -> None:
-    actor = engine(RUNNING)
-    first = actor.enqueue(task())
-    second = actor.enqueue(task())  # the first is in flight: coalesced, not published now
-    assert isinstance(first, Deferred) and isinstance(second, Deferred)
-    assert len(actor._staged) == 1 and actor._runtime is not None
-    assert actor._runtime.ring.published == 1
-    await asyncio.sleep(0)  # the staged task is published at the end of the loop turn
-    assert not actor._staged and actor._runtime.ring.published == 2
+    async with spawned(RUNNING) as (ref, actor):
+        first = asyncio.ensure_future(ref.ask(task()))
+        await asyncio.sleep(0)
+        assert actor._runtime is not None and actor._runtime.ring.published == 1
+        # The first is in flight: the next asks are coalesced, published together.
+        second = asyncio.ensure_future(ref.ask(task()))
+        third = asyncio.ensure_future(ref.ask(task()))
+        seen = set()
+        for _ in range(20):
+            seen.add(actor._runtime.ring.published)
+            await asyncio.sleep(0)
+        assert seen == {1, 3} and not actor._staged
+        assert not first.done() and not second.done() and not third.done()
+        for future in (first, second, third):
+            future.cancel()
 
 
 @pytest.mark.parametrize(
@@ -214,11 +248,13 @@ async def test_bad_arguments_and_unknown_ops_are_refused_before_the_ring() -> No
 
 @PATHS
 async def test_a_full_ring_queues_the_task_until_there_is_room(a: Any) -> None:
-    actor = engine(RUNNING)
-    assert actor._runtime is not None
-    ring = actor._runtime.ring
-    while ring.try_publish(0, 1, [0, 0]) is not None:
-        pass
-    reply = actor.enqueue(task(a))
-    assert isinstance(reply, Deferred) and not reply.future.done()
-    assert len(actor._backlog) + len(actor._staged) == 1 and ring.published == 64
+    async with spawned(RUNNING) as (ref, actor):
+        assert actor._runtime is not None
+        ring = actor._runtime.ring
+        while ring.try_publish(0, 1, [0, 0]) is not None:
+            pass
+        reply = asyncio.ensure_future(ref.ask(task(a)))
+        await asyncio.sleep(0)
+        assert not reply.done()
+        assert len(actor._backlog) + len(actor._staged) == 1 and ring.published == 64
+        reply.cancel()

@@ -18,7 +18,8 @@ from gpuactors.cuda import arrays as arrays_module
 from gpuactors.engine import actor as actor_module
 from gpuactors.engine import args as args_module
 from gpuactors.engine import optable as optable_module
-from gpuactors.engine.actor import Engine
+from gpuactors.engine import streams as streams_module
+from gpuactors.engine.client import Engine
 from gpuactors.engine.host_runtime import CupyLikeArray, HostEngine, HostRuntime
 from gpuactors.engine.messages import (
     BatchCompletion,
@@ -32,7 +33,15 @@ from gpuactors.engine.messages import (
 from gpuactors.engine.ops import ArrayParam, OpSpec
 from gpuactors.engine.runtime import EngineConfig
 from gpuactors.engine.wire import MAX_BLOCKS
-from gpuactors.errors import AskTimeout, EngineError, InvalidArgument, TaskTimeout
+from gpuactors.errors import (
+    ActorStopped,
+    AskTimeout,
+    EngineError,
+    EngineStopped,
+    InvalidArgument,
+    TaskTimeout,
+    UnknownOp,
+)
 
 NEGATE = OpSpec(
     name="negate",
@@ -42,15 +51,18 @@ NEGATE = OpSpec(
 
 
 class Stream:
-    """CuPy's current stream, as ``_pending_work_event`` sees it: an event, or None."""
+    """CuPy's current stream, as the engine sees it: idle, or busy (each ``record``
+    returns a new event, not done until the test says so)."""
 
     def __init__(self) -> None:
         self.busy = False
         self.events: list[Any] = []
 
-    def pending_work_event(self) -> Any:
-        if not self.busy:
-            return None
+    @property
+    def done(self) -> bool:
+        return not self.busy
+
+    def record(self) -> Any:
         event = type("Event", (), {"done": False})()
         self.events.append(event)
         return event
@@ -65,7 +77,7 @@ def cupy_like_arrays(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def stream(monkeypatch: pytest.MonkeyPatch) -> Stream:
     current = Stream()
-    monkeypatch.setattr(actor_module, "_pending_work_event", current.pending_work_event)
+    monkeypatch.setattr(streams_module, "current_stream", lambda: current)
     return current
 
 
@@ -346,3 +358,152 @@ async def test_two_replaces_sent_together_become_two_versions(system: ActorSyste
     assert isinstance(first, OpInstalled) and isinstance(second, OpInstalled)
     assert (first.version, second.version) == (2, 3)
     assert engine._ops.active_version("fill") == 3
+
+
+# ------------------------------------------------- Engine.enqueue: submissions
+async def test_a_lone_enqueue_is_answered_in_line(system: ActorSystem, stream: Stream) -> None:
+    """An idle engine, one caller: published, finished and answered in the caller's
+    task, with no loop turn (nothing else runs between the call and its reply)."""
+    runtime = HostRuntime()
+    ref, engine_actor = await start(system, runtime)
+    engine = Engine(ref)
+    out = CupyLikeArray("float32", 1 << 20)
+    turns = 0
+
+    def count_turn() -> None:
+        nonlocal turns
+        turns += 1
+
+    asyncio.get_running_loop().call_soon(count_turn)
+    reply = await engine.enqueue("fill", out, 2.0, n=8)
+    assert turns == 0, "the reply came before the loop turned"
+    assert isinstance(reply, Completion) and reply.op == "fill" and reply.seq == 1
+    assert runtime.finished == 1 and not engine_actor._pending
+    assert not stream.events  # the idle stream was asked, and held nothing
+
+
+async def one_enqueue_in_flight(
+    system: ActorSystem,
+) -> tuple[HostRuntime, Engine, HostEngine, asyncio.Future[Completion]]:
+    """An engine whose ring finishes nothing until told, one Engine.enqueue in flight."""
+    runtime = HostRuntime(auto=False)
+    ref, engine_actor = await start(system, runtime)
+    engine = Engine(ref)
+    out = CupyLikeArray("float32", 1 << 20)
+    first = asyncio.ensure_future(engine.enqueue("fill", out, 1.0, n=8, after="none"))
+    await loop_turns_until(lambda: runtime.ring.published == 1)
+    return runtime, engine, engine_actor, first
+
+
+async def test_concurrent_enqueues_are_published_together(system: ActorSystem) -> None:
+    """Callers that submit while a task is in flight are accepted together: every one
+    gets its own reply, in the order they called, from one store and one kick."""
+    runtime, engine, engine_actor, first = await one_enqueue_in_flight(system)
+    out = CupyLikeArray("float32", 1 << 20)
+    others = [
+        asyncio.ensure_future(engine.enqueue("fill", out, float(k), n=8, after="none"))
+        for k in range(40)
+    ]
+    seen = set()
+    for _ in range(100):  # every count of published tasks the loop's turns see
+        seen.add(runtime.ring.published)
+        await asyncio.sleep(0)
+    assert seen == {1, 41}, "the 40 tasks were published in one store"
+    runtime.finish()
+    replies = await asyncio.wait_for(asyncio.gather(first, *others), 5)
+    assert [reply.seq for reply in replies] == list(range(1, 42))
+    assert engine_actor._processed == 41 and not engine_actor._pending
+
+
+@pytest.mark.parametrize(
+    ("fields", "match"),
+    [
+        ({"n": -1}, "n must be an int"),
+        ({"n": 2**62}, "n must be an int"),
+        ({"n": 8, "blocks": 0}, "blocks must be an int"),
+        ({"n": 8, "timeout": 0}, "timeout must be None or a number"),
+        ({"n": 8, "timeout": float("nan")}, "timeout must be None or a number"),
+        ({"n": 8, "timeout": 2e6}, "timeout must be None or a number"),
+        ({"n": 8, "after": "later"}, "after must be"),
+    ],
+)
+async def test_enqueue_checks_its_fields_as_enqueue_does(
+    system: ActorSystem, fields: dict[str, Any], match: str
+) -> None:
+    ref, engine_actor = await start(system, HostRuntime())
+    out = CupyLikeArray("float32", 1 << 20)
+    with pytest.raises(InvalidArgument, match=match):
+        await Engine(ref).enqueue("fill", out, 1.0, **fields)
+    with pytest.raises(InvalidArgument):  # the message refuses the same fields
+        Enqueue(op="fill", args=(out, 1.0), **fields)
+    assert runtime_untouched(engine_actor)
+
+
+def runtime_untouched(engine_actor: HostEngine) -> bool:
+    assert engine_actor._runtime is not None
+    return engine_actor._runtime.ring.published == 0 and not engine_actor._pending
+
+
+async def test_each_callers_error_is_its_own(system: ActorSystem) -> None:
+    """A bad task among good ones fails alone, with the error ask(Enqueue) gives."""
+    runtime, engine, _engine_actor, first = await one_enqueue_in_flight(system)
+    ref, out = engine.ref, CupyLikeArray("float32", 1 << 20)
+    good = asyncio.ensure_future(engine.enqueue("fill", out, 1.0, n=8, after="none"))
+    unknown = asyncio.ensure_future(engine.enqueue("nope", out, n=8, after="none"))
+    wrong = asyncio.ensure_future(engine.enqueue("fill", out, n=8, after="none"))
+    await loop_turns_until(lambda: unknown.done() and wrong.done())
+    runtime.finish()
+    assert isinstance(await asyncio.wait_for(first, 5), Completion)
+    assert isinstance(await asyncio.wait_for(good, 5), Completion)
+    with pytest.raises(UnknownOp):
+        await unknown
+    with pytest.raises(InvalidArgument):
+        await wrong
+    with pytest.raises(UnknownOp):  # the same error through the message
+        await ref.ask(fill(op="nope", args=(out,)))
+
+
+async def test_enqueue_waits_for_the_callers_stream(system: ActorSystem, stream: Stream) -> None:
+    """after="current_stream": held while the stream captured at the call is busy."""
+    runtime = HostRuntime()
+    ref, engine_actor = await start(system, runtime)
+    stream.busy = True
+    held = asyncio.ensure_future(
+        Engine(ref).enqueue("fill", CupyLikeArray("float32", 1 << 20), 1.0, n=8)
+    )
+    await loop_turns_until(lambda: bool(engine_actor._backlog))
+    assert len(stream.events) == 1 and runtime.ring.published == 0 and not held.done()
+    stream.events[0].done = True
+    assert isinstance(await asyncio.wait_for(held, 5), Completion)
+
+
+async def test_a_cancelled_caller_loses_no_one_elses_task(system: ActorSystem) -> None:
+    """The caller whose ask carries the others' tasks is cancelled before the actor
+    takes them (its ask waits in the mailbox): its own task is dropped, the others
+    still run."""
+    runtime = HostRuntime(auto=False)
+    ref, engine_actor = await start(system, runtime)
+    engine = Engine(ref)
+    out = CupyLikeArray("float32", 1 << 20)
+    in_flight = asyncio.ensure_future(ref.ask(fill()))  # an asker waits: asks queue
+    await loop_turns_until(lambda: runtime.ring.published == 1)
+    carrier = asyncio.ensure_future(engine.enqueue("fill", out, 1.0, n=8, after="none"))
+    riders = [
+        asyncio.ensure_future(engine.enqueue("fill", out, 2.0, n=8, after="none")) for _ in range(3)
+    ]
+    asyncio.get_running_loop().call_soon(carrier.cancel)  # before the actor's turn
+    await loop_turns_until(lambda: runtime.ring.published >= 4)
+    runtime.finish()
+    replies = await asyncio.wait_for(asyncio.gather(in_flight, *riders), 5)
+    assert [reply.seq for reply in replies] == [1, 2, 3, 4]
+    assert carrier.cancelled() and runtime.ring.published == 4
+    assert engine_actor._processed == 4
+
+
+async def test_enqueue_to_a_stopped_engine_raises(system: ActorSystem) -> None:
+    ref, _engine_actor = await start(system, HostRuntime())
+    engine = Engine(ref)
+    await engine.shutdown(timeout=5)
+    await system.watch(ref)
+    with pytest.raises((ActorStopped, EngineStopped)):
+        await engine.enqueue("fill", CupyLikeArray("float32", 1 << 20), 1.0, n=8, after="none")

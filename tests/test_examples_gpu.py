@@ -49,7 +49,8 @@ def test_example_runs_and_passes(path: Path) -> None:
     lines = proc.stdout.strip().splitlines()
     assert lines, output
     last = lines[-1]
-    assert last.startswith("PASS: ") or (path.stem == "06_torch_interop" and last in SKIP_LINES), (
-        output
+    skipped = (path.stem == "06_torch_interop" and last in SKIP_LINES) or (
+        path.stem == "11_ray_cluster" and last == "ray not installed, skipping"
     )
+    assert last.startswith("PASS: ") or skipped, output
     print(f"{path.name}: {last}")

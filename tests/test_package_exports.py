@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import inspect
 import json
 import pkgutil
@@ -20,10 +21,24 @@ INIT = Path(gpuactors.__file__)
 
 # Bases that only share fields between messages (users send their subclasses), and
 # the first frame a worker reads (the library sends it, never a user).
-NOT_EXPORTED = {"CompileRequest", "HostArgs", "LaunchShape", "BootSpec"}
+# Field-sharing bases, and Submit: the Engine client's own carrier to its actor, which
+# users never build (they call Engine.enqueue).
+NOT_EXPORTED = {"CompileRequest", "HostArgs", "LaunchShape", "BootSpec", "Submit"}
 
 # Top-level modules whose import would make `import gpuactors` heavy or need a GPU.
 HEAVY = ("cupy", "torch", "ray", "cuda", "numpy", "pydantic", "anyio")
+
+
+# Subpackages that need an optional extra: walked only where that extra is installed.
+OPTIONAL = {"gpuactors.ray": "ray", "gpuactors.torch": "torch"}
+
+
+def _needs_missing_extra(name: str) -> bool:
+    return any(
+        (name == package or name.startswith(package + "."))
+        and importlib.util.find_spec(dependency) is None
+        for package, dependency in OPTIONAL.items()
+    )
 
 
 def library_modules() -> list[str]:
@@ -31,7 +46,9 @@ def library_modules() -> list[str]:
     return [
         info.name
         for info in pkgutil.walk_packages(gpuactors.__path__, "gpuactors.")
-        if not info.name.endswith("__main__") and not info.name.startswith("gpuactors.benchmarks")
+        if not info.name.endswith("__main__")
+        and not info.name.startswith("gpuactors.benchmarks")
+        and not _needs_missing_extra(info.name)
     ]
 
 

@@ -49,7 +49,11 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "NoCudaDevice", "GpuRefStale", "WrongDevice", "LaunchError", "DeviceFault",
         "DeviceFailed", "EngineError", "UnknownOp", "QueueFull", "EngineStopped",
         "EngineModeError", "TaskFailed", "TaskTimeout", "TaskHung", "WorkerError",
-        "WorkerProtocolError",
+        "WorkerProtocolError", "PartialFailure", "EngineLost",
+    ),
+    "gpuactors.group": (
+        "EngineGroup", "GroupAliasSet", "GroupBatchCompletion", "GroupOpInstalled",
+        "GroupStats", "PerDevice", "ShardedArray",
     ),
     "gpuactors.cuda": ("cuda_device_count", "no_device_reason"),
     "gpuactors.cuda.device": (
@@ -132,6 +136,7 @@ if TYPE_CHECKING:
     from gpuactors.errors import DeviceFailed as DeviceFailed
     from gpuactors.errors import DeviceFault as DeviceFault
     from gpuactors.errors import EngineError as EngineError
+    from gpuactors.errors import EngineLost as EngineLost
     from gpuactors.errors import EngineModeError as EngineModeError
     from gpuactors.errors import EngineStopped as EngineStopped
     from gpuactors.errors import GpuActorsError as GpuActorsError
@@ -142,6 +147,7 @@ if TYPE_CHECKING:
     from gpuactors.errors import MailboxFull as MailboxFull
     from gpuactors.errors import NoCudaDevice as NoCudaDevice
     from gpuactors.errors import NvrtcUnavailable as NvrtcUnavailable
+    from gpuactors.errors import PartialFailure as PartialFailure
     from gpuactors.errors import QueueFull as QueueFull
     from gpuactors.errors import ShutdownTimeout as ShutdownTimeout
     from gpuactors.errors import TaskFailed as TaskFailed
@@ -152,6 +158,13 @@ if TYPE_CHECKING:
     from gpuactors.errors import WorkerError as WorkerError
     from gpuactors.errors import WorkerProtocolError as WorkerProtocolError
     from gpuactors.errors import WrongDevice as WrongDevice
+    from gpuactors.group import EngineGroup as EngineGroup
+    from gpuactors.group import GroupAliasSet as GroupAliasSet
+    from gpuactors.group import GroupBatchCompletion as GroupBatchCompletion
+    from gpuactors.group import GroupOpInstalled as GroupOpInstalled
+    from gpuactors.group import GroupStats as GroupStats
+    from gpuactors.group import PerDevice as PerDevice
+    from gpuactors.group import ShardedArray as ShardedArray
     from gpuactors.logs import configure_logging as configure_logging
     from gpuactors.messages import Ack as Ack
     from gpuactors.messages import Message as Message

@@ -85,6 +85,11 @@ SCRIPTS: tuple[BenchScript, ...] = (
         "isolated engine: time to recover from a fault and a hang, its cost, a faulty soak",
         quick_args=("--jobs", "100", "--repeats", "300", "--soak-jobs", "20000"),
     ),
+    BenchScript(
+        "bench_scale.py",
+        "engine groups on 1, 2 and 4 GPUs, and engines on Ray actors, against one GPU",
+        quick_args=("--quick",),
+    ),
 )
 
 

@@ -49,6 +49,7 @@ from gpuactors.engine import (
     OpSpec,
     PrepareOp,
     ScalarParam,
+    tune_gc,
 )
 from gpuactors.errors import GpuActorsError
 
@@ -351,6 +352,7 @@ async def run_workload(args: argparse.Namespace, err: TextIO) -> DemoResult:
             engine = await Engine.start(system, ops=(HIST_OP,), device_id=args.device)
             await engine.ref.ask(PrepareOp(op=HIST_OP_V2), timeout=300)  # compile ahead
             run = _Run(tasks=plan.tasks, halfway=asyncio.Event())
+            tuning = tune_gc()  # a serving process's collector (opt-in: see tune_gc)
 
             async def at_midpoint() -> MidpointReport:
                 await run.halfway.wait()
@@ -378,6 +380,7 @@ async def run_workload(args: argparse.Namespace, err: TextIO) -> DemoResult:
                         task.cancel()
                 bar.update(run.done - bar.n)
                 bar.close()
+                tuning.restore()
             stats = await engine.stats()
             await engine.shutdown(timeout=60)
         got = cp.asnumpy(bins)

@@ -171,3 +171,34 @@ class WorkerProtocolError(WorkerError):
     """A worker process sent bytes that are not a well-formed frame of the worker protocol,
     or a reply that does not fit its request. Nothing it says can be trusted any more:
     the requests it held fail with this error at once and it is replaced."""
+
+
+# ---------------------------------------------------------- groups and pools
+class PartialFailure(EngineError):
+    """A request spread over several engines (a group's batch, or an op change that every
+    engine must make) failed on some of them and was done on others.
+
+    ``done`` maps each engine that finished its part (a device id in an EngineGroup, an
+    actor index in a RayEnginePool) to its reply, ``errors`` each engine that failed to
+    its error, and ``tasks`` (for a batch) each engine to the indices of its tasks in the
+    batch, so exactly the tasks that failed can be sent again.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        done: dict[int, object],
+        errors: dict[int, Exception],
+        tasks: dict[int, object] | None = None,
+    ) -> None:
+        self.done = done
+        self.errors = errors
+        self.tasks = tasks or {}
+        detail = "; ".join(f"{key}: {type(e).__name__}: {e}" for key, e in errors.items())
+        super().__init__(f"{message} (failed on {detail})")
+
+
+class EngineLost(EngineError):
+    """The process hosting an engine (a Ray actor, or its node) was lost while this request
+    was in flight: it may or may not have run. Sent again only for ops declared idempotent."""

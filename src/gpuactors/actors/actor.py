@@ -61,9 +61,10 @@ class Actor:
     #: How this actor supervises its children (a child's Props may override it).
     supervisor_strategy: ClassVar[SupervisorStrategy] = SupervisorStrategy()
 
-    #: Whether an ask to this actor while it is idle may run its synchronous handler at
-    #: once, in the asker's task (saving a mailbox round trip). Set False for handlers
-    #: that must run in the actor's own task (e.g. they use ``asyncio.current_task()``).
+    #: The one switch of the "answer at once" fast path (``actors/at_once.py``): whether
+    #: an ask to this actor while it is idle may run its synchronous handler at once, in
+    #: the asker's task (saving a mailbox round trip). Set False for handlers that must
+    #: run in the actor's own task (e.g. they use ``asyncio.current_task()``).
     answers_at_once: ClassVar[bool] = True
 
     _handler_names: ClassVar[dict[type[Message], str]] = {}

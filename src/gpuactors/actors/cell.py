@@ -13,7 +13,12 @@ deferred replies still pending then fail with ``ActorStopped``; watchers get
 current handler cancelled.
 
 What the actor's own code raises (a handler, on either path, a lifecycle hook, or
-its supervisor's decider) is one of three things:
+its supervisor's decider) is one of four things:
+
+- a :class:`~gpuactors.errors.GpuActorsError` raised by a handler: its asker's
+  error, not the actor's failure. The asker gets it as it is; the supervisor never
+  hears of it (no restart); for a tell, nobody can get it, so it is logged as a
+  warning. A handler needs no try/except to refuse a bad request;
 
 - the end of the actor's task, not a failure: the task's own cancellation (stop
   timeout, loop shutdown), or its coroutine being closed by the garbage collector;
@@ -34,7 +39,6 @@ import asyncio
 import contextvars
 import inspect
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
@@ -48,22 +52,23 @@ from gpuactors.actors.actor import (
     handled_types,
     resolve_handler,
 )
-from gpuactors.actors.at_once import (
-    AT_ONCE_STREAK_SECONDS,
-    NOT_AT_ONCE,
-    AtOnceFailure,
-    Overdue,
-)
+from gpuactors.actors.at_once import AtOnceFailure, OwnReply
 from gpuactors.actors.context import ActorContext
 from gpuactors.actors.dead_letters import DeadLetter, DeadLetterReason
 from gpuactors.actors.deadlines import AskDeadlines
-from gpuactors.actors.deferred import Deferred
+from gpuactors.actors.deferred import Deferred, OwedReplies
 from gpuactors.actors.mailbox import Mailbox
 from gpuactors.actors.props import Props
 from gpuactors.actors.ref import ActorRef
 from gpuactors.actors.supervision import Directive, RestartBudget, SupervisorStrategy
 from gpuactors.actors.terminated import Terminated
-from gpuactors.errors import ActorFailed, ActorStopped, UnhandledMessage
+from gpuactors.errors import (
+    ActorError,
+    ActorFailed,
+    ActorStopped,
+    GpuActorsError,
+    UnhandledMessage,
+)
 from gpuactors.logs import get_logger
 
 if TYPE_CHECKING:
@@ -85,6 +90,10 @@ _CORRELATION_ID = _structlog_var("correlation_id")
 CURRENT_CELL: ContextVar[ActorCell | None] = ContextVar("gpuactors_current_cell", default=None)
 
 _STOP = object()
+
+#: ``ActorCell.reply`` between handlers, and while an ask answered at once has no future.
+_OUTSIDE = object()
+_AT_ONCE = object()
 
 #: Messages handled back to back before the actor lets other tasks run.
 _FAIR_BURST = 256
@@ -155,6 +164,15 @@ def _forward(
             reply.set_exception(error)
 
 
+def _drop(future: asyncio.Future[Any]) -> None:
+    """Nobody will wait on ``future``: cancel it (so settling it later is skipped), or
+    mark an exception already set on it as retrieved."""
+    if not future.done():
+        future.cancel()
+    elif not future.cancelled():
+        future.exception()
+
+
 def _task_is_cancelled() -> bool:
     """Was the current task cancelled (rather than a handler raising CancelledError)?
 
@@ -191,6 +209,13 @@ class ActorCell:
         self.watching: set[ActorCell] = set()
         self.waiters: list[asyncio.Future[Terminated]] = []
         self.links: set[_DeferredLink] = set()
+        #: Reply futures handlers took (``take_reply``), failed if still pending at stop.
+        self.owed_replies = OwedReplies()
+        #: The running handler's reply future: None for a tell, ``_AT_ONCE`` for an ask
+        #: answered at once before the handler takes one, ``_OUTSIDE`` between handlers.
+        self.reply: asyncio.Future[Any] | object | None = _OUTSIDE
+        #: Whether the running handler took ``reply`` (then it settles it, not the cell).
+        self.reply_taken = False
         self.restarts = RestartBudget()
         self.terminated: asyncio.Future[None] = self.loop.create_future()
         self.cause: BaseException | None = None
@@ -200,7 +225,8 @@ class ActorCell:
         #: Asks to this actor whose askers wait for the reply (queued or deferred).
         self.askers_waiting = 0
         self.task: asyncio.Task[None] | None = None
-        self._context: contextvars.Context | None = None  # the task's, for answer_at_once
+        #: The task's context, where ``at_once.answer_at_once`` runs handlers too.
+        self.task_context: contextvars.Context | None = None
         self._killed = False
         #: A KeyboardInterrupt or SystemExit the actor's code raised: re-raised once the
         #: actor has stopped (see the module's docstring).
@@ -212,8 +238,9 @@ class ActorCell:
 
     @property
     def pending_deferred(self) -> int:
-        """Deferred replies still owed to someone waiting (or to a tell)."""
-        return len(self.links)
+        """Deferred replies still owed to someone waiting (or to a tell), and reply
+        futures handlers took and have not settled."""
+        return len(self.links) + self.owed_replies.pending
 
     def is_within(self, root: ActorCell) -> bool:
         """True if this cell is ``root`` or one of its descendants."""
@@ -231,8 +258,8 @@ class ActorCell:
         # (Python 3.10 cannot give a task a context: there, every ask uses the mailbox.)
         name = f"actor {self.path}"
         if sys.version_info >= (3, 11):
-            self._context = contextvars.copy_context()
-            self.task = self.loop.create_task(self._run(), name=name, context=self._context)
+            self.task_context = contextvars.copy_context()
+            self.task = self.loop.create_task(self._run(), name=name, context=self.task_context)
         else:
             self.task = self.loop.create_task(self._run(), name=name)
         self.task.add_done_callback(self._on_task_done)
@@ -360,84 +387,106 @@ class ActorCell:
             set_type(message_type.__name__)
             set_cid(... if cid is None else cid)
             method, is_async = handler
+            self.reply = reply
             try:
                 result = method(message)
                 if is_async:
                     result = await result
             except BaseException as exc:  # the module's docstring says what becomes of it
+                taken = self._end_handler()
                 if self._ends_the_task(exc):
                     if reply is not None and not reply.done():
                         reply.set_exception(self._stopped_error(message))
                     raise
+                if isinstance(exc, GpuActorsError):  # the asker's error, not a failure
+                    self._fail_ask(exc, reply if taken is None else taken, message)
+                    continue
                 if await self._handler_failed(exc, message, reply):
                     return
                 continue
+            if self.reply_taken:  # the handler settles its reply future itself
+                self._end_handler()
+                if result is not None and await self._handler_failed(
+                    self._returned_too(result, message), message, reply
+                ):
+                    return
+                continue
+            self.reply = _OUTSIDE
             if isinstance(result, Deferred):
                 self.defer_reply(result.future, reply)
             elif reply is not None and not reply.done():
                 reply.set_result(result)
 
-    def answer_at_once(self, message: Any, cid: int) -> Any:
-        """Run an ask's handler now, in the asker's task, where nobody could tell the
-        difference: the actor is idle with nothing queued ahead, and the handler is
-        synchronous (so it runs start to end with no other message in between).
-
-        Saves the two task switches of a mailbox round trip, and the reply future, on
-        the latency path. The handler sees the actor's own context (logs,
-        ``CURRENT_CELL``). Returns the handler's reply; a :class:`Deferred` it returned;
-        an :class:`AtOnceFailure` if it raised (the supervisor hears of the failure
-        through the system lane, as usual); or ``NOT_AT_ONCE`` when the ask must go
-        through the mailbox instead: also when other askers wait on this actor
-        (concurrent asks coalesce better through the mailbox, and one asker must not
-        overtake the others). The answer comes wrapped in :class:`Overdue` when asks
-        answered at once have held the loop for ``AT_ONCE_STREAK_SECONDS`` (see
-        ``AtOnceStreak``): its asker lets the loop turn before it takes it.
-        """
-        mailbox = self.mailbox
-        if (
-            not self.idle
-            or self.askers_waiting
-            or self.stopping
-            or mailbox.user
-            or mailbox.system
-            or mailbox.putters  # senders waiting for room (or granted it) go first
-            or mailbox.reserved
-        ):
-            return NOT_AT_ONCE
-        message_type = type(message)
-        handler = self.handlers.get(message_type) or resolve_handler(self.handlers, message_type)
-        if (
-            handler is None
-            or handler[1]  # async
-            or self._context is None
-            or not self.instance.answers_at_once
-        ):
-            return NOT_AT_ONCE
-        streak = self.system.at_once
-        now = time.perf_counter()
-        started = streak.started
-        # Within a run (the common case) in one comparison; admit() begins or ends one.
-        in_time = (started is not None and now - started <= AT_ONCE_STREAK_SECONDS) or streak.admit(
-            now, self.loop
-        )
-        self.idle = False
-        try:
-            answer = self._context.run(self._answer_now, handler[0], message, cid)
-        finally:
-            self.idle = not (self.stopping or self.mailbox.system)
-        return answer if in_time else Overdue(answer)
-
-    def _answer_now(self, method: Callable[[Any], Any], message: Any, cid: int) -> Any:
+    def handle_at_once(self, method: Callable[[Any], Any], message: Any, cid: int) -> Any:
+        """Run a handler for ``at_once.answer_at_once`` (in the actor's context) and
+        say what the asker gets: the reply, ``OwnReply`` or ``AtOnceFailure``."""
         _MESSAGE_TYPE.set(type(message).__name__)
         _CORRELATION_ID.set(cid)
+        self.reply = _AT_ONCE
         try:
-            return method(message)
-        except BaseException as exc:  # all of it is a failure here: the handler raised it
+            result = method(message)
+        except BaseException as exc:  # all of it is the handler's here: it raised it
+            taken = self._end_handler()
+            if taken is not None:  # made here, never seen by the asker: the raise wins
+                _drop(taken)
+            if isinstance(exc, GpuActorsError):  # the asker's error, not the actor's failure
+                return AtOnceFailure(exc)
             failure = self._as_failure(exc, f"handler of {type(message).__name__}")
             # First in the system lane: ahead of a stop the handler may have asked for,
             # as on the mailbox path, where the supervisor hears of a failure at once.
             self.mailbox.signal(_HandledAtOnceFailed(failure, message, cid), first=True)
             return AtOnceFailure(failure)
+        taken = self._end_handler()
+        if taken is None:
+            return result
+        if result is not None:
+            failure = self._returned_too(result, message)
+            if not taken.done():
+                taken.set_exception(failure)
+            self.mailbox.signal(_HandledAtOnceFailed(failure, message, cid), first=True)
+        return OwnReply(taken)
+
+    # ----------------------------------------------------------- reply futures
+    def take_reply(self) -> asyncio.Future[Any]:
+        """The running handler's reply future, now the handler's to settle (see
+        ``ActorContext.reply_future``)."""
+        reply = self.reply
+        if self.reply_taken:
+            return reply  # type: ignore[return-value]
+        if isinstance(reply, asyncio.Future):  # the asker's own, from the mailbox
+            self.owed_replies.add(reply)
+        elif reply is _AT_ONCE:  # the asker has none yet: it waits on this one
+            reply = self.loop.create_future()
+            self.owed_replies.add(reply)
+        elif reply is None:  # a tell: nobody waits; a failure is only logged
+            reply = self.loop.create_future()
+            reply.add_done_callback(self._tell_reply_done)
+        else:
+            raise ActorError(
+                f"{self.path}: reply_future() is for a handler of this actor, while it "
+                "runs (not a lifecycle hook, another task or a callback)"
+            )
+        self.reply = reply
+        self.reply_taken = True
+        return reply
+
+    def _end_handler(self) -> asyncio.Future[Any] | None:
+        """The handler has returned or raised: the reply future it took, if any."""
+        taken = self.reply if self.reply_taken else None
+        self.reply = _OUTSIDE
+        self.reply_taken = False
+        return taken  # type: ignore[return-value]
+
+    def _returned_too(self, result: Any, message: Any) -> TypeError:
+        return TypeError(
+            f"{self.path}: the handler of {type(message).__name__} took its reply future "
+            f"and also returned {type(result).__name__}; a handler that settles its reply "
+            "future itself returns None"
+        )
+
+    def _tell_reply_done(self, future: asyncio.Future[Any]) -> None:
+        if not future.cancelled() and future.exception() is not None:
+            self.log.warning("the reply future of a tell failed", exc_info=future.exception())
 
     async def _handler_failed(
         self, raised: BaseException, message: Any, reply: asyncio.Future[Any] | None
@@ -446,6 +495,20 @@ class ActorCell:
         if reply is not None and not reply.done():
             reply.set_exception(failure)
         return await self._on_failure(failure, message)
+
+    def _fail_ask(
+        self, error: GpuActorsError, reply: asyncio.Future[Any] | None, message: Any
+    ) -> None:
+        """A handler raised ``error`` for its asker: the asker gets it; for a tell,
+        nobody can, so it is logged."""
+        if reply is None:
+            self.log.warning(
+                "a told handler raised an error meant for its asker",
+                message_type=type(message).__name__,
+                exc_info=error,
+            )
+        elif not reply.done():
+            reply.set_exception(error)
 
     def _ends_the_task(self, exc: BaseException) -> bool:
         """Is ``exc``, raised in the actor's task, the end of that task rather than a
@@ -680,6 +743,9 @@ class ActorCell:
                     ActorStopped(f"{self.path} stopped before its deferred reply")
                 )
         self.links.clear()
+        self.owed_replies.fail_pending(
+            lambda: ActorStopped(f"{self.path} stopped before settling a reply future")
+        )
         for target in self.watching:
             target.watchers.discard(self)
         self.watching.clear()

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import asyncio
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -52,6 +53,20 @@ class ActorContext:
     def log(self) -> structlog.typing.FilteringBoundLogger:
         """A logger bound to the system and this actor's path."""
         return self._cell.log
+
+    def reply_future(self) -> asyncio.Future[Any]:
+        """The reply future of the message being handled, for the handler to settle
+        itself later (one future per task: ``deferred.py`` has the whole rule).
+
+        For an ask it is the asker's own future; for an ask answered at once, which has
+        none yet, one is made now and the asker waits on it. The handler must then
+        return None. Settle it only ``if not future.done()``: an asker that timed out
+        or was cancelled has settled it already. For a tell, it is a fresh future
+        nobody awaits (an exception set on it is logged). Calling it again in the same
+        handler returns the same future; calling it outside a handler of this actor
+        raises :class:`~gpuactors.errors.ActorError`.
+        """
+        return self._cell.take_reply()
 
     def spawn(self, target: type[Actor] | Props, name: str | None = None) -> ActorRef:
         """Start a child, supervised by this actor and stopped before it."""

@@ -7,7 +7,7 @@ import itertools
 import math
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from gpuactors.actors.at_once import NOT_AT_ONCE, AtOnceFailure, Overdue
+from gpuactors.actors.at_once import NOT_AT_ONCE, AtOnceFailure, OwnReply, answer_at_once
 from gpuactors.actors.checks import seconds
 from gpuactors.actors.deadlines import Deadline, expire
 from gpuactors.actors.deferred import Deferred
@@ -119,10 +119,7 @@ class ActorRef:
         cell = self._cell
         cid = _next_id()
         # An idle actor answers at once, in this task: no mailbox round trip, no future.
-        answer = cell.answer_at_once(message, cid)
-        overdue = type(answer) is Overdue
-        if overdue:  # a long run of asks answered at once: the loop turns
-            answer = await self._after_a_turn(answer.answer)
+        answer = answer_at_once(cell, message, cid)
         timer: asyncio.TimerHandle | None = None
         deadline: Deadline | None = None
         if answer is NOT_AT_ONCE:
@@ -133,24 +130,25 @@ class ActorRef:
                     deadline = cell.deadlines.add(reply, envelope, timeout)
             else:
                 timer = await self._send_slow(envelope, timeout)
+        elif type(answer) is OwnReply:  # the handler took the future it settles
+            reply = answer.future
+            if timeout is not None and not reply.done():
+                deadline = cell.deadlines.add(reply, (message, reply, cid), timeout)
         elif isinstance(answer, Deferred):  # answered at once, the reply still to come
             settled = answer.future
             if settled.done() and not settled.cancelled() and settled.exception() is None:
-                result = settled.result()  # already there (e.g. after a loop turn)
+                result = settled.result()
                 return result if expect is None else _checked(result, message, expect, cell.path)
-            if overdue:  # the asker's own future, linked already: a timeout reaches the link
-                reply = settled
-            else:
-                reply = cell.loop.create_future()
-                cell.defer_reply(answer.future, reply)
+            reply = cell.loop.create_future()
+            cell.defer_reply(settled, reply)
             if timeout is not None and not reply.done():
                 deadline = cell.deadlines.add(reply, (message, reply, cid), timeout)
-        elif isinstance(answer, AtOnceFailure):
+        elif type(answer) is AtOnceFailure:
             raise answer.error
         else:
             return answer if expect is None else _checked(answer, message, expect, cell.path)
         try:
-            if reply.done():  # a deferred reply that was ready at once
+            if reply.done():  # a reply settled at once (deferred or taken)
                 result = reply.result()
             else:
                 cell.system.at_once.end()  # this asker yields: the loop turns
@@ -171,31 +169,6 @@ class ActorRef:
             if deadline is not None:  # the ask is over: its deadline lets go of it
                 cell.deadlines.settle(deadline)
         return result if expect is None else _checked(result, message, expect, cell.path)
-
-    async def _after_a_turn(self, answer: Any) -> Any:
-        """Let the loop turn once, then hand back ``answer`` (the handler's, given at once).
-
-        Other asks to the actor queue in its mailbox meanwhile. A reply the handler
-        deferred is linked before the turn (so an actor that stops during it still
-        fails the ask) and comes back as a ``Deferred`` of the asker's own future,
-        which the actor's tasks have had that turn to settle.
-        """
-        cell = self._cell
-        reply: asyncio.Future[Any] | None = None
-        if isinstance(answer, Deferred):
-            reply = cell.loop.create_future()
-            cell.defer_reply(answer.future, reply)
-        cell.system.at_once.end()
-        cell.askers_waiting += 1
-        try:
-            await asyncio.sleep(0)
-        except BaseException:
-            if reply is not None:
-                reply.cancel()  # the caller went away: the deferred outcome is dropped
-            raise
-        finally:
-            cell.askers_waiting -= 1
-        return answer if reply is None else Deferred(reply)
 
     async def _send_slow(
         self, envelope: Envelope, timeout: float | None

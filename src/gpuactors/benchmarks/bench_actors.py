@@ -8,6 +8,11 @@ An ask to an idle actor with a synchronous handler is handled at once in the ask
 task (no mailbox round trip), so it beats the baseline; an async handler always goes
 through the mailbox, and is measured and checked too.
 
+A reply that comes later costs event-loop CPU per task: 1,000 concurrent askers to a
+handler that settles its replies on the next loop turn, once through a ``Deferred``
+(a second future linked to the asker's) and once through ``context.reply_future()``
+(one future per task), compared in CPU microseconds per task.
+
 Run: ``python -m gpuactors.benchmarks.bench_actors [--asks N] [--tells N] [--json PATH]``
 """
 
@@ -21,7 +26,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from gpuactors.actors import Actor, ActorSystem, MailboxConfig, Props, handles
+from gpuactors.actors import Actor, ActorSystem, Deferred, MailboxConfig, Props, handles
 from gpuactors.benchmarks.results import ScriptResults, add_result_options, run_measurement
 from gpuactors.messages import Message
 
@@ -50,6 +55,53 @@ class Echo(Actor):
     async def async_ping(self, msg: AsyncPing) -> int:
         self.seen += 1
         return msg.n
+
+
+class Later(Message):
+    """Replied to on the next loop turn, through a Deferred or the taken reply future."""
+
+    own_future: bool
+
+
+class Settler(Actor):
+    """Settles every reply it owes in one callback a loop turn (as a GPU poller would)."""
+
+    def __init__(self) -> None:
+        self.owed: list[asyncio.Future[int]] = []
+
+    def settle(self) -> None:
+        owed, self.owed = self.owed, []
+        for future in owed:
+            if not future.done():
+                future.set_result(1)
+
+    @handles(Later)
+    def later(self, msg: Later) -> Deferred[int] | None:
+        if not self.owed:
+            asyncio.get_running_loop().call_soon(self.settle)
+        if msg.own_future:
+            self.owed.append(self.context.reply_future())
+            return None
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.owed.append(future)
+        return Deferred(future)
+
+
+async def replies_later_cpu(system: ActorSystem, own_future: bool, tasks: int) -> float:
+    """CPU microseconds per task of 1,000 concurrent askers whose replies come later."""
+    ref = system.spawn(Settler)
+    msg = Later(own_future=own_future)
+    clients = 1000
+    per_client = max(1, tasks // clients)
+
+    async def client(count: int) -> None:
+        for _ in range(count):
+            await ref.ask(msg, timeout=5.0)
+
+    await asyncio.gather(*(client(2) for _ in range(clients)))  # warm-up
+    cpu = time.process_time()
+    await asyncio.gather(*(client(per_client) for _ in range(clients)))
+    return (time.process_time() - cpu) * 1e6 / (clients * per_client)
 
 
 def percentile(sorted_ns: list[int], q: float) -> float:
@@ -134,7 +186,15 @@ async def actor_numbers(asks: int, tells: int) -> dict[str, Any]:
             await bounded.tell_wait(msg)
         await bounded.ask(msg)
         wait_rate = tells / (time.perf_counter() - start)
+
+        # Interleaved, best of three each: this is CPU time, but a busy machine adds noise.
+        later: dict[bool, list[float]] = {False: [], True: []}
+        for _ in range(3):
+            for own_future in (False, True):
+                later[own_future].append(await replies_later_cpu(system, own_future, asks))
     return {
+        "later_deferred": min(later[False]),
+        "later_own_future": min(later[True]),
         "ask": plain,
         "ask_timeout": timed,
         "ask_mailbox": mailbox,
@@ -179,6 +239,21 @@ async def measure(asks: int, tells: int, results: ScriptResults) -> None:
             unit="messages/s",
             higher_is_better=True,
         )
+    print()
+    print(f"{'1,000 askers, reply later':34}{'cpu us/task':>12}{'ratio':>10}")
+    deferred_label = "reply later: Deferred"
+    print(f"{deferred_label:34}{ours['later_deferred']:>12.2f}{1.0:>10.2f}")
+    own_label = "reply later: context.reply_future()"
+    ratio = ours["later_own_future"] / ours["later_deferred"]
+    print(f"{own_label:34}{ours['later_own_future']:>12.2f}{ratio:>10.2f}")
+    results.compare(
+        own_label,
+        ours["later_own_future"],
+        baseline_label=deferred_label,
+        baseline_value=ours["later_deferred"],
+        unit="cpu us/task",
+        higher_is_better=False,
+    )
     print()
     checks = [
         (f"ask p50 <= {ASK_P50_MAX_RATIO}x baseline", p50 / base_p50, f"{p50 / base_p50:.2f}x"),

@@ -26,7 +26,7 @@ at 1,000 clients saw from under 1% to 100% of the tasks in line, run to run.
 stream is idle; the host ring has no stream, so here an idle stream's answer stands
 in and CuPy's query (a ``cudaStreamQuery``) is not in the figures.
 
-Run: ``PYTHONPATH=src python benchmarks/bench_host_path.py [--gc default|freeze|threshold]
+Run: ``python -m gpuactors.benchmarks.bench_host_path [--gc default|freeze|threshold]
 [--loop asyncio|uvloop] [--json PATH] [--profile PATH]``
 """
 
@@ -36,7 +36,6 @@ import argparse
 import asyncio
 import cProfile
 import gc
-import json
 import platform
 import pstats
 import statistics
@@ -47,19 +46,18 @@ from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
-from gpuactors.benchmarks.bench_engine import asyncio_ceiling
 
 from gpuactors.actors import ActorSystem, MailboxConfig, Props
-from gpuactors.engine import actor as actor_module
-from gpuactors.engine.actor import Engine
+from gpuactors.benchmarks.bench_engine import asyncio_ceiling
+from gpuactors.benchmarks.results import ScriptResults, add_result_options, run_measurement
+from gpuactors.engine import streams
+from gpuactors.engine.client import Engine
+from gpuactors.engine.gc_tuning import tune_gc
 from gpuactors.engine.host_runtime import CupyLikeArray, HostEngine, HostRuntime, cupy_like_arrays
 from gpuactors.engine.messages import Completion, Enqueue
 from gpuactors.engine.runtime import EngineConfig
 
 N = 1024  # elements per task (bench_engine's axpy)
-#: ``--gc threshold``: a first generation this large collects about once per
-#: this many allocations instead of 700 (Python's default).
-GC_THRESHOLD = (50_000, 20, 20)
 AFTER_DEFAULT_NOTE = (
     "after='current_stream' (the default) ran with an idle stream standing in for "
     "CuPy's: the stream query it makes on a GPU is NOT in these figures"
@@ -114,15 +112,21 @@ CALL_NAMES = ("enqueue_default", "ask_new_none", "ask_reused_none")
 PROFILED = "enqueue_default"  # the call --profile looks into (what users call)
 
 
+class IdleStream:
+    """A CuPy stream with no work queued (what ``after="current_stream"`` asks about)."""
+
+    done = True
+
+
 @contextmanager
 def idle_stream() -> Iterator[None]:
     """The caller's CuPy stream, as ``after="current_stream"`` sees it: always idle."""
-    original = actor_module._pending_work_event
-    actor_module._pending_work_event = lambda: None
+    original = streams.current_stream
+    streams.current_stream = IdleStream
     try:
         yield
     finally:
-        actor_module._pending_work_event = original
+        streams.current_stream = original
 
 
 # ----------------------------------------------------------------------- one client
@@ -211,9 +215,10 @@ class Collections:
 
 
 def apply_gc(mode: str) -> None:
-    """Set the collector up for ``mode`` (``freeze`` runs later, once all is started)."""
+    """Set the collector up for ``mode`` with ``tune_gc`` (``freeze`` runs later, once
+    all is started); the caller puts it back."""
     if mode == "threshold":
-        gc.set_threshold(*GC_THRESHOLD)
+        tune_gc(freeze=False)
 
 
 # ------------------------------------------------------------------------- a run
@@ -251,8 +256,7 @@ async def run(args: argparse.Namespace, profiler: cProfile.Profile | None) -> di
             await latencies(one[name], 50)
             await clients_rate([calls[name] for calls in many], 2)
         if args.gc == "freeze":
-            gc.collect()
-            gc.freeze()
+            tune_gc(gen0_threshold=None)  # what the engine and the clients hold, frozen
         finished_before = path.runtime.finished
         device_before = path.runtime.device_seconds
         with collections.counting():
@@ -441,25 +445,44 @@ def where_time_goes(stats: pstats.Stats) -> dict[str, float]:
     return {part: own / whole for part, own in sorted(parts.items(), key=lambda kv: -kv[1])}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--clients", type=int, default=1000)
-    parser.add_argument("--per-client", type=int, default=20, help="tasks per client per round")
-    parser.add_argument("--single", type=int, default=3000, help="one-client tasks per round")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--gc", choices=("default", "freeze", "threshold"), default="default")
-    parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
-    parser.add_argument("--json", metavar="PATH", help="also write the results here")
-    parser.add_argument(
-        "--profile",
-        metavar="PATH",
-        help=f"cProfile {PROFILED}'s many-client rounds: stats saved here, shares by part printed",
-    )
-    args = parser.parse_args(argv)
-    loop = new_loop(args.loop)
-    if loop is None:
-        print("uvloop is not installed (pip install uvloop): nothing measured")
-        return 0
+def record(result: dict[str, Any], results: ScriptResults) -> None:
+    """What ``report`` printed, as numbers in ``results`` (what ``--json`` writes)."""
+    for name, figures in result["single"].items():
+        results.latency(
+            f"1 client: {name}",
+            figures["p50_us"],
+            figures["p99_us"],
+            baseline=name.startswith("floor"),
+        )
+        results.figure(f"1 client: {name} cpu", figures["cpu_us"], "us/task")
+    floor = result["concurrent"]["floor_bulk_futures"]
+    clients = result["clients"]
+    for name, figures in result["concurrent"].items():
+        results.figure(f"{clients} clients: {name} cpu", figures["cpu_us_per_task"], "us/task")
+        if name in CALL_NAMES:
+            results.compare(
+                f"{clients} clients: {name}",
+                figures["tasks_per_s"],
+                baseline_label=f"{clients} clients: floor_bulk_futures",
+                baseline_value=floor["tasks_per_s"],
+                unit="tasks/s",
+                higher_is_better=True,
+            )
+    gc_report = result["gc"]
+    for generation, count in enumerate(gc_report["collections_per_1000_tasks"]):
+        results.figure(f"gc: generation {generation} collections", count, "per 1,000 tasks")
+    results.figure("gc: time in collections", gc_report["gc_us_per_task"], "us/task")
+    results.figure("stand-in device", result["device_stand_in_us_per_task"], "us/task")
+    for name in ("tasks_finished", "tasks_expected", "engine_processed"):
+        results.figure(name, result[name], "tasks")
+    for part, share in result.get("profile", {}).items():
+        results.figure(f"profile: {part}", share, "share of own time")
+
+
+def measure(
+    args: argparse.Namespace, loop: asyncio.AbstractEventLoop, results: ScriptResults
+) -> None:
+    """Run the rounds on ``loop``, print the figures and record them in ``results``."""
     profiler = cProfile.Profile() if args.profile else None
     saved_threshold = gc.get_threshold()
     apply_gc(args.gc)
@@ -483,10 +506,31 @@ def main(argv: list[str] | None = None) -> int:
         print("time falls in whichever part allocated when it ran:")
         for part, share in where.items():
             print(f"  {part:<48} {100 * share:5.1f}%  ~{share * cpu_us:5.2f} us")
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump(result, out, indent=2)
-    return 0
+    record(result, results)
+    python = f"Python {result['python']} ({result['machine']})"
+    results.device = f"host ring; {python}, {args.loop} loop, gc {args.gc}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", type=int, default=1000)
+    parser.add_argument("--per-client", type=int, default=20, help="tasks per client per round")
+    parser.add_argument("--single", type=int, default=3000, help="one-client tasks per round")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--gc", choices=("default", "freeze", "threshold"), default="default")
+    parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
+    parser.add_argument(
+        "--profile",
+        metavar="PATH",
+        help=f"cProfile {PROFILED}'s many-client rounds: stats saved here, shares by part printed",
+    )
+    add_result_options(parser)
+    args = parser.parse_args(argv)
+    loop = new_loop(args.loop)
+    if loop is None:
+        print("uvloop is not installed (pip install uvloop): nothing measured")
+        return 0
+    return run_measurement("bench_host_path", args, lambda results: measure(args, loop, results))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from gpuactors.engine.actor import Engine, PersistentEngineActor
+from gpuactors.engine.actor import PersistentEngineActor
+from gpuactors.engine.client import Engine
+from gpuactors.engine.gc_tuning import GcTuning, tune_gc
 from gpuactors.engine.messages import (
     AliasOp,
     BatchCompletion,
@@ -42,6 +44,7 @@ __all__ = [
     "EngineStats",
     "Enqueue",
     "EnqueueBatch",
+    "GcTuning",
     "InstallOp",
     "OpAliasSet",
     "OpInstalled",
@@ -59,4 +62,5 @@ __all__ = [
     "Shutdown",
     "ShutdownReport",
     "Stats",
+    "tune_gc",
 ]

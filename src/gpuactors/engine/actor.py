@@ -1,7 +1,8 @@
 """PersistentEngineActor: ``await engine.ask(Enqueue(...))`` without a kernel launch per task.
 
-The actor validates each task, writes it into the ring and returns a
-``Deferred`` so its mailbox moves straight on. One poller task per engine
+The actor validates each task, writes it into the ring and keeps the asker's own
+reply future (``context.reply_future()``, one future per task) so its mailbox
+moves straight on. One poller task per engine
 watches the completion markers (a short spin, then backing off to sleeps),
 resolves the askers' futures, relaunches a parked kernel when work waits, and
 checks the stream for device faults. No thread per task, no blocking of the
@@ -14,8 +15,7 @@ import asyncio
 import functools
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
-from contextlib import asynccontextmanager, suppress
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -23,17 +23,13 @@ import numpy as np
 
 from gpuactors.actors import (
     Actor,
-    ActorRef,
-    ActorSystem,
     Deferred,
-    MailboxConfig,
-    Props,
     failed_reply,
     handles,
 )
 from gpuactors.cuda.generation import FIRST_GENERATION, GENERATIONS
 from gpuactors.cuda.polling import SLEEP_MIN_SECONDS, SPIN_PHASE_SECONDS, SPIN_SECONDS
-from gpuactors.engine import abi
+from gpuactors.engine import abi, streams
 from gpuactors.engine.args import check_count, encode_batch
 from gpuactors.engine.codegen import build_engine_module, cached_engine_module
 from gpuactors.engine.messages import (
@@ -64,15 +60,16 @@ from gpuactors.engine.ops import BUILTIN_OPS, OpSpec
 from gpuactors.engine.optable import OpTable, ResolvedOp
 from gpuactors.engine.ring import RecordColumns
 from gpuactors.engine.runtime import EngineConfig, EngineRuntime, check_start_options
+from gpuactors.engine.submissions import (
+    Submission,
+    Submit,
+)
 from gpuactors.errors import (
-    ActorStopped,
-    AskTimeout,
     DeviceFault,
     EngineError,
     EngineStopped,
     GpuActorsError,
     InvalidArgument,
-    MailboxFull,
     QueueFull,
     TaskFailed,
     TaskHung,
@@ -222,7 +219,7 @@ class PersistentEngineActor(Actor):
 
     # ------------------------------------------------------------------ enqueue
     @handles(Enqueue)
-    def enqueue(self, msg: Enqueue) -> Completion | Deferred[Completion]:
+    def enqueue(self, msg: Enqueue) -> Completion | Deferred[Completion] | None:
         """Accept a task; on an idle engine publish it at once and, if it finishes
         within a short spin, answer at once (no future). This is the latency path:
         every Python call on it costs the asker 0.1 to 0.2 us on the GPU machines, so
@@ -243,7 +240,7 @@ class PersistentEngineActor(Actor):
                 deadline = time.time_ns() + self._default_in_ns
             else:
                 deadline = self._deadline_ns(timeout)
-            ready_event = _pending_work_event() if msg.after == "current_stream" else None
+            ready_event = streams.pending_work_event() if msg.after == "current_stream" else None
         except GpuActorsError as exc:
             return failed_reply(exc)  # the caller's error, not the actor's failure
         runtime = self._runtime
@@ -265,33 +262,30 @@ class PersistentEngineActor(Actor):
                 msg, resolved, deadline, ready_event, idle, accepted_at
             )
             if not isinstance(accepted, int):
-                return accepted  # an error, or queued: a Deferred
+                return accepted  # an error (a Deferred), or queued (None: the asker's
+                # own future is settled when the task finishes)
             seq = accepted
         runtime.kick()
-        # The GPU takes microseconds: build the reply meanwhile (the marker brings only
-        # its device figures), then spin, bounded like the poller's own spin.
+        # Spin, bounded like the poller's own spin: the GPU takes microseconds.
         spec = resolved.spec
-        reply, fields = build_completion(seq, spec.name, spec.version)
         harvested = runtime.ring.wait_harvest(seq, SPIN_SECONDS)
         if harvested is not None:
             status, units, device_ns = harvested
             if status == abi.STATUS_OK:
                 self._latencies.append(time.perf_counter() - accepted_at)
                 self._processed += 1
-                fields["units"] = units
-                fields["device_ns"] = device_ns
-                return reply
+                return build_completion(seq, spec.name, spec.version, units, device_ns)
             outcome = self._outcome_of(seq, spec, resolved.op_id, accepted_at, status, 0, 0)
             assert isinstance(outcome, GpuActorsError)
             return failed_reply(outcome)
         # Still running: the poller answers. Its words are in the ring, only its
         # arguments must stay alive.
-        future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Completion] = self.context.reply_future()  # the asker's own
         self._pending[seq] = _Task(
             future, spec, resolved.op_id, msg.n, [], msg.blocks, deadline, msg.args, accepted_at
         )
         self._wake.set()
-        return Deferred(future)
+        return None
 
     def _accept_generally(
         self,
@@ -301,7 +295,7 @@ class PersistentEngineActor(Actor):
         ready_event: Any,
         idle: bool,
         accepted_at: float,
-    ) -> int | Deferred[Completion]:
+    ) -> int | Deferred[Completion] | None:
         """Every task the latency path's generated publisher did not take: checked
         argument by argument (a precise error for each mistake), then published at
         once on an ``idle`` engine (its sequence number: ``enqueue`` answers it), or
@@ -320,7 +314,7 @@ class PersistentEngineActor(Actor):
             seq = self._runtime.ring.try_publish(resolved.op_id, n, words, blocks, deadline)
             if seq is not None:
                 return seq
-        future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Completion] = self.context.reply_future()  # the asker's own
         task = _Task(
             future,
             resolved.spec,
@@ -336,14 +330,140 @@ class PersistentEngineActor(Actor):
         if ready_event is not None or (self._backlog and self._queue_behind()):
             self._backlog.append(task)
             self._wake.set()
-            return Deferred(future)
+            return None
         # A busy engine: coalesce. Every task that arrives before the loop turns is
         # published together, with one store and one kick.
         self._staged.append(task)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush_staged)
-        return Deferred(future)
+        return None
+
+    @handles(Submit)
+    def submit(self, msg: Submit) -> None:
+        """Accept every task an ``Engine`` client submitted since its last ``Submit``.
+        A lone task on an idle engine runs in line (publish, spin, settle its future
+        before this returns); otherwise all are published together and the harvest
+        settles each caller's own future. Errors go to each task's future, never to
+        the asker of ``Submit`` (its ask only hands the tasks over)."""
+        entries = msg.submissions.take()
+        accepted_at = time.perf_counter()
+        events: dict[int, Any] = {}  # each distinct stream is asked once per Submit
+        lone = len(entries) == 1 and not self._pending and not self._staged and not self._backlog
+        if lone and self._in_line(entries[0], events, accepted_at):  # an idle engine
+            return
+        tasks = [task for e in entries if (task := self._accept(e, events, accepted_at))]
+        if not tasks:
+            return
+        for task in tasks:
+            if task.ready_event is not None or (self._backlog and self._queue_behind()):
+                self._backlog.append(task)
+            else:
+                self._staged.append(task)
+        self._wake.set()
+        self._flush_staged()  # every task of this drain: one store, one kick
+
+    def _accept(
+        self, entry: Submission, events: dict[int, Any], accepted_at: float
+    ) -> _Task | None:
+        """Submitted task ``entry``, checked and encoded; None if its caller went away
+        or it was refused (its future has the error). ``events``: the event of each
+        stream asked so far in this drain (each distinct stream is asked once)."""
+        if entry.future.done():  # its caller went away before it was accepted
+            return None
+        try:
+            ready_event = None
+            if entry.stream is not None:
+                key = id(entry.stream)
+                if key not in events:
+                    events[key] = streams.stream_event(entry.stream)
+                ready_event = events[key]
+            return self._task_of(entry, ready_event, accepted_at)
+        except GpuActorsError as exc:
+            entry.future.set_exception(exc)
+        except Exception as exc:  # the caller's arguments, not the actor's failure
+            entry.future.set_exception(_unreadable(entry.op, exc))
+        return None
+
+    def _task_of(self, entry: Submission, ready_event: Any, accepted_at: float) -> _Task:
+        """Submitted task ``entry``, checked and encoded (errors raise)."""
+        self._check_serving()
+        resolved = self._ops.resolutions.get(entry.op) or self._ops.resolve(entry.op)
+        n, blocks = check_count(resolved.spec, entry.n, entry.blocks)
+        words = resolved.encoder.encode(entry.args, n, self._device_id)
+        return _Task(
+            entry.future,
+            resolved.spec,
+            resolved.op_id,
+            n,
+            words,
+            blocks,
+            self._deadline_ns(entry.timeout),
+            entry.args,
+            accepted_at,
+            ready_event,
+        )
+
+    def _in_line(self, entry: Submission, events: dict[int, Any], accepted_at: float) -> bool:
+        """Publish submitted task ``entry`` at once and spin for it, bounded like the
+        poller's spin; True if that settled its future or handed it to the poller.
+        (``events``: the streams asked, for the general path.)
+        False (nothing done) for any task but the usual one: a ready stream, a
+        serving engine, an op the latency path's publisher takes and room in the
+        ring; the general path takes it then, with its precise errors."""
+        if (
+            entry.future.done()
+            or self._faulted is not None
+            or self._closing
+            or self._runtime is None
+            or GENERATIONS.by_device.get(self._device_id, FIRST_GENERATION) != self._generation
+        ):
+            return False
+        resolved = self._ops.resolutions.get(entry.op)
+        if resolved is None:  # not yet resolved (or unknown: the general path says so)
+            try:
+                resolved = self._ops.resolve(entry.op)
+            except GpuActorsError:
+                return False
+        if resolved.publish is None:
+            return False
+        if entry.stream is not None:
+            try:
+                event = events[id(entry.stream)] = streams.stream_event(entry.stream)
+            except DeviceFault:
+                return False  # (the general path asks again, and says so)
+            if event is not None:
+                return False  # the general path holds it until the event
+        deadline = self._deadline_ns(entry.timeout)
+        runtime = self._runtime
+        seq = resolved.publish(
+            runtime.ring, entry.args, entry.n, entry.blocks, self._device_id, deadline
+        )
+        if not seq:
+            return False
+        runtime.kick()
+        spec = resolved.spec
+        harvested = runtime.ring.wait_harvest(seq, SPIN_SECONDS)
+        if harvested is None:  # still running: the poller answers
+            self._pending[seq] = _Task(
+                entry.future,
+                spec,
+                resolved.op_id,
+                entry.n,
+                [],
+                entry.blocks,
+                deadline,
+                entry.args,
+                accepted_at,
+            )
+            self._wake.set()
+            return True
+        outcome = self._outcome_of(seq, spec, resolved.op_id, accepted_at, *harvested)
+        if isinstance(outcome, GpuActorsError):
+            entry.future.set_exception(outcome)
+        else:
+            entry.future.set_result(outcome)
+        return True
 
     def _queue_behind(self) -> bool:
         """Must a new task queue behind the backlog? Under "wait", always (FIFO). Under
@@ -411,7 +531,7 @@ class PersistentEngineActor(Actor):
             records = encode_batch(
                 op, resolved.op_id, msg, self._device_id, self._deadline_ns(msg.timeout)
             )
-            ready_event = _pending_work_event() if msg.after == "current_stream" else None
+            ready_event = streams.pending_work_event() if msg.after == "current_stream" else None
         except GpuActorsError as exc:
             return failed_reply(exc)
         except Exception as exc:  # the caller's arguments, not the actor's failure
@@ -719,7 +839,7 @@ class PersistentEngineActor(Actor):
         self._latencies.append(time.perf_counter() - accepted_at)
         if status == abi.STATUS_OK:
             self._processed += 1
-            return build_completion(seq, op.name, op.version, units, device_ns)[0]
+            return build_completion(seq, op.name, op.version, units, device_ns)
         self._failed += 1
         if status == abi.STATUS_DEADLINE:
             return TaskTimeout(f"task {seq} of op {op.name!r} missed its deadline")
@@ -1064,88 +1184,3 @@ async def _wait_until(condition: Any, what: str, timeout: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise EngineError(f"timed out after {timeout} s waiting for {what}")
         await asyncio.sleep(0)
-
-
-def _pending_work_event() -> Any:
-    """An event after the work queued on CuPy's current stream, or None if it is idle."""
-    import cupy
-
-    stream = cupy.cuda.get_current_stream()
-    try:
-        return None if stream.done else stream.record()
-    except cupy.cuda.runtime.CUDARuntimeError as exc:
-        raise DeviceFault(f"the caller's CUDA stream reports an error: {exc}") from exc
-
-
-class Engine:
-    """A typed handle on a running PersistentEngineActor."""
-
-    def __init__(self, ref: ActorRef) -> None:
-        self.ref = ref
-
-    @classmethod
-    async def start(
-        cls,
-        system: ActorSystem,
-        *,
-        ops: Sequence[OpSpec] = (),
-        config: EngineConfig | None = None,
-        name: str = "engine",
-        device_id: int = 0,
-        full_policy: Literal["wait", "fail"] = "wait",
-        compiler: KernelCompiler | None = None,
-        mailbox: MailboxConfig | None = None,
-    ) -> Engine:
-        """Spawn the engine actor and wait until its kernel module is loaded."""
-        props = Props(
-            PersistentEngineActor,
-            args=(tuple(ops), config),
-            kwargs={"device_id": device_id, "full_policy": full_policy, "compiler": compiler},
-            mailbox=mailbox or MailboxConfig(capacity=65536),
-        )
-        engine = cls(system.spawn(props, name=name))
-        try:
-            await engine.stats()
-        except ActorStopped:
-            cause = (await system.watch(engine.ref)).cause  # e.g. NoCudaDevice, CompileError
-            if cause is not None:
-                raise cause from None
-            raise
-        return engine
-
-    async def enqueue(
-        self, op: str, *args: Any, n: int, blocks: int = 1, timeout: float | None = None
-    ) -> Completion:
-        reply: Completion = await self.ref.ask(
-            Enqueue(op=op, args=args, n=n, blocks=blocks, timeout=timeout)
-        )
-        return reply
-
-    async def stats(self) -> EngineStats:
-        reply: EngineStats = await self.ref.ask(Stats(), timeout=120.0)
-        return reply
-
-    async def drain(self, timeout: float | None = None) -> Drained:
-        reply: Drained = await self.ref.ask(Drain(), timeout=timeout)
-        return reply
-
-    async def shutdown(
-        self, *, force: bool = False, timeout: float | None = None
-    ) -> ShutdownReport:
-        reply: ShutdownReport = await self.ref.ask(Shutdown(force=force), timeout=timeout)
-        return reply
-
-    @asynccontextmanager
-    async def parked(self) -> AsyncIterator[Parked]:
-        """Keep the kernel parked inside the block (e.g. to load modules, or to measure)."""
-        try:
-            parked: Parked = await self.ref.ask(Park(), timeout=30.0)
-        except (asyncio.CancelledError, AskTimeout):
-            # The Park may still take effect after its asker has gone: undo it then.
-            with suppress(MailboxFull):
-                self.ref.tell(Resume())
-            raise
-        try:
-            yield parked
-        finally:
-            await self.ref.ask(Resume(), timeout=30.0)

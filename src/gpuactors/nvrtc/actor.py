@@ -22,9 +22,10 @@ the actor's non-blocking stream (or the one the message names), after an event
 wait on CuPy's current stream where ``after`` asks for it.
 
 Errors of a request (bad source, bad argument, stale handle, CUDA errors of a
-launch) are the asker's: they come back as the ask's exception and never fail
-the actor. A device fault (illegal address...) fails every launch in flight
-with :class:`~gpuactors.errors.DeviceFault`, is told to the DeviceActor given as
+launch) are the asker's: the handlers raise them as GpuActorsErrors, which the
+runtime gives to the asker without failing the actor. A device fault (illegal
+address...) fails every launch in flight with
+:class:`~gpuactors.errors.DeviceFault`, is told to the DeviceActor given as
 ``device``, and refuses further launches until the device's generation moves.
 """
 
@@ -34,7 +35,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from gpuactors.actors import Actor, ActorRef, Deferred, failed_reply, handles
+from gpuactors.actors import Actor, ActorRef, Deferred, handles
 from gpuactors.cuda import no_device_reason
 from gpuactors.cuda.arrays import cupy_ndarray
 from gpuactors.cuda.device import ReportFault, probe_device
@@ -229,7 +230,7 @@ class NvrtcActor(Actor):
 
     # ---------------------------------------------------------------- compiling
     @handles(Compile)
-    def compile(self, msg: Compile) -> KernelHandle | Deferred[KernelHandle]:
+    def compile(self, msg: Compile) -> KernelHandle:
         self._compile_requests += 1
         try:
             arch = self._target_arch(msg)
@@ -237,17 +238,14 @@ class NvrtcActor(Actor):
                 msg.source, name=msg.name, opts=msg.opts, arch=arch, headers=msg.headers
             )
             return self._handle(msg, module, origin)
-        except GpuActorsError as exc:
+        except GpuActorsError as exc:  # the asker's error (the runtime's rule): logged here
             self._compile_failed(msg, exc)
-            return failed_reply(exc)
+            raise
 
     @handles(CompileAsync)
     def compile_async(self, msg: CompileAsync) -> Deferred[KernelHandle]:
         self._compile_requests += 1
-        try:
-            arch = self._target_arch(msg)
-        except GpuActorsError as exc:
-            return failed_reply(exc)
+        arch = self._target_arch(msg)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[KernelHandle] = loop.create_future()
         task = loop.create_task(self._compile_off_mailbox(msg, arch, future))
@@ -328,12 +326,6 @@ class NvrtcActor(Actor):
     # ---------------------------------------------------------------- launching
     @handles(Launch)
     def launch(self, msg: Launch) -> Launched | Deferred[Launched]:
-        try:
-            return self._launch(msg)
-        except GpuActorsError as exc:
-            return failed_reply(exc)  # the asker's error, not the actor's failure
-
-    def _launch(self, msg: Launch) -> Launched | Deferred[Launched]:
         handle = msg.kernel
         device_id = self._device_id
         plan = self._plans.get((id(handle), msg.name))

@@ -1,0 +1,10 @@
+"""Runs ``gpuactors.benchmarks.bench_scale``, with the same options.
+
+The benchmark ships inside the package, so that ``gpuactors bench`` runs it from an
+installed wheel; this file keeps ``python benchmarks/bench_scale.py`` working.
+"""
+
+from gpuactors.benchmarks.bench_scale import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())

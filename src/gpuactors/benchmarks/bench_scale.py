@@ -1,0 +1,287 @@
+"""Scaling out: a group of engines on 1, 2 and 4 GPUs, and engines on Ray actors.
+
+Run on a GPU machine:  python -m gpuactors.benchmarks.bench_scale [--quick] [--json PATH]
+[--no-ray]
+
+Sections (every result is checked; ratios are to the same measurement on one GPU):
+  1. EnqueueBatch of 1,000,000 tiny tasks per GPU (``fill``, one batch over a
+     ShardedArray, split by the group): tasks/s. Target >= 1.9x on 2, >= 3.6x on 4.
+     1b (in-process groups only, no target): 1,000 clients spread over the GPUs, each
+     awaiting one Enqueue at a time: tasks/s.
+  2. 10,000 x 1 KiB byte-histogram jobs (one batch, split over the GPUs): ms, and
+     the speed-up. Same targets.
+  Both for a group of engines in this process (one event loop for every GPU) and of
+  isolated engines (a worker process, so an event loop, per GPU).
+  3. Ray (if installed), one actor on a GPU of this host: the per-call cost of a tiny
+     job (NumPy in and out) beside a bare Ray actor call, and batches of 100,000 tiny
+     tasks through Ray against the same batches on an engine in this process
+     (target >= 0.8x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpuactors.actors import ActorSystem
+from gpuactors.benchmarks.results import ScriptResults, add_result_options, run_measurement
+from gpuactors.engine import BatchCompletion, Engine, EngineConfig, EnqueueBatch
+from gpuactors.group import EngineGroup, GroupBatchCompletion
+from gpuactors.worker import IsolationConfig
+
+CONFIG = EngineConfig(capacity=65536, idle_park_ms=50.0)
+TARGETS = {2: 1.9, 4: 3.6}
+RAY_BATCH_TARGET = 0.8
+JOBS = 10_000
+BATCH_TASKS = 100_000
+
+
+async def group_figures(
+    devices: tuple[int, ...], isolated: bool, tiny: int, repeats: int
+) -> dict[str, float]:
+    """Sections 1, 1b and 2 on ``devices``: tiny tasks/s, clients' tasks/s, scan ms."""
+    rng = np.random.default_rng(24)
+    isolation = IsolationConfig(standbys=0) if isolated else None
+    count = len(devices)
+    async with ActorSystem("bench-scale") as system:
+        started = time.perf_counter()
+        group = await EngineGroup.start(system, devices=devices, config=CONFIG, isolation=isolation)
+        figures = {"start_s": time.perf_counter() - started}
+        out = await group.zeros(count * tiny, np.float32)
+        fill = EnqueueBatch(
+            op="fill", args=(out, 1.0), n=1, offsets={"out": np.arange(count * tiny)}, after="none"
+        )
+        times = [await timed(group.enqueue_batch(fill), count * tiny) for _ in range(1 + repeats)]
+        assert bool((await group.download(out) == 1.0).all()), "a tiny task did not run"
+        figures["tiny_tasks_per_s"] = count * tiny / statistics.median(times[1:])
+
+        data_host = rng.integers(0, 256, (JOBS, 1024), dtype=np.uint8)
+        data = await group.scatter(data_host)
+        hist = await group.zeros((JOBS, 256), np.uint32)
+        scan = EnqueueBatch(
+            op="byte_hist",
+            args=(hist, data),
+            n=1024,
+            offsets={"out": np.arange(JOBS) * 256, "data": np.arange(JOBS) * 1024},
+            after="none",
+        )
+        scans = [await timed(group.enqueue_batch(scan), JOBS) for _ in range(1 + 3 * repeats)]
+        rows = np.arange(JOBS)[:, None] * 256
+        once = np.bincount((rows + data_host).ravel(), minlength=JOBS * 256)
+        found = (await group.download(hist)).ravel()  # byte_hist adds: every run counted
+        np.testing.assert_array_equal(found, once * len(scans))
+        figures["scan_ms"] = statistics.median(scans[1:]) * 1e3
+        if not isolated:
+            figures["clients_tasks_per_s"] = await many_clients(group, 1000, 20)
+        await group.shutdown()
+    return figures
+
+
+async def timed(reply: Awaitable[GroupBatchCompletion | BatchCompletion], count: int) -> float:
+    """Seconds until ``reply`` came, which must report ``count`` tasks, none failed."""
+    began = time.perf_counter()
+    done = await reply
+    elapsed = time.perf_counter() - began
+    assert done.failed == 0 and done.count == count, done
+    return elapsed
+
+
+async def many_clients(group: EngineGroup, clients: int, per_client: int) -> float:
+    """Section 1b: ``clients`` coroutines, spread over the devices, each awaiting one
+    ``Enqueue`` at a time (what the one event loop of the process has to carry)."""
+    import cupy as cp
+
+    devices = group.devices
+    counters = {}
+    for device in devices:
+        with cp.cuda.Device(device):
+            counters[device] = cp.zeros(clients, dtype=cp.float32)
+            cp.cuda.get_current_stream().synchronize()
+
+    async def client(k: int) -> None:
+        acc = counters[devices[k % len(devices)]]
+        for _ in range(per_client):
+            await group.enqueue("fill", acc[k : k + 1], 1.0, n=1)
+
+    await asyncio.gather(*(client(k) for k in range(min(clients, 100))))  # warm-up
+    began = time.perf_counter()
+    await asyncio.gather(*(client(k) for k in range(clients)))
+    rate = clients * per_client / (time.perf_counter() - began)
+    for index, device in enumerate(devices):
+        with cp.cuda.Device(device):
+            mine = counters[device][index :: len(devices)]
+            assert bool((mine == 1.0).all()), f"a client's task on device {device} did not run"
+    return rate
+
+
+def record_scaling(kind: str, figures: dict[int, dict[str, float]], results: ScriptResults) -> None:
+    """Print one line per GPU count and record its figures, ratios and targets."""
+    one = figures[1]
+    sections = (
+        ("1. tiny tasks", "tiny_tasks_per_s", "tasks/s", True),
+        ("1b. 1,000 clients", "clients_tasks_per_s", "tasks/s", True),
+        ("2. scan jobs", "scan_ms", "ms", False),
+    )
+    for count, got in figures.items():
+        plural = "s" if count > 1 else ""
+        line = f"  {kind}, {count} GPU{plural} (started in {got['start_s']:.1f} s):"
+        for name, key, unit, higher in sections:
+            if key not in got:
+                continue
+            ratio = got[key] / one[key] if higher else one[key] / got[key]
+            label = f"{kind}, {count} GPU{plural}: {name}"
+            results.figure(label, got[key], unit)
+            if count > 1:
+                results.compare(
+                    label, got[key], baseline_label=f"{kind}, 1 GPU: {name}",
+                    baseline_value=one[key], unit=unit, higher_is_better=higher,
+                )  # fmt: skip
+            line += f" | {name} {got[key]:,.2f} {unit} = {ratio:.2f}x"
+            if count in TARGETS and key != "clients_tasks_per_s":
+                target = TARGETS[count]
+                met = results.target(
+                    f"{label} >= {target}x 1 GPU", ratio >= target, f"{ratio:.2f}x"
+                )
+                line += f" (target >= {target}x: {met})"
+        print(line, flush=True)
+
+
+# --------------------------------------------------------------------------- Ray
+async def ray_figures(calls: int, batches: int, depth: int) -> dict[str, Any]:
+    """Section 3: the per-call cost beside a bare Ray call; Ray batches against local ones."""
+    import cupy as cp
+
+    from gpuactors.ray import start_ray_pool
+
+    offsets = {"out": np.arange(BATCH_TASKS)}
+
+    async def rate(send: Callable[[], Awaitable[GroupBatchCompletion | BatchCompletion]]) -> float:
+        gate = asyncio.Semaphore(depth)
+
+        async def one() -> None:
+            async with gate:
+                await timed(send(), BATCH_TASKS)
+
+        await timed(send(), BATCH_TASKS)  # warm-up
+        began = time.perf_counter()
+        await asyncio.gather(*(one() for _ in range(batches)))
+        return batches * BATCH_TASKS / (time.perf_counter() - began)
+
+    async with ActorSystem("bench-local") as system:
+        engine = await Engine.start(system, config=CONFIG)
+        out = cp.zeros(BATCH_TASKS, dtype=cp.float32)
+        cp.cuda.runtime.deviceSynchronize()
+        local = EnqueueBatch(op="fill", args=(out, 1.0), n=1, offsets=offsets, after="none")
+        local_rate = await rate(lambda: engine.ref.ask(local, timeout=300.0))
+        assert bool((out == 1.0).all())
+        await engine.shutdown(timeout=60)
+
+    pool = await start_ray_pool(actors=1, config=CONFIG)
+    member: Any = pool.member(0)
+    x = np.zeros(256, np.float32)
+    bare, job = [], []
+    for _ in range(10):  # interleaved blocks: a slow spell touches both
+        for _ in range(calls // 10):
+            began = time.perf_counter()
+            await member.ping()
+            bare.append(time.perf_counter() - began)
+        for _ in range(calls // 10):
+            began = time.perf_counter()
+            result = await pool.run("fill", x, 1.0, n=256, device=0)
+            job.append(time.perf_counter() - began)
+        assert bool((result.arrays[0] == 1.0).all())
+    remote_out = await pool.upload(np.zeros(BATCH_TASKS, np.float32), device=0)
+    through_ray = EnqueueBatch(op="fill", args=(remote_out, 1.0), n=1, offsets=offsets)
+    ray_rate = await rate(lambda: pool.enqueue_batch(through_ray))
+    assert bool((await pool.download(remote_out) == 1.0).all())
+    await pool.shutdown()
+    return {"bare": bare, "job": job, "local_rate": local_rate, "ray_rate": ray_rate}
+
+
+def start_ray(gpus: int) -> None:
+    import ray
+
+    here = Path(__file__).resolve().parents[2]  # Ray's workers import this gpuactors
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(here), os.environ.get("PYTHONPATH")) if p
+    )
+    ray.init(num_gpus=gpus, num_cpus=8, include_dashboard=False, log_to_driver=False)
+
+
+def record_ray(figures: dict[str, Any], results: ScriptResults) -> None:
+    us = {key: np.asarray(figures[key]) * 1e6 for key in ("bare", "job")}
+    (b50, b99), (j50, j99) = (np.percentile(us[k], [50, 99]) for k in ("bare", "job"))
+    results.latency("bare Ray actor call", float(b50), float(b99), baseline=True)
+    results.latency("tiny job through Ray (256 floats in and out)", float(j50), float(j99))
+    ratio = figures["ray_rate"] / figures["local_rate"]
+    results.compare(
+        "batches of 100,000 tiny tasks through Ray", figures["ray_rate"],
+        baseline_label="the same batches on an engine in this process",
+        baseline_value=figures["local_rate"], unit="tasks/s", higher_is_better=True,
+    )  # fmt: skip
+    met = results.target(
+        f"Ray batches >= {RAY_BATCH_TARGET}x a local engine's", ratio >= RAY_BATCH_TARGET,
+        f"{ratio:.2f}x",
+    )  # fmt: skip
+    print(
+        f"3. Ray, one actor: bare actor call p50 {b50:.0f} us, p99 {b99:.0f} us | tiny job "
+        f"(256 floats in and out) p50 {j50:.0f} us, p99 {j99:.0f} us = {j50 / b50:.2f}x the "
+        f"bare call\n   batches of 100,000 tiny tasks, 4 in flight: through Ray "
+        f"{figures['ray_rate']:,.0f} tasks/s | local engine {figures['local_rate']:,.0f} "
+        f"tasks/s | {ratio:.2f}x (target >= {RAY_BATCH_TARGET}x: {met})",
+        flush=True,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer repeats")
+    parser.add_argument("--no-ray", action="store_true", help="skip section 3")
+    add_result_options(parser)
+    args = parser.parse_args(argv)
+    return run_measurement("bench_scale", args, lambda results: measure(args, results))
+
+
+def measure(args: argparse.Namespace, results: ScriptResults) -> None:
+    """Run the sections in order, printing each and recording it in ``results``."""
+    from gpuactors.cuda import cuda_device_count
+    from gpuactors.cuda.device import probe_device
+
+    props = probe_device(0)
+    gpus = cuda_device_count()
+    results.device = f"{gpus} x {props.name}"
+    counts = [c for c in (1, 2, 4) if c <= gpus]
+    tiny = 200_000 if args.quick else 1_000_000
+    repeats = 3 if args.quick else 5
+    print(
+        f"bench_scale on {gpus} x {props.name} ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} "
+        f"UTC), Python {sys.version.split()[0]}; groups of {counts} GPUs, {tiny:,} tiny tasks "
+        f"per GPU, {JOBS:,} scan jobs",
+        flush=True,
+    )
+    for kind, isolated in (("in-process engines", False), ("isolated engines", True)):
+        figures = {
+            count: asyncio.run(group_figures(tuple(range(count)), isolated, tiny, repeats))
+            for count in counts
+        }
+        record_scaling(kind, figures, results)
+    if args.no_ray:
+        return
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        print("3. Ray: not installed, skipped (see tools/fetch-ray-bundle.sh)")
+        return
+    start_ray(gpus)
+    batches = 10 if args.quick else 20
+    record_ray(asyncio.run(ray_figures(200 if args.quick else 500, batches, 4)), results)

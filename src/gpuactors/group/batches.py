@@ -1,0 +1,242 @@
+"""Split an EnqueueBatch by the engine each task's data lives on, and join the replies.
+
+Every task is assigned before anything is sent: its ShardedArray bases say which
+engine holds its element range, a plain base array ties every task to that array's
+engine, and an explicit device per task must agree with both. A task whose arrays
+are on two engines is a WrongDevice error for the whole batch, so no engine's ring
+has received any of it. Tasks tied to no engine (PerDevice bases and scalars only)
+are spread over the serving engines in equal contiguous runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gpuactors.engine.messages import BatchCompletion, EnqueueBatch
+from gpuactors.engine.ops import ArrayParam, OpSpec
+from gpuactors.errors import InvalidArgument, WrongDevice
+from gpuactors.group.messages import GroupBatchCompletion
+from gpuactors.group.routing import Locator
+from gpuactors.group.sharded import PerDevice, ShardedArray
+
+Tasks = slice | np.ndarray  # a batch's tasks: a run of them, or their indices
+
+
+@dataclass(frozen=True)
+class BatchPart:
+    """The tasks of a batch that engine ``key`` runs, as the batch it is sent."""
+
+    key: int
+    tasks: Tasks
+    message: EnqueueBatch
+
+    @property
+    def size(self) -> int:
+        tasks = self.tasks
+        return tasks.stop - tasks.start if isinstance(tasks, slice) else len(tasks)
+
+    @property
+    def task_indices(self) -> np.ndarray:
+        if isinstance(self.tasks, slice):
+            return np.arange(self.tasks.start, self.tasks.stop)
+        return self.tasks
+
+
+def split_batch(
+    batch: EnqueueBatch,
+    op: OpSpec,
+    locator: Locator,
+    *,
+    devices: Any = None,
+    spread_over: Sequence[int],
+) -> list[BatchPart]:
+    """One part per engine that runs any of ``batch``'s tasks (``devices``: an engine
+    for every task, or one for all; ``spread_over``: where tasks tied to no engine go)."""
+    if len(batch.args) != len(op.params):
+        raise InvalidArgument(
+            f"op {op.name!r} takes {len(op.params)} arguments, got {len(batch.args)}"
+        )
+    count = _task_count(batch, devices)
+    n = int(batch.n) if _is_count(batch.n) else _column(batch.n, "n")
+    offsets = {name: _column(v, f"offsets[{name!r}]") for name, v in batch.offsets.items()}
+    constraints: list[tuple[str, np.ndarray]] = []
+    if devices is not None:
+        given = _given_keys(devices, count, locator)
+        constraints.append((f"the {locator.noun} given for it", given))
+    for param, value in zip(op.params, batch.args, strict=True):
+        where = f"argument {param.name!r}"
+        if isinstance(value, ShardedArray):
+            if not isinstance(param, ArrayParam):
+                raise InvalidArgument(f"{where} of op {op.name!r} is a scalar, not an array")
+            for device in value.devices:
+                _check_known(device, locator, f"{where} has a shard on")
+            starts = offsets.get(param.name, np.zeros(count, dtype=np.int64))
+            length = n if param.length == "n" else int(param.length)
+            keys = value.locate(starts, np.broadcast_to(length, (count,)), where)
+            constraints.append((f"where {where} has its data", keys))
+        elif not isinstance(value, PerDevice):
+            key = locator.key_of(value, where)
+            if key is not None:
+                _check_known(key, locator, f"{where} lives on")
+                constraints.append((f"where {where} lives", np.broadcast_to(key, (count,))))
+    keys = _agreed_keys(constraints, count, spread_over, locator.noun)
+    return [
+        BatchPart(key, tasks, _part_message(batch, op, key, tasks, n, offsets))
+        for key, tasks in _runs(keys)
+    ]
+
+
+def join_replies(
+    parts: Sequence[BatchPart], replies: Sequence[BatchCompletion], count: int, per_task: bool
+) -> GroupBatchCompletion:
+    """One reply for the whole batch; ``statuses`` (``per_task``) in the batch's task order."""
+    statuses = np.zeros(count, dtype=np.int32) if per_task else None
+    for part, reply in zip(parts, replies, strict=True):
+        if statuses is not None and reply.statuses is not None:
+            statuses[part.tasks] = reply.statuses
+    return GroupBatchCompletion(
+        count=count,
+        failed=sum(reply.failed for reply in replies),
+        statuses=statuses,
+        per_engine={part.key: reply for part, reply in zip(parts, replies, strict=True)},
+    )
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+
+
+def _column(values: Any, what: str) -> np.ndarray:
+    """A per-task integer column (offsets, n, devices) as int64, checked."""
+    try:
+        array = np.asarray(values)
+    except Exception as exc:  # ragged lists, objects NumPy cannot hold
+        raise InvalidArgument(f"{what} must be a 1-D integer array: {exc}") from exc
+    if array.ndim != 1 or array.dtype.kind not in "iu":
+        raise InvalidArgument(
+            f"{what} must be a 1-D integer array, got {array.dtype} {array.shape}"
+        )
+    if array.size and array.min() < 0:
+        raise InvalidArgument(f"{what} must not be negative")
+    return array.astype(np.int64, copy=False)
+
+
+def _given_keys(devices: Any, count: int, locator: Locator) -> np.ndarray:
+    """The engine given for each task (one for all, or one each), every one in the group."""
+    if _is_count(devices):
+        _check_known(int(devices), locator, "the tasks were sent to")
+        return np.broadcast_to(np.int64(devices), (count,))
+    keys = _column(devices, "devices")
+    highest = max(locator.keys)
+    known = np.zeros(highest + 2, dtype=np.bool_)  # the last entry: every key above highest
+    known[sorted(locator.keys)] = True
+    outside = ~known[np.minimum(keys, highest + 1)]
+    if outside.any():
+        task = int(np.flatnonzero(outside)[0])
+        _check_known(int(keys[task]), locator, f"task {task} was sent to")
+    return keys
+
+
+def _check_known(key: int, locator: Locator, what: str) -> None:
+    if key not in locator.keys:
+        noun = locator.noun
+        raise WrongDevice(
+            f"{what} {noun} {key}, which has no engine in this group ({noun}s "
+            f"{sorted(locator.keys)})"
+        )
+
+
+def _task_count(batch: EnqueueBatch, devices: Any) -> int:
+    lengths: dict[str, int] = {}
+    if not _is_count(batch.n):
+        lengths["n"] = len(np.asarray(batch.n))
+    for kind, table in (("offsets", batch.offsets), ("scalars", batch.scalars)):
+        for name, values in table.items():
+            lengths[f"{kind}[{name!r}]"] = len(np.asarray(values))
+    if devices is not None and not _is_count(devices):
+        lengths["devices"] = len(np.asarray(devices))
+    if batch.count is not None:
+        lengths["count"] = batch.count
+    if not lengths:
+        raise InvalidArgument("EnqueueBatch needs per-task arrays or a count")
+    if len(set(lengths.values())) != 1:
+        raise InvalidArgument(f"EnqueueBatch arrays disagree on the number of tasks: {lengths}")
+    return next(iter(lengths.values()))
+
+
+def _agreed_keys(
+    constraints: list[tuple[str, np.ndarray]], count: int, spread_over: Sequence[int], noun: str
+) -> np.ndarray:
+    """The engine of every task: where all its constraints agree (WrongDevice where two
+    disagree), or equal runs over ``spread_over`` when nothing ties the tasks."""
+    if not constraints:
+        if not spread_over:
+            raise InvalidArgument("no engine of the group is serving")
+        sizes = np.full(len(spread_over), count // len(spread_over))
+        sizes[: count % len(spread_over)] += 1
+        return np.repeat(np.asarray(spread_over, dtype=np.int64), sizes)
+    source, keys = constraints[0]
+    for other, theirs in constraints[1:]:
+        differ = np.flatnonzero(keys != theirs)
+        if differ.size:
+            task = int(differ[0])
+            raise WrongDevice(
+                f"task {task} belongs on {noun} {int(keys[task])} ({source}) and on {noun} "
+                f"{int(theirs[task])} ({other}): one task runs on one {noun}"
+            )
+    return keys
+
+
+def _runs(keys: np.ndarray) -> list[tuple[int, Tasks]]:
+    """The tasks of each engine: runs (slices) when the keys are in order, else indices."""
+    if keys.size == 0:
+        return []
+    if keys.strides == (0,) or bool(np.all(keys[1:] >= keys[:-1])):
+        cuts = [0, *(np.flatnonzero(keys[1:] != keys[:-1]) + 1).tolist(), keys.size]
+        return [(int(keys[a]), slice(a, b)) for a, b in itertools.pairwise(cuts)]
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    cuts = [0, *(np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist(), keys.size]
+    return [(int(ordered[a]), order[a:b]) for a, b in itertools.pairwise(cuts)]
+
+
+def _part_message(
+    batch: EnqueueBatch,
+    op: OpSpec,
+    key: int,
+    tasks: Tasks,
+    n: int | np.ndarray,
+    offsets: dict[str, np.ndarray],
+) -> EnqueueBatch:
+    """Engine ``key``'s share of ``batch``: its own base arrays, its tasks' columns, and
+    offsets into a ShardedArray made relative to its shard."""
+    args: list[Any] = []
+    local_offsets = {name: column[tasks] for name, column in offsets.items()}
+    for param, value in zip(op.params, batch.args, strict=True):
+        if isinstance(value, ShardedArray):
+            shard = value.shard_on(key)
+            args.append(shard.array)
+            if param.name in local_offsets and shard.start:
+                local_offsets[param.name] = local_offsets[param.name] - shard.start
+        elif isinstance(value, PerDevice):
+            args.append(value.on(key, f"argument {param.name!r}"))
+        else:
+            args.append(value)
+    size = tasks.stop - tasks.start if isinstance(tasks, slice) else len(tasks)
+    return EnqueueBatch(
+        op=batch.op,
+        args=tuple(args),
+        n=n if isinstance(n, int) else n[tasks],
+        offsets=local_offsets,
+        scalars={name: np.asarray(column)[tasks] for name, column in batch.scalars.items()},
+        count=size if batch.count is not None else None,
+        blocks=batch.blocks,
+        timeout=batch.timeout,
+        per_task=batch.per_task,
+        after=batch.after,
+    )

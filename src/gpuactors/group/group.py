@@ -1,0 +1,423 @@
+"""EngineGroup: one engine per device behind one client; each task goes where its data is.
+
+The group is a router in the caller's task, not an actor: a task's ask goes straight
+to its engine's mailbox, so routing adds a few attribute reads and no hop. What the
+engines cannot do alone is done here: split a batch by where its tasks' data lives,
+place host data, roll an op change across every engine, and sum their counters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, Literal
+
+import numpy as np
+
+from gpuactors.actors import ActorSystem
+from gpuactors.cuda import cuda_device_count, no_device_reason
+from gpuactors.engine import (
+    AliasOp,
+    Completion,
+    Drain,
+    Drained,
+    EngineConfig,
+    Enqueue,
+    EnqueueBatch,
+    InstallOp,
+    OpSpec,
+    ReplaceOp,
+    Rollback,
+    Shutdown,
+    ShutdownReport,
+    Stats,
+)
+from gpuactors.errors import InvalidArgument, NoCudaDevice, UnhandledMessage, WrongDevice
+from gpuactors.group.batches import join_replies, split_batch
+from gpuactors.group.ledger import OpLedger
+from gpuactors.group.members import EngineMember, IsolatedMember, LocalMember
+from gpuactors.group.messages import (
+    GroupAliasSet,
+    GroupBatchCompletion,
+    GroupOpInstalled,
+    GroupStats,
+)
+from gpuactors.group.placement import LoadBook, Placement, check_placement
+from gpuactors.group.routing import Locator
+from gpuactors.group.sharded import Shard, ShardedArray
+from gpuactors.group.switch import ask_all, ask_each, fail, point_all, roll_out
+from gpuactors.messages import Message
+from gpuactors.worker import Download, Free, IsolationConfig, Job, JobResult, RemoteArray, Upload
+
+
+class EngineGroup:
+    """Engines on several devices behind one client.
+
+    * ``Enqueue`` (device arrays) and ``Job`` (NumPy by value, RemoteArrays) go to the
+      engine of the device that holds the task's arrays; a task tied to no device goes
+      where the placement policy says. Arrays on two devices are ``WrongDevice``.
+    * ``EnqueueBatch`` is split by where each task's data lives (ShardedArray bases) or
+      by an explicit device per task, and answered with one reply.
+    * ``InstallOp``, ``ReplaceOp``, ``AliasOp`` and ``Rollback`` reach every engine; the
+      reply says when the version is live on all of them (see ``switch.py`` for the rule).
+    """
+
+    def __init__(
+        self,
+        members: Sequence[EngineMember],
+        *,
+        ops: Sequence[OpSpec] = (),
+        placement: Placement = "least_loaded",
+        noun: str = "device",
+    ) -> None:
+        """A group of engines already started (``ops``: the op set they started with;
+        ``noun``: what an engine's key names in messages, e.g. "actor" in a Ray pool)."""
+        keys = [member.key for member in members]
+        if not keys or len(set(keys)) != len(keys):
+            raise InvalidArgument(f"a group needs engines with distinct keys, got {keys}")
+        self._members = {member.key: member for member in sorted(members, key=lambda m: m.key)}
+        self.devices = tuple(self._members)
+        self.placement = check_placement(placement)
+        self._ledger = OpLedger(ops)
+        self._locator = Locator(self.devices, noun)
+        self._load = LoadBook(self.devices)
+        self._changes = asyncio.Lock()  # op changes reach every engine in one order
+
+    @classmethod
+    async def start(
+        cls,
+        system: ActorSystem,
+        *,
+        devices: Sequence[int] | None = None,
+        ops: Sequence[OpSpec] = (),
+        config: EngineConfig | None = None,
+        isolation: IsolationConfig | None = None,
+        name: str = "engine-group",
+        full_policy: Literal["wait", "fail"] = "wait",
+        placement: Placement = "least_loaded",
+    ) -> EngineGroup:
+        """An engine on each of ``devices`` (default: every device), all with ``ops``.
+
+        ``isolation``: run each engine in a worker process of its own (IsolatedEngine);
+        default: in this process (``full_policy`` applies to these). The first engine
+        compiles the op set; the others start after it and find the module in the
+        kernel caches.
+        """
+        chosen = _devices(devices)
+        check_placement(placement)
+
+        async def start_one(device: int) -> EngineMember:
+            if isolation is None:
+                return await LocalMember.start(
+                    system, device_id=device, ops=ops, config=config,
+                    name=f"{name}-{device}", full_policy=full_policy,
+                )  # fmt: skip
+            return await IsolatedMember.start(
+                system, device_id=device, ops=ops, config=config, isolation=isolation,
+                name=f"{name}-{device}",
+            )  # fmt: skip
+
+        first = await start_one(chosen[0])
+        rest = await asyncio.gather(*(start_one(d) for d in chosen[1:]), return_exceptions=True)
+        started = [first, *(m for m in rest if not isinstance(m, BaseException))]
+        failure = next((m for m in rest if isinstance(m, BaseException)), None)
+        if failure is not None:
+            await asyncio.gather(*(m.stop() for m in started), return_exceptions=True)
+            raise failure
+        return cls(started, ops=ops, placement=placement)
+
+    # ----------------------------------------------------------------- engines
+    @property
+    def members(self) -> tuple[EngineMember, ...]:
+        return tuple(self._members.values())
+
+    def member(self, device: int) -> EngineMember:
+        member = self._members.get(device)
+        if member is None:
+            noun = self._locator.noun
+            raise WrongDevice(f"{noun} {device} has no engine in this group ({self.devices})")
+        return member
+
+    def serving(self) -> tuple[int, ...]:
+        """The devices whose engines still serve (a fault this process cannot recover, or a
+        failed isolated engine, takes one out; the others go on)."""
+        return tuple(key for key, member in self._members.items() if member.serving)
+
+    def in_flight(self) -> dict[int, int]:
+        """Tasks sent through the group and not yet answered, per device."""
+        return dict(self._load.in_flight)
+
+    # ------------------------------------------------------------------- tasks
+    async def ask(
+        self, message: Message, *, device: int | None = None, timeout: float | None = None
+    ) -> Any:
+        """Send one of the engine's messages to the engine (or engines) it belongs to."""
+        if isinstance(message, Enqueue):
+            return await self._enqueue(message, device, timeout)
+        if isinstance(message, Job):
+            return await self._run(message, device)
+        if isinstance(message, EnqueueBatch):
+            return await self.enqueue_batch(message, devices=device)
+        if isinstance(message, InstallOp):
+            return await self.install(message.op, activate=message.activate)
+        if isinstance(message, ReplaceOp):
+            return await self._replace(message)
+        if isinstance(message, AliasOp | Rollback):
+            return await self._point(message)
+        if isinstance(message, Upload):
+            return await self.upload(message.array, device=device)
+        if isinstance(message, Download):
+            return await self.download(message.array)
+        if isinstance(message, Free):
+            return await self.free(message.array)
+        if isinstance(message, Stats):
+            return await self.stats()
+        if isinstance(message, Drain):
+            return await self.drain(timeout)
+        if isinstance(message, Shutdown):
+            return await self.shutdown(force=message.force)
+        raise UnhandledMessage(f"an EngineGroup does not take {type(message).__name__}")
+
+    async def enqueue(
+        self,
+        op: str,
+        *args: Any,
+        n: int,
+        blocks: int = 1,
+        timeout: float | None = None,
+        device: int | None = None,
+    ) -> Completion:
+        """Run one task on the engine of the device that holds its device arrays."""
+        task = Enqueue(op=op, args=args, n=n, blocks=blocks, timeout=timeout)
+        completion: Completion = await self._enqueue(task, device, None)
+        return completion
+
+    async def run(
+        self,
+        op: str,
+        *args: Any,
+        n: int,
+        blocks: int = 1,
+        timeout: float | None = None,
+        returns: tuple[int, ...] | None = None,
+        device: int | None = None,
+    ) -> JobResult:
+        """Run one task with host data (see :class:`~gpuactors.worker.Job`): NumPy arrays
+        travel by value to the device the placement policy picks, RemoteArrays tie it
+        to their engine."""
+        job = Job(op=op, args=args, n=n, blocks=blocks, timeout=timeout, returns=returns)
+        return await self._run(job, device)
+
+    async def _enqueue(self, task: Enqueue, device: int | None, timeout: float | None) -> Any:
+        key = self._locator.task_key(task.args, device)
+        if key is None:
+            key = self.pick()
+        member = self._members[key]
+        if member.isolated:
+            raise InvalidArgument(
+                f"the engine of {self._locator.noun} {key} runs in another process: send it a "
+                "Job (NumPy arrays by value, or RemoteArrays from upload), not an Enqueue"
+            )
+        load = self._load.in_flight
+        load[key] += 1
+        try:
+            return await member.ask(task, timeout)
+        finally:
+            load[key] -= 1
+
+    async def _run(self, job: Job, device: int | None) -> JobResult:
+        key = self._locator.task_key(job.args, device)
+        if key is None:
+            key = self.pick()
+        with self._counting({key: 1}):
+            return await self._members[key].run(
+                job.op, job.args, n=job.n, blocks=job.blocks, timeout=job.timeout,
+                returns=job.returns,
+            )  # fmt: skip
+
+    async def enqueue_batch(
+        self, batch: EnqueueBatch, *, devices: Any = None
+    ) -> GroupBatchCompletion:
+        """Split ``batch`` by where each task's data lives (or by ``devices``: one device
+        per task, or one for all), send each engine its part at once, and answer when
+        every part is done. Every task is assigned before any part is sent."""
+        op = self._ledger.spec(batch.op)
+        parts = split_batch(batch, op, self._locator, devices=devices, spread_over=self.serving())
+        with self._counting({part.key: part.size for part in parts}):
+            done, errors = await ask_each([(self._members[p.key], p.message) for p in parts])
+        if errors:
+            tasks = {part.key: part.task_indices for part in parts}
+            fail("a batch ran on some engines only", done, errors, tasks)
+        count = sum(part.size for part in parts)
+        return join_replies(parts, [done[part.key] for part in parts], count, batch.per_task)
+
+    # -------------------------------------------------------------- host data
+    def pick(self) -> int:
+        """The serving device the placement policy picks now for a task or host data."""
+        return self._load.pick(self.placement, self.serving())
+
+    async def upload(self, host: np.ndarray, *, device: int | None = None) -> Any:
+        """Copy ``host`` to ``device`` (default: the one the placement policy picks): a CuPy
+        array for an engine in this process, a RemoteArray for an isolated one."""
+        if not isinstance(host, np.ndarray):
+            raise InvalidArgument(f"upload takes a NumPy array, not {type(host).__name__}")
+        key = self.pick() if device is None else self.member(device).key
+        array = await self._members[key].upload(host)
+        if isinstance(array, RemoteArray):
+            self._locator.learn(array, key)
+        self._load.placed_bytes[key] += host.nbytes
+        return array
+
+    async def download(self, array: Any) -> np.ndarray:
+        """A host copy of ``array`` (a ShardedArray is joined back into one array)."""
+        if isinstance(array, ShardedArray):
+            parts = await asyncio.gather(
+                *(self._members[s.device].download(s.array) for s in array.shards)
+            )
+            return np.concatenate([part.reshape(-1) for part in parts]).reshape(array.shape)
+        return await self._members[self._holder(array)].download(array)
+
+    async def free(self, array: Any) -> None:
+        """Let go of an uploaded array (each shard of a ShardedArray)."""
+        shards = array.shards if isinstance(array, ShardedArray) else None
+        pieces = [(s.device, s.array) for s in shards] if shards else [(self._holder(array), array)]
+        for key, piece in pieces:
+            await self._members[key].free(piece)
+            nbytes = int(getattr(piece, "nbytes", 0))
+            self._load.placed_bytes[key] = max(0, self._load.placed_bytes[key] - nbytes)
+
+    async def scatter(
+        self, host: np.ndarray, *, devices: Sequence[int] | None = None
+    ) -> ShardedArray:
+        """Split ``host`` by rows (its first axis) into one part per device (default: every
+        serving device) and upload each: a ShardedArray for batches to index into.
+        Arrays with the same number of rows split at the same rows, so task ``i`` of a
+        batch over several of them finds all its data on one device."""
+        if not isinstance(host, np.ndarray) or host.ndim == 0:
+            raise InvalidArgument("scatter takes a NumPy array with at least one axis")
+        keys = list(self.serving() if devices is None else devices)
+        if not keys:
+            raise InvalidArgument("scatter needs at least one device")
+        parts = np.array_split(host, len(keys))
+        arrays = await asyncio.gather(
+            *(self.upload(part, device=k) for k, part in zip(keys, parts, strict=True))
+        )
+        row = math.prod(host.shape[1:])
+        shards, start = [], 0
+        for key, part, array in zip(keys, parts, arrays, strict=True):
+            shards.append(Shard(key, start, start + part.shape[0] * row, array))
+            start += part.shape[0] * row
+        return ShardedArray(tuple(shards), host.dtype.str, tuple(host.shape))
+
+    async def zeros(
+        self, shape: int | tuple[int, ...], dtype: Any, *, devices: Sequence[int] | None = None
+    ) -> ShardedArray:
+        """A zeroed ShardedArray split by rows as :meth:`scatter` splits."""
+        return await self.scatter(np.zeros(shape, dtype=dtype), devices=devices)
+
+    def _holder(self, array: Any) -> int:
+        key = self._locator.key_of(array, "the array")
+        if key is None:
+            raise InvalidArgument(f"{type(array).__name__} is not an array on this group's devices")
+        return self.member(key).key
+
+    # ------------------------------------------------------------ live operators
+    async def install(self, op: OpSpec, *, activate: bool = True) -> GroupOpInstalled:
+        """Install ``op`` on every serving engine; with ``activate``, its name points at it
+        on all of them once the reply comes. A compile error changes no engine."""
+        async with self._changes:
+            return await self._install(op, activate)
+
+    async def replace(
+        self, name: str, body: str, *, params: Any = None, multi_block: bool | None = None
+    ) -> GroupOpInstalled:
+        """Install the next version of ``name`` with a new body, on every engine, and make
+        it active (as ``ReplaceOp`` does for one engine)."""
+        return await self._replace(
+            ReplaceOp(name=name, body=body, params=params, multi_block=multi_block)
+        )
+
+    async def alias(self, name: str, version: int) -> GroupAliasSet:
+        return await self._point(AliasOp(name=name, version=version))
+
+    async def rollback(self, name: str) -> GroupAliasSet:
+        return await self._point(Rollback(name=name))
+
+    async def _replace(self, message: ReplaceOp) -> GroupOpInstalled:
+        async with self._changes:
+            return await self._install(self._ledger.replacement(message), True)
+
+    async def _install(self, op: OpSpec, activate: bool) -> GroupOpInstalled:
+        self._ledger.check_new(op)
+        reply = await roll_out(self._serving_members(), op, activate=activate)
+        self._ledger.record(op, activate=activate)
+        return reply
+
+    async def _point(self, message: AliasOp | Rollback) -> GroupAliasSet:
+        async with self._changes:
+            if isinstance(message, AliasOp) and not self._ledger.has(message.name, message.version):
+                self._ledger.spec(message.name)  # UnknownOp for an unknown name
+                raise InvalidArgument(f"op {message.name!r} has no version {message.version}")
+            reply = await point_all(self._serving_members(), message)
+            self._ledger.point(reply.name, reply.version)
+            return reply
+
+    def _serving_members(self) -> list[EngineMember]:
+        members = [self._members[key] for key in self.serving()]
+        if not members:
+            raise InvalidArgument("no engine of the group is serving")
+        return members
+
+    # ------------------------------------------------------------------ service
+    async def stats(self) -> GroupStats:
+        """Every engine's counters and their sums (a faulted engine's last counters too)."""
+        done, errors = await ask_all(self.members, Stats())
+        return GroupStats.of(done, {key: f"{type(e).__name__}: {e}" for key, e in errors.items()})
+
+    async def drain(self, timeout: float | None = None) -> dict[int, Drained]:
+        """Wait until every task accepted so far has finished, on every serving engine."""
+        done, errors = await ask_all(self._serving_members(), Drain(), timeout=timeout)
+        if errors:
+            fail("drain finished on some engines only", done, errors)
+        return done
+
+    async def shutdown(self, *, force: bool = False) -> dict[int, ShutdownReport]:
+        """Stop every engine (by default each drains first: nothing accepted is lost)."""
+        reports = await asyncio.gather(
+            *(member.stop(force=force) for member in self.members), return_exceptions=True
+        )
+        outcomes = dict(zip(self.devices, reports, strict=True))
+        done = {key: r for key, r in outcomes.items() if isinstance(r, ShutdownReport)}
+        errors = {key: r for key, r in outcomes.items() if isinstance(r, Exception)}
+        if errors:
+            fail("some engines did not shut down cleanly", done, errors)
+        return done
+
+    # ------------------------------------------------------------------- load
+    @contextmanager
+    def _counting(self, tasks: Mapping[int, int]) -> Iterator[None]:
+        """Count ``tasks`` (per device) as in flight while the block runs."""
+        load = self._load.in_flight
+        for key, count in tasks.items():
+            load[key] += count
+        try:
+            yield
+        finally:
+            for key, count in tasks.items():
+                load[key] -= count
+
+
+def _devices(devices: Sequence[int] | None) -> tuple[int, ...]:
+    if devices is None:
+        count = cuda_device_count()
+        if count == 0:
+            raise NoCudaDevice(no_device_reason() or "no CUDA device")
+        return tuple(range(count))
+    chosen = tuple(devices)
+    if not chosen or any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in chosen):
+        raise InvalidArgument(f"devices must be device ordinals (ints >= 0), got {devices!r}")
+    if len(set(chosen)) != len(chosen):
+        raise InvalidArgument(f"each device once, got {chosen}")
+    return chosen

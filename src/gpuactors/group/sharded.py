@@ -1,0 +1,120 @@
+"""Arrays spread over the engines of a group: one logical array in shards, or one array each.
+
+A batch's tasks index into base arrays by element offset. When the bases of a batch
+are :class:`ShardedArray`, each task's data lives on the engine whose shard holds its
+element range, and the group sends the task there; a :class:`PerDevice` base gives
+each engine its own array, for tasks placed by an explicit device per task.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gpuactors.errors import InvalidArgument, WrongDevice
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Elements ``[start, stop)`` of a logical array, held by engine ``device`` as ``array``
+    (a device array of that engine's device, or a RemoteArray of that engine)."""
+
+    device: int
+    start: int
+    stop: int
+    array: Any
+
+
+@dataclass(frozen=True)
+class ShardedArray:
+    """One logical array whose consecutive element ranges live on different engines.
+
+    Made by ``EngineGroup.scatter`` (host data split by rows) or ``EngineGroup.zeros``.
+    Shards cover ``[0, size)`` in order, one shard per engine.
+    """
+
+    shards: tuple[Shard, ...]
+    dtype: str
+    shape: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not self.shards:
+            raise InvalidArgument("a ShardedArray needs at least one shard")
+        expected = 0
+        for shard in self.shards:
+            if shard.start != expected or shard.stop < shard.start:
+                raise InvalidArgument(
+                    f"shards must cover the array in order: one starts at {shard.start}, "
+                    f"expected {expected}"
+                )
+            expected = shard.stop
+        if expected != self.size:
+            raise InvalidArgument(f"the shards hold {expected} elements, the shape {self.size}")
+        devices = [shard.device for shard in self.shards]
+        if len(set(devices)) != len(devices):
+            raise InvalidArgument(f"one shard per engine, got devices {devices}")
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        return tuple(shard.device for shard in self.shards)
+
+    def shard_on(self, device: int) -> Shard:
+        for shard in self.shards:
+            if shard.device == device:
+                return shard
+        raise InvalidArgument(f"this ShardedArray has no shard on device {device}")
+
+    def locate(self, offsets: np.ndarray, lengths: np.ndarray, what: str) -> np.ndarray:
+        """The device holding each task's elements ``[offset, offset + length)``;
+        InvalidArgument naming the first task whose range crosses a shard's end (a task
+        runs on one engine and sees one shard). Offsets in order, the usual case, cost
+        a few passes over them and no search per task."""
+        starts = np.fromiter((s.start for s in self.shards), np.int64, len(self.shards))
+        stops = np.fromiter((s.stop for s in self.shards), np.int64, len(self.shards))
+        devices = np.asarray(self.devices, dtype=np.int64)
+        ends = offsets + lengths
+        if offsets.size < 2 or bool(np.all(offsets[1:] >= offsets[:-1])):
+            cuts = [0, *np.searchsorted(offsets, starts[1:], side="left").tolist(), offsets.size]
+            for shard, (first, last) in enumerate(itertools.pairwise(cuts)):
+                if first < last and int(ends[first:last].max()) > stops[shard]:
+                    task = first + int(np.argmax(ends[first:last] > stops[shard]))
+                    raise self._crossing(task, offsets, ends, shard, what)
+            return np.repeat(devices, np.diff(cuts))
+        index = np.searchsorted(starts, offsets, side="right") - 1  # (starts[0] is 0)
+        crossing = np.flatnonzero(ends > stops[index])
+        if crossing.size:
+            task = int(crossing[0])
+            raise self._crossing(task, offsets, ends, int(index[task]), what)
+        return devices[index]
+
+    def _crossing(
+        self, task: int, offsets: np.ndarray, ends: np.ndarray, shard: int, what: str
+    ) -> InvalidArgument:
+        held = self.shards[shard]
+        return InvalidArgument(
+            f"{what}: task {task} needs elements [{int(offsets[task])}, {int(ends[task])}), but "
+            f"the shard of device {held.device} ends at {held.stop} (a task's range must lie "
+            "in one shard)"
+        )
+
+
+@dataclass(frozen=True)
+class PerDevice:
+    """One base array per engine (e.g. each engine's own output buffer): a batch task
+    uses the array of the engine it runs on, and its offsets index into that array."""
+
+    arrays: Mapping[int, Any]
+
+    def on(self, device: int, what: str) -> Any:
+        array = self.arrays.get(device)
+        if array is None:
+            raise WrongDevice(f"{what} has no array on device {device} (has {sorted(self.arrays)})")
+        return array

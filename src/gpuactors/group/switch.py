@@ -1,0 +1,133 @@
+"""Changing ops on every engine of a group, in three phases, with one rule for tasks.
+
+1. The first engine installs the new version *inactive* (compile, park, load): a
+   compile error stops the change here, and no engine has changed at all.
+2. Every other engine installs it inactive too: the kernel caches hold the module
+   by now, so on devices of the same architecture this is a park and a load.
+3. Every engine points the op's name at the new version (``AliasOp``: a table
+   update, no compile, no park), all at once.
+
+Until phase 3 every engine serves the old version; the rule for a task is its own
+engine's rule, binding at acceptance (see docs/scaling.md): a task runs the version
+its name pointed at on the engine that accepted it. A task sent after the group's
+reply runs the new version on every engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import Any, NoReturn, Protocol
+
+from gpuactors.engine.messages import AliasOp, InstallOp, OpAliasSet, OpInstalled, Rollback
+from gpuactors.engine.ops import OpSpec
+from gpuactors.errors import EngineError, PartialFailure
+from gpuactors.group.messages import GroupAliasSet, GroupOpInstalled
+from gpuactors.messages import Message
+
+
+class Target(Protocol):
+    """One engine a change is sent to."""
+
+    @property
+    def key(self) -> int: ...
+
+    async def ask(self, message: Message, timeout: float | None = None) -> Any: ...
+
+
+async def ask_all(
+    targets: Sequence[Target], message: Message, timeout: float | None = None
+) -> tuple[dict[int, Any], dict[int, Exception]]:
+    """Send ``message`` to every target at once: the replies, and the errors, by key."""
+    return await ask_each([(target, message) for target in targets], timeout)
+
+
+async def ask_each(
+    requests: Sequence[tuple[Target, Message]], timeout: float | None = None
+) -> tuple[dict[int, Any], dict[int, Exception]]:
+    """Send each target its message, all at once: the replies, and the errors, by key."""
+    outcomes = await asyncio.gather(
+        *(target.ask(message, timeout) for target, message in requests), return_exceptions=True
+    )
+    done: dict[int, Any] = {}
+    errors: dict[int, Exception] = {}
+    for (target, _message), outcome in zip(requests, outcomes, strict=True):
+        if isinstance(outcome, Exception):
+            errors[target.key] = outcome
+        elif isinstance(outcome, BaseException):  # a cancel, or an exit: not ours to keep
+            raise outcome
+        else:
+            done[target.key] = outcome
+    return done, errors
+
+
+def fail(
+    what: str,
+    done: dict[int, Any],
+    errors: dict[int, Exception],
+    tasks: dict[int, Any] | None = None,
+) -> NoReturn:
+    """Raise for a request that failed somewhere: where every engine failed the same way
+    (so none did anything), that error; else PartialFailure, which says where it was done."""
+    if not done and len({type(error) for error in errors.values()}) == 1:
+        raise next(iter(errors.values()))
+    raise PartialFailure(what, done=done, errors=errors, tasks=tasks)
+
+
+async def roll_out(targets: Sequence[Target], op: OpSpec, *, activate: bool) -> GroupOpInstalled:
+    """Install ``op`` on every target in the three phases above."""
+    install = InstallOp(op=op, activate=False)
+    started = time.perf_counter()
+    first = await targets[0].ask(install, None)  # raises before any engine changed
+    compiled = time.perf_counter()
+    done, errors = await ask_all(targets[1:], install)
+    done[targets[0].key] = first
+    if errors:
+        fail(f"op {op.name!r} v{op.version} was installed on some engines only", done, errors)
+    installed_at = time.time()
+    installed: dict[int, OpInstalled] = done
+    switch_ms = 0.0
+    if activate and not all(reply.active for reply in installed.values()):
+        alias = AliasOp(name=op.name, version=op.version)
+        flipping = time.perf_counter()
+        aliased, errors = await ask_all(targets, alias)
+        switch_ms = (time.perf_counter() - flipping) * 1e3
+        if errors:
+            fail(f"op {op.name!r} points at v{op.version} on some engines only", aliased, errors)
+    return GroupOpInstalled(
+        name=op.name,
+        version=op.version,
+        active=activate or all(reply.active for reply in installed.values()),
+        per_engine={key: installed[key] for key in sorted(installed)},
+        compile_ms=(compiled - started) * 1e3,
+        installed_at=installed_at,
+        live_on_all_at=time.time(),
+        switch_ms=switch_ms,
+    )
+
+
+async def point_all(targets: Sequence[Target], message: AliasOp | Rollback) -> GroupAliasSet:
+    """Send an AliasOp or Rollback to every target at once; their replies must agree."""
+    started = time.perf_counter()
+    done, errors = await ask_all(targets, message)
+    switch_ms = (time.perf_counter() - started) * 1e3
+    if errors:
+        what = f"{type(message).__name__} of op {message.name!r} reached some engines only"
+        fail(what, done, errors)
+    replies: dict[int, OpAliasSet] = done
+    outcomes = {(reply.version, reply.previous) for reply in replies.values()}
+    if len(outcomes) != 1:  # the engines' tables differ: changes were made around the group
+        raise EngineError(
+            f"the engines disagree about op {message.name!r}: "
+            + ", ".join(f"{key}: v{r.version} (was {r.previous})" for key, r in replies.items())
+        )
+    version, previous = outcomes.pop()
+    return GroupAliasSet(
+        name=message.name,
+        version=version,
+        previous=previous,
+        per_engine={key: replies[key] for key in sorted(replies)},
+        live_on_all_at=time.time(),
+        switch_ms=switch_ms,
+    )

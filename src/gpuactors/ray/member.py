@@ -1,0 +1,172 @@
+"""RayMember: one Ray actor hosting an engine, as a member of a group (a RayEnginePool).
+
+Calls follow Ray's fault model. When an actor (or its node) is lost, every call it
+held fails with :class:`~gpuactors.errors.EngineLost` (it may or may not have run):
+at most once, unless the call's op was declared idempotent, in which case Ray sends
+it again to the restarted actor (``max_task_retries``). Ray restarts the actor
+(``max_restarts``); before serving, the new instance is given every op change its
+caller made, in order. Nothing accepted is dropped without an answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import ray
+from ray.exceptions import ActorDiedError, RayActorError, RayError, RayTaskError
+
+from gpuactors.engine import EnqueueBatch, ShutdownReport
+from gpuactors.errors import AskTimeout, EngineError, EngineLost, EngineStopped
+from gpuactors.group.members import remote_view
+from gpuactors.messages import Message
+from gpuactors.ray.host import CHANGES, Outcome, uncarry
+from gpuactors.worker import Download, Downloaded, Free, Job, JobResult, RemoteArray, Upload
+
+#: Ray's "retry forever": the actor's restart budget (max_restarts) still bounds it, as a
+#: call to an actor that Ray will not restart fails at once. A retry can come while the
+#: actor is still restarting and fail again, so a count of retries would run out early.
+_UNTIL_DEAD = -1
+
+
+class RayMember:
+    """A Ray actor running :class:`~gpuactors.ray.host.EngineHost`, as an EngineMember."""
+
+    isolated = True  # its arrays live in another process: RemoteArrays
+
+    def __init__(self, actor: Any, key: int, *, idempotent: frozenset[str]) -> None:
+        self.actor = actor  # the Ray actor handle (ray.kill(member.actor) ends it)
+        self._key = key
+        self._idempotent = idempotent
+        self._changes: list[Message] = []  # op changes made on this actor, in order
+        self._dead: str | None = None
+        self._probing: asyncio.Task[None] | None = None
+
+    @property
+    def key(self) -> int:
+        return self._key
+
+    @property
+    def serving(self) -> bool:
+        return self._dead is None
+
+    async def ping(self) -> None:
+        """A bare Ray actor call, for the per-call cost of Ray itself."""
+        await self.actor.ping.remote()
+
+    async def ask(self, message: Message, timeout: float | None = None) -> Any:
+        pending = self._call(message, _op_of(message) in self._idempotent)
+        if timeout is None:
+            return await pending
+        try:
+            return await asyncio.wait_for(pending, timeout)
+        except TimeoutError:
+            raise AskTimeout(
+                f"actor {self._key} did not answer {type(message).__name__} in {timeout:g} s"
+            ) from None
+
+    async def run(
+        self,
+        op: str,
+        args: Sequence[Any],
+        *,
+        n: int,
+        blocks: int = 1,
+        timeout: float | None = None,
+        returns: tuple[int, ...] | None = None,
+    ) -> JobResult:
+        job = Job(op=op, args=tuple(args), n=n, blocks=blocks, timeout=timeout, returns=returns)
+        result: JobResult = await self._call(job, op in self._idempotent)
+        return result
+
+    async def upload(self, host: np.ndarray) -> RemoteArray:
+        remote: RemoteArray = await self._call(Upload(array=host), False)
+        return remote
+
+    async def download(self, array: Any) -> np.ndarray:
+        reply: Downloaded = await self._call(Download(array=array), False)
+        host: np.ndarray = reply.array
+        return host
+
+    async def free(self, array: Any) -> None:
+        await self._call(Free(array=array), False)
+
+    def view(self, array: Any, offset: int, shape: tuple[int, ...]) -> Any:
+        return remote_view(array, offset, shape)
+
+    async def stop(self, *, force: bool = False) -> ShutdownReport:
+        """Shut the engine down, then end the actor for good (no restart)."""
+        self._dead = "stopped"
+        try:
+            outcome: Outcome = await self.actor.stop.remote(force)
+        except RayError as exc:
+            raise EngineLost(f"actor {self._key} was lost while it shut down: {exc}") from exc
+        finally:
+            ray.kill(self.actor, no_restart=True)
+        if outcome.error is not None:
+            raise uncarry(outcome.error)
+        report: ShutdownReport = outcome.value
+        return report
+
+    async def _call(self, message: Message, idempotent: bool) -> Any:
+        """Send ``message``; replay op changes first to an actor that Ray restarted."""
+        if self._dead is not None:
+            raise EngineStopped(f"actor {self._key} serves no more: {self._dead}")
+        method = self.actor.call
+        if idempotent:  # sent again until it runs, or the actor is dead for good
+            method = method.options(max_task_retries=_UNTIL_DEAD)
+        while True:
+            changes = len(self._changes)
+            try:
+                outcome: Outcome = await method.remote(message, changes)
+            except RayTaskError as exc:  # the actor ran the call and failed: not a loss
+                what = type(message).__name__
+                raise EngineError(f"actor {self._key} failed {what}: {exc}") from exc
+            except RayError as exc:
+                self._lost(exc)
+                retried = " (Ray sent it again, as its op is idempotent)" if idempotent else ""
+                raise EngineLost(
+                    f"actor {self._key} was lost with this {type(message).__name__} in flight"
+                    f"{retried}; it may or may not have run: {type(exc).__name__}: {exc}"
+                ) from exc
+            if outcome.replay_from is None:
+                break
+            await self._replay(outcome.replay_from)
+        if outcome.error is not None:
+            raise uncarry(outcome.error)
+        if isinstance(message, CHANGES):
+            self._changes.append(message)
+        return outcome.value
+
+    async def _replay(self, first: int) -> None:
+        try:
+            outcome: Outcome = await self.actor.replay.remote(self._changes[first:], first)
+        except RayError as exc:
+            self._lost(exc)
+            raise EngineLost(f"actor {self._key} was lost while it caught up: {exc}") from exc
+        if outcome.error is not None:
+            raise uncarry(outcome.error)
+
+    def _lost(self, error: RayError) -> None:
+        """After a loss, find out in the background whether Ray restarts the actor: a call
+        to an actor that will never come back fails at once with ActorDiedError."""
+        if not isinstance(error, RayActorError) or self._probing is not None:
+            return
+
+        async def probe() -> None:
+            try:
+                await self.actor.ping.remote()
+            except ActorDiedError as exc:
+                self._dead = f"the actor died and Ray will not restart it: {exc}"
+            except RayError:
+                pass  # unavailable for now (restarting): a later call finds out
+            finally:
+                self._probing = None
+
+        self._probing = asyncio.get_running_loop().create_task(probe())
+
+
+def _op_of(message: Message) -> str | None:
+    return message.op if isinstance(message, Job | EnqueueBatch) else None

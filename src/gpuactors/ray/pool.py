@@ -1,0 +1,82 @@
+"""Start a pool of Ray actors, one engine each (one per GPU by default), as an EngineGroup.
+
+The pool is an :class:`~gpuactors.group.EngineGroup` whose members are Ray actors,
+so it takes the same typed messages and keeps the same rules: a task goes to the
+actor that holds its RemoteArrays (host data goes by value, to the least-loaded
+actor), a batch is split by where its tasks' data lives, and op changes reach every
+actor in three phases. Keys are actor indices (0, 1, ...).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal
+
+import ray
+
+from gpuactors.engine import EngineConfig, OpSpec, Stats
+from gpuactors.errors import InvalidArgument
+from gpuactors.group import EngineGroup, Placement
+from gpuactors.ray.host import EngineHost, HostSpec, StartMember
+from gpuactors.ray.member import RayMember
+from gpuactors.worker import IsolationConfig
+
+
+async def start_ray_pool(
+    *,
+    actors: int | None = None,
+    ops: Sequence[OpSpec] = (),
+    config: EngineConfig | None = None,
+    isolation: IsolationConfig | None = None,
+    full_policy: Literal["wait", "fail"] = "wait",
+    num_gpus: float = 1.0,
+    max_restarts: int = 3,
+    idempotent_ops: Iterable[str] = (),
+    placement: Placement = "least_loaded",
+    actor_options: Mapping[str, Any] | None = None,
+    start_member: StartMember | None = None,
+) -> EngineGroup:
+    """Start ``actors`` Ray actors (default: one per GPU of the cluster), each with
+    ``num_gpus`` and an engine with ``ops``, and return them as one group.
+
+    ``max_restarts``: how often Ray starts a lost actor anew. ``idempotent_ops``: ops
+    whose tasks may run twice (Ray sends them again after a loss, for as long as the
+    actor may come back); every other call is sent at most once. ``isolation``: each actor runs its
+    engine in a worker process of its own (device faults are recovered inside the
+    actor); default: in the actor's process (a fault ends the actor, and Ray restarts
+    it). ``actor_options`` go to Ray as they are (``resources``, ``scheduling_strategy``).
+    Call ``ray.init()`` first.
+    """
+    if not ray.is_initialized():
+        raise InvalidArgument("call ray.init() (or ray.init(address=...)) before start_ray_pool")
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise InvalidArgument(f"max_restarts must be an int >= 0, got {max_restarts!r}")
+    gpus = float(ray.cluster_resources().get("GPU", 0.0))  # type: ignore[no-untyped-call, unused-ignore]
+    if actors is None:
+        actors = int(gpus // num_gpus) if num_gpus > 0 else 0
+    if isinstance(actors, bool) or not isinstance(actors, int) or actors < 1:
+        raise InvalidArgument(
+            f"a pool needs at least one actor, got {actors!r} (the cluster has {gpus:g} "
+            "GPUs; pass actors= to choose)"
+        )
+    spec = HostSpec(
+        ops=tuple(ops),
+        config=config,
+        isolation=isolation,
+        full_policy=full_policy,
+        start_member=start_member,
+    )
+    options = {"num_gpus": num_gpus, "max_restarts": max_restarts, **(actor_options or {})}
+    host = ray.remote(EngineHost).options(**options)
+    idempotent = frozenset(idempotent_ops)
+    members = [RayMember(host.remote(spec), key, idempotent=idempotent) for key in range(actors)]
+    # The first engine compiles the op set; the others find it in their node's kernel cache.
+    try:
+        await members[0].ask(Stats())
+        await asyncio.gather(*(member.ask(Stats()) for member in members[1:]))
+    except BaseException:
+        for member in members:
+            ray.kill(member.actor, no_restart=True)
+        raise
+    return EngineGroup(members, ops=ops, placement=placement, noun="actor")

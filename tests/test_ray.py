@@ -1,0 +1,191 @@
+"""The Ray pool's own logic on a local Ray cluster, with CPU stand-in engines.
+
+Each Ray actor hosts a fake engine (fake_engines.py) instead of a GPU engine: what is
+under test is the pool's side and the actor's host (routing by RemoteArray, batches,
+op changes and their replay on a restarted actor, typed errors across Ray, losing an
+actor mid-traffic). test_ray_gpu.py runs real engines on GPUs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpuactors.engine import EnqueueBatch, OpSpec
+from gpuactors.errors import (
+    DeviceFault,
+    EngineLost,
+    GpuRefStale,
+    InvalidArgument,
+    TaskFailed,
+    UnknownOp,
+)
+from gpuactors.worker import IsolationConfig, JobResult, RemoteArray
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'gpuactors[ray]')")
+
+from fake_engines import BAD, STAMP, STAMP_V2, start_fake_ray_member  # noqa: E402
+from gpuactors.group import EngineGroup  # noqa: E402
+from gpuactors.ray import start_ray_pool  # noqa: E402
+from gpuactors.ray.host import carry, uncarry  # noqa: E402
+
+pytestmark = pytest.mark.slow
+OPS: tuple[OpSpec, ...] = (STAMP, BAD)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[None]:
+    """One local Ray cluster for the module; its workers import this worktree's code."""
+    root = Path(__file__).parents[1]
+    saved = os.environ.get("PYTHONPATH")
+    paths = [str(root / "src"), str(root / "tests"), saved or ""]
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    ray.init(num_cpus=8, num_gpus=0, include_dashboard=False, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
+
+
+async def fake_pool(actors: int = 2, **kwargs: object) -> EngineGroup:
+    return await start_ray_pool(
+        actors=actors, ops=OPS, num_gpus=0, start_member=start_fake_ray_member, **kwargs
+    )
+
+
+async def stamp_version(pool: EngineGroup, actor: int) -> int:
+    result = await pool.run("stamp", np.zeros(1, np.int32), n=1, device=actor)
+    assert result.arrays[0][0] == result.completion.version
+    return result.completion.version
+
+
+def test_errors_cross_as_data_with_their_details() -> None:
+    error = TaskFailed("scale", 17, 3)
+    back = uncarry(carry(error))
+    assert isinstance(back, TaskFailed) and (back.op, back.seq, back.code) == ("scale", 17, 3)
+    assert str(back) == str(error)
+
+
+async def test_start_needs_ray_init_and_an_actor() -> None:
+    if ray.is_initialized():
+        pytest.skip("a Ray cluster is running in this process")
+    with pytest.raises(InvalidArgument, match=r"ray\.init"):
+        await start_ray_pool(actors=1, num_gpus=0)
+
+
+async def test_jobs_uploads_and_batches_through_ray(ray_cluster: None) -> None:
+    pool = await fake_pool(placement="round_robin")
+    with pytest.raises(InvalidArgument, match="at least one actor"):
+        await start_ray_pool(actors=0, num_gpus=0)
+    ys = [np.full(8, float(i), np.float32) for i in range(6)]
+    x = np.arange(8, dtype=np.float32)
+    results = await asyncio.gather(*(pool.run("axpy", y, x, 2.0, n=8, returns=(0,)) for y in ys))
+    for y, result in zip(ys, results, strict=True):
+        assert isinstance(result, JobResult)
+        np.testing.assert_allclose(result.arrays[0], y + 2.0 * x)
+    stats = await pool.stats()
+    assert {key: s.processed for key, s in stats.per_engine.items()} == {0: 3, 1: 3}
+
+    remote = await pool.upload(np.arange(8, dtype=np.float32), device=1)
+    assert isinstance(remote, RemoteArray)
+    result = await pool.run("axpy", np.ones(8, np.float32), remote, 3.0, n=8, returns=(0,))
+    np.testing.assert_allclose(result.arrays[0], 1.0 + 3.0 * np.arange(8))
+    view = remote[2:6]
+    await pool.run("fill", np.zeros(4, np.float32), 0.0, n=4)  # host data: any actor
+    part = await pool.run("axpy", np.zeros(4, np.float32), view, 1.0, n=4, returns=(0,))
+    np.testing.assert_allclose(part.arrays[0], np.arange(2, 6))
+    await pool.free(remote)
+    with pytest.raises(GpuRefStale, match="freed"):
+        await pool.download(remote)
+    with pytest.raises(UnknownOp):
+        await pool.run("nope", np.zeros(2, np.float32), n=2)
+
+    rows = 6
+    y_host = np.ones((rows, 4), np.float32)
+    x_host = np.arange(rows * 4, dtype=np.float32).reshape(rows, 4)
+    y_sharded, x_sharded = await pool.scatter(y_host), await pool.scatter(x_host)
+    starts = np.arange(rows) * 4
+    batch = EnqueueBatch(
+        op="axpy", args=(y_sharded, x_sharded, 2.0), n=4, offsets={"y": starts, "x": starts}
+    )
+    reply = await pool.enqueue_batch(batch)
+    assert reply.count == rows and reply.failed == 0 and set(reply.per_engine) == {0, 1}
+    np.testing.assert_allclose(await pool.download(y_sharded), y_host + 2.0 * x_host)
+    await pool.shutdown()
+
+
+async def test_a_fault_restarts_the_actor_with_every_op_change(ray_cluster: None) -> None:
+    """A fault in an engine of the actor's own process ends the actor; Ray starts it
+    again, and the pool gives the new instance the op changes made before."""
+    pool = await fake_pool(max_restarts=2)
+    await pool.replace("stamp", STAMP_V2)
+    assert [await stamp_version(pool, actor) for actor in (0, 1)] == [2, 2]
+    with pytest.raises(DeviceFault, match="bad_write"):
+        await pool.run("bad_write", np.zeros(4, np.float32), n=4, device=1)
+    assert await stamp_version(pool, 0) == 2  # the other actor serves on
+    version = await until_served(lambda: stamp_version(pool, 1))
+    assert version == 2  # the restarted instance has v2 again, and points at it
+    back = await pool.rollback("stamp")
+    assert back.version == 1 and [await stamp_version(pool, a) for a in (0, 1)] == [1, 1]
+    await pool.shutdown()
+
+
+async def until_served(call: object, seconds: float = 60.0) -> int:
+    """Call until an actor that is being restarted answers (losses meanwhile are typed)."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while True:
+        try:
+            return await call()  # type: ignore[operator, no-any-return]
+        except (EngineLost, DeviceFault):
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.2)
+
+
+@pytest.mark.parametrize("idempotent", [False, True])
+async def test_an_actor_killed_mid_traffic(ray_cluster: None, idempotent: bool) -> None:
+    """In-flight jobs of a killed actor fail with EngineLost (at most once), or are sent
+    again by Ray when their op is declared idempotent; then the actor serves again."""
+    pool = await fake_pool(max_restarts=2, idempotent_ops=("axpy",) if idempotent else ())
+    await pool.replace("stamp", STAMP_V2)
+    x = np.arange(64, dtype=np.float32)
+    member = pool.member(1)
+
+    async def job(k: int) -> JobResult:
+        return await pool.run("axpy", np.full(64, float(k), np.float32), x, 1.0, n=64, device=1)
+
+    jobs = [asyncio.ensure_future(job(k)) for k in range(200)]
+    await asyncio.sleep(0.05)
+    ray.kill(member.actor, no_restart=False)  # type: ignore[attr-defined]
+    outcomes = await asyncio.gather(*jobs, return_exceptions=True)
+    lost = [o for o in outcomes if isinstance(o, EngineLost)]
+    other = [o for o in outcomes if isinstance(o, BaseException) and not isinstance(o, EngineLost)]
+    assert other == []
+    for k, outcome in enumerate(outcomes):
+        if isinstance(outcome, JobResult):
+            np.testing.assert_allclose(outcome.arrays[0], k + x)
+    if idempotent:
+        assert lost == []
+    assert await until_served(lambda: stamp_version(pool, 1)) == 2
+    await pool.shutdown()
+
+
+async def test_an_actor_hosting_an_isolated_engine(ray_cluster: None) -> None:
+    """The actor runs its engine in a worker process of its own (the CPU stand-in worker
+    of test_worker_supervision.py): spawned from the Ray actor's event loop."""
+    isolation = IsolationConfig(worker_module="cpu_worker", start_timeout_s=60.0, standbys=0)
+    pool = await start_ray_pool(actors=1, num_gpus=0, isolation=isolation)
+    x = await pool.upload(np.arange(8, dtype=np.float32))
+    result = await pool.run("axpy", np.ones(8, np.float32), x, 2.0, n=8, returns=(0,))
+    np.testing.assert_allclose(result.arrays[0], 1.0 + 2.0 * np.arange(8))
+    np.testing.assert_array_equal(await pool.download(x), np.arange(8))
+    assert (await pool.stats()).per_engine[0].processed == 1
+    await pool.shutdown()
