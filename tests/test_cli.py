@@ -284,7 +284,7 @@ def test_gpu_command_missing_cupy_says_how_to_install(
     monkeypatch.setattr(importlib, "import_module", fake_import)
     assert cli.main(["demo"]) == 2
     err = capsys.readouterr().err
-    assert "could not be loaded" in err and "gpuactors[cuda13]" in err
+    assert "could not be loaded" in err and "gpuactors[cu13]" in err
 
 
 @pytest.mark.usefixtures("with_device")
@@ -351,9 +351,19 @@ def test_check_cupy() -> None:
     )
     missing = doctor.check_cupy(base_facts())
     assert missing.verdict is Verdict.WARN
-    assert missing.detail == "not installed: pip install 'gpuactors[cuda13]'"
+    assert missing.detail == "not installed: pip install 'gpuactors[cu13]'"
     on_cuda12 = doctor.check_cupy(base_facts(driver_version=12080))
-    assert "gpuactors[cuda12]" in on_cuda12.detail
+    assert "gpuactors[cu12]" in on_cuda12.detail
+
+
+def test_doctor_names_the_extra_of_the_drivers_cuda_major() -> None:
+    on_cuda12 = base_facts(driver_version=12080, nvrtc_version=(13, 0))
+    assert "gpuactors[cu12]" in doctor.check_driver(on_cuda12).detail
+    compat = doctor.check_compat(on_cuda12)  # NVRTC 13's CUBIN does not load on CUDA 12
+    assert compat.verdict is doctor.Verdict.FAIL and "gpuactors[cu12]" in compat.hint
+    matching = doctor.check_compat(base_facts(driver_version=12080, nvrtc_version=(12, 8)))
+    assert matching.verdict is doctor.Verdict.OK
+    assert "gpuactors[cu13]" in doctor.check_driver(base_facts(driver_version=13000)).detail
     broken = doctor.check_cupy(base_facts(cupy_error="ImportError: libcudart"))
     assert broken.verdict is Verdict.FAIL and "libcudart" in broken.detail
 

@@ -23,8 +23,8 @@ def test_layout_static_asserts_compile() -> None:
 def test_layout_check_catches_drift() -> None:
     """A wrong offset in the mirror must fail the compile, naming the field."""
     source = abi.layout_check_source().replace(
-        "__builtin_offsetof(gpa::TaskRecord, n) == 16",
-        "__builtin_offsetof(gpa::TaskRecord, n) == 24",
+        "GPA_OFFSETOF(gpa::TaskRecord, n) == 16",
+        "GPA_OFFSETOF(gpa::TaskRecord, n) == 24",
     )
     with pytest.raises(CompileError, match=r"TaskRecord\.n offset"):
         compile_source(

@@ -278,7 +278,7 @@ def test_two_processes_racing_on_the_same_kernel(tmp_path: Path) -> None:
     final = disk.get(results[0]["key"])
     assert final is not None and final.image.hex() == results[0]["image"]
     names = sorted(p.name for p in directory.iterdir())  # one module, one manifest
-    assert [n.rsplit(".", 1)[1] for n in names] == ["dep", "mod"], names
+    assert sorted(n.rsplit(".", 1)[1] for n in names) == ["dep", "mod"], names
 
 
 def test_a_removed_cache_folder_is_recreated(tmp_path: Path, modules: list[CompiledModule]) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib.metadata
 import sys
 from pathlib import Path
 
@@ -22,6 +24,20 @@ def test_cubin_for_the_exact_arch(arch: str) -> None:
     assert module.compile_seconds > 0 and len(module.cache_key) == 64
     assert module.symbol("saxpy") == "saxpy"
     assert f"--gpu-architecture={arch}" in module.options
+
+
+def test_the_key_names_the_nvrtc_wheel_of_the_loaded_major() -> None:
+    """NVRTC 13 ships as nvidia-cuda-nvrtc, NVRTC 12 as nvidia-cuda-nvrtc-cu12: the
+    key holds the patch version of whichever wheel the loaded library came from."""
+    wheels = {}
+    for wheel in ("nvidia-cuda-nvrtc", "nvidia-cuda-nvrtc-cu12"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            wheels[wheel] = importlib.metadata.version(wheel)
+    major = nvrtc_version()[0]
+    matching = [v for v in wheels.values() if v.split(".")[0] == str(major)]
+    if not matching:
+        pytest.skip(f"NVRTC {major} does not come from a wheel here ({wheels})")
+    assert compiler_module.nvrtc_build() == matching[0]
 
 
 def test_pinned_arch_wins_over_the_device_arch() -> None:

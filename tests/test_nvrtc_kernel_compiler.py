@@ -93,6 +93,27 @@ async def test_concurrent_identical_async_requests_compile_once(compiler: Kernel
     assert compiler.compiles == 1
 
 
+async def test_async_compiles_run_on_a_bounded_set_of_threads() -> None:
+    """Many distinct requests at once start no more threads than compiles may run."""
+    compiler = KernelCompiler(disk=False, max_parallel_compiles=2)
+    before = {t.ident for t in threading.enumerate()}
+    sources = [f'extern "C" __global__ void k{i}(int* x) {{ x[0] = {i}; }}\n' for i in range(6)]
+    results = await asyncio.gather(
+        *(
+            compiler.get_or_compile_async(s, name=f"k{i}.cu", opts=SM90)
+            for i, s in enumerate(sources)
+        )
+    )
+    assert [origin for _module, origin in results] == ["compiled"] * 6
+    assert len({module.image for module, _origin in results}) == 6
+    mine = [
+        t
+        for t in threading.enumerate()
+        if t.name == "gpuactors-nvrtc" and t.ident not in before  # (idle ones stay a while)
+    ]
+    assert 1 <= len(mine) <= 2 and all(t.daemon for t in mine)
+
+
 async def test_sync_and_async_requests_share_one_compile(compiler: KernelCompiler) -> None:
     source, opts = heavy_source(unroll=16, depth=8, salt=3), NvrtcOpts()
     leader = asyncio.create_task(compiler.get_or_compile_async(source, opts=opts, arch="sm_90"))

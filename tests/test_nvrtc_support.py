@@ -24,13 +24,21 @@ __global__ void scale(T* x, int n) {
 EM_CUDA = 190
 
 
+#: Where the SM number sits in a CUBIN's ELF e_flags, by the ELF's EI_ABIVERSION byte:
+#: CUDA 12 writes version 7 (SM in bits 0-7); CUDA 13, and CUDA 12.9 for sm_100 and
+#: newer, write version 8 (SM in bits 8-15).
+_SM_SHIFT_BY_ABI = {7: 0, 8: 8}
+
+
 def elf_sm(image: bytes) -> int:
-    """The SM number a CUBIN was built for (bits 8-15 of the ELF e_flags)."""
+    """The SM number a CUBIN was built for, from its ELF e_flags (either layout)."""
     assert image[:4] == b"\x7fELF", image[:8]
     (machine,) = struct.unpack_from("<H", image, 18)
     assert machine == EM_CUDA
+    abi_version = image[8]
+    assert abi_version in _SM_SHIFT_BY_ABI, f"unknown CUBIN ELF ABI version {abi_version}"
     (flags,) = struct.unpack_from("<I", image, 48)
-    return (flags >> 8) & 0xFF
+    return (flags >> _SM_SHIFT_BY_ABI[abi_version]) & 0xFF
 
 
 def heavy_source(unroll: int = 48, depth: int = 16, salt: int = 0) -> str:

@@ -121,10 +121,23 @@ def test_ci_script_is_executable_and_strict() -> None:
     assert "set -euo pipefail" in text
     assert "README.md" in text and "mypy --strict src" in text
     assert "bash .ci/check-wheel" in text
-    for other in ("check-wheel", "nvrtc12"):
+    assert "bash .ci/nvrtc12" in text  # the compile tests against NVRTC 12 too
+    for other in ("check-wheel", "nvrtc12", "fetch-cu12-bundle.sh"):
         script = ROOT / ".ci" / other
         assert os.access(script, os.X_OK), other
         assert "set -euo pipefail" in script.read_text(encoding="utf-8")
+
+
+#: The module each core dependency is imported as.
+_IMPORTED_AS = {"cuda-bindings": "cuda.bindings"}
+
+
+def test_every_core_dependency_is_imported_by_the_package() -> None:
+    """A dependency nothing imports only costs installs (AnyIO once was one)."""
+    sources = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "src").rglob("*.py"))
+    for name in names(pyproject()["project"]["dependencies"]):
+        module = _IMPORTED_AS.get(name, name.replace("-", "_"))
+        assert re.search(rf"^\s*(?:from|import) {re.escape(module)}\b", sources, re.M), name
 
 
 def test_console_script_target_exists() -> None:

@@ -135,7 +135,10 @@ def _load_command(
             return f"gpuactors {name} is not available in this build ({module_name} is missing)"
         hint = ""
         if exc.name is not None and exc.name.split(".")[0] == "cupy":
-            hint = "; install CuPy: pip install 'gpuactors[cuda13]' (or [cuda12])"
+            hint = (
+                "; install CuPy: pip install 'gpuactors[cu13]' "
+                "(or [cu12]; `gpuactors doctor` says which)"
+            )
         return f"gpuactors {name} could not be loaded: {exc}{hint}"
     except Exception as exc:
         return f"gpuactors {name} could not be loaded: {type(exc).__name__}: {exc}"

@@ -443,16 +443,17 @@ def check_gpuactors(f: Facts) -> Check:
     return Check("gpuactors", Verdict.OK, f"{f.gpuactors_version} ({f.gpuactors_location})")
 
 
-def _cupy_extra(f: Facts) -> str:
+def _cuda_extra(f: Facts) -> str:
+    """The extra of the driver's CUDA major version (cu13 when no driver says otherwise)."""
     if f.driver_version is not None and cuda_version_tuple(f.driver_version)[0] == 12:
-        return "cuda12"
-    return "cuda13"
+        return "cu12"
+    return "cu13"
 
 
 def check_cupy(f: Facts) -> Check:
     if f.cupy_version is not None:
         return Check("cupy", Verdict.OK, f.cupy_version)
-    install = f"pip install 'gpuactors[{_cupy_extra(f)}]'"
+    install = f"pip install 'gpuactors[{_cuda_extra(f)}]'"
     if f.cupy_error is not None:
         return Check(
             "cupy",
@@ -474,8 +475,7 @@ def check_nvrtc(f: Facts) -> Check:
             "nvrtc",
             Verdict.FAIL,
             f"cannot load NVRTC: {f.nvrtc_error}",
-            "it comes with cuda-bindings and nvidia-cuda-nvrtc: "
-            "pip install 'cuda-bindings>=13,<14' 'nvidia-cuda-nvrtc>=13,<14'",
+            f"the driver's extra brings it: pip install 'gpuactors[{_cuda_extra(f)}]'",
         )
     version = "{}.{}".format(*f.nvrtc_version)
     if f.nvrtc_test_error is not None:
@@ -495,7 +495,8 @@ def check_driver(f: Facts) -> Check:
     return Check(
         "cuda driver",
         Verdict.OK,
-        f"supports CUDA {version} ({f.driver_version}, via {f.driver_source})",
+        f"supports CUDA {version} ({f.driver_version}, via {f.driver_source}); "
+        f"its extra: gpuactors[{_cuda_extra(f)}]",
     )
 
 
@@ -519,7 +520,8 @@ def check_compat(f: Facts) -> Check:
             Verdict.FAIL,
             f"NVRTC {nv_s} is a newer major version than the driver (CUDA {drv_s})",
             f"code compiled by NVRTC {nv[0]}.x needs a CUDA {nv[0]} driver; minor-version "
-            "compatibility only spans one major version. Upgrade the NVIDIA driver "
+            "compatibility only spans one major version. Install the driver's extra "
+            f"(pip install 'gpuactors[{_cuda_extra(f)}]') or upgrade the NVIDIA driver "
             "(CUDA 13 needs R580 or newer)",
         )
     return Check(

@@ -172,6 +172,12 @@ def kernel_headers() -> dict[str, str]:
 def layout_check_source() -> str:
     """C++ that fails to compile if ``abi.cuh`` and these dtypes disagree."""
     lines = [
+        # NVRTC 12 has no __builtin_offsetof; its front end's __INTADDR__ is a constant.
+        "#if __CUDACC_VER_MAJOR__ < 13",
+        "#define GPA_OFFSETOF(type, field) __INTADDR__(&((type*)0)->field)",
+        "#else",
+        "#define GPA_OFFSETOF(type, field) __builtin_offsetof(type, field)",
+        "#endif",
         '#include "abi.cuh"',
         '#include "task.cuh"',
         "namespace gpa { __device__ int dispatch(const TaskCtx&) { return 0; } }",
@@ -183,7 +189,7 @@ def layout_check_source() -> str:
         assert dtype.fields is not None
         for field, (_, offset, *_rest) in dtype.fields.items():
             lines.append(
-                f"static_assert(__builtin_offsetof(gpa::{struct}, {field}) == {offset}, "
+                f"static_assert(GPA_OFFSETOF(gpa::{struct}, {field}) == {offset}, "
                 f'"{struct}.{field} offset");'
             )
     for name, value in _CPP_CONSTANTS.items():

@@ -26,16 +26,21 @@ from ..errors import CompileError, InvalidArgument, NvrtcUnavailable
 from ..logs import get_logger
 from .cache import ManifestStore
 from .discovery import Discovery
-from .headers import ABSENT, scan_includes
+from .headers import ABSENT, includes_only_given, scan_includes
 from .keys import full_key, path_states, request_key, untracked_key
 from .manifest import Manifest, make_manifest
 from .module import CompiledModule
 from .options import NvrtcOpts, arch_number
 
 _INSTALL_HINT = (
-    "install NVRTC with: pip install 'cuda-bindings>=13,<14' 'nvidia-cuda-nvrtc>=13,<14' "
-    "(or: pip install 'gpuactors')"
+    "install NVRTC of the driver's CUDA major version: pip install 'gpuactors[cu13]' "
+    "(or 'gpuactors[cu12]' for a CUDA 12 driver; `gpuactors doctor` says which)"
 )
+#: The wheels that ship NVRTC, newest naming first: CUDA 13's drops the ``-cu12`` suffix.
+_NVRTC_WHEELS = ("nvidia-cuda-nvrtc", "nvidia-cuda-nvrtc-cu12")
+#: The first NVRTC major version whose ``--fdevice-time-trace`` names the headers it
+#: reads. NVRTC 12.9 accepts the option but writes no "Processing Header File" event.
+TRACES_HEADERS_FROM = 13
 _ERROR_LINE = re.compile(
     r"^(?P<file>.+?)\((?P<line>\d+)\): (?:catastrophic )?error\b(?P<message>.*)$", re.MULTILINE
 )
@@ -82,15 +87,31 @@ def nvrtc_version() -> tuple[int, int]:
 
 @functools.cache
 def nvrtc_build() -> str:
-    """The installed ``nvidia-cuda-nvrtc`` wheel version ("" if NVRTC comes from elsewhere).
+    """The version of the installed NVRTC wheel of the loaded NVRTC's major version
+    (``nvidia-cuda-nvrtc`` or ``nvidia-cuda-nvrtc-cu12``; "" if NVRTC comes from elsewhere).
 
     Part of the cache key, so a patch release of the wheel (same major.minor) still
-    invalidates old binaries.
+    invalidates old binaries. Both wheels can be installed side by side: only the one
+    whose major version is the loaded library's names it.
     """
-    try:
-        return importlib.metadata.version("nvidia-cuda-nvrtc")
-    except importlib.metadata.PackageNotFoundError:
-        return ""
+    major = nvrtc_version()[0]
+    for wheel in _NVRTC_WHEELS:
+        try:
+            version = importlib.metadata.version(wheel)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        if version.split(".")[0] == str(major):
+            return version
+    return ""
+
+
+def traces_headers() -> bool:
+    """Whether the loaded NVRTC can report the headers a compile reads (``discovery``).
+
+    Without it a compile whose source or options can open a file gets a key naming its
+    image and is not cached: its key could not cover the files it read.
+    """
+    return nvrtc_version()[0] >= TRACES_HEADERS_FROM
 
 
 @functools.cache
@@ -361,11 +382,14 @@ def compile_traced(
     _check_supported(target)
     scan = scan_includes(source, headers=headers, include_paths=opts.include_paths, name=name)
     # No child to ask when nothing in the texts can make NVRTC open a file: it reads none.
-    discovery = (
-        None
-        if scan.reads_no_file
-        else Discovery(source, name=name, headers=headers, options=options)
+    # An NVRTC that cannot name its reads gets none either: its reads are known only
+    # when it can read nothing but in-memory headers, and stay unknown otherwise.
+    can_trace = traces_headers()
+    reads_nothing = scan.reads_no_file or (
+        not can_trace and includes_only_given([source, *headers.values()], headers)
     )
+    asks = can_trace and not reads_nothing
+    discovery = Discovery(source, name=name, headers=headers, options=options) if asks else None
     try:
         started = time.perf_counter()
         header_names = sorted(headers)
@@ -384,7 +408,11 @@ def compile_traced(
         finally:
             nvrtc.nvrtcDestroyProgram(prog)
         seconds = time.perf_counter() - started
-        deps = () if discovery is None else discovery.finish()
+        deps: tuple[str, ...] | None = ()  # nothing read
+        if discovery is not None:
+            deps = discovery.finish()
+        elif not reads_nothing:
+            deps = None  # reads that this NVRTC cannot report
     finally:
         if discovery is not None:
             discovery.close()

@@ -19,7 +19,7 @@ import hashlib
 import os
 import re
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..errors import InvalidArgument
@@ -147,6 +147,25 @@ def _unspliced(text: bytes) -> bytes:
 def reads_no_file(texts: Sequence[bytes]) -> bool:
     """Whether these texts, compiled together, can make NVRTC open no file at all."""
     return not any(word in _unspliced(text) for text in texts for word in _FILE_WORDS)
+
+
+_PLAIN_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*"([^"\r\n]+)"[ \t]*$', re.MULTILINE)
+
+
+def includes_only_given(texts: Sequence[str], given: Collection[str]) -> bool:
+    """Whether these texts can make NVRTC open no file once each plain ``#include "name"``
+    of a header in ``given`` is set aside: NVRTC takes an in-memory header before any
+    file of that name. For an NVRTC that cannot report its reads (NVRTC 12), so that
+    sources built from in-memory headers alone (the engine's) keep a cacheable key.
+    Conservative: any other word that could open a file, in a comment too, says no."""
+    for text in texts:
+        rest = _PLAIN_INCLUDE.sub(
+            lambda m: b"" if m.group(1).decode("utf-8", "replace") in given else m.group(0),
+            _unspliced(text.encode("utf-8")),
+        )
+        if not reads_no_file([rest]):
+            return False
+    return True
 
 
 def _names(text: bytes) -> list[tuple[bool, str]]:

@@ -14,8 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import os
+import queue
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Literal
@@ -36,6 +37,9 @@ from .options import NvrtcOpts
 Origin = Literal["memory", "disk", "compiled"]
 _Result = tuple[CompiledModule, Origin]
 _EMPTY: Mapping[str, str] = {}
+#: How long a compile thread waits for work before it ends (a compiler no one uses
+#: keeps no threads).
+_IDLE_SECONDS = 10.0
 
 
 def _log() -> FilteringBoundLogger:
@@ -64,12 +68,62 @@ class _Request:
         return self.key if self.key is not None else "request:" + self.request
 
 
+class _DaemonThreads:
+    """At most ``size`` daemon threads running submitted jobs, started as jobs come.
+
+    Daemon threads: NVRTC blocked on a file (a FIFO named by a macro include, which the
+    include scan cannot see) must not keep the process from exiting, as a thread of a
+    ``concurrent.futures`` pool would (those are joined at exit).
+    """
+
+    def __init__(self, size: int, name: str) -> None:
+        self._size, self._name = size, name
+        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads = self._idle = self._waiting = 0
+
+    def submit(self, job: Callable[[], None]) -> None:
+        """Queue ``job``; raises RuntimeError when no thread could be started for it
+        (it may still run later, on a thread that frees up)."""
+        with self._lock:
+            self._jobs.put(job)
+            self._waiting += 1
+            if self._waiting <= self._idle or self._threads >= self._size:
+                return
+            self._threads += 1
+        try:
+            threading.Thread(target=self._work, name=self._name, daemon=True).start()
+        except RuntimeError:
+            with self._lock:
+                self._threads -= 1
+            raise
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                self._idle += 1
+            try:
+                job = self._jobs.get(timeout=_IDLE_SECONDS)
+            except queue.Empty:
+                with self._lock:
+                    self._idle -= 1
+                    if self._waiting == 0:  # nothing queued: no job can be left behind
+                        self._threads -= 1
+                        return
+                continue
+            with self._lock:
+                self._idle -= 1
+                self._waiting -= 1
+            job()
+
+
 class KernelCompiler:
     """Compile CUDA C++ through a memory cache and a disk cache.
 
     ``disk=True`` uses a :class:`DiskModuleCache` in the default folder, ``False`` none.
     ``max_parallel_compiles`` caps how many NVRTC compiles run at once (default: the
-    number of CPUs); cache lookups are never held back by it.
+    number of CPUs); cache lookups are never held back by it. Async requests run
+    their disk read and compile on as many threads of the compiler's own.
     """
 
     def __init__(
@@ -88,6 +142,7 @@ class KernelCompiler:
         if slots < 1:
             raise InvalidArgument(f"max_parallel_compiles must be >= 1, got {slots}")
         self._slots = threading.BoundedSemaphore(slots)
+        self._threads = _DaemonThreads(slots, name="gpuactors-nvrtc")
         #: What NVRTC read for each request this compiler compiled or found on disk.
         self.manifests = ManifestStore()
         self._lock = threading.Lock()
@@ -178,10 +233,9 @@ class KernelCompiler:
 
         Cancelling the awaiting task does not stop a compile others may be waiting for;
         it still fills the caches. The lookup runs in a worker thread too: it hashes the
-        source and the files its manifest lists (megabytes, or a slow disk). The compile
-        runs in a daemon thread of its own: NVRTC blocked on a file (a FIFO named by a
-        macro include, which the include scan cannot see) must not keep the process from
-        exiting, as a thread of the default executor would.
+        source and the files its manifest lists (megabytes, or a slow disk). The disk
+        read and the compile run on the compiler's own daemon threads (``_DaemonThreads``;
+        as many as ``max_parallel_compiles``): a disk hit can wait for a free one.
         """
         if not nvrtc_loaded():
             await asyncio.to_thread(load_nvrtc)  # a first use loads a big library: not here
@@ -192,14 +246,8 @@ class KernelCompiler:
         flight, leader = claim
         if leader:
             context = contextvars.copy_context()  # (as to_thread: the logs keep their context)
-            thread = threading.Thread(
-                target=context.run,
-                args=(self._fly, flight, looked_up),
-                name=f"gpuactors-nvrtc-{looked_up.name}",
-                daemon=True,
-            )
             try:
-                thread.start()
+                self._threads.submit(lambda: context.run(self._fly, flight, looked_up))
             except RuntimeError as exc:  # no thread could be started: settle for everyone
                 self._settle(flight, looked_up.flight, exc)
                 raise
@@ -232,6 +280,8 @@ class KernelCompiler:
 
     def _fly(self, flight: Future[_Result], looked_up: _Request) -> None:
         """Disk, else compile; fill the caches; resolve ``flight``. Never raises."""
+        if flight.done():  # settled when no thread could be started for it
+            return
         try:
             result = self._load_or_compile(looked_up)
         except BaseException as exc:
@@ -241,7 +291,8 @@ class KernelCompiler:
 
     def _settle(self, flight: Future[_Result], name: str, outcome: _Result | BaseException) -> None:
         with self._lock:
-            self._inflight.pop(name, None)
+            if self._inflight.get(name) is flight:
+                del self._inflight[name]
         if isinstance(outcome, BaseException):
             flight.set_exception(outcome)
         else:
