@@ -23,7 +23,7 @@ import struct
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from types import ModuleType
 from typing import Any, Literal
 
@@ -257,8 +257,18 @@ def link_images(
     return _link(_Plan(inputs, opts if opts is not None else LinkOpts(), arch, name))
 
 
+# Every nvJitLink call runs on this one thread: after a failed link, nvJitLink 13.5 was
+# seen to hang the next link made from another thread (in add_data), never one made
+# from the thread of the failure. Links are therefore serialised (a cache hit is not).
+_LINK_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuactors-nvjitlink")
+
+
 def _link(plan: _Plan) -> CompiledModule:
     _refuse_duplicate_elf_symbols(plan.inputs)
+    return _LINK_THREAD.submit(_link_here, plan).result()
+
+
+def _link_here(plan: _Plan) -> CompiledModule:
     nvjitlink = _nvjitlink()
     started = time.perf_counter()
     try:
