@@ -104,23 +104,27 @@ def linker_build() -> str:
 
 
 # ---------------------------------------------------------------------- inputs
-class LinkInput(BaseModel):
-    """One image to link: its ``kind``, its bytes, and a ``name`` the linker's logs (and a
-    :class:`LinkError`) use for it. ``lowered_names`` maps name expressions compiled into
-    it to their mangled symbols, so a handle of the link finds template kernels."""
+class _Checked(BaseModel):
+    """A frozen model whose validation errors are InvalidArgument, naming the class."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-
-    name: str
-    kind: LinkInputKind
-    image: bytes = Field(min_length=1)
-    lowered_names: dict[str, str] = Field(default_factory=dict)
 
     def __init__(self, **data: Any) -> None:
         try:
             super().__init__(**data)
         except ValidationError as exc:
-            raise invalid_argument("LinkInput", exc) from None
+            raise invalid_argument(type(self).__name__, exc) from None
+
+
+class LinkInput(_Checked):
+    """One image to link: its ``kind``, its bytes, and a ``name`` the linker's logs (and a
+    :class:`LinkError`) use for it. ``lowered_names`` maps name expressions compiled into
+    it to their mangled symbols, so a handle of the link finds template kernels."""
+
+    name: str
+    kind: LinkInputKind
+    image: bytes = Field(min_length=1)
+    lowered_names: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("name")
     @classmethod
@@ -143,12 +147,10 @@ class LinkInput(BaseModel):
         return f"LinkInput({self.name!r}, kind={self.kind!r}, bytes={len(self.image)})"
 
 
-class LinkOpts(BaseModel):
+class LinkOpts(_Checked):
     """How to link. ``arch=None`` leaves the target to the caller (the device's ``sm_XX``).
     ``lto=None`` turns link-time optimisation on exactly when an input is LTO-IR.
     The other fields are nvJitLink's JIT options (``None``: the linker's default)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     arch: str | None = None
     lto: bool | None = None
@@ -160,12 +162,6 @@ class LinkOpts(BaseModel):
     prec_div: bool | None = None
     prec_sqrt: bool | None = None
     fma: bool | None = None
-
-    def __init__(self, **data: Any) -> None:
-        try:
-            super().__init__(**data)
-        except ValidationError as exc:
-            raise invalid_argument("LinkOpts", exc) from None
 
     @field_validator("arch")
     @classmethod
