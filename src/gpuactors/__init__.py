@@ -29,6 +29,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "CacheStats", "Compile", "CompileAsync", "CompiledModule", "CompilerStats",
         "CorruptEntry", "KernelCompiler", "KernelHandle", "Launch", "Launched", "NvrtcActor",
         "NvrtcOpts", "NvrtcStats", "OutputKind",
+        "KernelLinker", "Link", "LinkAsync", "LinkInput", "LinkOpts", "LinkRequest",
     ),
     "gpuactors.engine": (
         "BUILTIN_OPS", "AliasOp", "ArrayParam", "BatchCompletion", "Completion", "Drain",
@@ -49,7 +50,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "NoCudaDevice", "GpuRefStale", "WrongDevice", "LaunchError", "DeviceFault",
         "DeviceFailed", "EngineError", "UnknownOp", "QueueFull", "EngineStopped",
         "EngineModeError", "TaskFailed", "TaskTimeout", "TaskHung", "WorkerError",
-        "WorkerProtocolError", "PartialFailure", "EngineLost",
+        "WorkerProtocolError", "PartialFailure", "EngineLost", "LinkError", "LinkerUnavailable",
     ),
     "gpuactors.group": (
         "EngineGroup", "GroupAliasSet", "GroupBatchCompletion", "GroupOpInstalled",
@@ -144,6 +145,8 @@ if TYPE_CHECKING:
     from gpuactors.errors import GpuRefStale as GpuRefStale
     from gpuactors.errors import InvalidArgument as InvalidArgument
     from gpuactors.errors import LaunchError as LaunchError
+    from gpuactors.errors import LinkError as LinkError
+    from gpuactors.errors import LinkerUnavailable as LinkerUnavailable
     from gpuactors.errors import MailboxFull as MailboxFull
     from gpuactors.errors import NoCudaDevice as NoCudaDevice
     from gpuactors.errors import NvrtcUnavailable as NvrtcUnavailable
@@ -177,8 +180,14 @@ if TYPE_CHECKING:
     from gpuactors.nvrtc import CorruptEntry as CorruptEntry
     from gpuactors.nvrtc import KernelCompiler as KernelCompiler
     from gpuactors.nvrtc import KernelHandle as KernelHandle
+    from gpuactors.nvrtc import KernelLinker as KernelLinker
     from gpuactors.nvrtc import Launch as Launch
     from gpuactors.nvrtc import Launched as Launched
+    from gpuactors.nvrtc import Link as Link
+    from gpuactors.nvrtc import LinkAsync as LinkAsync
+    from gpuactors.nvrtc import LinkInput as LinkInput
+    from gpuactors.nvrtc import LinkOpts as LinkOpts
+    from gpuactors.nvrtc import LinkRequest as LinkRequest
     from gpuactors.nvrtc import NvrtcActor as NvrtcActor
     from gpuactors.nvrtc import NvrtcOpts as NvrtcOpts
     from gpuactors.nvrtc import NvrtcStats as NvrtcStats

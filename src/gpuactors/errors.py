@@ -80,8 +80,29 @@ class CompileError(GpuActorsError):
         super().__init__(detail)
 
 
+class LinkError(GpuActorsError):
+    """The device linker (nvJitLink) rejected a link. ``problem`` names the kind
+    ("unresolved symbol", "duplicate definition", "arch mismatch", "corrupt input" or
+    "link failed"), ``input_name`` the failing input where the linker says which, ``log``
+    is the linker's error log."""
+
+    def __init__(
+        self, message: str, *, log: str = "", input_name: str | None = None, problem: str = ""
+    ) -> None:
+        self.log = log
+        self.input_name = input_name
+        self.problem = problem
+        detail = message + (f"\nlinker log:\n{log}" if log else "")
+        super().__init__(detail)
+
+
 class NvrtcUnavailable(GpuActorsError, ImportError):
     """NVRTC (cuda-bindings + nvidia-cuda-nvrtc) could not be loaded."""
+
+
+class LinkerUnavailable(GpuActorsError, ImportError):
+    """nvJitLink (cuda-bindings + the nvidia-nvjitlink wheel of its CUDA major) could not
+    be loaded."""
 
 
 # ----------------------------------------------------------------------- GPUs

@@ -31,12 +31,16 @@ from .compiler import (
 from .entry import CorruptEntry
 from .handle import KernelHandle
 from .kernel_compiler import KernelCompiler, Origin, default_compiler
+from .linker import KernelLinker, LinkInput, LinkOpts, default_linker, link_images
 from .messages import (
     Compile,
     CompileAsync,
     CompilerStats,
     Launch,
     Launched,
+    Link,
+    LinkAsync,
+    LinkRequest,
     NvrtcStats,
 )
 from .module import CompiledModule
@@ -53,8 +57,14 @@ __all__ = [
     "DiskModuleCache",
     "KernelCompiler",
     "KernelHandle",
+    "KernelLinker",
     "Launch",
     "Launched",
+    "Link",
+    "LinkAsync",
+    "LinkInput",
+    "LinkOpts",
+    "LinkRequest",
     "MemoryModuleCache",
     "NvrtcActor",
     "NvrtcOpts",
@@ -66,7 +76,9 @@ __all__ = [
     "compile_source",
     "default_cache_dir",
     "default_compiler",
+    "default_linker",
     "failing_lines",
+    "link_images",
     "load_nvrtc",
     "nvrtc_version",
     "parse_warnings",

@@ -32,7 +32,7 @@ address...) fails every launch in flight with
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from gpuactors.actors import Actor, ActorRef, Deferred, handles
@@ -63,6 +63,7 @@ from gpuactors.nvrtc.launch import (
     launch_kernel,
     pack_args,
 )
+from gpuactors.nvrtc.linker import KernelLinker, default_linker
 from gpuactors.nvrtc.messages import (
     Compile,
     CompileAsync,
@@ -70,6 +71,9 @@ from gpuactors.nvrtc.messages import (
     CompilerStats,
     Launch,
     Launched,
+    Link,
+    LinkAsync,
+    LinkRequest,
     NvrtcStats,
 )
 from gpuactors.nvrtc.module import CompiledModule
@@ -187,7 +191,8 @@ class _Loaded:
 class NvrtcActor(Actor):
     """Compiles kernels (sync or off the mailbox) and launches them on ``device_id``.
 
-    ``compiler`` defaults to the process-wide :func:`default_compiler`. ``device``
+    ``compiler`` defaults to the process-wide :func:`default_compiler`, ``linker`` (for
+    ``Link``/``LinkAsync``) to the process-wide :func:`default_linker`. ``device``
     (a DeviceActor's ref) is told about device faults. ``stop_timeout`` bounds how
     long stopping waits for launches in flight.
     """
@@ -199,9 +204,11 @@ class NvrtcActor(Actor):
         *,
         device: ActorRef | None = None,
         stop_timeout: float = 5.0,
+        linker: KernelLinker | None = None,
     ) -> None:
         self._device_id = device_id
         self._compiler = compiler if compiler is not None else default_compiler()
+        self._linker = linker
         self._device_ref = device
         self._stop_timeout = stop_timeout
         self._arch: str | None = None
@@ -246,20 +253,34 @@ class NvrtcActor(Actor):
     def compile_async(self, msg: CompileAsync) -> Deferred[KernelHandle]:
         self._compile_requests += 1
         arch = self._target_arch(msg)
+        return self._off_mailbox(
+            msg,
+            lambda: self._compiler.get_or_compile_async(
+                msg.source, name=msg.name, opts=msg.opts, arch=arch, headers=msg.headers
+            ),
+        )
+
+    def _off_mailbox(
+        self,
+        msg: CompileRequest | LinkRequest,
+        build: Callable[[], Awaitable[tuple[CompiledModule, Origin]]],
+    ) -> Deferred[KernelHandle]:
+        """Run ``build`` (a compile or a link) in a task; the reply comes when it ends."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[KernelHandle] = loop.create_future()
-        task = loop.create_task(self._compile_off_mailbox(msg, arch, future))
+        task = loop.create_task(self._build_off_mailbox(msg, build, future))
         self._compiling.add(task)
         task.add_done_callback(self._compiling.discard)
         return Deferred(future)
 
-    async def _compile_off_mailbox(
-        self, msg: CompileAsync, arch: str | None, future: asyncio.Future[KernelHandle]
+    async def _build_off_mailbox(
+        self,
+        msg: CompileRequest | LinkRequest,
+        build: Callable[[], Awaitable[tuple[CompiledModule, Origin]]],
+        future: asyncio.Future[KernelHandle],
     ) -> None:
         try:
-            module, origin = await self._compiler.get_or_compile_async(
-                msg.source, name=msg.name, opts=msg.opts, arch=arch, headers=msg.headers
-            )
+            module, origin = await build()
             handle = self._handle(msg, module, origin)
         except GpuActorsError as exc:
             self._compile_failed(msg, exc)
@@ -271,8 +292,9 @@ class NvrtcActor(Actor):
                 future.set_exception(exc)
         except asyncio.CancelledError:  # the actor stops or restarts: the asker must hear
             if not future.done():
+                doing = "linking" if isinstance(msg, LinkRequest) else "compiling"
                 future.set_exception(
-                    ActorStopped(f"the NvrtcActor stopped before compiling {msg.name!r}")
+                    ActorStopped(f"the NvrtcActor stopped before {doing} {msg.name!r}")
                 )
             raise
         else:
@@ -292,7 +314,9 @@ class NvrtcActor(Actor):
             )
         return self._arch
 
-    def _handle(self, msg: CompileRequest, module: CompiledModule, origin: Origin) -> KernelHandle:
+    def _handle(
+        self, msg: CompileRequest | LinkRequest, module: CompiledModule, origin: Origin
+    ) -> KernelHandle:
         handle = make_handle(
             module,
             msg.kernel_names,
@@ -305,8 +329,46 @@ class NvrtcActor(Actor):
         )
         return handle
 
-    def _compile_failed(self, msg: CompileRequest, exc: GpuActorsError) -> None:
+    def _compile_failed(self, msg: CompileRequest | LinkRequest, exc: GpuActorsError) -> None:
         self.log.info("compile request failed", source=msg.name, error=type(exc).__name__)
+
+    # ------------------------------------------------------------------ linking
+    @handles(Link)
+    def link(self, msg: Link) -> KernelHandle:
+        self._compile_requests += 1
+        try:
+            module, origin = self._linker_().get_or_link(
+                msg.link_inputs(), opts=msg.opts, arch=self._link_arch(msg), name=msg.name
+            )
+            return self._handle(msg, module, origin)
+        except GpuActorsError as exc:
+            self._compile_failed(msg, exc)
+            raise
+
+    @handles(LinkAsync)
+    def link_async(self, msg: LinkAsync) -> Deferred[KernelHandle]:
+        self._compile_requests += 1
+        arch = self._link_arch(msg)
+        return self._off_mailbox(
+            msg,
+            lambda: self._linker_().get_or_link_async(
+                msg.link_inputs(), opts=msg.opts, arch=arch, name=msg.name
+            ),
+        )
+
+    def _linker_(self) -> KernelLinker:
+        # Made on first use: an actor that never links never opens the link cache.
+        if self._linker is None:
+            self._linker = default_linker()
+        return self._linker
+
+    def _link_arch(self, msg: LinkRequest) -> str | None:
+        if msg.opts.arch is None and self._arch is None:
+            raise InvalidArgument(
+                f"opts.arch is None and there is no device to take the arch from "
+                f"({self._no_gpu}): set it, e.g. LinkOpts(arch='sm_90')"
+            )
+        return self._arch
 
     @handles(CompilerStats)
     def stats(self, _msg: CompilerStats) -> NvrtcStats:

@@ -16,6 +16,7 @@ from pydantic import Field, field_validator
 from gpuactors.errors import InvalidArgument
 from gpuactors.messages import Message, Reply
 from gpuactors.nvrtc.handle import KernelHandle
+from gpuactors.nvrtc.linker import LinkInput, LinkOpts
 from gpuactors.nvrtc.options import NvrtcOpts
 from gpuactors.nvrtc.text import check_name, check_no_nul
 
@@ -83,15 +84,20 @@ class CompileRequest(_Checked):
     @field_validator("kernel_names")
     @classmethod
     def _check_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        if not value:
-            raise InvalidArgument("kernel_names must name at least one kernel")
-        for name in value:
-            if not name.strip():
-                raise InvalidArgument("a kernel name cannot be empty")
-            check_name(name, "kernel name")
-        if len(set(value)) != len(value):
-            raise InvalidArgument(f"duplicate kernel names in {value!r}")
-        return value
+        return check_kernel_names(value)
+
+
+def check_kernel_names(value: tuple[str, ...]) -> tuple[str, ...]:
+    """``value`` if it names one or more distinct, non-empty kernels, else InvalidArgument."""
+    if not value:
+        raise InvalidArgument("kernel_names must name at least one kernel")
+    for name in value:
+        if not name.strip():
+            raise InvalidArgument("a kernel name cannot be empty")
+        check_name(name, "kernel name")
+    if len(set(value)) != len(value):
+        raise InvalidArgument(f"duplicate kernel names in {value!r}")
+    return value
 
 
 class Compile(CompileRequest):
@@ -108,6 +114,66 @@ class CompileAsync(CompileRequest):
     The actor keeps serving other messages (launches of kernels it already has)
     while NVRTC runs. Concurrent identical requests share one compile.
     """
+
+
+# --------------------------------------------------------------------- linking
+class LinkRequest(_Checked):
+    """What both link messages carry (send :class:`Link` or :class:`LinkAsync`).
+
+    ``inputs`` are handles of compiles with ``relocatable=True`` and raw
+    :class:`~gpuactors.nvrtc.linker.LinkInput` images (PTX, CUBIN, LTO-IR, fatbin,
+    object, library; ``LinkInput.of(module)`` for a :class:`CompiledModule`), linked in
+    order into one CUBIN. ``kernel_names`` are the kernels the reply's handle launches.
+    ``opts.arch=None`` links for the actor's device (required where there is no GPU).
+    """
+
+    inputs: tuple[LinkInput | KernelHandle, ...]
+    kernel_names: tuple[str, ...]
+    opts: LinkOpts = Field(default_factory=LinkOpts)
+    name: str = "linked"
+
+    @field_validator("inputs")
+    @classmethod
+    def _check_inputs(
+        cls, value: tuple[LinkInput | KernelHandle, ...]
+    ) -> tuple[LinkInput | KernelHandle, ...]:
+        if not value:
+            raise InvalidArgument("a link needs at least one input")
+        return value
+
+    @field_validator("name")
+    @classmethod
+    def _check_link_name(cls, value: str) -> str:
+        return check_name(value, "link name")
+
+    @field_validator("kernel_names", mode="before")
+    @classmethod
+    def _one_name(cls, value: object) -> object:
+        return (value,) if isinstance(value, str) else value
+
+    @field_validator("kernel_names")
+    @classmethod
+    def _check_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return check_kernel_names(value)
+
+    def link_inputs(self) -> tuple[LinkInput, ...]:
+        """The inputs as images: a handle's module, named by its program name."""
+        return tuple(
+            LinkInput.of(piece.module) if isinstance(piece, KernelHandle) else piece
+            for piece in self.inputs
+        )
+
+
+class Link(LinkRequest):
+    """Link on the actor's mailbox; the reply is a :class:`KernelHandle` whose ``log``
+    is the linker's info log and ``compile_seconds`` the link's wall time. A cache hit
+    is microseconds; a link is milliseconds (LTO: more): services send :class:`LinkAsync`.
+    """
+
+
+class LinkAsync(LinkRequest):
+    """Link in a worker thread; the reply is a :class:`KernelHandle`. The actor keeps
+    serving meanwhile; concurrent identical requests share one link."""
 
 
 class CompilerStats(Message):
