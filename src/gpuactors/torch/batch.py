@@ -99,7 +99,8 @@ class Batch:
 
     def __init__(self, device: torch.device, size_limit: int) -> None:
         self.device = device
-        self.device_index = -1 if device.type == "cpu" else (device.index or 0)
+        self.cuda = device.type == "cuda"
+        self.device_index = (device.index or 0) if self.cuda else -1
         self.size_limit = size_limit
         self.stages: list[P.Stage] = []
         self.stage: P.PointwiseStage | None = None  # the open pointwise stage
@@ -111,6 +112,7 @@ class Batch:
         self.owners: dict[int, Any] = {}  # register -> Value or _PIN, open stage
         self.keep: list[Tensor] = []
         self.stores: list[tuple[P.PointwiseStage, int, Value]] = []
+        self.reductions: list[tuple[P.ReduceStage, Value]] = []
         self.ops = 0
         self.closed_words = 0
         self.started = 0.0
@@ -124,6 +126,7 @@ class Batch:
         code = CODES.get(t.dtype)
         if (
             code is None
+            or not (t.is_cuda if self.cuda else t.is_cpu)
             or t.get_device() != self.device_index
             or not 0 < t.numel() <= self.size_limit
             or (t.requires_grad and torch.is_grad_enabled())
@@ -310,6 +313,9 @@ class Batch:
         for stage, position, value in self.stores:
             if not value.required and value.tensor() is None:
                 stage.kill_store(position)
+        for reduction, value in self.reductions:
+            if not value.required and value.tensor() is None:
+                reduction.kill()
         first = self.stages[0]
         units = units_for(first)
         words = P.assemble(self.stages, ticket, counter, units)

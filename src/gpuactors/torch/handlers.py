@@ -131,6 +131,27 @@ def elu(mode: int) -> Handler:
     return handle
 
 
+def celu(mode: int) -> Handler:
+    """celu(x, alpha) is elu(x, alpha, 1, 1 / alpha), as PyTorch computes it."""
+
+    def handle(batch: Batch, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor:
+        (alpha,) = _params(args, kwargs, (("alpha", 1),), 1)
+        value = _number(alpha)
+        if value == 0:
+            raise Decline  # PyTorch raises
+        return pointwise(
+            batch,
+            _OP["elu"],
+            args[0],
+            p0=P.f32_bits(value),
+            p1=P.f32_bits(1.0),
+            p2=P.f32_bits(1.0 / value),
+            target=_target(args, kwargs, mode),
+        )
+
+    return handle
+
+
 def leaky_relu(mode: int) -> Handler:
     def handle(batch: Batch, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor:
         (slope,) = _params(args, kwargs, (("negative_slope", 0.01),), 1)
@@ -362,7 +383,9 @@ def copy_(batch: Batch, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor
     target = args[0]
     if not isinstance(src, Tensor) or not isinstance(target, Tensor):
         raise Decline
-    return pointwise(batch, _OP["copy"], src, rule=_dtype_of(target), target=target)
+    return pointwise(
+        batch, _OP["copy"], src, rule=_dtype_of(target), target=target, onto_target=True
+    )
 
 
 # ------------------------------------------------------------------ reductions
@@ -440,6 +463,7 @@ def build_table() -> dict[Any, Handler]:
     family("softplus", softplus)
     family("elu", elu)
     family("leaky_relu", leaky_relu)
+    family("celu", celu)
     for kind in ("clamp", "hardtanh", "clamp_min", "clamp_max"):
         family(kind, partial(clamp, kind))
     for kind in ("clamp", "clamp_min", "clamp_max"):

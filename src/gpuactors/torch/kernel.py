@@ -152,12 +152,14 @@ auto elu = [](float x, float negcoef, float poscoef, float negiptcoef) -> float 
     return (x > 0.0f) ? x * poscoef : expm1f(x * negiptcoef) * negcoef;
 }};
 // y_imm: y is a scalar, whose reciprocal the host put in p1 (PyTorch multiplies then).
-auto binary = [&](unsigned op, float x, float y, bool y_imm, float p0, float p1) -> float {{
+// rmode: the result's rounding (PyTorch truncates a float16 or bfloat16 quotient).
+auto binary = [&](unsigned op, float x, float y, bool y_imm, float p0, float p1,
+                  unsigned rmode) -> float {{
     switch (op) {{
         case kOp_add: return x + p0 * y;
         case kOp_mul: return x * y;
         case kOp_div: return x / y;
-        case kOp_div_trunc: return y_imm ? truncf(x * p1) : truncf(x / y);
+        case kOp_div_trunc: return y_imm ? truncf(x * p1) : truncf(rnd(rmode, x / y));
         case kOp_div_floor: {{
             if (y == 0.0f) return x / y;
             const float mod = fmodf(x, y);
@@ -268,8 +270,10 @@ auto run_pointwise = [&](const unsigned* S, unsigned unit, unsigned units) {{
                     R[dst][e] = rnd(rmode, unary(op, fetch(ia, e), p0, p1));
             }} else {{
                 const bool y_imm = ib >= (unsigned)kRegs;
-                for (int e = 0; e < kE; ++e)
-                    R[dst][e] = rnd(rmode, binary(op, fetch(ia, e), fetch(ib, e), y_imm, p0, p1));
+                for (int e = 0; e < kE; ++e) {{
+                    const float r = binary(op, fetch(ia, e), fetch(ib, e), y_imm, p0, p1, rmode);
+                    R[dst][e] = rnd(rmode, r);
+                }}
             }}
             pc += {P.ALU_WORDS}u;
         }}

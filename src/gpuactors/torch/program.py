@@ -350,6 +350,10 @@ class ReduceStage:
     def rows(self) -> int:
         return self.words_[2] | self.words_[3] << 32
 
+    def kill(self) -> None:
+        """Reduce no row: the result died unread (its memory may be reused)."""
+        self.words_[2] = self.words_[3] = 0
+
     def words(self) -> list[int]:
         return self.words_
 

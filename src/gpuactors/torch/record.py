@@ -47,11 +47,13 @@ def pointwise(
     rule: int = PROMOTE,
     target: Tensor | None = None,
     contiguous: bool = False,
+    onto_target: bool = False,
 ) -> Tensor:
     """Record ``op`` on ``a`` (and ``b``; ``c`` is where's condition or clamp's upper
     bound) and return its result: a new tensor, or ``target`` (in place, or out=).
     ``p0``..``p2`` are the instruction's parameter words; a scalar ``a`` or ``b`` takes
-    the place of ``p1`` or ``p2``."""
+    the place of ``p1`` or ``p2``. ``onto_target``: the inputs broadcast to the
+    target's shape (``copy_``), rather than the target having theirs."""
     a_is_t = isinstance(a, Tensor)
     b_is_t = isinstance(b, Tensor)
     if not (a_is_t or b_is_t):
@@ -87,7 +89,11 @@ def pointwise(
         out_dtype = D.BOOL if rule == COMPARE else common
 
     shape = a.shape if a_is_t else b.shape
-    if (b_is_t and b.shape != shape) or (c is not None and c.shape != shape):
+    if onto_target and target is not None and target.shape != shape:
+        if P.broadcast_shape(target.shape, shape) != tuple(target.shape):
+            raise Decline
+        shape = target.shape
+    elif (b_is_t and b.shape != shape) or (c is not None and c.shape != shape):
         shapes = [t.shape for t in (a, b, c) if isinstance(t, Tensor)]
         space = P.broadcast_shape(*shapes)
         if space is None:
@@ -190,7 +196,8 @@ def reduce(batch: Batch, op: int, x: Any, dims: Any, keepdim: Any) -> Tensor:
     )
     batch.stages.append(stage)
     batch.closed_words += len(stage.words())
-    batch.values[id(out)] = Value(out, stage, -1, dtype, strong=False)
+    value = batch.values[id(out)] = Value(out, stage, -1, dtype, strong=False)
+    batch.reductions.append((stage, value))
     if batch.tracer is not None:
         batch.tracer.fresh(out)
         batch.tracer.reduction(stage, x, out)

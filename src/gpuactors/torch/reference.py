@@ -157,7 +157,9 @@ def _div_floor(x: np.ndarray, y: np.ndarray, inv: np.float32 | None) -> Any:
     return np.where(y == 0, x / y, fl).astype(np.float32)
 
 
-def _binary(name: str, x: np.ndarray, y: np.ndarray, y_imm: bool, p: Sequence[np.float32]) -> Any:
+def _binary(
+    name: str, x: np.ndarray, y: np.ndarray, y_imm: bool, p: Sequence[np.float32], rmode: int
+) -> Any:
     if name == "add":
         return x + p[0] * y
     if name == "mul":
@@ -165,7 +167,7 @@ def _binary(name: str, x: np.ndarray, y: np.ndarray, y_imm: bool, p: Sequence[np
     if name == "div":
         return x / y
     if name == "div_trunc":
-        return np.trunc(x * p[1]) if y_imm else np.trunc(x / y)
+        return np.trunc(x * p[1]) if y_imm else np.trunc(_round(x / y, rmode))
     if name == "div_floor":
         return _div_floor(x, y, p[1] if y_imm else None)
     if name == "pow":
@@ -239,7 +241,7 @@ def _pointwise(words: np.ndarray) -> None:
             elif name in P.UNARY_OPS:
                 result = _unary(name, fetch(a), params)
             else:
-                result = _binary(name, fetch(a), fetch(b), b >= P.REGISTERS, params)
+                result = _binary(name, fetch(a), fetch(b), b >= P.REGISTERS, params, round_mode)
         regs[dst] = _round(np.asarray(result, dtype=np.float32), round_mode)
         pc += P.ALU_WORDS
 
@@ -253,6 +255,8 @@ def _reduce(words: np.ndarray) -> None:
     head = int(words[0])
     rank, op = (head >> 8) & 0xFF, (head >> 16) & 0xFF
     rows, length = _u64(words, 2), int(words[4])
+    if rows == 0:
+        return  # a reduction whose result died unread
     out_ptr, in_ptr = _u64(words, 5), _u64(words, 8)
     out_dtype, in_dtype = int(words[7]) & 0xFF, (int(words[7]) >> 8) & 0xFF
     factor = _f32(int(words[10]))

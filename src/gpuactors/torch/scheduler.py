@@ -44,10 +44,12 @@ _CONTAINERS = (list, tuple)
 
 @dataclass
 class SchedulerStats:
-    """What the scheduler did: ops taken, ops left to PyTorch, flushes by reason."""
+    """What the scheduler did: ops taken; ops run by PyTorch (``fallbacks``), of which
+    ``declined`` were ops it knows but not with these arguments; flushes by reason."""
 
     ops: int = 0
     fallbacks: int = 0
+    declined: int = 0
     batches: int = 0
     flushes: Counter[str] = field(default_factory=Counter)
 
@@ -159,21 +161,19 @@ class TorchScheduler:
         lock if another thread is recording)."""
         await asyncio.to_thread(self.flush, "async")
 
-    def _take(self, reason: str) -> tuple[list[int], int, int, Any] | None:
+    def _flush_locked(self, reason: str) -> None:
         batch = self._batch
         if not batch.ops:
-            return None
+            return
         self._batch = Batch(self.device, self.size_threshold)
         self._ticket += 1
         words, n, units = batch.assemble(self._ticket, self.executor.counter)
         self.stats.batches += 1
         self.stats.flushes[reason] += 1
-        return words, n, units, batch.stream
-
-    def _flush_locked(self, reason: str) -> None:
-        taken = self._take(reason)
-        if taken is not None:
-            self.executor.run(*taken)
+        # ``batch`` holds every tensor the program reads or writes in place: it lives
+        # (here) until the program has run.
+        self.executor.run(words, n, units, batch.stream)
+        del batch
 
     def run_program(self, words: np.ndarray, n: int, units: int, reason: str) -> None:
         """Run a ready program (a traced one) after the open batch, and wait for it."""
@@ -244,6 +244,7 @@ class TorchScheduler:
                     try:
                         out = handler(batch, args, kwargs)
                     except Decline:
+                        self.stats.declined += 1
                         break
                     except P.ProgramFull:
                         if attempt:

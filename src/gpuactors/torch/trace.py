@@ -328,6 +328,8 @@ def _build(
                     put(at + 3 + 2 * (offset + d), strides[d], wide=True)
     for reduce_stage, x_role, out_role, x in tracer.reductions:
         base = offsets[id(reduce_stage)]
+        if reduce_stage.rows == 0:
+            continue  # its result died unread: it stays a reduction of no row
         allocate.update(index for role, index in (x_role, out_role) if role == "new")
         shape = shape_of(x_role) if x_role[0] != "const" else tuple(x.shape)
         put(base + 2, ("numel", shape[:-1]), wide=True)
