@@ -25,7 +25,7 @@ from gpuactors.errors import InvalidArgument  # noqa: E402
 from gpuactors.torch import ReferenceExecutor, TorchScheduler, trace  # noqa: E402
 from gpuactors.torch import program as P  # noqa: E402
 from gpuactors.torch.batch import Batch, Decline  # noqa: E402
-from torch_cases import assert_same, random_case  # noqa: E402
+from torch_cases import BINARY, UNARY, assert_same, random_case  # noqa: E402
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -86,108 +86,12 @@ def rand(*shape: int, dtype: Any = torch.float32) -> Any:
 
 
 # ------------------------------------------------------------- every op, dtype
-UNARY = {
-    "relu": torch.relu,
-    "sigmoid": torch.sigmoid,
-    "tanh": torch.tanh,
-    "exp": torch.exp,
-    "log": lambda x: torch.log(x.abs() + 0.1),
-    "sqrt": lambda x: torch.sqrt(x.abs()),
-    "rsqrt": lambda x: torch.rsqrt(x.abs() + 0.1),
-    "abs": torch.abs,
-    "neg": torch.neg,
-    "reciprocal": lambda x: torch.reciprocal(x + 3),
-    "sin": torch.sin,
-    "cos": torch.cos,
-    "gelu": F.gelu,
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "silu": F.silu,
-    "softplus": F.softplus,
-    "softplus_params": lambda x: F.softplus(x, beta=2, threshold=1.5),
-    "elu": F.elu,
-    "selu": F.selu,
-    "celu": lambda x: F.celu(x, alpha=0.5),
-    "leaky_relu": lambda x: F.leaky_relu(x, 0.2),
-    "hardtanh": lambda x: F.hardtanh(x, -0.3, 0.6),
-    "relu6": F.relu6,
-    "hardsigmoid": F.hardsigmoid,
-    "hardswish": F.hardswish,
-    "clamp": lambda x: torch.clamp(x, -0.5, 0.5),
-    "clamp_min": lambda x: torch.clamp_min(x, 0.1),
-    "clamp_max": lambda x: torch.clamp(x, max=-0.1),
-    "log1p": lambda x: torch.log1p(x.abs()),
-    "expm1": torch.expm1,
-    "erf": torch.erf,
-    "floor": torch.floor,
-    "ceil": torch.ceil,
-    "trunc": torch.trunc,
-    "round": lambda x: torch.round(x * 4),
-    "pow_2": lambda x: x**2,
-    "pow_3": lambda x: x**3,
-    "pow_half": lambda x: x.abs() ** 0.5,
-    "pow_neg_half": lambda x: (x.abs() + 0.1) ** -0.5,
-    "pow_neg_1": lambda x: (x + 3) ** -1,
-    "pow_neg_2": lambda x: (x + 3) ** -2,
-    "pow_0": lambda x: x**0,
-    "pow_1": lambda x: x**1,
-    "pow_1_5": lambda x: x.abs() ** 1.5,
-    "rpow": lambda x: 3.0**x,
-    "rpow_1": lambda x: 1.0**x,
-    "square": torch.square,
-}
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("name", sorted(UNARY))
 def test_unary_ops_match_eager(sched: TorchScheduler, name: str, dtype: Any) -> None:
     x = rand(4, 33, dtype=dtype)
     x[0, :3] = torch.tensor([float("nan"), 0.0, -0.0])
     check(sched, UNARY[name], x)
-
-
-BINARY = {
-    "add": torch.add,
-    "add_alpha": lambda a, b: torch.add(a, b, alpha=-1.5),
-    "add_scalar": lambda a, b: a + 2.5,
-    "radd_scalar": lambda a, b: 2 + a,
-    "add_scalar_alpha": lambda a, b: torch.add(a, 3, alpha=2),
-    "sub": torch.sub,
-    "sub_alpha": lambda a, b: torch.sub(a, b, alpha=3),
-    "sub_scalar": lambda a, b: a - 0.25,
-    "rsub_scalar": lambda a, b: 0.25 - a,
-    "mul": torch.mul,
-    "mul_scalar": lambda a, b: a * -1.25,
-    "div": lambda a, b: a / (b + 3),
-    "div_scalar": lambda a, b: a / 3.0,
-    "div_zero": lambda a, b: a / 0.0,
-    "rdiv": lambda a, b: 2.0 / (a + 3),
-    "div_trunc": lambda a, b: torch.div(a, b, rounding_mode="trunc"),
-    "div_floor": lambda a, b: torch.div(a, b, rounding_mode="floor"),
-    # CUDA multiplies by the divisor's reciprocal, CPU PyTorch divides: with a power of
-    # two both are exact (tests/test_torch_gpu.py checks other divisors against CUDA).
-    "div_trunc_scalar": lambda a, b: torch.div(a, 0.25, rounding_mode="trunc"),
-    "div_floor_scalar": lambda a, b: torch.div(a, -0.5, rounding_mode="floor"),
-    "div_floor_zero": lambda a, b: torch.div(a, 0.0, rounding_mode="floor"),
-    "pow": lambda a, b: torch.pow(a.abs(), b),
-    "maximum": torch.maximum,
-    "minimum": torch.minimum,
-    "eq": torch.eq,
-    "ne": torch.ne,
-    "lt": torch.lt,
-    "le": torch.le,
-    "gt": torch.gt,
-    "ge": torch.ge,
-    "gt_scalar": lambda a, b: a > 0.1,
-    "eq_scalar": lambda a, b: a == 1.0,
-    "where": lambda a, b: torch.where(a > b, a, b),
-    "where_scalar_other": lambda a, b: torch.where(a > 0, a, 0.1),
-    "where_scalar_self": lambda a, b: torch.where(a > 0, -0.1, b),
-    "clamp_tensor": lambda a, b: torch.clamp(a, min=b - 0.5, max=b + 0.5),
-    "clamp_min_tensor": lambda a, b: torch.clamp(a, min=b),
-    "clamp_max_tensor": lambda a, b: torch.clamp(a, max=b),
-    "bool_to_float": lambda a, b: (a > b).to(a.dtype),
-    "to_bool": lambda a, b: a.to(torch.bool),
-}
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

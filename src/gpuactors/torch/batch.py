@@ -21,6 +21,7 @@ What makes results safe to hand out before they exist:
 
 from __future__ import annotations
 
+import sys
 import time
 import weakref
 from typing import Any
@@ -39,6 +40,38 @@ CODES: dict[torch.dtype, int] = {
 }
 TORCH_DTYPES = {code: dtype for dtype, code in CODES.items()}
 _PIN = object()  # a register owned by a cached load: kept until the stage closes
+#: Results of one shape and dtype the batch keeps for reuse (their memory stays taken).
+POOL_PER_KEY = 8
+
+
+def _refs_of_first(items: list[Any]) -> int:
+    for item in items:
+        return sys.getrefcount(item)
+    return 0
+
+
+def first_unreferenced(items: list[Any]) -> Any:
+    for item in items:
+        if sys.getrefcount(item) <= _POOL_FREE:
+            return item
+    return None
+
+
+def _refs_through_weakref(ref: Any) -> int:
+    item = ref()
+    return sys.getrefcount(item)
+
+
+class _Probe:
+    pass
+
+
+# What sys.getrefcount reports for an object that only a list holds, seen from the two
+# places that ask: the loop above, and Value.dead (through its weakref).
+_POOL_FREE = _refs_of_first([object()])
+_kept = [_Probe()]
+_POOLED_ONLY = _refs_through_weakref(weakref.ref(_kept[0]))
+del _kept
 
 
 class Decline(Exception):
@@ -48,7 +81,7 @@ class Decline(Exception):
 class Value:
     """Where the current value of one tensor object lives (see the module docstring)."""
 
-    __slots__ = ("dtype", "ref", "reg", "required", "stage", "strong")
+    __slots__ = ("dtype", "pooled", "ref", "reg", "required", "stage", "store", "strong")
 
     def __init__(
         self,
@@ -64,6 +97,15 @@ class Value:
         self.reg = reg
         self.dtype = dtype
         self.required = False  # its store must run even if the tensor object dies
+        self.pooled = False  # the batch's pool holds the tensor: dead once only it does
+        self.store: tuple[P.PointwiseStage, int] | None = None  # where its store is
+
+    def dead(self) -> bool:
+        """Whether nobody but the batch can reach the tensor any more."""
+        if self.ref is None:
+            return False  # in-place targets are held strongly: never dead
+        t = self.ref()
+        return t is None or (self.pooled and sys.getrefcount(t) <= _POOLED_ONLY)
 
     def tensor(self) -> Tensor | None:
         return self.strong if self.ref is None else self.ref()
@@ -107,6 +149,13 @@ class Batch:
         self.values: dict[int, Value] = {}  # id(tensor) -> its value
         self.storages: dict[int, Storage] = {}  # storage address -> last write
         self.loads: dict[tuple[int, int], int] = {}  # (id, rounding) -> register, open stage
+        #: id -> (register, dtype) of tensors loaded whole (the open stage's shape, no
+        #: rounding): what the fast path reads.
+        self.fast_loads: dict[int, tuple[int, int]] = {}
+        #: Results made by this batch, by (shape, dtype), for reuse once only the pool
+        #: holds them (a view of one takes it out: see escaped()).
+        self.pool: dict[tuple[Any, int], list[Tensor]] = {}
+        self.just_pooled: Tensor | None = None  # the pool holds new_output's last result
         self.load_bases: dict[int, list[tuple[int, int]]] = {}  # address -> keys of loads
         self.reads: dict[int, set[tuple[Any, ...]]] = {}  # address -> layouts read, open stage
         self.owners: dict[int, Any] = {}  # register -> Value or _PIN, open stage
@@ -153,6 +202,7 @@ class Batch:
             self.closed_words += len(self.stage.words())
             self.stage = None
             self.loads.clear()
+            self.fast_loads.clear()
             self.load_bases.clear()
             self.reads.clear()
             self.owners.clear()
@@ -161,7 +211,7 @@ class Batch:
         """A free register of the open stage (reclaiming those of dead tensors), or None."""
         if not stage.free:
             for reg, owner in list(self.owners.items()):
-                if owner is not _PIN and owner.tensor() is None:
+                if owner is not _PIN and owner.dead():
                     del self.owners[reg]
                     stage.release(reg)
             if not stage.free:
@@ -209,15 +259,32 @@ class Batch:
         stage.load(descriptor, reg, round_mode)
         self.owners[reg] = _PIN
         self.loads[key] = reg
+        if round_mode == D.ROUND_NONE and t.shape == stage.space:
+            self.fast_loads[id(t)] = (reg, CODES[t.dtype])
         self.load_bases.setdefault(address, []).append(key)
         self.reads.setdefault(address, set()).add(layout_of(t))
         self.keep.append(t)
         return reg
 
     # ---------------------------------------------------------------- results
+    def record_fresh(
+        self, out: Tensor, stage: P.PointwiseStage, reg: int, dtype: int, position: int
+    ) -> None:
+        """Remember the new result ``out`` whose store the caller put at ``position``."""
+        value = Value(out, stage, reg, dtype, strong=False)
+        value.store = (stage, position)
+        value.pooled = out is self.just_pooled
+        self.values[id(out)] = value
+        self.owners[reg] = value
+        self.stores.append((stage, position, value))
+        if self.tracer is not None:
+            self.tracer.fresh(out)
+            self.tracer.note(stage, position, out)
+
     def fresh_result(self, out: Tensor, stage: P.PointwiseStage, reg: int, dtype: int) -> None:
         """Store register ``reg`` into the new tensor ``out`` (skipped if it dies unread)."""
         value = Value(out, stage, reg, dtype, strong=False)
+        value.pooled = out is self.just_pooled
         if self.tracer is not None:
             self.tracer.fresh(out)
             self.tracer.note(stage, len(stage.code), out)
@@ -233,9 +300,49 @@ class Batch:
             position = stage.store(
                 P.describe(out.data_ptr(), dtype, out.shape, out.stride(), stage.space), reg
             )
+        value.store = (stage, position)
         self.values[id(out)] = value
         self.owners[reg] = value
         self.stores.append((stage, position, value))
+
+    def new_output(self, like: Any, space: tuple[int, ...], dtype: int, contiguous: bool) -> Tensor:
+        """A tensor for a fresh result over ``space``: one of this batch's earlier results
+        that nobody holds any more (its store is dropped, its register freed), or a new
+        one (like ``like``'s layout when it has the result's shape, as PyTorch does)."""
+        key = (space, dtype)
+        pooled = self.pool.get(key)
+        if pooled:
+            free = first_unreferenced(pooled)
+            if free is not None:
+                self.recycle(free)
+                self.just_pooled = free
+                return free  # type: ignore[no-any-return]
+        torch_dtype = TORCH_DTYPES[dtype]
+        if isinstance(like, Tensor) and like.shape == space and not contiguous:
+            out = torch.empty_like(like, dtype=torch_dtype)
+        else:
+            out = torch.empty(space, dtype=torch_dtype, device=self.device)
+        self.just_pooled = None
+        if out.is_contiguous():
+            if pooled is None:
+                pooled = self.pool[key] = []
+            if len(pooled) < POOL_PER_KEY:
+                pooled.append(out)
+                self.just_pooled = out
+        return out
+
+    def recycle(self, t: Tensor) -> None:
+        """``t`` becomes a new result: what it held dies (store dropped, register freed)."""
+        old = self.values.pop(id(t), None)
+        if old is None:
+            return
+        if old.store is not None:
+            old.store[0].kill_store(old.store[1])
+        if old.reg >= 0 and self.owners.get(old.reg) is old:
+            del self.owners[old.reg]
+            if old.stage is self.stage and self.stage is not None:
+                self.stage.release(old.reg)
+        old.reg = -1
 
     def check_target(self, target: Tensor, stage: P.PointwiseStage) -> bool:
         """Whether writing ``target`` in this stage needs no barrier first."""
@@ -266,6 +373,7 @@ class Batch:
             other.required = True
         for key in self.load_bases.pop(address, ()):
             self.loads.pop(key, None)
+            self.fast_loads.pop(key[0], None)
         old = self.values.get(id(target))
         if old is not None and old.reg >= 0:  # the register of the value it replaces
             old_reg, old_stage = old.reg, old.stage
@@ -281,7 +389,12 @@ class Batch:
 
     def escaped(self, t: Tensor) -> None:
         """A view of ``t`` was taken: its memory may now be read by another object."""
+        for pooled in self.pool.values():
+            if any(item is t for item in pooled):
+                pooled[:] = [item for item in pooled if item is not t]
         value = self.values.get(id(t))
+        if value is not None and value.holds(t):
+            value.pooled = False
         address = storage_address(t)
         written = self.storages.get(address)
         if value is not None and value.holds(t):
@@ -311,10 +424,10 @@ class Batch:
         """The program, the element count of its first stage and the units to run it on.
         Stores of results nobody can read any more become SKIPs."""
         for stage, position, value in self.stores:
-            if not value.required and value.tensor() is None:
+            if not value.required and value.dead():
                 stage.kill_store(position)
         for reduction, value in self.reductions:
-            if not value.required and value.tensor() is None:
+            if not value.required and value.dead():
                 reduction.kill()
         first = self.stages[0]
         units = units_for(first)

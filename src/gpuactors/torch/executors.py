@@ -18,6 +18,7 @@ Two ways to serve the engine from code that is not a coroutine:
 
 from __future__ import annotations
 
+import array
 import asyncio
 import threading
 from collections.abc import Sequence
@@ -77,10 +78,15 @@ class EngineExecutor:
         self._address = int(self._pinned.ptr)
         self._counter = torch.zeros(1, dtype=torch.int64, device=self.device)
         self.counter = int(self._counter.data_ptr())
+        #: The reply to the last task (its ``device_ns`` says how long the GPU ran it).
+        self.last: Any = None
 
     def _message(self, words: Words, n: int, units: int) -> Enqueue:
         count = len(words)
-        self._words[:count] = words
+        if isinstance(words, np.ndarray):
+            self._words[:count] = words
+        else:  # a list: one C-level conversion, then a copy
+            self._words[:count] = np.frombuffer(array.array("I", words), dtype=np.uint32)
         return Enqueue(
             op=PROGRAM_OP.name,
             args=(self._address, count),
@@ -93,7 +99,7 @@ class EngineExecutor:
     def run(self, words: Words, n: int, units: int, stream: Any) -> None:
         if stream is not None and not stream.query():
             stream.synchronize()  # the inputs may come from work queued there
-        self.host.ask(self._message(words, n, units))
+        self.last = self.host.ask(self._message(words, n, units))
 
 
 class LocalEngine:
@@ -137,7 +143,9 @@ class LocalEngine:
             if self._closed:
                 work.close()
                 raise InvalidArgument("this LocalEngine is closed")
-            return self._loop.run_until_complete(asyncio.wait_for(work, timeout))
+            return self._loop.run_until_complete(
+                work if timeout is None else asyncio.wait_for(work, timeout)
+            )
 
     def ask(self, message: Any) -> Any:
         return self._drive(self.engine.ref.ask(message))

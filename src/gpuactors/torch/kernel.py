@@ -198,9 +198,11 @@ auto run_pointwise = [&](const unsigned* S, unsigned unit, unsigned units) {{
          base < numel; base += G * kE) {{
         unsigned long long idx[kE];
         bool ok[kE];
+        int ne = 0;  // elements of this pass that exist: a prefix, as idx grows with e
         for (int e = 0; e < kE; ++e) {{
             idx[e] = base + (unsigned long long)e * G;
             ok[e] = idx[e] < numel;
+            ne += ok[e] ? 1 : 0;
         }}
         if (coords) {{
             for (int e = 0; e < kE; ++e) {{
@@ -250,12 +252,12 @@ auto run_pointwise = [&](const unsigned* S, unsigned unit, unsigned units) {{
             }};
             if (op == kOp_where) {{
                 const unsigned ic = code[pc + 1];
-                for (int e = 0; e < kE; ++e)
+                for (int e = 0; e < ne; ++e)
                     R[dst][e] = rnd(rmode, (R[ic][e] != 0.0f) ? fetch(ia, e) : fetch(ib, e));
             }} else if (op == kOp_clamp_tensor) {{
                 // PyTorch's clamp with tensor bounds: a NaN anywhere wins, in this order.
                 const unsigned ic = code[pc + 1];
-                for (int e = 0; e < kE; ++e) {{
+                for (int e = 0; e < ne; ++e) {{
                     const float x = fetch(ia, e), lo = fetch(ib, e), hi = R[ic][e];
                     float r = mn(mx(x, lo), hi);
                     if (hi != hi) r = hi;
@@ -264,13 +266,13 @@ auto run_pointwise = [&](const unsigned* S, unsigned unit, unsigned units) {{
                     R[dst][e] = rnd(rmode, r);
                 }}
             }} else if (op == kOp_elu) {{
-                for (int e = 0; e < kE; ++e) R[dst][e] = rnd(rmode, elu(fetch(ia, e), p0, p1, p2));
+                for (int e = 0; e < ne; ++e) R[dst][e] = rnd(rmode, elu(fetch(ia, e), p0, p1, p2));
             }} else if (op < kFirstBinary) {{
-                for (int e = 0; e < kE; ++e)
+                for (int e = 0; e < ne; ++e)
                     R[dst][e] = rnd(rmode, unary(op, fetch(ia, e), p0, p1));
             }} else {{
                 const bool y_imm = ib >= (unsigned)kRegs;
-                for (int e = 0; e < kE; ++e) {{
+                for (int e = 0; e < ne; ++e) {{
                     const float r = binary(op, fetch(ia, e), fetch(ib, e), y_imm, p0, p1, rmode);
                     R[dst][e] = rnd(rmode, r);
                 }}

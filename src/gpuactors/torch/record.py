@@ -15,7 +15,14 @@ from torch import Tensor
 
 from gpuactors.torch import dtypes as D
 from gpuactors.torch import program as P
-from gpuactors.torch.batch import CODES, TORCH_DTYPES, Batch, Decline, Value, storage_address
+from gpuactors.torch.batch import (
+    CODES,
+    Batch,
+    Decline,
+    Value,
+    first_unreferenced,
+    storage_address,
+)
 
 #: Result rules: the promoted dtype of the inputs, or bool (comparisons). A dtype code
 #: (>= 0) means a cast to it.
@@ -54,6 +61,10 @@ def pointwise(
     ``p0``..``p2`` are the instruction's parameter words; a scalar ``a`` or ``b`` takes
     the place of ``p1`` or ``p2``. ``onto_target``: the inputs broadcast to the
     target's shape (``copy_``), rather than the target having theirs."""
+    if target is None and c is None and not contiguous and not p2 and isinstance(a, Tensor):
+        out = usual(batch, op, a, b, p0, p1, rule)
+        if out is not None:
+            return out
     a_is_t = isinstance(a, Tensor)
     b_is_t = isinstance(b, Tensor)
     if not (a_is_t or b_is_t):
@@ -112,10 +123,7 @@ def pointwise(
             numel *= size
         if numel > batch.size_limit:
             raise Decline
-        if a_is_t and a.shape == shape and not contiguous:
-            out = torch.empty_like(a, dtype=TORCH_DTYPES[out_dtype])
-        else:
-            out = torch.empty(shape, dtype=TORCH_DTYPES[out_dtype], device=batch.device)
+        out = batch.new_output(a, tuple(shape), out_dtype, contiguous)
 
     # Operand codes and immediates: a scalar ``a`` travels in p1, a scalar ``b`` in p2.
     as_common = rule == COMPARE or op == _NEEDS_C[0]
@@ -160,6 +168,113 @@ def pointwise(
         batch.fresh_result(out, stage, dst, out_dtype)
     batch.note_op()
     return out
+
+
+def usual(batch: Batch, op: int, a: Any, b: Any, p0: int, p1: int, rule: int) -> Any:
+    """The usual op, in as few Python steps as it takes (every intercepted op pays for
+    them): a new result over the open stage's space from tensors already there
+    (registers of this stage, or loaded whole) of one dtype, and Python scalars. None
+    for anything else (``pointwise`` then decides, with every check)."""
+    stage = batch.stage
+    if stage is None or len(stage.code) + batch.closed_words > _USUAL_WORDS or a.requires_grad:
+        return None
+    values = batch.values
+    value = values.get(id(a))
+    if value is None:
+        found = batch.fast_loads.get(id(a))
+        if found is None:
+            return None
+        a_reg, dtype = found
+    elif value.stage is stage and value.reg >= 0 and value.ref is not None and value.ref() is a:
+        a_reg, dtype = value.reg, value.dtype
+    else:
+        return None
+    p2 = 0
+    if b is None:
+        b_code = P.P2
+    elif type(b) in _SCALARS:
+        b_code = P.P2
+        p2 = _bits(b, dtype) if rule == COMPARE else _bits(b, D.F32)
+    elif isinstance(b, Tensor) and not b.requires_grad:
+        value = values.get(id(b))
+        if value is None:
+            found = batch.fast_loads.get(id(b))
+            if found is None or found[1] != dtype:
+                return None
+            b_code = found[0]
+        elif (
+            value.stage is stage
+            and value.reg >= 0
+            and value.dtype == dtype
+            and value.ref is not None
+            and value.ref() is b
+        ):
+            b_code = value.reg
+        else:
+            return None
+    else:
+        return None
+    if rule >= 0:
+        out_dtype = rule
+    elif dtype == D.BOOL:
+        return None
+    else:
+        out_dtype = D.BOOL if rule == COMPARE else dtype
+    free = stage.free
+    if free:
+        dst = free.pop()
+    else:
+        dst = batch.register(stage)
+        if dst is None:
+            return None
+    # The result's tensor: one of this batch's results nobody holds any more, else new.
+    out = None
+    pooled = batch.pool.get((stage.space, out_dtype))
+    if pooled:
+        out = first_unreferenced(pooled)
+        if out is not None:
+            batch.recycle(out)
+            batch.just_pooled = out
+    if out is None:
+        out = batch.new_output(a, stage.space, out_dtype, False)
+    code = stage.code
+    position = len(code) + P.ALU_WORDS
+    ptr = out.data_ptr()
+    if out.is_contiguous():
+        code += (
+            op | (dst | D.ROUND_OF[out_dtype] << 6) << 8 | a_reg << 16 | b_code << 24,
+            p0,
+            p1,
+            p2,
+            P.OP_STORE | dst << 8 | out_dtype << 16 | P.MODE_CONTIG << 24,
+            ptr & 0xFFFFFFFF,
+            ptr >> 32,
+        )
+        batch.record_fresh(out, stage, dst, out_dtype, position)
+    else:
+        head = op | (dst | D.ROUND_OF[out_dtype] << 6) << 8 | a_reg << 16 | b_code << 24
+        code += (head, p0, p1, p2)
+        batch.fresh_result(out, stage, dst, out_dtype)
+    if batch.ops:
+        batch.ops += 1
+    else:
+        batch.note_op()
+    return out
+
+
+_USUAL_WORDS = P.MAX_WORDS - 160
+_BITS: dict[tuple[Any, int], int] = {}
+
+
+def _bits(value: Any, dtype: int) -> int:
+    """f32 bits of a Python scalar as ``dtype`` holds it; remembered (loops repeat them)."""
+    key = (value, dtype)
+    bits = _BITS.get(key)
+    if bits is None:
+        bits = P.f32_bits(D.scalar_as(float(value), dtype))
+        if len(_BITS) < 4096:
+            _BITS[key] = bits
+    return bits
 
 
 def reduce(batch: Batch, op: int, x: Any, dims: Any, keepdim: Any) -> Tensor:

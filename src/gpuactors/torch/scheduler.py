@@ -37,7 +37,8 @@ from gpuactors.errors import InvalidArgument
 from gpuactors.torch import program as P
 from gpuactors.torch.batch import Batch, Decline
 from gpuactors.torch.executors import Executor
-from gpuactors.torch.handlers import TABLE
+from gpuactors.torch.handlers import TABLE, TENSORS_ONLY, USUAL
+from gpuactors.torch.record import usual
 
 _CONTAINERS = (list, tuple)
 
@@ -96,7 +97,7 @@ class TorchScheduler:
         self.max_batch_ops = max_batch_ops
         self.auto_flush_s = None if auto_flush_ms is None else auto_flush_ms / 1000
         self.stats = SchedulerStats()
-        self._lock = threading.RLock()  # the batch; held while a flush runs it
+        self._lock = threading.Lock()  # the batch; held while a flush runs it
         self._batch = Batch(self.device, size_threshold)
         self._ticket = 0
         self._owner: int | None = None  # the thread inside the context
@@ -236,6 +237,21 @@ class TorchScheduler:
     def _dispatch(
         self, func: Any, types: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
+        usual_op = USUAL.get(func)
+        if usual_op is not None and not kwargs and not types and len(args) == usual_op[3]:
+            op, p0, rule, arity = usual_op
+            b = args[1] if arity == 2 else None
+            if rule != TENSORS_ONLY or isinstance(b, Tensor):
+                with self._lock:
+                    batch = self._batch
+                    out = usual(batch, op, args[0], b, p0, 0, rule if rule != TENSORS_ONLY else -1)
+                    if out is not None:
+                        self.stats.ops += 1
+                        if batch.ops == 1:
+                            self._batch_started(batch)
+                        elif batch.ops >= self.max_batch_ops:
+                            self._flush_locked("size")
+                        return out
         handler = TABLE.get(func)
         if handler is not None and not types:  # no tensor subclass with its own dispatch
             with self._lock:
