@@ -316,7 +316,7 @@ class Batch:
             if free is not None:
                 self.recycle(free)
                 self.just_pooled = free
-                return free  # type: ignore[no-any-return]
+                return free  # type: ignore[no-any-return,unused-ignore]
         torch_dtype = TORCH_DTYPES[dtype]
         if isinstance(like, Tensor) and like.shape == space and not contiguous:
             out = torch.empty_like(like, dtype=torch_dtype)
@@ -338,11 +338,12 @@ class Batch:
             return
         if old.store is not None:
             old.store[0].kill_store(old.store[1])
-        if old.reg >= 0 and self.owners.get(old.reg) is old:
-            del self.owners[old.reg]
-            if old.stage is self.stage and self.stage is not None:
-                self.stage.release(old.reg)
+        reg, stage = old.reg, old.stage
         old.reg = -1
+        if reg >= 0 and self.owners.get(reg) is old:
+            del self.owners[reg]
+            if stage is self.stage:
+                stage.release(reg)
 
     def check_target(self, target: Tensor, stage: P.PointwiseStage) -> bool:
         """Whether writing ``target`` in this stage needs no barrier first."""

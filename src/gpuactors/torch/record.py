@@ -221,12 +221,9 @@ def usual(batch: Batch, op: int, a: Any, b: Any, p0: int, p1: int, rule: int) ->
     else:
         out_dtype = D.BOOL if rule == COMPARE else dtype
     free = stage.free
-    if free:
-        dst = free.pop()
-    else:
-        dst = batch.register(stage)
-        if dst is None:
-            return None
+    dst = free.pop() if free else batch.register(stage)
+    if dst is None:
+        return None
     # The result's tensor: one of this batch's results nobody holds any more, else new.
     out = None
     pooled = batch.pool.get((stage.space, out_dtype))
