@@ -102,12 +102,20 @@ class EngineExecutor:
         self.last = self.host.ask(self._message(words, n, units))
 
 
+#: The LocalEngine's default: its kernel parks as soon as it is idle. A device-wide
+#: ``torch.cuda.synchronize()`` waits for every kernel on the device, a resident engine
+#: kernel included, which otherwise stays up ``idle_park_ms`` (2 ms) after each batch;
+#: a relaunch costs a kernel launch instead.
+LOCAL_ENGINE_CONFIG = EngineConfig(idle_park_ms=0.0)
+
+
 class LocalEngine:
     """An engine with the tiny-op op, served by the calling thread's own private loop.
 
     ``with LocalEngine() as engine: scheduler = engine.scheduler()``. The loop runs
     only inside this object's calls (a flush, ``close``), so it must not be used from
-    a thread that is running an event loop already (use :func:`attach` there).
+    a thread that is running an event loop already (use :func:`attach` there). Its
+    kernel parks at once when idle (``LOCAL_ENGINE_CONFIG``; pass ``config`` to change).
     """
 
     def __init__(
@@ -127,7 +135,10 @@ class LocalEngine:
     async def _start(self, config: EngineConfig | None) -> Engine:
         await self._system.__aenter__()
         return await Engine.start(
-            self._system, ops=(PROGRAM_OP,), config=config, device_id=self.device_id
+            self._system,
+            ops=(PROGRAM_OP,),
+            config=config or LOCAL_ENGINE_CONFIG,
+            device_id=self.device_id,
         )
 
     def _drive(self, work: Any, timeout: float | None = None) -> Any:
