@@ -345,6 +345,7 @@ def stand_ins(tmp_path: Path) -> Path:
     )
     (folder / "bench_nvrtc.py").write_text("import sys\nprint('nvrtc', sys.argv[1:])\n")
     (folder / "bench_recovery.py").write_text("import sys\nprint('recovery', sys.argv[1:])\n")
+    (folder / "bench_torch.py").write_text("import sys\nprint('torch', sys.argv[1:])\n")
     return folder
 
 

@@ -68,6 +68,11 @@ SCRIPTS: tuple[BenchScript, ...] = (
         "isolated engine: time to recover from a fault and a hang, its cost, a faulty soak",
         quick_args=("--jobs", "100", "--repeats", "300", "--soak-jobs", "20000"),
     ),
+    BenchScript(
+        "bench_torch.py",
+        "PyTorch tiny-op scheduler vs eager, CUDA graphs and torch.compile (needs torch)",
+        quick_args=("--quick",),
+    ),
 )
 
 
