@@ -46,6 +46,7 @@ def test_the_examples_are_all_there() -> None:
         "06_torch_interop.py",
         "07_hot_swap_alias_rollback.py",
         "08_isolated_engine.py",
+        "09_torch_scheduler.py",
         "10_many_gpus.py",
         "11_ray_cluster.py",
     ]

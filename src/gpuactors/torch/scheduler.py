@@ -1,0 +1,348 @@
+"""TorchScheduler: inside ``with scheduler:``, tiny PyTorch ops are queued, not launched.
+
+A ``TorchDispatchMode`` sees every aten op. The ops in :data:`.handlers.TABLE` on
+tensors the program can take become instructions of the open batch and return real
+tensors at once, whose values the engine produces when the batch is flushed.
+Everything else runs as PyTorch would, after a flush if it may touch the batch.
+
+A pending result is never observed before its batch ran. The batch is flushed (run,
+and waited for) when:
+
+* an op the scheduler does not take gets a tensor argument: .item(), .cpu(), .tolist()
+  and any other op (views excepted: they read no data);
+* a pending tensor is printed (``Tensor.__repr__`` is wrapped while a context is
+  active, since printing turns dispatch modes off);
+* the context is left, ``flush()`` or ``await flush_async()`` is called;
+* the batch holds ``max_batch_ops`` ops, or its program is full;
+* the oldest op has waited ``auto_flush_ms`` (a timer thread; bounded latency).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from gpuactors.errors import InvalidArgument
+from gpuactors.torch import program as P
+from gpuactors.torch.batch import Batch, Decline
+from gpuactors.torch.executors import Executor
+from gpuactors.torch.handlers import TABLE, TENSORS_ONLY, USUAL
+from gpuactors.torch.record import usual
+
+_CONTAINERS = (list, tuple)
+
+
+@dataclass
+class SchedulerStats:
+    """What the scheduler did: ops taken; ops run by PyTorch (``fallbacks``), of which
+    ``declined`` were ops it knows but not with these arguments; flushes by reason."""
+
+    ops: int = 0
+    fallbacks: int = 0
+    declined: int = 0
+    batches: int = 0
+    flushes: Counter[str] = field(default_factory=Counter)
+
+
+class _Mode(TorchDispatchMode):  # type: ignore[misc,unused-ignore]
+    def __init__(self, scheduler: TorchScheduler) -> None:
+        super().__init__()
+        self.scheduler = scheduler
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        return self.scheduler._dispatch(func, types, args, kwargs or {})
+
+
+class TorchScheduler:
+    """Runs small pointwise PyTorch ops of a ``with`` block as batches on one executor.
+
+    ``size_threshold``: tensors with more elements go to PyTorch. ``max_batch_ops``: a
+    batch is flushed when it holds this many ops. ``auto_flush_ms``: the longest an op
+    waits in an open batch (None: no timer). One thread at a time may be inside the
+    context; flushes may come from any thread (``flush_async`` from an event loop).
+    """
+
+    def __init__(
+        self,
+        executor: Executor,
+        *,
+        size_threshold: int = 1 << 18,
+        max_batch_ops: int = 256,
+        auto_flush_ms: float | None = 2.0,
+    ) -> None:
+        if size_threshold < 1 or max_batch_ops < 1:
+            raise InvalidArgument("size_threshold and max_batch_ops must be >= 1")
+        if auto_flush_ms is not None and not auto_flush_ms > 0:
+            raise InvalidArgument("auto_flush_ms must be > 0 (or None for no timer)")
+        self.executor = executor
+        self.device = executor.device
+        self.size_threshold = size_threshold
+        self.max_batch_ops = max_batch_ops
+        self.auto_flush_s = None if auto_flush_ms is None else auto_flush_ms / 1000
+        self.stats = SchedulerStats()
+        self._lock = threading.Lock()  # the batch; held while a flush runs it
+        self._batch = Batch(self.device, size_threshold)
+        self._ticket = 0
+        self._owner: int | None = None  # the thread inside the context
+        self._depth = 0
+        self._mode: _Mode | None = None
+        self._wake = threading.Event()
+        self._closed = False
+        self._timer: threading.Thread | None = None
+
+    # --------------------------------------------------------------- context
+    def __enter__(self) -> TorchScheduler:
+        me = threading.get_ident()
+        with self._lock:
+            if self._closed:
+                raise InvalidArgument("this scheduler is closed")
+            if self._owner not in (None, me):
+                raise InvalidArgument("another thread is inside this scheduler's context")
+            self._owner = me
+            self._depth += 1
+            if self._depth > 1:
+                return self
+        if self.auto_flush_s is not None and self._timer is None:
+            self._timer = threading.Thread(target=self._timer_loop, daemon=True, name="torch-flush")
+            self._timer.start()
+        _PRINTING.activate(self)
+        self._mode = _Mode(self)
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._depth -= 1
+            if self._depth > 0:
+                return
+        mode, self._mode = self._mode, None
+        try:
+            assert mode is not None
+            mode.__exit__(None, None, None)
+            self.flush("exit")
+        finally:
+            _PRINTING.deactivate(self)
+            with self._lock:
+                self._owner = None
+
+    def close(self) -> None:
+        """Flush and stop the timer thread; the scheduler takes no more contexts."""
+        self.flush("close")
+        self._closed = True
+        self._wake.set()
+        if self._timer is not None:
+            self._timer.join(timeout=5)
+
+    # ---------------------------------------------------------------- flushes
+    def flush(self, reason: str = "explicit") -> None:
+        """Run the open batch and wait for it."""
+        with self._lock:
+            self._flush_locked(reason)
+
+    async def flush_async(self) -> None:
+        """Run the open batch and wait for it without blocking the event loop: the
+        flush runs in a worker thread (which waits for the engine, and for the batch
+        lock if another thread is recording)."""
+        await asyncio.to_thread(self.flush, "async")
+
+    def _flush_locked(self, reason: str) -> None:
+        batch = self._batch
+        if not batch.ops:
+            return
+        self._batch = Batch(self.device, self.size_threshold)
+        self._ticket += 1
+        words, n, units = batch.assemble(self._ticket, self.executor.counter)
+        self.stats.batches += 1
+        self.stats.flushes[reason] += 1
+        # ``batch`` holds every tensor the program reads or writes in place: it lives
+        # (here) until the program has run.
+        self.executor.run(words, n, units, batch.stream)
+        del batch
+
+    def run_program(self, words: np.ndarray, n: int, units: int, reason: str) -> None:
+        """Run a ready program (a traced one) after the open batch, and wait for it."""
+        with self._lock:
+            self._flush_locked(reason)
+            self._ticket += 1
+            words[3] = self._ticket & 0xFFFFFFFF
+            words[6] = units
+            stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
+            self.stats.batches += 1
+            self.stats.flushes[reason] += 1
+            self.executor.run(words, n, units, stream)
+
+    @contextmanager
+    def recording(self, tracer: Any) -> Iterator[Callable[[], Batch | None]]:
+        """Record what the block intercepts into a batch of its own, told to ``tracer``.
+        Yields a function that gives that batch if the block's ops all went into it
+        (no flush, nothing left to PyTorch), else None. Flushed when the block ends."""
+        with self:
+            self.flush("trace")
+            with self._lock:
+                batch = self._batch
+                batch.tracer = tracer
+                fallbacks = self.stats.fallbacks
+
+            def whole() -> Batch | None:
+                with self._lock:
+                    intact = self._batch is batch and self.stats.fallbacks == fallbacks
+                    return batch if intact and batch.ops else None
+
+            try:
+                yield whole
+            finally:
+                batch.tracer = None
+
+    def pending(self, t: Tensor) -> bool:
+        """Whether ``t`` may read memory that the open batch writes."""
+        with self._lock:
+            return bool(self._batch.ops) and self._batch.pending(t)
+
+    def _timer_loop(self) -> None:
+        assert self.auto_flush_s is not None
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            if self._closed:
+                return
+            batch = self._batch
+            while batch.ops:
+                delay = batch.started + self.auto_flush_s - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                    continue
+                with self._lock:
+                    if self._batch is batch:
+                        self._flush_locked("timer")
+                break
+
+    # --------------------------------------------------------------- dispatch
+    def _dispatch(
+        self, func: Any, types: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        usual_op = USUAL.get(func)
+        if usual_op is not None and not kwargs and not types and len(args) == usual_op[3]:
+            op, p0, rule, arity = usual_op
+            b = args[1] if arity == 2 else None
+            if rule != TENSORS_ONLY or isinstance(b, Tensor):
+                with self._lock:
+                    batch = self._batch
+                    out = usual(batch, op, args[0], b, p0, 0, rule if rule != TENSORS_ONLY else -1)
+                    if out is not None:
+                        self.stats.ops += 1
+                        if batch.ops == 1:
+                            self._batch_started(batch)
+                        elif batch.ops >= self.max_batch_ops:
+                            self._flush_locked("size")
+                        return out
+        handler = TABLE.get(func)
+        if handler is not None and not types:  # no tensor subclass with its own dispatch
+            with self._lock:
+                batch = self._batch
+                for attempt in (0, 1):
+                    try:
+                        out = handler(batch, args, kwargs)
+                    except Decline:
+                        self.stats.declined += 1
+                        break
+                    except P.ProgramFull:
+                        if attempt:
+                            break
+                        self._flush_locked("full")
+                        batch = self._batch
+                        continue
+                    self.stats.ops += 1
+                    if batch.ops == 1:
+                        self._batch_started(batch)
+                    elif batch.ops >= self.max_batch_ops:
+                        self._flush_locked("size")
+                    return out
+        return self._fallback(func, args, kwargs)
+
+    def _batch_started(self, batch: Batch) -> None:
+        if self.device.type == "cuda":
+            batch.stream = torch.cuda.current_stream(self.device)
+        if self.auto_flush_s is not None:
+            self._wake.set()
+
+    def _fallback(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        self.stats.fallbacks += 1
+        if self._batch.ops:
+            if func.is_view and torch.Tag.inplace_view not in func.tags:
+                with self._lock:  # a view reads no data, but its memory is now shared
+                    for t in _tensors(args, kwargs):
+                        self._batch.escaped(t)
+            elif any(True for _ in _tensors(args, kwargs)):
+                self.flush("fallback")
+        return func(*args, **kwargs)
+
+
+def _tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, Tensor):
+            yield value
+        elif isinstance(value, _CONTAINERS):
+            for item in value:
+                if isinstance(item, Tensor):
+                    yield item
+
+
+class _PrintGuard:
+    """Printing a tensor turns dispatch modes off (``torch._tensor_str``), so while a
+    scheduler context is active ``Tensor.__repr__`` is wrapped to flush a batch that
+    the printed tensor may read first. Put back when the last context ends."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._active: list[TorchScheduler] = []
+        self._original: Any = None
+
+    def activate(self, scheduler: TorchScheduler) -> None:
+        with self._lock:
+            if not self._active:
+                self._original = Tensor.__repr__
+                Tensor.__repr__ = _flushing_repr  # type: ignore[method-assign,unused-ignore]
+            self._active.append(scheduler)
+
+    def deactivate(self, scheduler: TorchScheduler) -> None:
+        with self._lock:
+            self._active.remove(scheduler)
+            if not self._active:
+                Tensor.__repr__ = self._original  # type: ignore[method-assign,unused-ignore]
+                self._original = None
+
+    def flush_for(self, t: Tensor) -> Any:
+        with self._lock:
+            active = list(self._active)
+            original = self._original
+        for scheduler in active:
+            if scheduler.pending(t):
+                scheduler.flush("print")
+        return original
+
+
+_PRINTING = _PrintGuard()
+
+
+def _flushing_repr(self: Tensor, *, tensor_contents: Any = None) -> str:
+    original = _PRINTING.flush_for(self)
+    if original is None:  # the guard was removed meanwhile
+        original = Tensor.__repr__
+    return original(self, tensor_contents=tensor_contents)  # type: ignore[no-any-return]

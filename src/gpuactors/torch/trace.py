@@ -1,0 +1,364 @@
+"""Traced mode: record a function's op program once, replay it on new tensors.
+
+``f = trace(fn, scheduler)``; ``f(x, y)`` runs ``fn`` under the scheduler the first
+time it sees a *shape signature* and keeps the program it built as a template. Later
+calls with the same signature skip ``fn`` and every per-op step: they compute the
+sizes, strides and addresses of the new tensors, allocate the results, patch those
+numbers into a copy of the template (one NumPy assignment) and run it.
+
+The signature is what decides the program's structure, not the sizes: per tensor
+argument its dtype, device, rank and contiguity, which dims are 1, and which dims are
+equal to which others (so broadcasting works out the same), plus the other arguments
+themselves. New sizes within one signature reuse the template.
+
+What a trace cannot see, as with ``torch.jit.trace``: Python control flow that depends
+on sizes or values (the recorded branch is replayed), and tensors ``fn`` reaches
+other than its arguments, which are baked in by address (their contents are read at
+each run, but rebinding the name has no effect; a size they fix stays fixed). A call
+whose recording needed PyTorch for any op, or that returns anything but tensors, is
+not traceable: its signature runs ``fn`` under the scheduler every time (correct, not
+faster).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from gpuactors.torch import program as P
+from gpuactors.torch.batch import MAX_UNITS, UNIT_ELEMENTS, UNIT_ROWS, Batch
+from gpuactors.torch.scheduler import TorchScheduler
+
+#: A size of the recording: an input dim ``(k, d)`` or a constant.
+Size = tuple[int, int] | int
+#: A word to patch per call, as a small expression: ("size", s), ("numel", sizes),
+#: ("ptr", role, index), ("stride", role, index, dim), ("inv", s), ("const", v);
+#: "lo"/"hi" halves of 64-bit values are chosen by the patch's ``half``.
+Expr = tuple[Any, ...]
+
+
+class _Tracer:
+    """Told by the batch of every load, store and fresh result while ``fn`` records.
+    A tensor's role: argument ``k`` ("in"), the ``j``-th result made ("new"), or a
+    constant reached some other way ("const", baked in)."""
+
+    def __init__(self, inputs: Sequence[Tensor]) -> None:
+        self.inputs = {id(t): k for k, t in enumerate(inputs)}
+        self.fresh_ids: dict[int, int] = {}
+        self.fresh_meta: list[tuple[tuple[int, ...], torch.dtype, bool]] = []
+        self.constants: list[Tensor] = []
+        self.notes: list[tuple[P.PointwiseStage, int, tuple[str, int]]] = []
+        self.reductions: list[tuple[P.ReduceStage, tuple[str, int], tuple[str, int], Tensor]] = []
+
+    def fresh(self, t: Tensor) -> None:
+        self.fresh_ids[id(t)] = len(self.fresh_meta)
+        self.fresh_meta.append((tuple(t.shape), t.dtype, t.is_contiguous()))
+
+    def role(self, t: Tensor) -> tuple[str, int]:
+        k = self.inputs.get(id(t))
+        if k is not None:
+            return ("in", k)
+        j = self.fresh_ids.get(id(t))
+        if j is not None:
+            return ("new", j)
+        self.constants.append(t)
+        return ("const", len(self.constants) - 1)
+
+    def note(self, stage: P.PointwiseStage, position: int, t: Tensor) -> None:
+        self.notes.append((stage, position, self.role(t)))
+
+    def reduction(self, stage: P.ReduceStage, x: Tensor, out: Tensor) -> None:
+        self.reductions.append((stage, self.role(x), self.role(out), x))
+
+
+def signature(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """The shape signature of a call (None if an argument cannot be part of a key)."""
+    key: list[Any] = []
+    sizes: dict[int, int] = {}
+    for arg in args:
+        if isinstance(arg, Tensor):
+            classes = tuple(
+                -1 if size == 1 else sizes.setdefault(size, len(sizes)) for size in arg.shape
+            )
+            grad = arg.requires_grad and torch.is_grad_enabled()
+            key.append((arg.dtype, arg.device, classes, arg.is_contiguous(), grad))
+        else:
+            try:
+                hash(arg)
+            except TypeError:
+                return None
+            key.append(("value", type(arg), arg))
+    return tuple(key)
+
+
+@dataclass
+class _Call:
+    """What one call's patches are computed from."""
+
+    inputs: list[Tensor]
+    fresh: dict[int, Tensor]
+    sizes: dict[tuple[int, int], int]
+    constants: list[Tensor]
+
+    def size(self, s: Size) -> int:
+        return s if isinstance(s, int) else self.sizes[s]
+
+    def value(self, expr: Expr) -> int:
+        kind = expr[0]
+        if kind == "size":
+            return self.size(expr[1])
+        if kind == "numel":
+            return math.prod(self.size(s) for s in expr[1])
+        if kind == "ptr":
+            return int(self._tensor(expr[1], expr[2]).data_ptr())
+        if kind == "stride":
+            return int(self._tensor(expr[1], expr[2]).stride(expr[3]))
+        if kind == "inv":
+            return P.f32_bits(1.0 / self.size(expr[1]))
+        return int(expr[1])  # "const"
+
+    def _tensor(self, role: str, index: int) -> Tensor:
+        if role == "in":
+            return self.inputs[index]
+        return self.fresh[index] if role == "new" else self.constants[index]
+
+
+@dataclass
+class _Plan:
+    """A recorded program and how to aim it at new tensors."""
+
+    arg_positions: list[int]  # which arguments are the tensors, in order
+    words: np.ndarray
+    positions: np.ndarray  # the words patched per call ...
+    exprs: list[tuple[Expr, int]]  # ... with these values (and which 32-bit half)
+    fresh: list[tuple[tuple[Size, ...], torch.dtype]]  # every result of the recording
+    allocate: list[int]  # the results a call allocates (the others are never stored)
+    returns: tuple[str, list[tuple[str, int]]]
+    first_space: tuple[Size, ...]
+    first_is_reduction: bool
+    guards: list[tuple[int, int, int]]  # input dims a constant fixes: (k, d, size)
+    constants: list[Tensor]
+
+
+class TracedFunction:
+    """``fn`` recorded per shape signature and replayed (see the module docstring)."""
+
+    def __init__(self, fn: Callable[..., Any], scheduler: TorchScheduler) -> None:
+        self.fn = fn
+        self.scheduler = scheduler
+        self._plans: dict[tuple[Any, ...], _Plan | None] = {}  # None: not traceable
+        self.recordings = 0
+        self.replays = 0
+
+    def __call__(self, *args: Any) -> Any:
+        key = signature(args)
+        if key is not None and key not in self._plans:
+            return self._record(key, args)
+        plan = None if key is None else self._plans[key]
+        if plan is None or not _fits(plan, args, self.scheduler.size_threshold):
+            with self.scheduler:
+                return self.fn(*args)
+        return self._replay(plan, args)
+
+    def _record(self, key: tuple[Any, ...], args: tuple[Any, ...]) -> Any:
+        inputs = [a for a in args if isinstance(a, Tensor)]
+        positions = [k for k, a in enumerate(args) if isinstance(a, Tensor)]
+        tracer = _Tracer(inputs)
+        self.recordings += 1
+        with self.scheduler.recording(tracer) as whole:
+            result = self.fn(*args)
+            batch = whole()
+            plan = None
+            if batch is not None:
+                counter = self.scheduler.executor.counter
+                plan = _build(batch, tracer, result, inputs, positions, counter)
+        self._plans[key] = plan
+        return result
+
+    def _replay(self, plan: _Plan, args: tuple[Any, ...]) -> Any:
+        inputs = [args[k] for k in plan.arg_positions]
+        call = _Call(inputs, {}, _sizes(inputs), plan.constants)
+        device = self.scheduler.device
+        for j in plan.allocate:
+            shape, dtype = plan.fresh[j]
+            call.fresh[j] = torch.empty(
+                tuple(call.size(s) for s in shape), dtype=dtype, device=device
+            )
+        words = plan.words.copy()
+        words[plan.positions] = [
+            (call.value(expr) >> (32 * half)) & 0xFFFFFFFF for expr, half in plan.exprs
+        ]
+        numel = math.prod(call.size(s) for s in plan.first_space)
+        if plan.first_is_reduction:
+            rows = numel // call.size(plan.first_space[-1])
+            units = max(1, min(MAX_UNITS, -(-rows // UNIT_ROWS)))
+        else:
+            units = max(1, min(MAX_UNITS, -(-numel // UNIT_ELEMENTS)))
+        self.replays += 1
+        self.scheduler.run_program(words, numel, units, "replay")
+        kind, items = plan.returns
+        out = [call.inputs[i] if role == "in" else call.fresh[i] for role, i in items]
+        if kind == "tensor":
+            return out[0]
+        return tuple(out) if kind == "tuple" else out
+
+
+def trace(fn: Callable[..., Any], scheduler: TorchScheduler) -> TracedFunction:
+    """``fn`` traced on ``scheduler`` (see :class:`TracedFunction`)."""
+    return TracedFunction(fn, scheduler)
+
+
+def _sizes(inputs: Sequence[Tensor]) -> dict[tuple[int, int], int]:
+    return {(k, d): size for k, t in enumerate(inputs) for d, size in enumerate(t.shape)}
+
+
+def _fits(plan: _Plan, args: tuple[Any, ...], limit: int) -> bool:
+    """Whether this call can replay: sizes that constants fix are unchanged, and no
+    tensor is larger than the scheduler takes (or empty)."""
+    inputs = [args[k] for k in plan.arg_positions]
+    if not all(inputs[k].shape[d] == size for k, d, size in plan.guards):
+        return False
+    if not all(0 < t.numel() <= limit for t in inputs):
+        return False
+    sizes = _sizes(inputs)
+    return all(
+        math.prod(s if isinstance(s, int) else sizes[s] for s in shape) <= limit
+        for shape, _ in plan.fresh
+    )
+
+
+def _returns(result: Any, tracer: _Tracer) -> tuple[str, list[tuple[str, int]]] | None:
+    if isinstance(result, Tensor):
+        kind, items = "tensor", [result]
+    elif isinstance(result, (tuple, list)) and all(isinstance(r, Tensor) for r in result):
+        kind, items = ("tuple" if isinstance(result, tuple) else "list"), list(result)
+    else:
+        return None
+    roles = [tracer.role(item) for item in items]
+    if any(role == "const" for role, _ in roles):
+        return None
+    return kind, roles
+
+
+def _build(
+    batch: Batch,
+    tracer: _Tracer,
+    result: Any,
+    inputs: Sequence[Tensor],
+    positions: list[int],
+    counter: int,
+) -> _Plan | None:
+    """The plan of a recorded batch, or None if it cannot be replayed."""
+    returns = _returns(result, tracer)
+    if returns is None or not all(contiguous for _, _, contiguous in tracer.fresh_meta):
+        return None
+    # Every size of the recording as the first input dim that equals it (the signature
+    # keeps those equalities); 1 and sizes only constants have stay as they are.
+    symbols: dict[int, tuple[int, int]] = {}
+    for k, t in enumerate(inputs):
+        for d, size in enumerate(t.shape):
+            if size != 1:
+                symbols.setdefault(size, (k, d))
+
+    def sym(size: int) -> Size:
+        return symbols.get(size, size) if size != 1 else 1
+
+    constant_sizes = {size for t in tracer.constants for size in t.shape}
+    guards = [
+        (k, d, size)
+        for k, t in enumerate(inputs)
+        for d, size in enumerate(t.shape)
+        if size != 1 and size in constant_sizes
+    ]
+    fresh = [(tuple(sym(s) for s in shape), dtype) for shape, dtype, _ in tracer.fresh_meta]
+    words = np.asarray(batch.assemble(0, counter)[0], dtype=np.uint32)
+    patches: list[tuple[int, Expr, int]] = []
+
+    def put(position: int, expr: Expr, wide: bool = False) -> None:
+        patches.append((position, expr, 0))
+        if wide:
+            patches.append((position + 1, expr, 1))
+
+    def own_strides(role: tuple[str, int], rank: int) -> list[Expr]:
+        kind, index = role
+        if kind == "new":  # contiguous: the product of the sizes after each dim
+            shape = fresh[index][0]
+            return [("numel", shape[d + 1 :]) for d in range(rank)]
+        return [("stride", kind, index, d) for d in range(rank)]
+
+    def shape_of(role: tuple[str, int]) -> tuple[Size, ...]:
+        kind, index = role
+        if kind == "new":
+            return fresh[index][0]
+        source = inputs[index] if kind == "in" else tracer.constants[index]
+        return tuple(sym(s) if kind == "in" else s for s in source.shape)
+
+    offsets: dict[int, int] = {}
+    at = P.HEADER_WORDS
+    for stage in batch.stages:
+        offsets[id(stage)] = at
+        if isinstance(stage, P.PointwiseStage):
+            space = tuple(sym(s) for s in stage.space)
+            put(at + 2, ("numel", space), wide=True)
+            for d, s in enumerate(space):
+                put(at + 4 + d, ("size", s))
+        at += len(stage.words())
+    allocate: set[int] = {index for role, index in returns[1] if role == "new"}
+    for stage, position, role in tracer.notes:
+        space = tuple(sym(s) for s in stage.space)
+        at = offsets[id(stage)] + 4 + len(space) + position
+        head = int(words[at])
+        if head & 0xFF == P.OP_SKIP:
+            continue  # the store of a result nobody reads
+        if role[0] == "new":
+            allocate.add(role[1])
+        put(at + 1, ("ptr", *role), wide=True)
+        if (head >> 24) & 0xF == P.MODE_STRIDED and role[0] != "const":
+            shape = shape_of(role)
+            offset = len(space) - len(shape)
+            strides = own_strides(role, len(shape))
+            for d, s in enumerate(shape):
+                if s != 1:  # broadcast dims keep their recorded 0
+                    put(at + 3 + 2 * (offset + d), strides[d], wide=True)
+    for reduce_stage, x_role, out_role, x in tracer.reductions:
+        base = offsets[id(reduce_stage)]
+        if reduce_stage.rows == 0:
+            continue  # its result died unread: it stays a reduction of no row
+        allocate.update(index for role, index in (x_role, out_role) if role == "new")
+        shape = shape_of(x_role) if x_role[0] != "const" else tuple(x.shape)
+        put(base + 2, ("numel", shape[:-1]), wide=True)
+        put(base + 4, ("size", shape[-1]))
+        put(base + 5, ("ptr", *out_role), wide=True)
+        put(base + 8, ("ptr", *x_role), wide=True)
+        put(base + 10, ("inv", shape[-1]))
+        for d, s in enumerate(shape):
+            put(base + 11 + d, ("size", s))
+        if x_role[0] != "const":
+            for d, stride in enumerate(own_strides(x_role, len(shape))):
+                put(base + 11 + len(shape) + 2 * d, stride, wide=True)
+
+    first = batch.stages[0]
+    if isinstance(first, P.ReduceStage):
+        x_first = next(x for st, _, _, x in tracer.reductions if st is first)
+        first_space = tuple(sym(s) for s in x_first.shape)
+    else:
+        first_space = tuple(sym(s) for s in first.space)
+    return _Plan(
+        arg_positions=positions,
+        words=words,
+        positions=np.array([p for p, _, _ in patches], dtype=np.int64),
+        exprs=[(expr, half) for _, expr, half in patches],
+        fresh=fresh,
+        allocate=sorted(allocate),
+        returns=returns,
+        first_space=first_space,
+        first_is_reduction=isinstance(first, P.ReduceStage),
+        guards=guards,
+        constants=list(tracer.constants),
+    )

@@ -1,0 +1,316 @@
+"""The tiny-op scheduler on a real GPU: the CUDA interpreter against eager PyTorch.
+
+One engine (LocalEngine, the torch_program op installed) serves the whole module.
+Checks: every op in three dtypes, 1,200 random op programs, reads of pending tensors
+by ops the scheduler does not take and by .item(), .cpu(), .tolist() and printing,
+every fallback rule, units meeting between stages, stream order both ways, traced
+mode on 20 shapes, and the asyncio route (attach, flush_async).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gpuactors.cuda import no_device_reason
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (the torch extra)")
+F = torch.nn.functional
+
+from gpuactors.actors import ActorSystem  # noqa: E402
+from gpuactors.engine import Engine  # noqa: E402
+from gpuactors.errors import InvalidArgument  # noqa: E402
+from gpuactors.torch import PROGRAM_OP, LocalEngine, TorchScheduler, attach, trace  # noqa: E402
+from torch_cases import BINARY, UNARY, assert_same, random_case  # noqa: E402
+
+_REASON = no_device_reason() or (None if torch.cuda.is_available() else "torch sees no CUDA device")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_REASON is not None, reason=str(_REASON))]
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+DEV = "cuda"
+# CUDA multiplies by a scalar divisor's float32 reciprocal: so does the scheduler, for
+# any divisor (the CPU tests keep to powers of two, where CPU PyTorch agrees).
+GPU_BINARY = {
+    **BINARY,
+    "div_trunc_scalar_0_7": lambda a, b: torch.div(a, 0.7, rounding_mode="trunc"),
+    "div_floor_scalar_neg_0_7": lambda a, b: torch.div(a, -0.7, rounding_mode="floor"),
+    "div_scalar_3": lambda a, b: a / 3.0,
+}
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[LocalEngine]:
+    with LocalEngine() as local:
+        yield local
+
+
+@pytest.fixture
+def sched(engine: LocalEngine) -> Iterator[TorchScheduler]:
+    torch.manual_seed(1234)
+    scheduler = engine.scheduler(auto_flush_ms=None)
+    yield scheduler
+    scheduler.close()
+
+
+def rand(*shape: int, dtype: Any = torch.float32) -> Any:
+    return (torch.rand(shape, device=DEV) * 4 - 2).to(dtype)
+
+
+def _flat(value: Any) -> list[Any]:
+    if isinstance(value, (list, tuple)):
+        return [item for v in value for item in _flat(v)]
+    return [value]
+
+
+def check(sched: TorchScheduler, fn: Any, *inputs: Any, taken: bool = True) -> None:
+    """``fn`` under the scheduler gives eager's results (on copies of the inputs)."""
+    mine = [t.clone() for t in inputs]
+    theirs = [t.clone() for t in inputs]
+    declined, ops = sched.stats.declined, sched.stats.ops
+    with torch.no_grad():
+        with sched:
+            got = fn(*mine)
+        expected = fn(*theirs)
+    assert_same(_flat(got) + mine, _flat(expected) + theirs, getattr(fn, "__name__", "fn"))
+    if taken:
+        assert sched.stats.declined == declined and sched.stats.ops > ops
+
+
+# ------------------------------------------------------------------ every op
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_every_unary_op(sched: TorchScheduler, dtype: Any) -> None:
+    x = rand(5, 300, dtype=dtype)
+    x[0, :3] = torch.tensor([float("nan"), 0.0, -0.0])
+    for name, fn in UNARY.items():
+        check(sched, fn, x)
+        assert name
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_every_binary_op(sched: TorchScheduler, dtype: Any) -> None:
+    a, b = rand(3, 257, dtype=dtype), rand(257, dtype=dtype)
+    a[0, :4] = torch.tensor([float("nan"), 1.0, 2.0, -2.0])
+    b[:4] = torch.tensor([1.0, float("nan"), 2.0, 0.5])
+    for _name, fn in GPU_BINARY.items():
+        check(sched, fn, a, b)
+    check(sched, GPU_BINARY["add"], a, torch.tensor(0.123456789, device=DEV))  # 0-dim
+
+
+@pytest.mark.parametrize("kind", ["sum", "mean", "amax"])
+def test_reductions_in_every_dtype_and_layout(sched: TorchScheduler, kind: str) -> None:
+    for dtype in DTYPES:
+        for shape in [(7,), (3, 5), (2, 3, 700), (4, 1), (300, 40), (2, 5000)]:
+            x = rand(*shape, dtype=dtype)
+            for keepdim in (False, True):
+                check(sched, lambda t, k=keepdim: getattr(t * 1.5, kind)(-1, k), x)
+            check(sched, lambda t: getattr(t.transpose(0, -1), kind)(-1), x)
+
+
+def test_in_place_out_casts_and_views(sched: TorchScheduler) -> None:
+    def program(x: Any, y: Any) -> Any:
+        x.add_(y, alpha=2).relu_()
+        torch.sigmoid(y, out=y)
+        z = torch.empty_like(x)
+        torch.mul(x, y, out=z)
+        h = x.half()
+        h.add_(z)
+        v = z[:, ::2]
+        v.mul_(-1)
+        return [z, h, z.t().contiguous(), x.to(torch.bfloat16) * 3, (x > y).float()]
+
+    check(sched, program, rand(6, 10), rand(10), taken=False)
+
+
+# ----------------------------------------------------------- random programs
+@pytest.mark.parametrize("chunk", range(4))
+def test_random_programs_match_eager(sched: TorchScheduler, chunk: int) -> None:
+    for seed in range(chunk * 300, chunk * 300 + 300):
+        case = random_case(10_000 + seed, DEV)
+        with torch.no_grad():
+            expected = case.run(case.inputs())
+            with sched:
+                got = case.run(case.inputs())
+        assert_same(got, expected, case.description, case.dtype)
+    assert sched.stats.ops > 2000
+
+
+# ------------------------------------------------- a pending tensor, read
+def test_pending_values_read_by_ops_not_taken_item_cpu_tolist_print(
+    sched: TorchScheduler, capsys: Any
+) -> None:
+    x = torch.tensor([0.25, -1.0, 2.0], device=DEV)
+    with torch.no_grad(), sched:
+        y = x * 4 + 1
+        z = torch.cumsum(y, 0)  # an op the scheduler does not take
+        assert y[0].item() == 2.0
+        w = y * 2
+        assert w.cpu().tolist() == [4.0, -6.0, 18.0]
+        v = w + 1
+        assert v.tolist() == [5.0, -5.0, 19.0]
+        u = v * 10
+        print(u)
+    assert "tensor([ 50., -50., 190.], device='cuda:0')" in capsys.readouterr().out
+    assert z.tolist() == [2.0, -1.0, 8.0]
+    assert sched.stats.flushes["fallback"] >= 3 and sched.stats.flushes["print"] == 1
+
+
+# ------------------------------------------------------------ fallback rules
+def test_every_fallback_rule(engine: LocalEngine) -> None:
+    sched = engine.scheduler(size_threshold=1000, auto_flush_ms=None)
+    cpu = torch.ones(3)
+    ints = torch.arange(4, device=DEV)
+    big = rand(1001)
+    grad = torch.ones(3, device=DEV, requires_grad=True)
+    with sched:
+        on_cpu = cpu * 2  # another device
+        on_int = ints * 2  # integer arithmetic
+        with_grad = grad * 2  # autograd needs the op
+        too_big = big * 2  # above the size threshold
+        other = torch.cumsum(rand(4), 0)  # an op it does not take
+    assert sched.stats.declined == 4
+    assert on_cpu.device.type == "cpu" and on_int.dtype == torch.int64
+    assert with_grad.grad_fn is not None and too_big.shape == (1001,) and other.shape == (4,)
+    with torch.no_grad(), sched:
+        taken = grad * 2  # no autograd: taken
+    assert sched.stats.ops >= 1 and taken.tolist() == [2.0, 2.0, 2.0]
+    sched.close()
+
+
+# ------------------------------------------------- units, stages and streams
+def test_many_units_meet_before_the_next_stage(sched: TorchScheduler) -> None:
+    def program(x: Any, w: Any) -> Any:
+        h = torch.tanh(x * w + 0.5)  # first stage: spread over many units
+        s = h.sum(-1, keepdim=True)  # a later stage reads every unit's results
+        return [h / s, h.amax(-1), (h - h.mean(-1, keepdim=True)) * 2]
+
+    for shape in [(1, 200_000), (64, 3000), (5000, 30)]:
+        check(sched, program, rand(*shape), rand(shape[-1]))
+
+
+def test_the_batch_waits_for_work_queued_on_the_current_stream(sched: TorchScheduler) -> None:
+    a = rand(2048, 2048)
+    for stream in (torch.cuda.current_stream(), torch.cuda.Stream()):
+        with torch.cuda.stream(stream), torch.no_grad():
+            x = torch.zeros(4096, device=DEV)
+            for _ in range(3):
+                a = a @ a * 1e-3  # slow work on the stream ...
+            x.add_(a[0, 0] * 0 + 1)  # ... that the input depends on
+            with sched:
+                y = x * 3
+            z = y + 1  # later work on the stream sees the batch's results
+            assert torch.equal(z, torch.full_like(z, 4.0))
+
+
+def test_the_timer_flushes_a_batch_left_alone(engine: LocalEngine) -> None:
+    sched = engine.scheduler(auto_flush_ms=5.0)
+    try:
+        with torch.no_grad(), sched:
+            y = rand(16) * 0 + 7
+            deadline = time.monotonic() + 10
+            while not sched.stats.flushes["timer"] and time.monotonic() < deadline:
+                time.sleep(0.005)
+            assert sched.stats.flushes["timer"] == 1
+            assert torch.equal(y, torch.full_like(y, 7.0))
+    finally:
+        sched.close()
+
+
+# ---------------------------------------------------------------- traced mode
+def chain57(x: Any, y: Any) -> Any:
+    for _ in range(4):
+        x = torch.relu(x + y)
+        x = torch.sigmoid(x * 1.5)
+        x = torch.tanh(x - y)
+        x = torch.exp(x * 0.1)
+        x = torch.clamp(x, -2.0, 2.0)
+        x = torch.maximum(x, y)
+        x = F.gelu(x)
+        x = x / (1.0 + y.abs())
+    return x.sum(dim=-1)
+
+
+def test_traced_mode_on_twenty_shapes(sched: TorchScheduler) -> None:
+    traced = trace(chain57, sched)
+    with torch.no_grad():
+        for k in range(20):
+            n = 1000 + 37 * k
+            x, y = rand(n), rand(n)
+            torch.testing.assert_close(traced(x, y), chain57(x, y), rtol=1e-4, atol=1e-3)
+        for n in (256, 65536, 200_000):  # one unit, many units
+            x, y = rand(n), rand(n)
+            torch.testing.assert_close(traced(x, y), chain57(x, y), rtol=1e-4, atol=1e-2)
+    assert traced.recordings == 1 and traced.replays == 22
+
+
+def test_traced_layer_norm_on_new_shapes_and_dtypes(sched: TorchScheduler) -> None:
+    def norm(x: Any, g: Any) -> Any:
+        c = x - x.mean(-1, keepdim=True)
+        return c * torch.rsqrt((c * c).mean(-1, keepdim=True) + 1e-5) * g
+
+    traced = trace(norm, sched)
+    with torch.no_grad():
+        for dtype in DTYPES:
+            for rows, cols in [(4, 64), (33, 128), (1000, 16)]:
+                x, g = rand(rows, cols, dtype=dtype), rand(cols, dtype=dtype)
+                assert_same([traced(x, g)], [norm(x, g)], f"{rows}x{cols} {dtype}")
+    assert traced.recordings == 3 and traced.replays == 6
+
+
+# ---------------------------------------------------------------- asyncio
+async def test_attach_from_asyncio_and_flush_async() -> None:
+    async with ActorSystem("torch-gpu-async") as system:
+        engine = await Engine.start(system, ops=(PROGRAM_OP,))
+        sched = await attach(engine, auto_flush_ms=None)
+        x = rand(1000)
+
+        def forward() -> Any:
+            with torch.no_grad(), sched:
+                return torch.sigmoid(x) * 2
+
+        y = await asyncio.to_thread(forward)  # the flush at exit asks across threads
+        torch.testing.assert_close(y, torch.sigmoid(x) * 2)
+
+        recorded, flushed = threading.Event(), threading.Event()
+        seen: dict[str, Any] = {}
+
+        def open_context() -> None:  # a context left open in a worker thread
+            with torch.no_grad(), sched:
+                seen["z"] = y + 1
+                recorded.set()
+                flushed.wait(30)
+                seen["async"] = sched.stats.flushes["async"]
+                seen["ready"] = torch.equal(seen["z"], y + 1)
+
+        worker = threading.Thread(target=open_context)
+        worker.start()
+        await asyncio.to_thread(recorded.wait, 30)
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while not flushed.is_set():
+                ticks += 1
+                await asyncio.sleep(0)
+
+        ticking = asyncio.get_running_loop().create_task(ticker())
+        await sched.flush_async()  # the worker's batch, without blocking this loop
+        flushed.set()
+        await ticking
+        await asyncio.to_thread(worker.join, 30)
+        assert ticks > 0 and seen["async"] == 1 and seen["ready"]
+        with pytest.raises(InvalidArgument):  # a blocking ask on the engine's own loop
+            sched.executor.host.ask(None)
+        await engine.shutdown(timeout=60)
+
+
+def test_a_local_engine_refuses_a_running_loop(engine: LocalEngine) -> None:
+    async def inside() -> None:
+        with pytest.raises(InvalidArgument):
+            engine.ask(None)
+
+    asyncio.run(inside())

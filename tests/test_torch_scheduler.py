@@ -1,0 +1,513 @@
+"""The tiny-op scheduler on CPU tensors, run by the NumPy twin of the device op.
+
+These check everything the host decides (which ops are taken, the program built for
+them, dtype promotion, broadcasting, strided views, in-place and out=, when a batch
+is flushed, traced replays) against eager PyTorch, with no GPU. The CUDA interpreter
+itself is checked by tests/test_torch_gpu.py on a GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (the torch extra)")
+F = torch.nn.functional
+
+from gpuactors.errors import InvalidArgument  # noqa: E402
+from gpuactors.torch import ReferenceExecutor, TorchScheduler, trace  # noqa: E402
+from gpuactors.torch import program as P  # noqa: E402
+from gpuactors.torch.batch import Batch, Decline  # noqa: E402
+from torch_cases import BINARY, UNARY, assert_same, random_case  # noqa: E402
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+class Capture(ReferenceExecutor):
+    """The reference executor, keeping every program it ran."""
+
+    def __init__(self) -> None:
+        self.programs: list[np.ndarray] = []
+
+    def run(self, words: Any, n: int, units: int, stream: Any) -> None:
+        self.programs.append(np.asarray(words, dtype=np.uint32).copy())
+        super().run(words, n, units, stream)
+
+
+@pytest.fixture(autouse=True)
+def _seeded() -> None:
+    torch.manual_seed(1234)
+
+
+@pytest.fixture
+def sched() -> Any:
+    scheduler = TorchScheduler(Capture(), auto_flush_ms=None)
+    yield scheduler
+    scheduler.close()
+
+
+def both(sched: TorchScheduler, fn: Any, *inputs: Any) -> tuple[Any, Any]:
+    """``fn`` under the scheduler and eagerly, each on its own copies of the inputs."""
+    mine = [t.clone() if isinstance(t, torch.Tensor) else t for t in inputs]
+    theirs = [t.clone() if isinstance(t, torch.Tensor) else t for t in inputs]
+    with torch.no_grad():
+        with sched:
+            got = fn(*mine)
+        expected = fn(*theirs)
+    return (got, mine), (expected, theirs)
+
+
+def _flat(value: Any) -> list[Any]:
+    if isinstance(value, (list, tuple)):
+        return [item for v in value for item in _flat(v)]
+    return [value]
+
+
+def check(sched: TorchScheduler, fn: Any, *inputs: Any, taken: bool = True) -> None:
+    """``fn`` gives eager's results under the scheduler; with ``taken``, every op of the
+    scheduler's table was taken (views and factories may still run in PyTorch)."""
+    declined, ops = sched.stats.declined, sched.stats.ops
+    (got, mine), (expected, theirs) = both(sched, fn, *inputs)
+    what = getattr(fn, "__name__", "fn")
+    assert_same(_flat(got) + _flat(mine), _flat(expected) + _flat(theirs), what)
+    if taken:
+        assert sched.stats.declined == declined and sched.stats.ops > ops, "an op went to PyTorch"
+
+
+def rand(*shape: int, dtype: Any = torch.float32) -> Any:
+    return (torch.rand(shape) * 4 - 2).to(dtype)
+
+
+# ------------------------------------------------------------- every op, dtype
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", sorted(UNARY))
+def test_unary_ops_match_eager(sched: TorchScheduler, name: str, dtype: Any) -> None:
+    x = rand(4, 33, dtype=dtype)
+    x[0, :3] = torch.tensor([float("nan"), 0.0, -0.0])
+    check(sched, UNARY[name], x)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", sorted(BINARY))
+def test_binary_ops_match_eager(sched: TorchScheduler, name: str, dtype: Any) -> None:
+    a = rand(3, 17, dtype=dtype)
+    b = rand(17, dtype=dtype)
+    a[0, :4] = torch.tensor([float("nan"), 1.0, 2.0, -2.0])
+    b[:4] = torch.tensor([1.0, float("nan"), 2.0, 0.5])
+    check(sched, BINARY[name], a, b)
+
+
+@pytest.mark.parametrize("name", ["add", "mul", "div", "maximum", "where", "gt"])
+def test_mixed_dtypes_promote_as_pytorch(sched: TorchScheduler, name: str) -> None:
+    fn = BINARY[name]
+    check(sched, fn, rand(2, 9, dtype=torch.float16), rand(9, dtype=torch.bfloat16))
+    check(sched, fn, rand(2, 9, dtype=torch.float16), rand(9, dtype=torch.float32))
+    # A 0-dim float32 tensor does not widen a float16 op: it is rounded to float16 first.
+    check(sched, fn, rand(2, 9, dtype=torch.float16), torch.tensor(0.1234567))
+    check(sched, fn, torch.tensor(0.7, dtype=torch.bfloat16), torch.tensor(0.1234567))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_casts_between_the_float_types_and_bool(sched: TorchScheduler, dtype: Any) -> None:
+    x = rand(5, 7) * 1000
+
+    def casts(x: Any) -> Any:
+        return [x.to(dtype), x.half().to(dtype), x.bfloat16().float(), x.to(torch.bool), x.clone()]
+
+    check(sched, casts, x)
+    check(sched, lambda t: t.t().contiguous() * 2, x)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("keepdim", [False, True])
+@pytest.mark.parametrize("kind", ["sum", "mean", "amax"])
+def test_last_dim_reductions(sched: TorchScheduler, kind: str, keepdim: bool, dtype: Any) -> None:
+    for shape in [(7,), (3, 5), (2, 3, 700), (4, 1)]:
+        x = rand(*shape, dtype=dtype)
+        check(sched, lambda t: getattr(t.relu() + 1, kind)(dim=-1, keepdim=keepdim), x)
+        check(sched, lambda t: getattr(t.transpose(0, -1), kind)(-1, keepdim), x)
+    check(sched, lambda t: (t.sum(), t.mean(), t.amax()), rand(9, dtype=dtype))
+
+
+def test_reduction_results_feed_later_ops(sched: TorchScheduler) -> None:
+    def softmax_and_norm(x: Any) -> Any:
+        e = (x - x.amax(-1, keepdim=True)).exp()
+        p = e / e.sum(-1, keepdim=True)
+        centered = x - x.mean(-1, keepdim=True)
+        var = (centered * centered).mean(-1, keepdim=True)
+        return p, centered * torch.rsqrt(var + 1e-5)
+
+    for dtype in DTYPES:
+        check(sched, softmax_and_norm, rand(6, 40, dtype=dtype))
+
+
+# -------------------------------------------------- in place, out=, views
+def test_in_place_and_out_variants(sched: TorchScheduler) -> None:
+    def program(x: Any, y: Any) -> Any:
+        x.add_(y, alpha=2).relu_()
+        x.mul_(0.5).clamp_(-0.5, 0.25)
+        torch.sigmoid(y, out=y)
+        z = torch.empty_like(x)
+        torch.mul(x, y, out=z)
+        z.div_(3.0).sub_(x)
+        F.gelu(z, approximate="tanh")
+        h = x.half()
+        h.add_(z)  # a float32 result stored into float16
+        x.copy_(torch.tensor(0.5))
+        return [z, h, x * y]
+
+    check(sched, program, rand(4, 9), rand(9))
+
+
+def test_in_place_on_strided_views_of_pending_results(sched: TorchScheduler) -> None:
+    def program(x: Any) -> Any:
+        y = x * 2
+        y[:, ::2].add_(1)  # a view of a pending result, changed in place
+        y.t()[1].mul_(-1)
+        row = y[0]
+        return [y, row + 1, y.sum(-1)]
+
+    check(sched, program, rand(5, 6), taken=False)
+
+
+def test_a_later_read_through_another_layout_sees_earlier_writes(sched: TorchScheduler) -> None:
+    def program(x: Any) -> Any:
+        a = x * 3  # read x
+        x.add_(1)  # then write it, in the same stage
+        b = x.t() * 2  # read it transposed: needs the write first
+        x.t().mul_(a.t())  # write through the transposed layout
+        return [a, b, x + 0]
+
+    check(sched, program, rand(4, 4), taken=False)
+
+
+def test_partial_overlap_is_refused_as_pytorch_refuses_it(sched: TorchScheduler) -> None:
+    x = rand(8)
+    with pytest.raises(RuntimeError), torch.no_grad():
+        x[1:].add_(x[:-1])
+    x = rand(8)
+    with pytest.raises(RuntimeError), torch.no_grad(), sched:
+        x[1:].add_(x[:-1])
+
+
+def test_broadcasting_strided_inputs_and_parameters(sched: TorchScheduler) -> None:
+    weight = torch.nn.Parameter(rand(7), requires_grad=False)
+    base = rand(6, 14)
+
+    def program(x: Any, b: Any) -> Any:
+        v = b[:, ::2]  # strided
+        return [x * weight + v, (v.t() + x.t()).t(), torch.where(v > 0, x, weight)]
+
+    check(sched, program, rand(6, 7), base)
+
+
+# ----------------------------------------------------------- random programs
+@pytest.mark.parametrize("chunk", range(4))
+def test_random_programs_match_eager(chunk: int) -> None:
+    sched = TorchScheduler(ReferenceExecutor(), auto_flush_ms=None)
+    for seed in range(chunk * 75, chunk * 75 + 75):
+        case = random_case(seed, "cpu")
+        with torch.no_grad():
+            expected = case.run(case.inputs())
+            with sched:
+                got = case.run(case.inputs())
+        assert_same(got, expected, case.description, case.dtype)
+    assert sched.stats.ops > 500
+
+
+# ------------------------------------------------------------ fallback rules
+def test_an_op_the_scheduler_does_not_take_sees_the_batch_first(sched: TorchScheduler) -> None:
+    x = rand(4, 8)
+    with torch.no_grad(), sched:
+        y = torch.sigmoid(x) * 3
+        z = torch.cumsum(y, dim=-1)  # not taken: flushes, then runs
+        w = y @ y.t()
+        assert sched.stats.flushes["fallback"] >= 1
+        value = float(y[1, 2].item())
+    expected = torch.sigmoid(x) * 3
+    torch.testing.assert_close(z, torch.cumsum(expected, dim=-1))
+    torch.testing.assert_close(w, expected @ expected.t())
+    assert value == pytest.approx(float(expected[1, 2]))
+
+
+def test_item_and_print_see_the_pending_values(sched: TorchScheduler, capsys: Any) -> None:
+    x = torch.tensor([0.25, -1.0])
+    with torch.no_grad(), sched:
+        y = x * 4 + 1
+        assert y[0].item() == 2.0
+        z = y * 2
+        print(z)  # printing turns dispatch modes off: the wrapped repr flushes
+        assert sched.stats.flushes["print"] == 1
+    assert "tensor([ 4., -6.])" in capsys.readouterr().out
+
+
+def test_integer_and_bool_arithmetic_go_to_pytorch(sched: TorchScheduler) -> None:
+    check(sched, lambda i: (torch.relu(i), i * 2, i.float() + 1), torch.arange(-3, 4), taken=False)
+    check(sched, lambda m: m * 2.0, torch.tensor([True, False]), taken=False)
+    check(sched, lambda d: torch.exp(d), torch.tensor([0.5, 1.0], dtype=torch.float64), taken=False)
+    assert sched.stats.declined == 5  # relu, mul and the cast of int64, the bool mul, exp
+
+
+def test_autograd_inputs_go_to_pytorch_when_grad_is_on(sched: TorchScheduler) -> None:
+    w = torch.ones(3, requires_grad=True)
+    with sched:
+        y = torch.sigmoid(w * 2)
+    assert y.grad_fn is not None and sched.stats.ops == 0
+    y.sum().backward()
+    assert w.grad is not None
+    with torch.no_grad(), sched:
+        z = torch.sigmoid(w * 2)
+    assert sched.stats.ops == 2 and z.grad_fn is None
+    torch.testing.assert_close(z, y.detach())
+
+
+def test_tensors_above_the_size_threshold_go_to_pytorch() -> None:
+    sched = TorchScheduler(ReferenceExecutor(), size_threshold=100, auto_flush_ms=None)
+    x, big, row, col = rand(10), rand(101), rand(1, 20), rand(20, 1)
+    with torch.no_grad(), sched:
+        small = x * 2
+        large = big * 2
+        outer = row + col  # inputs under the limit, the broadcast result over it
+    assert sched.stats.ops == 1 and sched.stats.declined == 2
+    torch.testing.assert_close(small, x * 2)
+    torch.testing.assert_close(large, big * 2)
+    torch.testing.assert_close(outer, row + col)
+
+
+def test_tensors_on_another_device_are_declined() -> None:
+    cuda_batch = Batch(torch.device("cuda", 0), 1 << 10)
+    with pytest.raises(Decline):
+        cuda_batch.check(torch.ones(3))  # a CPU tensor for a CUDA engine
+    sched = TorchScheduler(ReferenceExecutor(), auto_flush_ms=None)
+    with torch.no_grad(), sched:
+        out = torch.ones(3, device="meta") * 2  # another device: PyTorch runs it
+    assert out.device.type == "meta" and sched.stats.ops == 0
+
+
+def test_empty_tensors_and_other_dims_go_to_pytorch(sched: TorchScheduler) -> None:
+    empty, x = torch.ones(0, 3), rand(3, 4)
+    with torch.no_grad(), sched:
+        e = empty * 2
+        s = x.sum(dim=0)  # not the last dim
+        m = x.max(-1).values  # max with indices: not in the table
+        d = x.sum(-1, dtype=torch.float16)  # a dtype argument
+    assert e.shape == (0, 3) and m.shape == (3,)
+    torch.testing.assert_close(s, x.sum(dim=0))
+    torch.testing.assert_close(d, x.sum(-1, dtype=torch.float16))
+    assert sched.stats.ops == 0 and sched.stats.declined == 3
+
+
+# ------------------------------------------------------------ when it flushes
+def test_flush_reasons() -> None:
+    sched = TorchScheduler(ReferenceExecutor(), max_batch_ops=3, auto_flush_ms=None)
+    x = rand(8)
+    with torch.no_grad(), sched:
+        y = x
+        for _ in range(7):
+            y = y * 1.5
+        sched.flush()
+        z = y + 1
+    assert sched.stats.flushes["size"] == 2 and sched.stats.flushes["explicit"] == 1
+    assert sched.stats.flushes["exit"] == 1
+    torch.testing.assert_close(z, x * 1.5**7 + 1)
+
+
+def test_a_full_program_is_flushed_and_the_op_retried() -> None:
+    sched = TorchScheduler(ReferenceExecutor(), max_batch_ops=10_000, auto_flush_ms=None)
+    x = rand(8)
+    keep = []
+    with torch.no_grad(), sched:
+        y = x
+        for _ in range(700):
+            y = y + 0.001
+            keep.append(y)  # every result stays alive: every store is kept
+    assert sched.stats.flushes["full"] >= 1
+    torch.testing.assert_close(keep[-1], x + 0.7, rtol=1e-4, atol=1e-4)
+
+
+def test_the_timer_flushes_a_batch_left_alone() -> None:
+    sched = TorchScheduler(ReferenceExecutor(), auto_flush_ms=5.0)
+    try:
+        with torch.no_grad(), sched:
+            y = rand(4) * 0 + 7
+            deadline = time.monotonic() + 10
+            while not sched.stats.flushes["timer"] and time.monotonic() < deadline:
+                time.sleep(0.005)
+            assert sched.stats.flushes["timer"] == 1
+            assert torch.equal(y, torch.full((4,), 7.0))  # already there: no flush needed
+        assert sched.stats.flushes["exit"] == 0
+    finally:
+        sched.close()
+
+
+async def test_flush_async_does_not_block_the_loop() -> None:
+    sched = TorchScheduler(ReferenceExecutor(), auto_flush_ms=None)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    def record() -> Any:
+        sched.__enter__()
+        return rand(5) * 3
+
+    ticking = asyncio.get_running_loop().create_task(ticker())
+    with torch.no_grad():
+        y = await asyncio.to_thread(record)  # a context left open in a worker thread
+    await sched.flush_async()
+    ticking.cancel()
+    assert sched.stats.flushes["async"] == 1 and ticks > 0
+    assert y.shape == (5,)
+
+
+def test_dead_intermediates_are_not_stored(sched: TorchScheduler) -> None:
+    x, y = rand(64), rand(64)
+
+    def chain(x: Any, y: Any) -> Any:
+        for _ in range(4):
+            x = torch.tanh(torch.relu(x + y) * 1.5)
+        return x.sum(-1)
+
+    with torch.no_grad(), sched:
+        out = chain(x, y)
+    (program,) = sched.executor.programs
+    stores = _count_stores(program)
+    assert stores == 1  # only the value the sum reads: 12 results died unread
+    torch.testing.assert_close(out, chain(x, y))
+
+
+def _count_stores(words: np.ndarray) -> int:
+    count, pos = 0, P.HEADER_WORDS
+    for _ in range(int(words[2])):
+        head, length = int(words[pos]), int(words[pos + 1])
+        if head & 0xFF == P.STAGE_POINTWISE:
+            rank = (head >> 8) & 0xFF
+            pc, end = pos + 4 + rank, pos + length
+            while pc < end:
+                w0 = int(words[pc])
+                op = w0 & 0xFF
+                if op == P.OP_SKIP:
+                    pc += w0 >> 8
+                elif op in (P.OP_LOAD, P.OP_STORE):
+                    count += op == P.OP_STORE
+                    strided = (w0 >> 24) & 0xF == P.MODE_STRIDED
+                    pc += 3 + (2 * (w0 >> 28) if strided else 0)
+                else:
+                    pc += P.ALU_WORDS
+        pos += length
+    return count
+
+
+def test_nesting_and_one_thread_at_a_time(sched: TorchScheduler) -> None:
+    with torch.no_grad(), sched:
+        with sched:
+            y = rand(3) + 1
+        assert sched.stats.flushes["exit"] == 0  # the inner exit does not flush
+        errors: list[BaseException] = []
+
+        def other() -> None:
+            try:
+                sched.__enter__()
+            except InvalidArgument as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+        assert len(errors) == 1
+    assert sched.stats.flushes["exit"] == 1 and y.shape == (3,)
+
+
+# -------------------------------------------------------------- traced mode
+def chain57(x: Any, y: Any) -> Any:
+    for _ in range(4):
+        x = torch.relu(x + y)
+        x = torch.sigmoid(x * 1.5)
+        x = torch.tanh(x - y)
+        x = torch.exp(x * 0.1)
+        x = torch.clamp(x, -2.0, 2.0)
+        x = torch.maximum(x, y)
+        x = F.gelu(x)
+        x = x / (1.0 + y.abs())
+    return x.sum(dim=-1)
+
+
+def test_traced_mode_replays_on_twenty_shapes(sched: TorchScheduler) -> None:
+    traced = trace(chain57, sched)
+    with torch.no_grad():
+        for k in range(20):
+            n = 1000 + 37 * k
+            x, y = rand(n), rand(n)
+            torch.testing.assert_close(traced(x, y), chain57(x, y), rtol=1e-4, atol=1e-4)
+    assert traced.recordings == 1 and traced.replays == 19
+
+
+def test_traced_mode_rerecords_when_the_structure_changes(sched: TorchScheduler) -> None:
+    def norm(x: Any, b: Any) -> Any:
+        c = x - x.mean(-1, keepdim=True)
+        return c * torch.rsqrt((c * c).mean(-1, keepdim=True) + 1e-5) + b, c.amax(-1)
+
+    traced = trace(norm, sched)
+    with torch.no_grad():
+        for shape in [(3, 8), (5, 16), (2, 3, 8), (4, 1, 7), (6, 10)]:
+            for dtype in (torch.float32, torch.float16):
+                x, b = rand(*shape, dtype=dtype), rand(shape[-1], dtype=dtype)
+                assert_same(list(traced(x, b)), list(norm(x, b)), f"{shape} {dtype}")
+    # (rank 2, f32), (rank 2, f16), (rank 3 ...), and the size-1 dim makes a new signature
+    assert traced.recordings == 6 and traced.replays == 4
+
+
+def test_traced_mode_keeps_in_place_updates_and_constants(sched: TorchScheduler) -> None:
+    scale = rand(5)
+
+    def step(x: Any, m: Any) -> Any:
+        m.mul_(0.9).add_(x, alpha=0.1)  # an in-place update of an argument
+        return x * scale + m
+
+    traced = trace(step, sched)
+    with torch.no_grad():
+        for rows in (2, 3, 4):
+            x, m = rand(rows, 5), rand(rows, 5)
+            m_eager = m.clone()
+            got = traced(x, m)
+            expected = step(x, m_eager)
+            torch.testing.assert_close(got, expected)
+            torch.testing.assert_close(m, m_eager)
+    assert traced.recordings == 1 and traced.replays == 2
+    # A size the constant fixes cannot change: the call runs as recorded (and fails
+    # as eager PyTorch does) instead of replaying a program that no longer fits.
+    with torch.no_grad(), pytest.raises(RuntimeError):
+        traced(rand(2, 6), rand(2, 6))
+
+
+def test_untraceable_functions_still_run_correctly(sched: TorchScheduler) -> None:
+    def with_view(x: Any) -> Any:
+        return (x.t() * 2).relu()
+
+    traced = trace(with_view, sched)
+    with torch.no_grad():
+        for shape in [(3, 4), (3, 4), (5, 2)]:
+            x = rand(*shape)
+            torch.testing.assert_close(traced(x), with_view(x))
+    assert traced.replays == 0
+
+
+def test_importing_gpuactors_never_imports_torch() -> None:
+    code = (
+        "import sys, gpuactors, gpuactors.torch, gpuactors.torch.program, "
+        "gpuactors.torch.kernel\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+        "gpuactors.torch.PROGRAM_OP\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
