@@ -26,7 +26,7 @@ from gpuactors.actors import ActorSystem  # noqa: E402
 from gpuactors.engine import Engine  # noqa: E402
 from gpuactors.errors import InvalidArgument  # noqa: E402
 from gpuactors.torch import PROGRAM_OP, LocalEngine, TorchScheduler, attach, trace  # noqa: E402
-from torch_cases import BINARY, UNARY, assert_same, random_case  # noqa: E402
+from torch_cases import BINARY, UNARY, assert_same, chain57, flat, random_case  # noqa: E402
 
 _REASON = no_device_reason() or (None if torch.cuda.is_available() else "torch sees no CUDA device")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_REASON is not None, reason=str(_REASON))]
@@ -61,12 +61,6 @@ def rand(*shape: int, dtype: Any = torch.float32) -> Any:
     return (torch.rand(shape, device=DEV) * 4 - 2).to(dtype)
 
 
-def _flat(value: Any) -> list[Any]:
-    if isinstance(value, (list, tuple)):
-        return [item for v in value for item in _flat(v)]
-    return [value]
-
-
 def check(sched: TorchScheduler, fn: Any, *inputs: Any, taken: bool = True) -> None:
     """``fn`` under the scheduler gives eager's results (on copies of the inputs)."""
     mine = [t.clone() for t in inputs]
@@ -76,7 +70,7 @@ def check(sched: TorchScheduler, fn: Any, *inputs: Any, taken: bool = True) -> N
         with sched:
             got = fn(*mine)
         expected = fn(*theirs)
-    assert_same(_flat(got) + mine, _flat(expected) + theirs, getattr(fn, "__name__", "fn"))
+    assert_same(flat(got) + mine, flat(expected) + theirs, getattr(fn, "__name__", "fn"))
     if taken:
         assert sched.stats.declined == declined and sched.stats.ops > ops
 
@@ -221,17 +215,6 @@ def test_the_timer_flushes_a_batch_left_alone(engine: LocalEngine) -> None:
 
 
 # ---------------------------------------------------------------- traced mode
-def chain57(x: Any, y: Any) -> Any:
-    for _ in range(4):
-        x = torch.relu(x + y)
-        x = torch.sigmoid(x * 1.5)
-        x = torch.tanh(x - y)
-        x = torch.exp(x * 0.1)
-        x = torch.clamp(x, -2.0, 2.0)
-        x = torch.maximum(x, y)
-        x = F.gelu(x)
-        x = x / (1.0 + y.abs())
-    return x.sum(dim=-1)
 
 
 def test_traced_mode_on_twenty_shapes(sched: TorchScheduler) -> None:

@@ -25,7 +25,7 @@ from gpuactors.errors import InvalidArgument  # noqa: E402
 from gpuactors.torch import ReferenceExecutor, TorchScheduler, trace  # noqa: E402
 from gpuactors.torch import program as P  # noqa: E402
 from gpuactors.torch.batch import Batch, Decline  # noqa: E402
-from torch_cases import BINARY, UNARY, assert_same, random_case  # noqa: E402
+from torch_cases import BINARY, UNARY, assert_same, chain57, flat, random_case  # noqa: E402
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -64,19 +64,13 @@ def both(sched: TorchScheduler, fn: Any, *inputs: Any) -> tuple[Any, Any]:
     return (got, mine), (expected, theirs)
 
 
-def _flat(value: Any) -> list[Any]:
-    if isinstance(value, (list, tuple)):
-        return [item for v in value for item in _flat(v)]
-    return [value]
-
-
 def check(sched: TorchScheduler, fn: Any, *inputs: Any, taken: bool = True) -> None:
     """``fn`` gives eager's results under the scheduler; with ``taken``, every op of the
     scheduler's table was taken (views and factories may still run in PyTorch)."""
     declined, ops = sched.stats.declined, sched.stats.ops
     (got, mine), (expected, theirs) = both(sched, fn, *inputs)
     what = getattr(fn, "__name__", "fn")
-    assert_same(_flat(got) + _flat(mine), _flat(expected) + _flat(theirs), what)
+    assert_same(flat(got) + flat(mine), flat(expected) + flat(theirs), what)
     if taken:
         assert sched.stats.declined == declined and sched.stats.ops > ops, "an op went to PyTorch"
 
@@ -429,17 +423,6 @@ def test_nesting_and_one_thread_at_a_time(sched: TorchScheduler) -> None:
 
 
 # -------------------------------------------------------------- traced mode
-def chain57(x: Any, y: Any) -> Any:
-    for _ in range(4):
-        x = torch.relu(x + y)
-        x = torch.sigmoid(x * 1.5)
-        x = torch.tanh(x - y)
-        x = torch.exp(x * 0.1)
-        x = torch.clamp(x, -2.0, 2.0)
-        x = torch.maximum(x, y)
-        x = F.gelu(x)
-        x = x / (1.0 + y.abs())
-    return x.sum(dim=-1)
 
 
 def test_traced_mode_replays_on_twenty_shapes(sched: TorchScheduler) -> None:

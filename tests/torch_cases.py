@@ -201,6 +201,27 @@ BINARY = {
 }
 
 
+def chain57(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """GPUOS's use case: 57 tiny kernels (14 pointwise ops x 4 rounds, a last-dim sum)."""
+    for _ in range(4):
+        x = torch.relu(x + y)
+        x = torch.sigmoid(x * 1.5)
+        x = torch.tanh(x - y)
+        x = torch.exp(x * 0.1)
+        x = torch.clamp(x, -2.0, 2.0)
+        x = torch.maximum(x, y)
+        x = F.gelu(x)
+        x = x / (1.0 + y.abs())
+    return x.sum(dim=-1)
+
+
+def flat(value: Any) -> list[Any]:
+    """The tensors of a (nested) list or tuple, in order."""
+    if isinstance(value, (list, tuple)):
+        return [item for v in value for item in flat(v)]
+    return [value]
+
+
 @dataclass
 class Leaf:
     """A leaf tensor: a base tensor and how the leaf views it."""

@@ -246,11 +246,7 @@ class TorchScheduler:
                     batch = self._batch
                     out = usual(batch, op, args[0], b, p0, 0, rule if rule != TENSORS_ONLY else -1)
                     if out is not None:
-                        self.stats.ops += 1
-                        if batch.ops == 1:
-                            self._batch_started(batch)
-                        elif batch.ops >= self.max_batch_ops:
-                            self._flush_locked("size")
+                        self._took(batch)
                         return out
         handler = TABLE.get(func)
         if handler is not None and not types:  # no tensor subclass with its own dispatch
@@ -268,19 +264,21 @@ class TorchScheduler:
                         self._flush_locked("full")
                         batch = self._batch
                         continue
-                    self.stats.ops += 1
-                    if batch.ops == 1:
-                        self._batch_started(batch)
-                    elif batch.ops >= self.max_batch_ops:
-                        self._flush_locked("size")
+                    self._took(batch)
                     return out
         return self._fallback(func, args, kwargs)
 
-    def _batch_started(self, batch: Batch) -> None:
-        if self.device.type == "cuda":
-            batch.stream = torch.cuda.current_stream(self.device)
-        if self.auto_flush_s is not None:
-            self._wake.set()
+    def _took(self, batch: Batch) -> None:
+        """An op went into ``batch`` (lock held): note the batch's start, or flush a
+        batch that is full."""
+        self.stats.ops += 1
+        if batch.ops == 1:
+            if self.device.type == "cuda":
+                batch.stream = torch.cuda.current_stream(self.device)
+            if self.auto_flush_s is not None:
+                self._wake.set()
+        elif batch.ops >= self.max_batch_ops:
+            self._flush_locked("size")
 
     def _fallback(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self.stats.fallbacks += 1
