@@ -189,7 +189,7 @@ class HostRing:
         if words[word] != pos or self._unretired[slot]:
             return None
         tag = 0x80 | ((pos >> self.lap_shift) & 0x7F)  # wire.wire_tag, inline
-        wire.PACKERS[len(args)](
+        wire.pack_record(
             self._bytes, slot * _RECORD_BYTES + 8, tag, op, blocks, n, deadline_ns, *args
         )
         words[word] = pos + 1  # publish last
