@@ -21,7 +21,7 @@ def packed(
     """The 15 words ``pack_record`` writes for one task at ``position``."""
     buffer = bytearray(RING_RECORD.itemsize)
     tag = wire.wire_tag(position, SHIFT)
-    wire.pack_record(memoryview(buffer), 8, tag, op, blocks, n, deadline, *args)
+    wire.pack_record(memoryview(buffer), 8, tag, op, blocks, n, deadline, args)
     return np.frombuffer(bytes(buffer), dtype=np.uint64)[1:].tolist()
 
 
@@ -140,7 +140,7 @@ def test_payloads_are_written_before_their_tags(deadline: int, first: int) -> No
     buffer[8:] = b"\xee" * (RING_RECORD.itemsize - 8)  # the previous lap's words
     tag = wire.wire_tag(3, SHIFT)
     Recording.before_tags.clear()
-    wire.pack_record(buffer, 8, tag, 1, 1, 5, deadline, first, 7)
+    wire.pack_record(buffer, 8, tag, 1, 1, 5, deadline, [first, 7])
     (before,) = Recording.before_tags
     payloads = np.frombuffer(before[8:], dtype=np.uint64)
     assert all(int(word) >> 56 == 0 for word in payloads), "every payload is in, no tag yet"

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
@@ -83,32 +82,6 @@ def _pack_generally(
     buf[off + 7 : off + 8 * WIRE_WORDS : 8] = TAG_BYTES[tag]
 
 
-def usual_pack_lines(op: str, values: Sequence[str]) -> list[str]:
-    """The lines that write a usual record (every value under 2**56) at ``buf[off:]``
-    with tag ``tag``: its payloads with one ``struct`` call, then its 15 tag bytes. They
-    read ``blocks``, ``n``, ``dl`` and the names :func:`usual_pack_namespace` gives."""
-    payloads = "".join(", " + value for value in values)
-    return [
-        f"    W(buf, off, {op}, blocks, n, (dl + DEADLINE_ROUND) >> DEADLINE_SHIFT{payloads})",
-        f"    buf[off + 7 : off + {8 * WIRE_WORDS} : 8] = TAG_BYTES[tag]",
-    ]
-
-
-def usual_pack_namespace(arity: int, codes: Sequence[str] = ()) -> dict[str, Any]:
-    """The globals :func:`usual_pack_lines` reads, for ``arity`` arguments; ``codes``
-    gives each argument's ``struct`` code where it is not a word (``Q``): a small
-    scalar packed as its value and zero bytes (``word_encoders.small_scalar_code``)."""
-    fields = "".join(codes) if codes else f"{arity}Q"
-    assert struct.calcsize(f"<{fields}") == 8 * arity, "every argument is one word"
-    return {
-        "W": struct.Struct(f"<IIQQ{fields}{(MAX_ARGS - arity + 2) * 8}x").pack_into,
-        "TAG_BYTES": TAG_BYTES,
-        "MAX_BLOCKS": MAX_BLOCKS,
-        "DEADLINE_ROUND": _DEADLINE_ROUND,
-        "DEADLINE_SHIFT": DEADLINE_SHIFT,
-    }
-
-
 # One struct per arity: the usual record's words 1..15 (op and blocks share word 1).
 _USUAL_WORDS = tuple(
     struct.Struct(f"<IIQQ{arity}Q{(MAX_ARGS - arity + 2) * 8}x") for arity in range(MAX_ARGS + 1)
@@ -116,7 +89,7 @@ _USUAL_WORDS = tuple(
 
 
 def pack_record(
-    buf: memoryview, off: int, tag: int, op: int, blocks: int, n: int, dl: int, *args: int
+    buf: memoryview, off: int, tag: int, op: int, blocks: int, n: int, dl: int, args: Sequence[int]
 ) -> None:
     """Write words 1..15 of a record at ``buf[off:]`` with tag byte ``tag``: first the
     payloads, whose top bytes are zeros (no lap's tag), then the 15 tag bytes, so no
