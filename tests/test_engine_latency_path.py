@@ -128,7 +128,7 @@ def error_of(reply: object) -> BaseException | None:
     return reply.future.exception()
 
 
-# A Python float takes the generated publisher; a NumPy scalar the general path.
+# A Python float takes the publisher; a NumPy scalar the general path.
 PATHS = pytest.mark.parametrize("a", [1.5, np.float32(1.5)], ids=["publisher", "general"])
 
 

@@ -9,7 +9,6 @@ from gpuactors.engine.ops import BUILTIN_OPS, OpSpec, ScalarParam
 from gpuactors.engine.optable import OpTable
 from gpuactors.errors import InvalidArgument, UnknownOp
 from gpuactors.nvrtc import KernelCompiler
-from gpuactors.straight_line import compile_function
 
 SCALE = OpSpec(name="scale", params=(ScalarParam(name="k", dtype="float32"),), body="return 0;")
 
@@ -87,13 +86,3 @@ def test_codecs_that_no_longer_fit_are_built_again() -> None:
     table.add(v3, activate=True, codecs=stale)
     resolved = table.resolve("scale")
     assert resolved.op_id == 2 and resolved.encoder is not stale.encoder
-
-
-def test_straight_line_functions_of_one_source_share_their_code() -> None:
-    """A hot swap's encoder and publisher cost no compile when the signature is the
-    same: only their globals (the new version's constants) differ."""
-    source = "def f(x):\n    return x + K\n"
-    first = compile_function(source, "<test>", {"K": 1}, "f")
-    second = compile_function(source, "<test>", {"K": 2}, "f")
-    assert first.__code__ is second.__code__
-    assert (first(0), second(0)) == (1, 2)

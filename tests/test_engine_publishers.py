@@ -1,4 +1,4 @@
-"""Straight-line publishers: for the usual task, the same ring state as checking,
+"""Publishers: for the usual task, the same ring state as checking,
 encoding and ``try_publish`` one by one (every byte, over many laps); for anything
 else, 0 and an untouched ring, so the general path can say what is wrong. No GPU
 needed: a CuPy-like array type stands in for CuPy's."""
@@ -15,7 +15,7 @@ from gpuactors.engine import args as args_module
 from gpuactors.engine.abi import COMPLETION, RING_RECORD
 from gpuactors.engine.args import ArgEncoder
 from gpuactors.engine.ops import BUILTIN_OPS, ArrayParam, OpSpec, ScalarParam
-from gpuactors.engine.publishers import NOT_USUAL, publisher, publisher_source
+from gpuactors.engine.publishers import NOT_USUAL, publisher
 from gpuactors.engine.ring import HostConsumer, HostRing
 from test_engine_word_encoders import BAD, MIXED, CupyLikeArray, sample_args
 
@@ -74,7 +74,7 @@ SMALL = OpSpec(
 
 def test_small_scalars_at_their_extremes_pack_as_the_general_path_packs_them() -> None:
     publish = publisher(SMALL, OP_ID, CupyLikeArray)
-    assert publish is not None and "U1(P1(" not in publisher_source(SMALL)
+    assert publish is not None
     ours, _ = make_ring()
     theirs, _ = make_ring()
     out = CupyLikeArray("float32", 8, 4096)
@@ -159,7 +159,7 @@ UNUSUAL: dict[str, tuple[tuple[Any, ...], Any, int, int]] = {
 @pytest.mark.parametrize("case", sorted(UNUSUAL))
 def test_tasks_that_are_not_the_usual_one_are_left_to_the_general_path(case: str) -> None:
     publish = publisher(SCALE, OP_ID, CupyLikeArray)
-    assert publish is not None, publisher_source(SCALE)
+    assert publish is not None
     args, n, blocks, device_id = UNUSUAL[case]
     ring, _ = make_ring()
     before = ring_state(ring)

@@ -18,10 +18,10 @@ SHIFT = 6  # a 64-slot ring
 def packed(
     position: int, op: int, blocks: int, n: int, deadline: int, args: list[int]
 ) -> list[int]:
-    """The 15 words ``PACKERS`` writes for one task at ``position``."""
+    """The 15 words ``pack_record`` writes for one task at ``position``."""
     buffer = bytearray(RING_RECORD.itemsize)
     tag = wire.wire_tag(position, SHIFT)
-    wire.PACKERS[len(args)](memoryview(buffer), 8, tag, op, blocks, n, deadline, *args)
+    wire.pack_record(memoryview(buffer), 8, tag, op, blocks, n, deadline, args)
     return np.frombuffer(bytes(buffer), dtype=np.uint64)[1:].tolist()
 
 
@@ -140,7 +140,7 @@ def test_payloads_are_written_before_their_tags(deadline: int, first: int) -> No
     buffer[8:] = b"\xee" * (RING_RECORD.itemsize - 8)  # the previous lap's words
     tag = wire.wire_tag(3, SHIFT)
     Recording.before_tags.clear()
-    wire.PACKERS[2](buffer, 8, tag, 1, 1, 5, deadline, first, 7)
+    wire.pack_record(buffer, 8, tag, 1, 1, 5, deadline, [first, 7])
     (before,) = Recording.before_tags
     payloads = np.frombuffer(before[8:], dtype=np.uint64)
     assert all(int(word) >> 56 == 0 for word in payloads), "every payload is in, no tag yet"
@@ -161,9 +161,3 @@ def test_decode_rows_reads_a_ring() -> None:
     assert decoded.dtype == TASK_RECORD
     assert decoded["seq"].tolist() == [1, 2, 3, 4] and decoded["n"].tolist() == [0, 1, 2, 3]
     assert decoded["args"][:, 1].tolist() == [0, 2, 4, 6]
-
-
-def test_packer_source_reads_in_one_pass() -> None:
-    source = wire.record_packer_source(2)
-    assert "def pack(buf, off, tag, op, blocks, n, dl, a0, a1):" in source
-    assert source.count("W(buf, off,") == 1, "one struct call writes the record"

@@ -1,4 +1,4 @@
-"""Straight-line word encoders: the words the per-argument path gives, and None
+"""Word encoders: the words the per-argument path gives, and None
 (never a wrong word) for anything else, which the general path then refuses with
 a clear error (no GPU needed: a CuPy-like array type stands in for CuPy's)."""
 
@@ -16,7 +16,7 @@ from gpuactors.engine import args as args_module
 from gpuactors.engine.args import ArgEncoder
 from gpuactors.engine.host_runtime import CupyLikeArray
 from gpuactors.engine.ops import BUILTIN_OPS, ArrayParam, OpSpec, ScalarParam
-from gpuactors.engine.word_encoders import word_encoder, word_encoder_source
+from gpuactors.engine.word_encoders import word_encoder
 from gpuactors.errors import InvalidArgument
 
 
@@ -169,9 +169,6 @@ def test_a_float_too_large_for_float32_is_refused_by_the_general_path_too() -> N
             ArgEncoder(op).encode((value,), 1, 0)
 
 
-def test_no_encoder_without_cupy_and_a_readable_source() -> None:
+def test_no_encoder_without_cupy() -> None:
     assert word_encoder(MIXED, None) is None
-    source = word_encoder_source(MIXED)
-    assert "a0.size < 3" in source and "a1.size < n" in source
-    assert "not LOW3 <= a3 <= HIGH3" in source and "not LOW2 <= a2 <= HIGH2" in source
-    assert "try:" not in source  # every value in range packs
+    assert word_encoder(MIXED, object) is None  # no contiguity flag to read

@@ -255,7 +255,7 @@ class PersistentEngineActor(Actor):
         )
         seq: int | None = 0
         if idle and ready_event is None and resolved.publish is not None:
-            # The usual task is checked, packed and published in one generated call,
+            # The usual task is checked, packed and published in one call,
             # before anything else. What it refuses (0: not the usual task; None: the
             # ring is full) takes the general path.
             seq = resolved.publish(
@@ -300,7 +300,7 @@ class PersistentEngineActor(Actor):
         idle: bool,
         accepted_at: float,
     ) -> int | Deferred[Completion] | None:
-        """Every task the latency path's generated publisher did not take: checked
+        """Every task the latency path's publisher did not take: checked
         argument by argument (a precise error for each mistake), then published at
         once on an ``idle`` engine (its sequence number: ``enqueue`` answers it), or
         coalesced with the others of this loop turn, or queued behind tasks that wait

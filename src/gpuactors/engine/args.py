@@ -97,7 +97,7 @@ class ArgEncoder:
     """Check one op's arguments and encode them as record words.
 
     CuPy arrays and Python floats/ints (the common case) take a fast path: one
-    straight-line function for the whole signature (:mod:`.word_encoders`). Anything
+    table-driven check of the whole signature (:mod:`.word_encoders`). Anything
     else, and anything the fast path doubts, goes through the checks of each argument
     (``encode_generally``), which also say precisely what is wrong.
     """

@@ -61,7 +61,7 @@ class CupyLikeArray:
 @contextmanager
 def cupy_like_arrays() -> Iterator[None]:
     """Within the block, :class:`CupyLikeArray` is what the engine takes for CuPy's
-    array type on every path (the generated publisher's too). Only engines started
+    array type on every path (the publisher's too). Only engines started
     inside the block see it: an op's publisher is built when the engine starts."""
     modules = (args_module, arrays_module, optable_module)
     saved = [getattr(module, _CUPY_NDARRAY) for module in modules]

@@ -41,28 +41,6 @@ _COMPLETION_WORDS = COMPLETION.itemsize // 8
 _COMPLETION_TAIL = struct.Struct("<3Q").unpack_from
 
 
-def publish_lines(pack_lines: Sequence[str]) -> list[str]:
-    """:meth:`HostRing.try_publish`'s steps as source lines, for a generated function
-    with the ring in ``ring``: ``pack_lines`` write the record's 15 words at
-    ``buf[off:]`` with tag ``tag``. The function returns the task's sequence number,
-    or None when the ring is full."""
-    return [
-        "    pos = ring.published",
-        "    slot = pos & ring.mask",
-        "    words = ring._words",
-        f"    if words[slot * {_RECORD_WORDS}] != pos or ring._unretired[slot]:",
-        "        return None",
-        "    tag = 0x80 | ((pos >> ring.lap_shift) & 0x7F)  # wire.wire_tag",
-        "    buf = ring._bytes",
-        f"    off = slot * {_RECORD_BYTES} + 8",
-        *pack_lines,
-        f"    words[slot * {_RECORD_WORDS}] = pos + 1  # publish last",
-        "    ring._unretired[slot] = 1",
-        "    ring.published = pos + 1",
-        "    return pos + 1",
-    ]
-
-
 def check_capacity(capacity: int) -> int:
     """Ring sizes are powers of two, at least 64 (the device reads 32 slots at a time)."""
     if not isinstance(capacity, int) or capacity < 64 or capacity & (capacity - 1):
@@ -168,8 +146,6 @@ class HostRing:
         self._unretired_view = np.frombuffer(self._unretired, dtype=np.uint8)
 
     # ------------------------------------------------------------- producer
-    # Generated publishers (engine/publishers.py) do what try_publish does, in the
-    # lines publish_lines writes: change both together (a test compares them).
     def try_publish(
         self,
         op: int,
@@ -189,8 +165,8 @@ class HostRing:
         if words[word] != pos or self._unretired[slot]:
             return None
         tag = 0x80 | ((pos >> self.lap_shift) & 0x7F)  # wire.wire_tag, inline
-        wire.PACKERS[len(args)](
-            self._bytes, slot * _RECORD_BYTES + 8, tag, op, blocks, n, deadline_ns, *args
+        wire.pack_record(
+            self._bytes, slot * _RECORD_BYTES + 8, tag, op, blocks, n, deadline_ns, args
         )
         words[word] = pos + 1  # publish last
         self._unretired[slot] = 1

@@ -12,7 +12,7 @@ same PCIe round trip as its sequence number (``kernels/engine.cuh``).
 travel in words 14 and 15, and deadlines in units of 1024 ns (rounded up, so a task
 never expires early).
 
-:func:`record_packer` writes one record: its payloads with one ``struct`` call, then
+:func:`pack_record` writes one record: its payloads with one ``struct`` call, then
 its tag bytes; :func:`encode_rows` writes many, vectorised, each word whole (payload
 and tag in one store); :func:`decode` and :func:`is_whole` mirror the device for tests
 and the CPU consumer.
@@ -21,8 +21,7 @@ and the CPU consumer.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -35,7 +34,6 @@ from gpuactors.engine.abi import (
     WIRE_TAG_SHIFT,
     WIRE_WORDS,
 )
-from gpuactors.straight_line import compile_function
 
 PAYLOAD_MASK = (1 << WIRE_TAG_SHIFT) - 1
 MAX_BLOCKS = (1 << 24) - 1  # op | blocks << 32 stays under the tag; the device clamps far lower
@@ -49,9 +47,6 @@ _TOP_BYTES = tuple(
 )
 _WORDS = struct.Struct(f"<{WIRE_WORDS}Q")
 TAG_BYTES = tuple(bytes([tag]) * WIRE_WORDS for tag in range(256))
-
-#: ``pack(buffer, offset, tag, op, blocks, n, deadline_ns, *args)``: words 1..15.
-RecordPacker = Callable[..., None]
 
 
 def lap_shift(capacity: int) -> int:
@@ -67,7 +62,7 @@ def wire_tag(position: int, shift: int) -> int:
 def _pack_generally(
     buf: memoryview, off: int, tag: int, op: int, blocks: int, n: int, dl: int, *args: int
 ) -> None:
-    """:func:`record_packer`'s path for huge block counts and values wider than 56 bits."""
+    """:func:`pack_record`'s path for huge block counts and values wider than 56 bits."""
     high = [0, 0]
     payload = [0] * MAX_ARGS
     for index, value in enumerate([*args, n]):
@@ -87,60 +82,29 @@ def _pack_generally(
     buf[off + 7 : off + 8 * WIRE_WORDS : 8] = TAG_BYTES[tag]
 
 
-def usual_pack_lines(op: str, values: Sequence[str]) -> list[str]:
-    """The lines that write a usual record (every value under 2**56) at ``buf[off:]``
-    with tag ``tag``: its payloads with one ``struct`` call, then its 15 tag bytes. They
-    read ``blocks``, ``n``, ``dl`` and the names :func:`usual_pack_namespace` gives."""
-    payloads = "".join(", " + value for value in values)
-    return [
-        f"    W(buf, off, {op}, blocks, n, (dl + DEADLINE_ROUND) >> DEADLINE_SHIFT{payloads})",
-        f"    buf[off + 7 : off + {8 * WIRE_WORDS} : 8] = TAG_BYTES[tag]",
-    ]
+# One struct per arity: the usual record's words 1..15 (op and blocks share word 1).
+_USUAL_WORDS = tuple(
+    struct.Struct(f"<IIQQ{arity}Q{(MAX_ARGS - arity + 2) * 8}x") for arity in range(MAX_ARGS + 1)
+)
 
 
-def usual_pack_namespace(arity: int, codes: Sequence[str] = ()) -> dict[str, Any]:
-    """The globals :func:`usual_pack_lines` reads, for ``arity`` arguments; ``codes``
-    gives each argument's ``struct`` code where it is not a word (``Q``): a small
-    scalar packed as its value and zero bytes (``word_encoders.small_scalar_code``)."""
-    fields = "".join(codes) if codes else f"{arity}Q"
-    assert struct.calcsize(f"<{fields}") == 8 * arity, "every argument is one word"
-    return {
-        "W": struct.Struct(f"<IIQQ{fields}{(MAX_ARGS - arity + 2) * 8}x").pack_into,
-        "TAG_BYTES": TAG_BYTES,
-        "MAX_BLOCKS": MAX_BLOCKS,
-        "DEADLINE_ROUND": _DEADLINE_ROUND,
-        "DEADLINE_SHIFT": DEADLINE_SHIFT,
-    }
-
-
-def record_packer_source(arity: int) -> str:
-    """The Python source of :func:`record_packer`'s function for ``arity`` arguments."""
-    names = [f"a{index}" for index in range(arity)]
-    params = "".join(", " + name for name in names)
-    lines = [
-        f"def pack(buf, off, tag, op, blocks, n, dl{params}):",
-        f"    if ({' | '.join(['n', *names])}) >> 56 or blocks > MAX_BLOCKS:",
-        f"        return GENERALLY(buf, off, tag, op, blocks, n, dl{params})",
-        *usual_pack_lines("op", names),
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def record_packer(arity: int) -> RecordPacker:
-    """Write words 1..15 of a record of ``arity`` arguments at ``buffer[offset:]`` with
-    tag byte ``tag``: first the payloads, whose top bytes are zeros (no lap's tag), then
-    the 15 tag bytes, so no word shows its new tag before its new payload. The usual
-    task (every value under 2**56, with or without a deadline: a deadline below 2**64
-    is one in 1024-ns units) is one ``struct`` call and one strided byte copy;
-    :func:`_pack_generally` takes the others."""
-    namespace = {**usual_pack_namespace(arity), "GENERALLY": _pack_generally}
-    packer: RecordPacker = compile_function(
-        record_packer_source(arity), f"<gpuactors wire packer of arity {arity}>", namespace, "pack"
+def pack_record(
+    buf: memoryview, off: int, tag: int, op: int, blocks: int, n: int, dl: int, args: Sequence[int]
+) -> None:
+    """Write words 1..15 of a record at ``buf[off:]`` with tag byte ``tag``: first the
+    payloads, whose top bytes are zeros (no lap's tag), then the 15 tag bytes, so no
+    word shows its new tag before its new payload. The usual task (every value under
+    2**56, with or without a deadline: a deadline below 2**64 is one in 1024-ns units)
+    is one ``struct`` call and one strided byte copy; :func:`_pack_generally` takes the
+    others."""
+    if n >> WIRE_TAG_SHIFT or blocks > MAX_BLOCKS or (args and max(args) >> WIRE_TAG_SHIFT):
+        _pack_generally(buf, off, tag, op, blocks, n, dl, *args)
+        return
+    _USUAL_WORDS[len(args)].pack_into(
+        buf, off, op, blocks, n, (dl + _DEADLINE_ROUND) >> DEADLINE_SHIFT, *args
     )
-    return packer
+    buf[off + 7 : off + 8 * WIRE_WORDS : 8] = TAG_BYTES[tag]
 
-
-PACKERS: tuple[RecordPacker, ...] = tuple(record_packer(k) for k in range(MAX_ARGS + 1))
 
 _U64 = np.uint64
 
