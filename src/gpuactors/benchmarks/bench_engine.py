@@ -419,7 +419,8 @@ def measure(args: argparse.Namespace, results: ScriptResults) -> None:
     results.device = props["name"].decode()
     print(
         f"bench_engine on {results.device} ({when:%Y-%m-%d %H:%M} UTC), "
-        f"CuPy {cp.__version__}, Python {sys.version.split()[0]}, op axpy n={N}"
+        f"CuPy {cp.__version__}, Python {sys.version.split()[0]}, op axpy n={N}, "
+        f"host path {results.host_path}"
     )
 
     blocks, baseline = asyncio.run(latencies(repeats))
