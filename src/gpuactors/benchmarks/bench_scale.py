@@ -1,7 +1,7 @@
 """Scaling out: a group of engines on 1, 2 and 4 GPUs, and engines on Ray actors.
 
 Run on a GPU machine:  python -m gpuactors.benchmarks.bench_scale [--quick] [--json PATH]
-[--no-ray]
+[--no-ray] [--counts 1,2,4]
 
 Sections (every result is checked; ratios are to the same measurement on one GPU):
   1. EnqueueBatch of 1,000,000 tiny tasks per GPU (``fill``, one batch over a
@@ -36,11 +36,13 @@ import numpy as np
 from gpuactors.actors import ActorSystem
 from gpuactors.benchmarks.results import ScriptResults, add_result_options, run_measurement
 from gpuactors.engine import BatchCompletion, Engine, EngineConfig, EnqueueBatch
+from gpuactors.errors import InvalidArgument
 from gpuactors.group import EngineGroup, GroupBatchCompletion
 from gpuactors.worker import IsolationConfig
 
 CONFIG = EngineConfig(capacity=65536, idle_park_ms=50.0)
 TARGETS = {2: 1.9, 4: 3.6}
+COUNTS = (1, 2, 4)  # group sizes measured where the machine has the GPUs
 RAY_BATCH_TARGET = 0.8
 JOBS = 10_000
 BATCH_TASKS = 100_000
@@ -124,6 +126,36 @@ async def many_clients(group: EngineGroup, clients: int, per_client: int) -> flo
     return rate
 
 
+def gpu_counts(available: int, wanted: Sequence[int] = COUNTS) -> list[int]:
+    """The group sizes to measure on a machine with ``available`` GPUs: those of
+    ``wanted`` that fit, always with 1 (every ratio is to one GPU in the same run)."""
+    if available < 1:
+        raise InvalidArgument("bench_scale needs at least one GPU")
+    too_many = [c for c in wanted if c > available]
+    if too_many:
+        raise InvalidArgument(f"groups of {too_many} GPUs asked for, this machine has {available}")
+    return sorted({1, *wanted})
+
+
+def parse_counts(text: str) -> tuple[int, ...]:
+    """``--counts``: GPU counts separated by commas, e.g. "1,2,4"."""
+    try:
+        counts = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"counts are whole numbers, e.g. 1,2,4: {text!r}"
+        ) from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"each count is at least 1: {text!r}")
+    return counts
+
+
+def speedup(value: float, one_gpu: float, higher_is_better: bool) -> float:
+    """The speed-up of ``value`` over one GPU's figure: a rate divided by one GPU's rate,
+    or one GPU's time divided by this time."""
+    return value / one_gpu if higher_is_better else one_gpu / value
+
+
 def record_scaling(kind: str, figures: dict[int, dict[str, float]], results: ScriptResults) -> None:
     """Print one line per GPU count and record its figures, ratios and targets."""
     one = figures[1]
@@ -138,7 +170,7 @@ def record_scaling(kind: str, figures: dict[int, dict[str, float]], results: Scr
         for name, key, unit, higher in sections:
             if key not in got:
                 continue
-            ratio = got[key] / one[key] if higher else one[key] / got[key]
+            ratio = speedup(got[key], one[key], higher)
             label = f"{kind}, {count} GPU{plural}: {name}"
             results.figure(label, got[key], unit)
             if count > 1:
@@ -247,6 +279,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer repeats")
     parser.add_argument("--no-ray", action="store_true", help="skip section 3")
+    parser.add_argument(
+        "--counts",
+        type=parse_counts,
+        default=None,
+        metavar="N,N",
+        help="group sizes to measure (default: 1, 2 and 4, those the machine has); "
+        "1 is always measured, the baseline of every ratio",
+    )
     add_result_options(parser)
     args = parser.parse_args(argv)
     return run_measurement("bench_scale", args, lambda results: measure(args, results))
@@ -260,7 +300,10 @@ def measure(args: argparse.Namespace, results: ScriptResults) -> None:
     props = probe_device(0)
     gpus = cuda_device_count()
     results.device = f"{gpus} x {props.name}"
-    counts = [c for c in (1, 2, 4) if c <= gpus]
+    if args.counts is None:
+        counts = gpu_counts(gpus, [c for c in COUNTS if c <= gpus])
+    else:
+        counts = gpu_counts(gpus, args.counts)
     tiny = 200_000 if args.quick else 1_000_000
     repeats = 3 if args.quick else 5
     print(

@@ -19,6 +19,7 @@ from typing import Literal
 
 from gpuactors.actors import Actor, ActorRef, ActorSystem, Deferred, Props, handles
 from gpuactors.cuda import no_device_reason
+from gpuactors.cuda.current import on_device
 from gpuactors.cuda.generation import GENERATIONS
 from gpuactors.errors import ActorStopped, NoCudaDevice
 from gpuactors.messages import Ack, Message, Reply
@@ -127,7 +128,7 @@ def reset_device(device_id: int) -> None:
     the device (raising if it faulted) and release CuPy's cached memory. Blocking."""
     import cupy
 
-    with cupy.cuda.Device(device_id):
+    with on_device(device_id):
         cupy.cuda.runtime.deviceSynchronize()
         cupy.get_default_memory_pool().free_all_blocks()
     cupy.get_default_pinned_memory_pool().free_all_blocks()

@@ -12,7 +12,7 @@ import threading
 import weakref
 from typing import Any, Protocol
 
-from gpuactors.errors import LaunchError, NoCudaDevice
+from gpuactors.errors import DeviceFault, LaunchError, NoCudaDevice
 from gpuactors.logs import get_logger
 
 _log = get_logger(component="module-loader")
@@ -45,6 +45,16 @@ class ModuleLoadGate:
         """True while a load is in progress: engines must not relaunch now."""
         return self._loading > 0
 
+    def park_all(self, timeout: float) -> None:
+        """Park every registered engine (a load follows). One whose device faulted runs
+        no kernel, so it cannot block the load: its fault is its own engine's to report,
+        and the load (perhaps for another device) goes on. A hung engine still raises."""
+        for engine in list(self._engines):
+            try:
+                engine.park_blocking(timeout)
+            except DeviceFault as fault:
+                _log.warning("a faulted engine left unparked for a module load", error=str(fault))
+
     def load(self, image: bytes, *, park_timeout: float = 10.0) -> Any:
         """Load a CUBIN/PTX image as a CuPy module, parking engines first."""
         try:
@@ -54,8 +64,7 @@ class ModuleLoadGate:
         with self._lock:
             self._loading += 1
             try:
-                for engine in list(self._engines):
-                    engine.park_blocking(park_timeout)
+                self.park_all(park_timeout)
                 module = function.Module()
                 try:
                     module.load(image)

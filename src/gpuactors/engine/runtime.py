@@ -23,6 +23,7 @@ from pydantic import Field, field_validator
 
 from gpuactors.checked import Settings
 from gpuactors.cuda import status as cuda_status
+from gpuactors.cuda.current import CurrentDevice, on_device
 from gpuactors.cuda.loader import MODULE_LOADS, ModuleLoadGate
 from gpuactors.engine.abi import (
     COMPLETION,
@@ -149,7 +150,7 @@ class EngineRuntime:
         self.config = config
         self._gate = gate
         self.device_id = device_id
-        with cupy.cuda.Device(device_id):
+        with self._current():
             props = cupy.cuda.runtime.getDeviceProperties(device_id)
             self.sm_count = int(props["multiProcessorCount"])
             self.grid = config.grid_blocks or self.sm_count
@@ -192,12 +193,17 @@ class EngineRuntime:
             self.calibrate_clock()
         gate.register(self)
 
+    def _current(self) -> CurrentDevice:
+        """This engine's device made current for a block: every CUDA call the engine
+        makes runs in its own context (see :mod:`gpuactors.cuda.current`)."""
+        return on_device(self.device_id, self._cupy.cuda.runtime)
+
     # ------------------------------------------------------------ setup
     def _install(self, image: bytes) -> None:
         """Load an engine module (through the gate, which parks us first), in this
         engine's device context: a module loaded while another device is current
         belongs to that device, and launching its kernel here fails."""
-        with self._cupy.cuda.Device(self.device_id):
+        with self._current():
             module = self._gate.load(image)
             self._kernel = module.get_function(ENGINE_KERNEL_NAME)
             self._clock_kernel = module.get_function(CLOCK_KERNEL_NAME)
@@ -221,7 +227,7 @@ class EngineRuntime:
 
     def _resident_blocks(self) -> int:
         driver = self._cupy.cuda.driver
-        with self._cupy.cuda.Device(self.device_id):
+        with self._current():
             per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(
                 self._kernel.ptr, self.config.block_threads, 0
             )
@@ -279,7 +285,7 @@ class EngineRuntime:
 
     def _launch(self) -> None:
         self.control[_PARK_REQUEST] = 0
-        with self._cupy.cuda.Device(self.device_id):
+        with self._current():
             self._kernel(
                 (self.grid,),
                 (self.config.block_threads,),
@@ -293,8 +299,10 @@ class EngineRuntime:
         if self.launch_error is not None:
             raise DeviceFault(f"launching the engine kernel failed: {self.launch_error}")
         runtime = self._cupy.cuda.runtime
-        # Not Stream.done: it reports a faulted stream as merely "not done".
-        status = int(runtime.streamQuery(self.stream.ptr))
+        # Not Stream.done: it reports a faulted stream as merely "not done". In this
+        # engine's context: another device's, if current, would answer its own fault.
+        with self._current():
+            status = int(runtime.streamQuery(self.stream.ptr))
         if status not in (cuda_status.SUCCESS, cuda_status.NOT_READY):
             raise DeviceFault(
                 f"the engine kernel failed: CUDA error {status} ({cuda_status.error_name(status)})"
@@ -334,7 +342,7 @@ class EngineRuntime:
         engine kernel runs (a launch would queue behind it): at start and after a swap."""
         best: tuple[int, int] | None = None  # (bracket width, offset's upper bound)
         word, out = self._clock_word, (np.uint64(self._clock_mem.ptr),)
-        with self._cupy.cuda.Device(self.device_id):
+        with self._current():
             for _ in range(rounds):
                 word[0] = 0
                 before = time.time_ns()
@@ -388,6 +396,7 @@ class EngineRuntime:
         """Park for good and release the module. Pending tasks stay unrun."""
         self._gate.unregister(self)
         self.park_blocking(timeout)  # raises if the kernel will not park: then abandon()
-        self.stream.synchronize()
+        with self._current():  # (a worker thread's current device is its own)
+            self.stream.synchronize()
         self._kernel = None
         self._module = None

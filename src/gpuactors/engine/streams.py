@@ -10,6 +10,7 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from typing import Any
 
+from gpuactors.cuda.current import on_device
 from gpuactors.errors import DeviceFault
 
 
@@ -21,11 +22,9 @@ def pending_work_event(device_id: int) -> Any:
 
 def device_context(device_id: int) -> AbstractContextManager[Any]:
     """``device_id`` made current for a block: CuPy keeps one current stream per device,
-    and an event is made in the current device's context."""
-    import cupy
-
-    context: AbstractContextManager[Any] = cupy.cuda.Device(device_id)
-    return context
+    an event is made in the current device's context, and a query made from another
+    device's context would answer that context's errors (see :mod:`gpuactors.cuda.current`)."""
+    return on_device(device_id)
 
 
 def current_stream(device_id: int) -> Any:
@@ -45,10 +44,27 @@ def stream_event(stream: Any, device_id: int) -> Any:
     (a fault on one device would fail another device's tasks)."""
     try:
         with device_context(device_id):
-            return None if stream.done else stream.record()
+            return None if stream.done else DeviceEvent(stream.record(), device_id)
     except Exception as exc:
         import cupy
 
         if isinstance(exc, cupy.cuda.runtime.CUDARuntimeError):
             raise DeviceFault(f"the caller's CUDA stream reports an error: {exc}") from exc
         raise
+
+
+class DeviceEvent:
+    """An event recorded on a stream of ``device_id``, asked in that device's context:
+    the poller that waits for it may run while another device (perhaps a faulted one)
+    is current."""
+
+    __slots__ = ("device_id", "event")
+
+    def __init__(self, event: Any, device_id: int) -> None:
+        self.event = event
+        self.device_id = device_id
+
+    @property
+    def done(self) -> bool:
+        with device_context(self.device_id):
+            return bool(self.event.done)

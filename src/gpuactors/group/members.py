@@ -17,6 +17,7 @@ from typing import Any, Literal, Protocol, TypeVar
 import numpy as np
 
 from gpuactors.actors import ActorSystem
+from gpuactors.cuda.current import on_device
 from gpuactors.cuda.generation import GENERATIONS
 from gpuactors.engine import Completion, Engine, EngineConfig, Enqueue, OpSpec, ShutdownReport
 from gpuactors.errors import DeviceFailed, EngineStopped, InvalidArgument
@@ -179,7 +180,7 @@ class LocalMember:
         read it at once: its tasks are sent with ``after="none"``)."""
         import cupy
 
-        with cupy.cuda.Device(self.device_id):
+        with on_device(self.device_id):
             array = cupy.asarray(np.ascontiguousarray(host))
             cupy.cuda.get_current_stream().synchronize()
         return array
@@ -187,7 +188,7 @@ class LocalMember:
     def _to_host(self, array: Any) -> np.ndarray:
         import cupy
 
-        with cupy.cuda.Device(self.device_id):
+        with on_device(self.device_id):
             host: np.ndarray = cupy.asnumpy(array)
         return host
 
