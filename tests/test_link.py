@@ -134,6 +134,13 @@ def test_a_cubin_of_another_arch_is_an_arch_mismatch() -> None:
     assert (caught.value.problem, caught.value.input_name) == ("arch mismatch", "library80.cu")
 
 
+def test_lto_ir_of_a_newer_arch_is_an_arch_mismatch() -> None:
+    newer = piece(LIBRARY, "library100.cu", "ltoir", arch="sm_100")
+    with pytest.raises(LinkError, match="newer architecture than this link's sm_90") as caught:
+        link_images([newer], arch="sm_90")
+    assert (caught.value.problem, caught.value.input_name) == ("arch mismatch", "library100.cu")
+
+
 @pytest.mark.parametrize("kind", ["cubin", "ptx", "ltoir", "fatbin"])
 def test_a_corrupt_input_is_named(kind: str) -> None:
     junk = LinkInput(name="junk.bin", kind=kind, image=b"not an image at all" * 4)  # type: ignore[arg-type]
