@@ -226,10 +226,11 @@ class OpSpec(CheckedModel):
     ``ctx`` (a ``gpa::TaskCtx``: ``ctx.rank``, ``ctx.units``, and the
     ``GPA_FOR_EACH(i)`` loop over this block's share of ``0..n``). It returns
     0 on success or a positive failure code (reported as ``TaskFailed``).
-    ``device_libraries`` lets the body call functions compiled apart (each
-    :class:`DeviceLibrary` is linked into the engine module). ``multi_block=False`` keeps every task of this op on one block (for ops
-    such as a reduction that need the whole task in one block). What a body may
-    not hold (a NUL, preprocessor directives, ``__global__``...): :func:`check_body`.
+    ``multi_block=False`` keeps every task of this op on one block (for ops such
+    as a reduction that need the whole task in one block). ``device_libraries``
+    lets the body call functions compiled apart (each :class:`DeviceLibrary` is
+    linked into the engine module). What a body may not hold (a NUL, preprocessor
+    directives, ``__global__``...): :func:`check_body`.
     """
 
     name: str
