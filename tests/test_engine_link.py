@@ -139,6 +139,25 @@ def test_each_library_is_declared_and_linked_once(mathlib: dict[str, DeviceLibra
     assert '#line 1 "library:mathlib.cu"' in engine.source
 
 
+def test_ops_declaring_different_functions_of_one_library_get_both(
+    compiler: KernelCompiler, mathlib: dict[str, DeviceLibrary]
+) -> None:
+    image = mathlib["ltoir"].image
+    twice = DeviceLibrary(image=image, declarations='extern "C" __device__ float lib_twice(float);')
+    cube = DeviceLibrary(image=image, declarations='extern "C" __device__ float lib_cube(float);')
+    ops = [op((twice,)), op((cube,), call="lib_cube", version=2)]
+    (merged,) = render_engine_source(ops).libraries
+    assert "lib_twice" in merged.declarations and "lib_cube" in merged.declarations
+    assert set(cubin_entries(build(ops, compiler).image) or ()) == ENGINE_KERNELS
+
+
+def test_a_library_name_is_quoted_in_its_line_directive(compiler: KernelCompiler) -> None:
+    odd = library(name='odd "name".cu')
+    engine = render_engine_source([op((odd,))])
+    assert '#line 1 "library:odd \\"name\\".cu"' in engine.source
+    assert set(cubin_entries(build([op((odd,))], compiler).image) or ()) == ENGINE_KERNELS
+
+
 def test_two_different_libraries_of_one_name_are_told_apart() -> None:
     other = library(MATHLIB.replace("2.0f", "3.0f"))
     first = library()

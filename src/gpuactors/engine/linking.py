@@ -27,15 +27,22 @@ ENGINE_INPUT_NAME = "gpa_engine.cu"
 
 
 def engine_libraries(ops: Sequence[OpSpec]) -> tuple[DeviceLibrary, ...]:
-    """Every distinct device library ``ops`` name, in order of first mention. A library
-    two ops name (the same image) is linked once; two different images of one name
-    are told apart in the linker's logs by the op that names each."""
+    """Every distinct device library ``ops`` name, in order of first mention.
+
+    A library two ops name (the same image) is linked once, with the declarations of
+    both (they may declare different functions of it). Two different images of one
+    name are told apart in the linker's logs by the op that names each.
+    """
     seen: dict[tuple[str, bytes], DeviceLibrary] = {}
     names = {ENGINE_INPUT_NAME}
     for op in ops:
         for library in op.device_libraries:
             identity = (library.image.kind, hashlib.sha256(library.image.image).digest())
-            if identity in seen:
+            known = seen.get(identity)
+            if known is not None:
+                if library.declarations not in known.declarations:
+                    declarations = f"{known.declarations}\n{library.declarations}"
+                    seen[identity] = DeviceLibrary(image=known.image, declarations=declarations)
                 continue
             if library.name in names:
                 renamed = library.image.model_copy(
@@ -53,17 +60,22 @@ def engine_compile_opts(base: NvrtcOpts, libraries: Sequence[DeviceLibrary]) -> 
     if not libraries:
         return base
     lto = any(library.image.kind == "ltoir" for library in libraries)
-    return base.model_copy(update={"relocatable": True, "output": "ltoir" if lto else "cubin"})
+    return NvrtcOpts(**{**dict(base), "relocatable": True, "output": "ltoir" if lto else "cubin"})
 
 
 def declarations_source(libraries: Sequence[DeviceLibrary]) -> str:
     """The libraries' declarations, each under a ``#line`` naming its library (so a
     compile error in them points there), for the top of the engine module."""
     return "".join(
-        f'#line 1 "library:{library.name}"\n{library.declarations}\n'
+        f'#line 1 "library:{_quoted(library.name)}"\n{library.declarations}\n'
         for library in libraries
         if library.declarations.strip()
     )
+
+
+def _quoted(name: str) -> str:
+    """``name`` as the inside of a C string literal (a ``#line`` file name)."""
+    return name.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def _link_inputs(module: CompiledModule, libraries: Sequence[DeviceLibrary]) -> list[LinkInput]:
