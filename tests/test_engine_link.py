@@ -24,7 +24,7 @@ from gpuactors.engine.codegen import (
 from gpuactors.engine.host_runtime import CupyLikeArray, HostEngine, HostRuntime
 from gpuactors.engine.messages import Completion, Enqueue, InstallOp, OpInstalled, ReplaceOp
 from gpuactors.engine.ops import BUILTIN_OPS, ArrayParam, DeviceLibrary, OpSpec
-from gpuactors.errors import InvalidArgument, LinkError, LinkerUnavailable
+from gpuactors.errors import InvalidArgument, LinkError
 from gpuactors.nvrtc import (
     CompiledModule,
     KernelCompiler,
@@ -34,16 +34,11 @@ from gpuactors.nvrtc import (
     compile_source,
 )
 from gpuactors.nvrtc.handle import cubin_entries, make_handle
-from gpuactors.nvrtc.linker import load_linker
 from gpuactors.nvrtc.options import OutputKind
 from gpuactors.worker.wire import Request, decode_frame, encode_frame
+from test_link import NEEDS_LINKER
 
-try:
-    load_linker()
-    _NO_LINKER: str | None = None
-except LinkerUnavailable as exc:
-    _NO_LINKER = str(exc)
-pytestmark = pytest.mark.skipif(_NO_LINKER is not None, reason=f"no nvJitLink: {_NO_LINKER}")
+pytestmark = NEEDS_LINKER
 
 #: A math library compiled apart: the engine's ops call its functions.
 MATHLIB = """extern "C" __device__ float lib_twice(float x) { return 2.0f * x; }

@@ -38,7 +38,9 @@ try:
     _NO_LINKER: str | None = None
 except LinkerUnavailable as exc:
     _NO_LINKER = str(exc)
-pytestmark = pytest.mark.skipif(_NO_LINKER is not None, reason=f"no nvJitLink: {_NO_LINKER}")
+#: Skips a test where nvJitLink cannot be loaded (the CPU tests of links need it).
+NEEDS_LINKER = pytest.mark.skipif(_NO_LINKER is not None, reason=f"no nvJitLink: {_NO_LINKER}")
+pytestmark = NEEDS_LINKER
 
 LIBRARY = 'extern "C" __device__ float twice(float x) { return 2.0f * x; }\n'
 KERNEL = """extern "C" __device__ float twice(float x);

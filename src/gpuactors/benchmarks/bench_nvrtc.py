@@ -31,7 +31,9 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from gpuactors.benchmarks.plots import format_us
 from gpuactors.benchmarks.results import ScriptResults, add_result_options, run_measurement
@@ -41,7 +43,6 @@ from gpuactors.nvrtc import (
     KernelCompiler,
     KernelLinker,
     LinkInput,
-    MemoryModuleCache,
     NvrtcOpts,
     compile_source,
     load_nvrtc,
@@ -112,6 +113,59 @@ def percentile_us(samples_ns: list[int], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1000.0
 
 
+_Cache = TypeVar("_Cache", KernelCompiler, KernelLinker)
+
+
+@dataclass
+class CacheLevels:
+    """Wall times (ns) of one request, cold (with the tool's own seconds), as a
+    disk-cache hit (a fresh process's view: empty memory, warm disk) and a memory hit."""
+
+    cold: list[int]
+    cold_tool_seconds: list[float]
+    disk: list[int]
+    memory: list[int]
+
+
+def time_cache_levels(
+    args: argparse.Namespace,
+    make: Callable[[DiskModuleCache], _Cache],
+    request: Callable[[_Cache, str], tuple[int, CompiledModule]],
+) -> CacheLevels:
+    """The same request cold (a fresh, empty disk cache every time), from a warm disk
+    cache with a fresh memory cache, and from memory; ``make`` builds the compiler or
+    linker over a disk cache."""
+    levels = CacheLevels([], [], [], [])
+    with tempfile.TemporaryDirectory(prefix="gpuactors-bench-") as tmp:
+        for i in range(args.cold_repeats):
+            elapsed, module = request(make(DiskModuleCache(Path(tmp) / f"cold{i}")), "compiled")
+            levels.cold.append(elapsed)
+            levels.cold_tool_seconds.append(module.compile_seconds)
+        warm = DiskModuleCache(Path(tmp) / "warm")
+        request(make(warm), "compiled")
+        for _ in range(args.repeats):
+            levels.disk.append(request(make(warm), "disk")[0])
+        hot = make(warm)
+        request(hot, "disk")
+        gc.disable()
+        try:
+            levels.memory = [request(hot, "memory")[0] for _ in range(args.memory_repeats)]
+        finally:
+            gc.enable()
+    return levels
+
+
+def print_levels(rows: list[tuple[str, list[int], int]], cold_us: float, width: int) -> None:
+    """A table of medians, p90s and speedups over the cold request."""
+    print(f"{'':{width}}{'median':>12}{'p90':>12}{'n':>7}{'vs cold':>10}")
+    for label, samples, n in rows:
+        med = median_us(samples)
+        print(
+            f"{label:{width}}{format_us(med):>12}{format_us(percentile_us(samples, 0.9)):>12}"
+            f"{n:>7}{cold_us / med:>9.0f}x"
+        )
+
+
 # --------------------------------------------------------------------- compile
 def bench_compile(args: argparse.Namespace, results: ScriptResults) -> None:
     """Cold compile vs disk-cache hit vs memory-cache hit for one realistic kernel."""
@@ -131,46 +185,19 @@ def bench_compile(args: argparse.Namespace, results: ScriptResults) -> None:
         assert set(module.lowered_names) == set(NAMES)
         return elapsed, module
 
-    cold: list[int] = []
-    nvrtc_only: list[float] = []
-    disk_hits: list[int] = []
-    with tempfile.TemporaryDirectory(prefix="gpuactors-bench-") as tmp:
-        for i in range(args.cold_repeats):  # a fresh, empty disk cache every time
-            elapsed, module = request(
-                KernelCompiler(disk=DiskModuleCache(Path(tmp) / f"cold{i}")), "compiled"
-            )
-            cold.append(elapsed)
-            nvrtc_only.append(module.compile_seconds)
-        warm = DiskModuleCache(Path(tmp) / "warm")
-        request(KernelCompiler(disk=warm), "compiled")
-        for _ in range(args.repeats):  # a fresh process's view: empty memory, warm disk
-            fresh = KernelCompiler(memory=MemoryModuleCache(), disk=warm)
-            disk_hits.append(request(fresh, "disk")[0])
-        hot = KernelCompiler(disk=warm)
-        request(hot, "disk")
-        gc.disable()
-        try:
-            memory_hits = [request(hot, "memory")[0] for _ in range(args.memory_repeats)]
-        finally:
-            gc.enable()
-
+    levels = time_cache_levels(args, lambda disk: KernelCompiler(disk=disk), request)
+    cold, disk_hits, memory_hits = levels.cold, levels.disk, levels.memory
     cold_us, disk_us, mem_us = median_us(cold), median_us(disk_hits), median_us(memory_hits)
     print(
         f"section compile: NVRTC {major}.{minor}, arch {arch}, kernel gemm_reduce.cu "
         f"({len(KERNEL_SOURCE)} chars, {len(NAMES)} instantiations)"
     )
-    print(f"{'':36}{'median':>12}{'p90':>12}{'n':>7}{'vs cold':>10}")
     rows = [
         ("cold compile (empty caches)", cold, args.cold_repeats),
         ("disk-cache hit (fresh memory)", disk_hits, args.repeats),
         ("memory-cache hit", memory_hits, args.memory_repeats),
     ]
-    for label, samples, n in rows:
-        med = median_us(samples)
-        print(
-            f"{label:36}{format_us(med):>12}{format_us(percentile_us(samples, 0.9)):>12}"
-            f"{n:>7}{cold_us / med:>9.0f}x"
-        )
+    print_levels(rows, cold_us, 36)
     for label, med in (("disk-cache hit, median", disk_us), ("memory-cache hit, median", mem_us)):
         results.compare(
             label,
@@ -180,7 +207,7 @@ def bench_compile(args: argparse.Namespace, results: ScriptResults) -> None:
             unit="us",
             higher_is_better=False,
         )
-    nvrtc_us = statistics.median(nvrtc_only) * 1e6
+    nvrtc_us = statistics.median(levels.cold_tool_seconds) * 1e6
     results.figure("cold compile: the NVRTC compile, median", nvrtc_us, "us")
     print(f"{'  of which the NVRTC compile':36}{format_us(nvrtc_us):>12}")
     lags_ns = asyncio.run(_loop_lags_during_a_compile(opts, arch, headers))
@@ -236,13 +263,18 @@ LAUNCH_MAX_RATIO = 1.5
 
 def bench_launch(args: argparse.Namespace, results: ScriptResults) -> None:
     """``await nvrtc.ask(Launch(...))`` vs CuPy RawKernel launch + synchronize."""
+    if not _skipped_without_a_gpu("launch"):
+        asyncio.run(_bench_launch(results))
+
+
+def _skipped_without_a_gpu(section: str) -> bool:
+    """True, after saying so, when this machine has no CUDA device for ``section``."""
     from gpuactors.cuda import no_device_reason
 
     reason = no_device_reason()
     if reason is not None:
-        print(f"section launch: SKIPPED, it needs a CUDA device ({reason})\n")
-        return
-    asyncio.run(_bench_launch(results))
+        print(f"section {section}: SKIPPED, it needs a CUDA device ({reason})\n")
+    return reason is not None
 
 
 async def _bench_launch(results: ScriptResults) -> None:
@@ -387,66 +419,43 @@ def bench_link(args: argparse.Namespace, results: ScriptResults) -> None:
 
     def request(
         linker: KernelLinker, expect: str, output: OutputKind = "ltoir"
-    ) -> tuple[int, float]:
+    ) -> tuple[int, CompiledModule]:
         start = clock()
         module, origin = linker.get_or_link(pieces[output], arch=arch, name="poly")
         elapsed = clock() - start
         assert origin == expect, (origin, expect)
-        return elapsed, module.compile_seconds
+        return elapsed, module
 
-    cold: list[int] = []
-    linker_only: list[float] = []
-    cold_plain: list[int] = []
-    disk_hits: list[int] = []
-    with tempfile.TemporaryDirectory(prefix="gpuactors-bench-link-") as tmp:
-        for i in range(args.cold_repeats):  # a fresh, empty disk cache every time
-            elapsed, seconds = request(
-                KernelLinker(disk=DiskModuleCache(Path(tmp) / f"cold{i}")), "compiled"
-            )
-            cold.append(elapsed)
-            linker_only.append(seconds)
-            plain = KernelLinker(disk=DiskModuleCache(Path(tmp) / f"plain{i}"))
-            cold_plain.append(request(plain, "compiled", "cubin")[0])
-        warm = DiskModuleCache(Path(tmp) / "warm")
-        request(KernelLinker(disk=warm), "compiled")
-        for _ in range(args.repeats):  # a fresh process's view: empty memory, warm disk
-            disk_hits.append(request(KernelLinker(disk=warm), "disk")[0])
-        hot = KernelLinker(disk=warm)
-        request(hot, "disk")
-        gc.disable()
-        try:
-            memory_hits = [request(hot, "memory")[0] for _ in range(args.memory_repeats)]
-        finally:
-            gc.enable()
-
-    cold_us, mem_us = median_us(cold), median_us(memory_hits)
+    levels = time_cache_levels(args, lambda disk: KernelLinker(disk=disk), request)
+    with tempfile.TemporaryDirectory(prefix="gpuactors-bench-") as tmp:  # empty, as cold
+        plain = [
+            KernelLinker(disk=DiskModuleCache(Path(tmp) / f"plain{i}"))
+            for i in range(args.cold_repeats)
+        ]
+        cold_plain = [request(linker, "compiled", "cubin")[0] for linker in plain]
+    cold_us, mem_us = median_us(levels.cold), median_us(levels.memory)
     print(
         f"section link: nvJitLink {major}.{minor}, arch {arch}, kernel + library compiled "
         "apart (poly_kernel.cu, poly_library.cu)"
     )
-    print(f"{'':40}{'median':>12}{'p90':>12}{'n':>7}{'vs cold':>10}")
     rows = [
-        ("cold LTO link (empty caches)", cold, args.cold_repeats),
-        ("disk-cache hit (fresh memory)", disk_hits, args.repeats),
-        ("memory-cache hit", memory_hits, args.memory_repeats),
+        ("disk-cache hit (fresh memory)", levels.disk, args.repeats),
+        ("memory-cache hit", levels.memory, args.memory_repeats),
         ("cold link of CUBINs, no LTO", cold_plain, args.cold_repeats),
     ]
-    for label, samples, n in rows:
-        med = median_us(samples)
-        print(
-            f"{label:40}{format_us(med):>12}{format_us(percentile_us(samples, 0.9)):>12}"
-            f"{n:>7}{cold_us / med:>9.1f}x"
+    print_levels(
+        [("cold LTO link (empty caches)", levels.cold, args.cold_repeats), *rows], cold_us, 40
+    )
+    for label, samples, _n in rows:
+        results.compare(
+            f"link: {label}, median",
+            median_us(samples),
+            baseline_label="link: cold LTO link, median",
+            baseline_value=cold_us,
+            unit="us",
+            higher_is_better=False,
         )
-        if samples is not cold:
-            results.compare(
-                f"link: {label}, median",
-                med,
-                baseline_label="link: cold LTO link, median",
-                baseline_value=cold_us,
-                unit="us",
-                higher_is_better=False,
-            )
-    linker_us = statistics.median(linker_only) * 1e6
+    linker_us = statistics.median(levels.cold_tool_seconds) * 1e6
     results.figure("cold LTO link: the nvJitLink link, median", linker_us, "us")
     print(f"{'  of which the nvJitLink link':40}{format_us(linker_us):>12}")
     print()
@@ -464,13 +473,8 @@ LTO_RUN_PER_ROUND = 50
 
 def bench_lto_run(args: argparse.Namespace, results: ScriptResults) -> None:
     """GPU time: the LTO-linked kernel vs the same code compiled whole vs linked without LTO."""
-    from gpuactors.cuda import no_device_reason
-
-    reason = no_device_reason()
-    if reason is not None:
-        print(f"section lto_run: SKIPPED, it needs a CUDA device ({reason})\n")
-        return
-    asyncio.run(_bench_lto_run(results))
+    if not _skipped_without_a_gpu("lto_run"):
+        asyncio.run(_bench_lto_run(results))
 
 
 async def _bench_lto_run(results: ScriptResults) -> None:
