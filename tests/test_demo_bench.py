@@ -348,6 +348,37 @@ def test_nvrtc_benchmark_compiles_for_real_and_writes_its_json(
     assert "section compile: NVRTC" in capsys.readouterr().out
 
 
+def test_nvrtc_benchmark_links_for_real_and_writes_its_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The link rows: cold LTO link vs disk and memory hits, and a cold link without LTO
+    (nvJitLink needs no GPU); the GPU-time rows of lto_run need a device."""
+    from gpuactors.cuda import no_device_reason
+
+    out = tmp_path / "link.json"
+    argv = ["--sections", "link,lto_run", "--repeats", "3", "--cold-repeats", "1"]
+    assert bench_nvrtc.main([*argv, "--memory-repeats", "20", "--json", str(out)]) == 0
+    results = ScriptResults.read(out)
+    link_rows = [c for c in results.comparisons if c.label.startswith("link: ")]
+    assert [c.label for c in link_rows] == [
+        "link: disk-cache hit (fresh memory), median",
+        "link: memory-cache hit, median",
+        "link: cold link of CUBINs, no LTO, median",
+    ]
+    for row in link_rows:
+        assert row.baseline_label == "link: cold LTO link, median"
+        assert 0 < row.value < row.baseline_value  # a hit, or no LTO, beats a cold LTO link
+    assert any(f.name == "cold LTO link: the nvJitLink link, median" for f in results.figures)
+    assert results.targets[0].name == "link memory hit <= 50 us"
+    printed = capsys.readouterr().out
+    assert "section link: nvJitLink" in printed
+    if no_device_reason() is not None:
+        assert "section lto_run: SKIPPED" in printed
+    else:
+        run_rows = [c for c in results.comparisons if c.label.startswith("lto_run: ")]
+        assert len(run_rows) == 2 and all(row.value > 0 for row in run_rows)
+
+
 def test_a_results_file_that_is_not_one_says_so(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text('{"script": "x"}')

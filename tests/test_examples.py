@@ -19,8 +19,15 @@ import pytest
 from gpuactors.engine import OpSpec
 from gpuactors.engine.codegen import build_engine_module
 from gpuactors.engine.ops import BUILTIN_OPS
-from gpuactors.nvrtc import KernelCompiler, NvrtcOpts, compile_source
-from gpuactors.nvrtc.handle import kernel_entries
+from gpuactors.nvrtc import (
+    KernelCompiler,
+    KernelLinker,
+    LinkInput,
+    NvrtcOpts,
+    compile_source,
+    link_images,
+)
+from gpuactors.nvrtc.handle import cubin_entries, kernel_entries
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
 EXAMPLES = sorted(EXAMPLES_DIR.glob("[0-9][0-9]_*.py"))
@@ -49,6 +56,7 @@ def test_the_examples_are_all_there() -> None:
         "09_torch_scheduler.py",
         "10_many_gpus.py",
         "11_ray_cluster.py",
+        "12_link_device_library.py",
     ]
 
 
@@ -105,8 +113,27 @@ def test_example_cuda_compiles(path: Path) -> None:
         assert {f"{op.name}@{op.version}" for op in ops} <= set(engine.op_ids)
     for source in sources:
         names = tuple(getattr(module, "NAMES", ()))
-        compiled = compile_source(source, opts=NvrtcOpts(arch="sm_90", name_expressions=names))
+        relocatable = bool(getattr(module, "RELOCATABLE", False))  # calls code linked later
+        opts = NvrtcOpts(arch="sm_90", name_expressions=names, relocatable=relocatable)
+        compiled = compile_source(source, opts=opts)
         entries = kernel_entries(compiled)
         assert entries, "the source defines no kernel"
         for name in names:
             assert compiled.symbol(name) in entries
+
+
+def test_the_link_example_links_its_kernel_and_its_op_without_a_gpu() -> None:
+    """Example 12's library really links into its kernel and into an engine module."""
+    example = load(EXAMPLES_DIR / "12_link_device_library.py")
+    library = example.device_library("sm_90")
+    opts = NvrtcOpts(arch="sm_90", relocatable=True, output="ltoir")
+    kernel = LinkInput.of(compile_source(example.KERNEL, name="apply.cu", opts=opts))
+    linked = link_images([kernel, library.image], arch="sm_90")
+    assert set(cubin_entries(linked.image) or ()) == {"apply"}
+    module, engine = build_engine_module(
+        [*BUILTIN_OPS, example.softsign_op(library)],
+        arch="sm_90",
+        compiler=KernelCompiler(disk=False),
+        linker=KernelLinker(disk=False),
+    )
+    assert "-lto" in module.options and "softsign@1" in engine.op_ids

@@ -38,7 +38,9 @@ try:
     _NO_LINKER: str | None = None
 except LinkerUnavailable as exc:
     _NO_LINKER = str(exc)
-pytestmark = pytest.mark.skipif(_NO_LINKER is not None, reason=f"no nvJitLink: {_NO_LINKER}")
+#: Skips a test where nvJitLink cannot be loaded (the CPU tests of links need it).
+NEEDS_LINKER = pytest.mark.skipif(_NO_LINKER is not None, reason=f"no nvJitLink: {_NO_LINKER}")
+pytestmark = NEEDS_LINKER
 
 LIBRARY = 'extern "C" __device__ float twice(float x) { return 2.0f * x; }\n'
 KERNEL = """extern "C" __device__ float twice(float x);
@@ -132,6 +134,13 @@ def test_a_cubin_of_another_arch_is_an_arch_mismatch() -> None:
     with pytest.raises(LinkError, match="does not fit this link's arch sm_90") as caught:
         link_images([other], arch="sm_90")
     assert (caught.value.problem, caught.value.input_name) == ("arch mismatch", "library80.cu")
+
+
+def test_lto_ir_of_a_newer_arch_is_an_arch_mismatch() -> None:
+    newer = piece(LIBRARY, "library100.cu", "ltoir", arch="sm_100")
+    with pytest.raises(LinkError, match="newer architecture than this link's sm_90") as caught:
+        link_images([newer], arch="sm_90")
+    assert (caught.value.problem, caught.value.input_name) == ("arch mismatch", "library100.cu")
 
 
 @pytest.mark.parametrize("kind", ["cubin", "ptx", "ltoir", "fatbin"])

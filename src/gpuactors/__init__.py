@@ -36,7 +36,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "Drained", "Engine", "EngineConfig", "EngineStats", "Enqueue", "EnqueueBatch",
         "InstallOp", "OpAliasSet", "OpInstalled", "OpPrepared", "OpSpec", "Park", "Parked",
         "PersistentEngineActor", "PersistentThreadMode", "PrepareOp", "ReplaceOp", "Resume",
-        "Rollback", "ScalarParam", "Shutdown", "ShutdownReport", "Stats",
+        "Rollback", "ScalarParam", "Shutdown", "ShutdownReport", "Stats", "DeviceLibrary",
     ),
     "gpuactors.worker": (
         "Download", "Downloaded", "Free", "Health", "IsolatedEngine", "IsolatedEngineActor",
@@ -103,6 +103,7 @@ if TYPE_CHECKING:
     from gpuactors.engine import ArrayParam as ArrayParam
     from gpuactors.engine import BatchCompletion as BatchCompletion
     from gpuactors.engine import Completion as Completion
+    from gpuactors.engine import DeviceLibrary as DeviceLibrary
     from gpuactors.engine import Drain as Drain
     from gpuactors.engine import Drained as Drained
     from gpuactors.engine import Engine as Engine

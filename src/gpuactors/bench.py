@@ -66,7 +66,7 @@ SCRIPTS: tuple[BenchScript, ...] = (
     ),
     BenchScript(
         "bench_nvrtc.py",
-        "NVRTC compile: cold vs disk-cache hit vs memory-cache hit",
+        "NVRTC compile and nvJitLink link: cold vs disk-cache hit vs memory-cache hit",
         quick_args=("--repeats", "10", "--cold-repeats", "3", "--memory-repeats", "1000"),
         takes_arch=True,
     ),

@@ -82,9 +82,10 @@ class CompileError(GpuActorsError):
 
 class LinkError(GpuActorsError):
     """The device linker (nvJitLink) rejected a link. ``problem`` names the kind
-    ("unresolved symbol", "duplicate definition", "arch mismatch", "corrupt input" or
-    "link failed"), ``input_name`` the failing input where the linker says which, ``log``
-    is the linker's error log."""
+    ("unresolved symbol", "duplicate definition", "arch mismatch", "corrupt input",
+    "extra kernel": an engine op's library brings a kernel, or "link failed"),
+    ``input_name`` the failing input where the linker says which, ``log`` is the
+    linker's error log."""
 
     def __init__(
         self, message: str, *, log: str = "", input_name: str | None = None, problem: str = ""

@@ -5,12 +5,20 @@ against a disk-cache hit (fresh memory cache, warm disk cache) and a memory-cach
 for a realistic kernel: a tiled SGEMM and a block reduction, templated, with three
 named instantiations and an in-memory header. Reports medians over repeats.
 
+Section "link" (no GPU needed): a cold nvJitLink link (empty caches) of a kernel and a
+device library compiled apart to LTO-IR, against a disk-cache hit and a memory-cache
+hit of the same link; and the cold link of the same pieces as relocatable CUBINs (no LTO).
+
+Section "lto_run" (needs a GPU): the GPU time of a kernel calling a library function,
+LTO-linked, against the same kernel and function compiled whole (one translation unit)
+and linked without LTO (a real call), interleaved in the same run; medians, ratios.
+
 Section "launch" (needs a GPU; skipped with a message elsewhere): the round trip of
 ``await nvrtc.ask(Launch(...))`` (reply when the kernel has completed) against a plain
 CuPy RawKernel launch + ``stream.synchronize()`` of the same kernel, interleaved in the
 same run; p50/p99 and their ratio.
 
-Run: ``python -m gpuactors.benchmarks.bench_nvrtc [--sections compile] [--repeats N] [--json PATH]``
+Run: ``python -m gpuactors.benchmarks.bench_nvrtc [--sections compile,link] [--json PATH]``
 """
 
 from __future__ import annotations
@@ -23,7 +31,9 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from gpuactors.benchmarks.plots import format_us
 from gpuactors.benchmarks.results import ScriptResults, add_result_options, run_measurement
@@ -31,10 +41,14 @@ from gpuactors.nvrtc import (
     CompiledModule,
     DiskModuleCache,
     KernelCompiler,
-    MemoryModuleCache,
+    KernelLinker,
+    LinkInput,
     NvrtcOpts,
+    compile_source,
     load_nvrtc,
 )
+from gpuactors.nvrtc.linker import load_linker
+from gpuactors.nvrtc.options import OutputKind
 
 DISK_MIN_SPEEDUP = 100.0
 MEMORY_HIT_MAX_US = 50.0
@@ -99,6 +113,59 @@ def percentile_us(samples_ns: list[int], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1000.0
 
 
+_Cache = TypeVar("_Cache", KernelCompiler, KernelLinker)
+
+
+@dataclass
+class CacheLevels:
+    """Wall times (ns) of one request, cold (with the tool's own seconds), as a
+    disk-cache hit (a fresh process's view: empty memory, warm disk) and a memory hit."""
+
+    cold: list[int]
+    cold_tool_seconds: list[float]
+    disk: list[int]
+    memory: list[int]
+
+
+def time_cache_levels(
+    args: argparse.Namespace,
+    make: Callable[[DiskModuleCache], _Cache],
+    request: Callable[[_Cache, str], tuple[int, CompiledModule]],
+) -> CacheLevels:
+    """The same request cold (a fresh, empty disk cache every time), from a warm disk
+    cache with a fresh memory cache, and from memory; ``make`` builds the compiler or
+    linker over a disk cache."""
+    levels = CacheLevels([], [], [], [])
+    with tempfile.TemporaryDirectory(prefix="gpuactors-bench-") as tmp:
+        for i in range(args.cold_repeats):
+            elapsed, module = request(make(DiskModuleCache(Path(tmp) / f"cold{i}")), "compiled")
+            levels.cold.append(elapsed)
+            levels.cold_tool_seconds.append(module.compile_seconds)
+        warm = DiskModuleCache(Path(tmp) / "warm")
+        request(make(warm), "compiled")
+        for _ in range(args.repeats):
+            levels.disk.append(request(make(warm), "disk")[0])
+        hot = make(warm)
+        request(hot, "disk")
+        gc.disable()
+        try:
+            levels.memory = [request(hot, "memory")[0] for _ in range(args.memory_repeats)]
+        finally:
+            gc.enable()
+    return levels
+
+
+def print_levels(rows: list[tuple[str, list[int], int]], cold_us: float, width: int) -> None:
+    """A table of medians, p90s and speedups over the cold request."""
+    print(f"{'':{width}}{'median':>12}{'p90':>12}{'n':>7}{'vs cold':>10}")
+    for label, samples, n in rows:
+        med = median_us(samples)
+        print(
+            f"{label:{width}}{format_us(med):>12}{format_us(percentile_us(samples, 0.9)):>12}"
+            f"{n:>7}{cold_us / med:>9.0f}x"
+        )
+
+
 # --------------------------------------------------------------------- compile
 def bench_compile(args: argparse.Namespace, results: ScriptResults) -> None:
     """Cold compile vs disk-cache hit vs memory-cache hit for one realistic kernel."""
@@ -118,46 +185,19 @@ def bench_compile(args: argparse.Namespace, results: ScriptResults) -> None:
         assert set(module.lowered_names) == set(NAMES)
         return elapsed, module
 
-    cold: list[int] = []
-    nvrtc_only: list[float] = []
-    disk_hits: list[int] = []
-    with tempfile.TemporaryDirectory(prefix="gpuactors-bench-") as tmp:
-        for i in range(args.cold_repeats):  # a fresh, empty disk cache every time
-            elapsed, module = request(
-                KernelCompiler(disk=DiskModuleCache(Path(tmp) / f"cold{i}")), "compiled"
-            )
-            cold.append(elapsed)
-            nvrtc_only.append(module.compile_seconds)
-        warm = DiskModuleCache(Path(tmp) / "warm")
-        request(KernelCompiler(disk=warm), "compiled")
-        for _ in range(args.repeats):  # a fresh process's view: empty memory, warm disk
-            fresh = KernelCompiler(memory=MemoryModuleCache(), disk=warm)
-            disk_hits.append(request(fresh, "disk")[0])
-        hot = KernelCompiler(disk=warm)
-        request(hot, "disk")
-        gc.disable()
-        try:
-            memory_hits = [request(hot, "memory")[0] for _ in range(args.memory_repeats)]
-        finally:
-            gc.enable()
-
+    levels = time_cache_levels(args, lambda disk: KernelCompiler(disk=disk), request)
+    cold, disk_hits, memory_hits = levels.cold, levels.disk, levels.memory
     cold_us, disk_us, mem_us = median_us(cold), median_us(disk_hits), median_us(memory_hits)
     print(
         f"section compile: NVRTC {major}.{minor}, arch {arch}, kernel gemm_reduce.cu "
         f"({len(KERNEL_SOURCE)} chars, {len(NAMES)} instantiations)"
     )
-    print(f"{'':36}{'median':>12}{'p90':>12}{'n':>7}{'vs cold':>10}")
     rows = [
         ("cold compile (empty caches)", cold, args.cold_repeats),
         ("disk-cache hit (fresh memory)", disk_hits, args.repeats),
         ("memory-cache hit", memory_hits, args.memory_repeats),
     ]
-    for label, samples, n in rows:
-        med = median_us(samples)
-        print(
-            f"{label:36}{format_us(med):>12}{format_us(percentile_us(samples, 0.9)):>12}"
-            f"{n:>7}{cold_us / med:>9.0f}x"
-        )
+    print_levels(rows, cold_us, 36)
     for label, med in (("disk-cache hit, median", disk_us), ("memory-cache hit, median", mem_us)):
         results.compare(
             label,
@@ -167,7 +207,7 @@ def bench_compile(args: argparse.Namespace, results: ScriptResults) -> None:
             unit="us",
             higher_is_better=False,
         )
-    nvrtc_us = statistics.median(nvrtc_only) * 1e6
+    nvrtc_us = statistics.median(levels.cold_tool_seconds) * 1e6
     results.figure("cold compile: the NVRTC compile, median", nvrtc_us, "us")
     print(f"{'  of which the NVRTC compile':36}{format_us(nvrtc_us):>12}")
     lags_ns = asyncio.run(_loop_lags_during_a_compile(opts, arch, headers))
@@ -223,13 +263,18 @@ LAUNCH_MAX_RATIO = 1.5
 
 def bench_launch(args: argparse.Namespace, results: ScriptResults) -> None:
     """``await nvrtc.ask(Launch(...))`` vs CuPy RawKernel launch + synchronize."""
+    if not _skipped_without_a_gpu("launch"):
+        asyncio.run(_bench_launch(results))
+
+
+def _skipped_without_a_gpu(section: str) -> bool:
+    """True, after saying so, when this machine has no CUDA device for ``section``."""
     from gpuactors.cuda import no_device_reason
 
     reason = no_device_reason()
     if reason is not None:
-        print(f"section launch: SKIPPED, it needs a CUDA device ({reason})\n")
-        return
-    asyncio.run(_bench_launch(results))
+        print(f"section {section}: SKIPPED, it needs a CUDA device ({reason})\n")
+    return reason is not None
 
 
 async def _bench_launch(results: ScriptResults) -> None:
@@ -333,9 +378,194 @@ async def _bench_launch(results: ScriptResults) -> None:
     )
 
 
+# ------------------------------------------------------------------------ link
+#: A device library: a polynomial, evaluated term by term (enough work per call that
+#: whether the call is inlined shows in the kernel's time).
+LINK_LIBRARY = r"""
+extern "C" __device__ float lib_poly(float x, int terms) {
+    float acc = 0.0f, power = 1.0f;
+    for (int k = 0; k < terms; ++k) { acc += power / (float)(k + 1); power *= x; }
+    return acc;
+}
+"""
+LINK_KERNEL = r"""
+extern "C" __device__ float lib_poly(float x, int terms);
+extern "C" __global__ void poly_sum(float* y, const float* x, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float v = x[i], acc = 0.0f;
+    for (int r = 0; r < 16; ++r) acc += lib_poly(v + 1e-3f * (float)r, 8);
+    y[i] = acc;
+}
+"""
+LINK_MEMORY_MAX_US = 50.0
+
+
+def link_pieces(arch: str, output: OutputKind) -> list[LinkInput]:
+    """The kernel and the library, each compiled apart (relocatable) to ``output``."""
+    opts = NvrtcOpts(arch=arch, relocatable=True, output=output)
+    return [
+        LinkInput.of(compile_source(LINK_KERNEL, name="poly_kernel.cu", opts=opts)),
+        LinkInput.of(compile_source(LINK_LIBRARY, name="poly_library.cu", opts=opts)),
+    ]
+
+
+def bench_link(args: argparse.Namespace, results: ScriptResults) -> None:
+    """Cold link vs disk-cache hit vs memory-cache hit (LTO), and a cold non-LTO link."""
+    arch, clock = args.arch, time.perf_counter_ns
+    major, minor = load_linker()  # load the library once, outside every measurement
+    kinds: tuple[OutputKind, ...] = ("ltoir", "cubin")
+    pieces = {output: link_pieces(arch, output) for output in kinds}
+
+    def request(
+        linker: KernelLinker, expect: str, output: OutputKind = "ltoir"
+    ) -> tuple[int, CompiledModule]:
+        start = clock()
+        module, origin = linker.get_or_link(pieces[output], arch=arch, name="poly")
+        elapsed = clock() - start
+        assert origin == expect, (origin, expect)
+        return elapsed, module
+
+    levels = time_cache_levels(args, lambda disk: KernelLinker(disk=disk), request)
+    with tempfile.TemporaryDirectory(prefix="gpuactors-bench-") as tmp:  # empty, as cold
+        plain = [
+            KernelLinker(disk=DiskModuleCache(Path(tmp) / f"plain{i}"))
+            for i in range(args.cold_repeats)
+        ]
+        cold_plain = [request(linker, "compiled", "cubin")[0] for linker in plain]
+    cold_us, mem_us = median_us(levels.cold), median_us(levels.memory)
+    print(
+        f"section link: nvJitLink {major}.{minor}, arch {arch}, kernel + library compiled "
+        "apart (poly_kernel.cu, poly_library.cu)"
+    )
+    rows = [
+        ("disk-cache hit (fresh memory)", levels.disk, args.repeats),
+        ("memory-cache hit", levels.memory, args.memory_repeats),
+        ("cold link of CUBINs, no LTO", cold_plain, args.cold_repeats),
+    ]
+    print_levels(
+        [("cold LTO link (empty caches)", levels.cold, args.cold_repeats), *rows], cold_us, 40
+    )
+    for label, samples, _n in rows:
+        results.compare(
+            f"link: {label}, median",
+            median_us(samples),
+            baseline_label="link: cold LTO link, median",
+            baseline_value=cold_us,
+            unit="us",
+            higher_is_better=False,
+        )
+    linker_us = statistics.median(levels.cold_tool_seconds) * 1e6
+    results.figure("cold LTO link: the nvJitLink link, median", linker_us, "us")
+    print(f"{'  of which the nvJitLink link':40}{format_us(linker_us):>12}")
+    print()
+    results.target(
+        f"link memory hit <= {LINK_MEMORY_MAX_US:.0f} us",
+        mem_us <= LINK_MEMORY_MAX_US,
+        f"{mem_us:.1f} us",
+    )
+
+
+LTO_RUN_N = 1 << 22
+LTO_RUN_ROUNDS = 10  # the three variants alternate, so drift hits all alike
+LTO_RUN_PER_ROUND = 50
+
+
+def bench_lto_run(args: argparse.Namespace, results: ScriptResults) -> None:
+    """GPU time: the LTO-linked kernel vs the same code compiled whole vs linked without LTO."""
+    if not _skipped_without_a_gpu("lto_run"):
+        asyncio.run(_bench_lto_run(results))
+
+
+async def _bench_lto_run(results: ScriptResults) -> None:
+    import cupy as cp
+    import numpy as np
+
+    from gpuactors.actors import ActorSystem, Props
+    from gpuactors.cuda.device import probe_device
+    from gpuactors.nvrtc import Compile, KernelHandle, Launch, Launched, LinkAsync, NvrtcActor
+
+    arch = probe_device(0).arch
+    n = LTO_RUN_N
+    x = cp.asarray(np.random.default_rng(3).standard_normal(n).astype(np.float32))
+    outputs = {name: cp.zeros(n, dtype=cp.float32) for name in ("whole", "lto", "no_lto")}
+    async with ActorSystem("bench-lto-run") as system:
+        actor = Props(
+            NvrtcActor,
+            kwargs={"compiler": KernelCompiler(disk=False), "linker": KernelLinker(disk=False)},
+        )
+        nvrtc = system.spawn(actor, name="nvrtc")
+        handles = {
+            "whole": await nvrtc.ask(
+                Compile(source=LINK_LIBRARY + LINK_KERNEL, kernel_names=("poly_sum",)),
+                timeout=120,
+                expect=KernelHandle,
+            )
+        }
+        linked: tuple[tuple[str, OutputKind], ...] = (("lto", "ltoir"), ("no_lto", "cubin"))
+        for name, output in linked:
+            pieces = tuple(link_pieces(arch, output))
+            link = LinkAsync(inputs=pieces, kernel_names=("poly_sum",))
+            handles[name] = await nvrtc.ask(link, timeout=120, expect=KernelHandle)
+        gpu_us: dict[str, list[float]] = {name: [] for name in handles}
+
+        async def run_round(name: str, record: bool = True) -> None:
+            launch = Launch(
+                kernel=handles[name],
+                grid=((n + 255) // 256, 1, 1),
+                block=(256, 1, 1),
+                args=(outputs[name], x, np.int32(n)),
+                timed=True,
+            )
+            for _ in range(LTO_RUN_PER_ROUND):
+                reply = await nvrtc.ask(launch, timeout=60, expect=Launched)
+                if record and reply.elapsed_us is not None:
+                    gpu_us[name].append(reply.elapsed_us)
+
+        for name in handles:  # warm up: module loads
+            await run_round(name, record=False)
+        for _ in range(LTO_RUN_ROUNDS):
+            for name in handles:
+                await run_round(name)
+    whole = cp.asnumpy(outputs["whole"])
+    for name in ("lto", "no_lto"):  # the same arithmetic, so (near) the same results
+        np.testing.assert_allclose(cp.asnumpy(outputs[name]), whole, rtol=1e-4, atol=1e-4)
+
+    medians = {name: statistics.median(samples) for name, samples in gpu_us.items()}
+    props = cp.cuda.runtime.getDeviceProperties(0)
+    device = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+    results.device = device
+    print(
+        f"section lto_run: {device}, kernel poly_sum n={n} calling lib_poly 16 times per "
+        f"element; GPU time (CUDA events), {LTO_RUN_ROUNDS * LTO_RUN_PER_ROUND} launches each"
+    )
+    labels = {
+        "whole": "compiled whole (one translation unit)",
+        "lto": "kernel + library linked with LTO",
+        "no_lto": "kernel + library linked, no LTO",
+    }
+    print(f"{'':42}{'median':>12}{'vs whole':>10}")
+    for name, label in labels.items():
+        print(f"{label:42}{format_us(medians[name]):>12}{medians[name] / medians['whole']:>9.2f}x")
+        if name != "whole":
+            results.compare(
+                f"lto_run: {label}, GPU time median",
+                medians[name],
+                baseline_label=f"lto_run: {labels['whole']}, GPU time median",
+                baseline_value=medians["whole"],
+                unit="us",
+                higher_is_better=False,
+            )
+    print()
+    ratio = medians["lto"] / medians["whole"]
+    results.target("LTO-linked kernel <= 1.1x compiled whole", ratio <= 1.1, f"{ratio:.2f}x")
+
+
 # ------------------------------------------------------------------------ main
 SECTIONS: dict[str, Callable[[argparse.Namespace, ScriptResults], None]] = {
     "compile": bench_compile,
+    "link": bench_link,
+    "lto_run": bench_lto_run,
     "launch": bench_launch,
 }
 
@@ -347,7 +577,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--arch", default="sm_90", help="target architecture (default sm_90)")
     parser.add_argument("--repeats", type=int, default=50, help="disk-hit repeats")
-    parser.add_argument("--cold-repeats", type=int, default=7, help="cold-compile repeats")
+    parser.add_argument(
+        "--cold-repeats", type=int, default=7, help="cold-compile and cold-link repeats"
+    )
     parser.add_argument("--memory-repeats", type=int, default=5000, help="memory-hit repeats")
     add_result_options(parser)
     args = parser.parse_args(argv)

@@ -28,7 +28,7 @@ from gpuactors.engine.messages import (
     ShutdownReport,
     Stats,
 )
-from gpuactors.engine.ops import BUILTIN_OPS, ArrayParam, OpSpec, ScalarParam
+from gpuactors.engine.ops import BUILTIN_OPS, ArrayParam, DeviceLibrary, OpSpec, ScalarParam
 from gpuactors.engine.runtime import EngineConfig, PersistentThreadMode
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "ArrayParam",
     "BatchCompletion",
     "Completion",
+    "DeviceLibrary",
     "Drain",
     "Drained",
     "Engine",

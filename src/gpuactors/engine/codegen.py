@@ -3,7 +3,8 @@
 Device function pointers do not work across modules, so every op the engine
 can run is compiled into ONE module and dispatched by a ``switch`` on the
 physical op id. Installing an op means generating and compiling a new module
-and handing the ring over to it (see runtime.py).
+and handing the ring over to it (see runtime.py). When ops name device libraries,
+the module is compiled relocatable and linked with them (linking.py).
 """
 
 from __future__ import annotations
@@ -12,11 +13,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuactors.engine.abi import kernel_headers
-from gpuactors.engine.ops import BODY_SCOPE_GUARD, ArrayParam, OpSpec
-from gpuactors.errors import CompileError
+from gpuactors.engine.linking import (
+    declarations_source,
+    engine_compile_opts,
+    engine_libraries,
+    find_linked_in_memory,
+    link_engine_module,
+)
+from gpuactors.engine.ops import BODY_SCOPE_GUARD, ArrayParam, DeviceLibrary, OpSpec
+from gpuactors.errors import CompileError, LinkError
 from gpuactors.nvrtc import (
     CompiledModule,
     KernelCompiler,
+    KernelLinker,
     NvrtcOpts,
     default_compiler,
 )
@@ -34,11 +43,13 @@ OP_NEGATIVE_RETURN = 0x7FFFFFFF
 
 @dataclass(frozen=True)
 class EngineSource:
-    """A generated engine module: its source and the op-id table it was built with."""
+    """A generated engine module: its source, the op-id table it was built with and
+    the device libraries to link it with (none: the module is compiled whole)."""
 
     source: str
     op_ids: dict[str, int]  # physical key "name@version" -> op id in this module
     block_threads: int
+    libraries: tuple[DeviceLibrary, ...] = ()
 
 
 def physical_key(op: OpSpec) -> str:
@@ -111,6 +122,10 @@ def render_engine_source(
         "}  // namespace gpa",
         "",
     ]
+    libraries = engine_libraries(list(seen.values()))
+    declarations = declarations_source(libraries)
+    if declarations:
+        parts.append(declarations + '#line 1 "gpa_engine.cu (ops)"')
     parts += [_wrapper(op) for op in seen.values()]
     cases = "\n".join(
         f"        case {op_ids[key]}: return {_call(op)};" for key, op in seen.items()
@@ -127,16 +142,27 @@ def render_engine_source(
     )
     parts.append('#include "engine.cuh"')
     return EngineSource(
-        source="\n".join(parts) + "\n", op_ids=dict(op_ids), block_threads=block_threads
+        source="\n".join(parts) + "\n",
+        op_ids=dict(op_ids),
+        block_threads=block_threads,
+        libraries=libraries,
     )
 
 
-def check_engine_module(module: CompiledModule) -> CompiledModule:
+def check_engine_module(module: CompiledModule, *, linked: bool = False) -> CompiledModule:
     """Return ``module``, or raise CompileError unless its kernels are exactly the
     engine's: a module without ``gpa_engine`` compiles and fails only when a GPU loads
-    it, and one with a kernel more holds code that no op signature describes."""
+    it, and one with a kernel more holds code that no op signature describes. In a
+    ``linked`` module a kernel more came from a device library (a LinkError)."""
     entries = cubin_entries(module.image)
     kernels = set() if entries is None else set(entries)
+    if linked and kernels > ENGINE_KERNELS:
+        raise LinkError(
+            f"a device library defines the kernel(s) {', '.join(sorted(kernels - ENGINE_KERNELS))}"
+            ": an engine library holds __device__ functions only (the engine launches no "
+            "other kernel)",
+            problem="extra kernel",
+        )
     if kernels != ENGINE_KERNELS:
         raise CompileError(
             f"the engine module holds the kernels {sorted(kernels)}, not exactly "
@@ -153,19 +179,28 @@ def cached_engine_module(
     compiler: KernelCompiler | None = None,
     block_threads: int = 256,
     op_ids: Mapping[str, int] | None = None,
+    linker: KernelLinker | None = None,
 ) -> CompiledModule | None:
-    """The engine module for ``ops`` if the memory cache holds it, else None.
+    """The engine module for ``ops`` if the memory caches hold it (linked, where ops
+    name device libraries), else None.
 
-    Cheap enough for the event loop (no thread, no cache file, no NVRTC): a hot swap
-    whose module was compiled ahead (``PrepareOp``) must not queue behind a busy loop
-    for the GIL in a worker thread.
+    Cheap enough for the event loop (no thread, no cache file, no NVRTC, no link): a
+    hot swap whose module was compiled ahead (``PrepareOp``) must not queue behind a
+    busy loop for the GIL in a worker thread.
     """
     engine = render_engine_source(ops, block_threads=block_threads, op_ids=op_ids)
+    libraries = engine.libraries
     compiler = compiler or default_compiler()
     module = compiler.find_in_memory(
-        engine.source, name="gpa_engine.cu", opts=ENGINE_OPTS, arch=arch, headers=kernel_headers()
+        engine.source,
+        name="gpa_engine.cu",
+        opts=engine_compile_opts(ENGINE_OPTS, libraries),
+        arch=arch,
+        headers=kernel_headers(),
     )
-    return None if module is None else check_engine_module(module)
+    if module is not None and libraries:
+        module = find_linked_in_memory(module, libraries, arch=arch, linker=linker)
+    return None if module is None else check_engine_module(module, linked=bool(libraries))
 
 
 def build_engine_module(
@@ -175,15 +210,18 @@ def build_engine_module(
     compiler: KernelCompiler | None = None,
     block_threads: int = 256,
     op_ids: Mapping[str, int] | None = None,
+    linker: KernelLinker | None = None,
 ) -> tuple[CompiledModule, EngineSource]:
-    """Generate and compile (through the caches) the engine module for ``ops``."""
+    """Generate and compile (through the caches) the engine module for ``ops``, and
+    link it with the device libraries they name (a :class:`LinkError` if it cannot be)."""
     engine = render_engine_source(ops, block_threads=block_threads, op_ids=op_ids)
+    libraries = engine.libraries
     compiler = compiler or default_compiler()
     try:
         module, _origin = compiler.get_or_compile(
             engine.source,
             name="gpa_engine.cu",
-            opts=ENGINE_OPTS,
+            opts=engine_compile_opts(ENGINE_OPTS, libraries),
             arch=arch,
             headers=kernel_headers(),
         )
@@ -197,4 +235,6 @@ def build_engine_module(
             source_name=exc.source_name,
             failing_lines=exc.failing_lines,
         ) from exc
-    return check_engine_module(module), engine
+    if libraries:
+        module = link_engine_module(module, libraries, arch=arch, linker=linker)
+    return check_engine_module(module, linked=bool(libraries)), engine

@@ -17,6 +17,8 @@ from pydantic import Field, field_validator, model_validator
 from gpuactors.checked import CheckedModel
 from gpuactors.engine.abi import MAX_ARGS
 from gpuactors.errors import InvalidArgument
+from gpuactors.nvrtc.linker import LinkInput
+from gpuactors.nvrtc.module import CompiledModule
 from gpuactors.nvrtc.text import check_no_nul
 
 # NumPy dtype name -> C++ type used in generated wrappers.
@@ -112,21 +114,29 @@ def check_body(body: str, op: str) -> str:
     Op bodies are trusted code (they run on the device with its full power): these
     rules keep one op from changing others by accident, they are not a sandbox.
     """
-    check_no_nul(body, f"op {op!r}: the body")
-    joined = _SPLICE.sub("", body)
+    return check_code(body, f"op {op!r}: the body")
+
+
+def check_code(code: str, where: str) -> str:
+    """Return ``code``, or raise InvalidArgument (its message starts with ``where``)
+    unless it keeps :func:`check_body`'s rules: text pasted into the one engine module
+    (an op's body, a device library's declarations) must not change how the rest of
+    the module compiles."""
+    check_no_nul(code, where)
+    joined = _SPLICE.sub("", code)
     for spelling, why in _FORBIDDEN.items():
         if spelling in joined:
-            raise InvalidArgument(f"op {op!r}: the body may not hold {spelling!r}: {why}")
+            raise InvalidArgument(f"{where} may not hold {spelling!r}: {why}")
     # Lines as written: an allowed line holds no backslash, so no splice can extend it,
     # and one that a splice prefixes with anything but blanks is no directive.
-    for line in body.split("\n") if "#" in body else ():
+    for line in code.split("\n") if "#" in code else ():
         if "#" in line and not _UNROLL.fullmatch(line):
             raise InvalidArgument(
-                f"op {op!r}: the body holds a '#' ({line.strip()[:60]!r}): a body may hold "
+                f"{where} holds a '#' ({line.strip()[:60]!r}): it may hold "
                 "no preprocessor directive but '#pragma unroll [count]' on its own line, "
                 "and no '#' in a comment or string either (see check_body)"
             )
-    return body
+    return code
 
 
 class ArrayParam(CheckedModel):
@@ -177,6 +187,37 @@ class ScalarParam(CheckedModel):
 Param = Annotated[ArrayParam | ScalarParam, Field(discriminator="kind")]
 
 
+class DeviceLibrary(CheckedModel):
+    """Device code compiled apart that op bodies call: an image to link into the engine
+    module and the ``declarations`` those bodies need (``extern "C" __device__ float
+    f(float);``), pasted once at file scope before the ops.
+
+    ``image`` is a :class:`~gpuactors.nvrtc.LinkInput` (LTO-IR, or a relocatable CUBIN,
+    PTX, object, fatbin or library archive), or a :class:`~gpuactors.nvrtc.KernelHandle`
+    or :class:`~gpuactors.nvrtc.CompiledModule` of a compile with ``relocatable=True``.
+    The declarations follow :func:`check_body`'s rules (no '#', so no include guard:
+    each library's declarations are pasted once).
+    """
+
+    image: LinkInput
+    declarations: str = Field(default="", max_length=1 << 20)
+
+    @field_validator("image", mode="before")
+    @classmethod
+    def _image_of(cls, value: object) -> object:
+        module = getattr(value, "module", value)  # a KernelHandle holds its module
+        return LinkInput.of(module) if isinstance(module, CompiledModule) else value
+
+    @model_validator(mode="after")
+    def _check_declarations(self) -> DeviceLibrary:
+        check_code(self.declarations, f"device library {self.image.name!r}: its declarations")
+        return self
+
+    @property
+    def name(self) -> str:
+        return self.image.name
+
+
 class OpSpec(CheckedModel):
     """An engine op: a name, a signature and a CUDA C++ body.
 
@@ -185,9 +226,11 @@ class OpSpec(CheckedModel):
     ``ctx`` (a ``gpa::TaskCtx``: ``ctx.rank``, ``ctx.units``, and the
     ``GPA_FOR_EACH(i)`` loop over this block's share of ``0..n``). It returns
     0 on success or a positive failure code (reported as ``TaskFailed``).
-    ``multi_block=False`` keeps every task of this op on one block (for ops
-    such as a reduction that need the whole task in one block). What a body may
-    not hold (a NUL, preprocessor directives, ``__global__``...): :func:`check_body`.
+    ``multi_block=False`` keeps every task of this op on one block (for ops such
+    as a reduction that need the whole task in one block). ``device_libraries``
+    lets the body call functions compiled apart (each :class:`DeviceLibrary` is
+    linked into the engine module). What a body may not hold (a NUL, preprocessor
+    directives, ``__global__``...): :func:`check_body`.
     """
 
     name: str
@@ -195,6 +238,8 @@ class OpSpec(CheckedModel):
     body: str = Field(max_length=1 << 20)
     multi_block: bool = True
     version: int = Field(default=1, ge=1)
+    #: Device code this op's body calls, linked into the engine module (see docs/linking.md).
+    device_libraries: tuple[DeviceLibrary, ...] = ()
 
     _check_op_name = field_validator("name")(classmethod(lambda cls, v: _check_identifier(v)))
 

@@ -322,6 +322,14 @@ def _result_name(nvjitlink: Any, exc: Exception) -> str:
 
 def _input_refused(piece: LinkInput, arch: str, exc: Exception, log: str) -> LinkError:
     result = _result_name(_nvjitlink(), exc)
+    if result == "ERROR_ARCH_MISMATCH":  # (LTO-IR for a newer arch than the link's)
+        return LinkError(
+            f"link input {piece.name!r} ({piece.kind}) was built for a newer architecture "
+            f"than this link's {arch}: compile it for {arch} (or an older arch)",
+            log=log,
+            input_name=piece.name,
+            problem="arch mismatch",
+        )
     if result == "ERROR_INVALID_INPUT" and piece.kind in ("cubin", "object", "fatbin"):
         return LinkError(
             f"link input {piece.name!r} ({piece.kind}) does not fit this link's arch {arch}: "

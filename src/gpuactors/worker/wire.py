@@ -42,10 +42,11 @@ from gpuactors.engine.messages import (
     ShutdownReport,
     Stats,
 )
-from gpuactors.engine.ops import ArrayParam, OpSpec, ScalarParam
+from gpuactors.engine.ops import ArrayParam, DeviceLibrary, OpSpec, ScalarParam
 from gpuactors.engine.runtime import EngineConfig, PersistentThreadMode
 from gpuactors.errors import GpuActorsError, InvalidArgument, WorkerError, WorkerProtocolError
 from gpuactors.messages import Ack, Message
+from gpuactors.nvrtc.linker import LinkInput
 from gpuactors.nvrtc.messages import Compile, CompileAsync, Launched
 from gpuactors.nvrtc.options import NvrtcOpts
 from gpuactors.worker.codec import Codec
@@ -175,6 +176,7 @@ _CODEC = Codec(
         # what those hold
         *(BootSpec, EngineConfig, PersistentThreadMode, OpSpec, ArrayParam, ScalarParam),
         *(NvrtcOpts, RemoteArray, RemoteKernel, Completion, Launched),
+        *(DeviceLibrary, LinkInput),  # an op's device libraries
     ]
 )
 
