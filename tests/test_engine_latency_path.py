@@ -82,8 +82,8 @@ class HostRuntime:
 
 def engine(status: int | None = abi.STATUS_OK, **config: Any) -> PersistentEngineActor:
     actor = PersistentEngineActor([SCALE], EngineConfig(**config))
-    actor._runtime = HostRuntime(status)  # type: ignore[assignment]
-    actor._generation = GENERATIONS.current(0)
+    actor._service.runtime = HostRuntime(status)  # type: ignore[assignment]
+    actor._service.generation = GENERATIONS.current(0)
     return actor
 
 
@@ -96,8 +96,8 @@ class Unpolled(PersistentEngineActor):
         self._status = status
 
     async def pre_start(self) -> None:
-        self._runtime = HostRuntime(self._status)  # type: ignore[assignment]
-        self._generation = GENERATIONS.current(0)
+        self._service.runtime = HostRuntime(self._status)  # type: ignore[assignment]
+        self._service.generation = GENERATIONS.current(0)
 
 
 @asynccontextmanager
@@ -108,11 +108,11 @@ async def spawned(status: int | None) -> AsyncIterator[tuple[ActorRef, Unpolled]
         actor = ref._cell.instance
         assert isinstance(actor, Unpolled)
         yield ref, actor
-        actor._pending.clear()  # (the ring stays as the test left it)
+        actor._completions.pending.clear()  # (the ring stays as the test left it)
 
 
 def runtime_of(actor: PersistentEngineActor) -> HostRuntime:
-    runtime = actor._runtime
+    runtime = actor._service.runtime
     assert isinstance(runtime, HostRuntime)
     return runtime
 
@@ -139,9 +139,14 @@ async def test_a_task_that_finishes_within_the_spin_is_answered_at_once(a: Any) 
     assert isinstance(reply, Completion)  # no future: the reply itself
     assert (reply.seq, reply.op, reply.version, reply.status, reply.units) == (1, "scale", 1, 0, 3)
     assert reply == Completion(seq=1, op="scale", version=1, status=0, units=3, device_ns=0)
-    assert actor._processed == 1 and actor._failed == 0 and len(actor._latencies) == 1
-    assert not actor._pending and runtime_of(actor).kicks == 1
-    assert actor._runtime is not None and actor._runtime.ring._unretired[0] == 0  # retired
+    assert (
+        actor._completions.processed == 1
+        and actor._completions.failed == 0
+        and len(actor._completions.latencies) == 1
+    )
+    assert not actor._completions.pending and runtime_of(actor).kicks == 1
+    ring = runtime_of(actor).ring
+    assert ring._unretired[0] == 0  # retired
 
 
 @PATHS
@@ -152,7 +157,11 @@ async def test_a_task_that_finishes_within_the_spin_is_answered_at_once(a: Any) 
 async def test_a_device_failure_is_the_askers_error(a: Any, status: int, error: type) -> None:
     actor = engine(status)
     assert isinstance(error_of(actor.enqueue(task(a))), error)
-    assert actor._processed == 0 and actor._failed == 1 and len(actor._latencies) == 1
+    assert (
+        actor._completions.processed == 0
+        and actor._completions.failed == 1
+        and len(actor._completions.latencies) == 1
+    )
 
 
 @PATHS
@@ -161,28 +170,28 @@ async def test_a_task_still_running_after_the_spin_is_left_to_the_poller(a: Any)
         reply = asyncio.ensure_future(ref.ask(task(a)))
         await asyncio.sleep(0)  # asked: answered at once, the reply still to come
         assert not reply.done()
-        assert list(actor._pending) == [1] and actor._processed == 0
+        assert list(actor._completions.pending) == [1] and actor._completions.processed == 0
         runtime = runtime_of(actor)
         (seq, _record), *_ = runtime.consumer.take()
         runtime.consumer.complete(seq, abi.STATUS_OK, units=1, t_ns=0)
-        assert actor._harvest() == 1  # what the poller does
+        assert actor._completions.harvest(runtime.ring) == 1  # what the poller does
         done = await asyncio.wait_for(reply, 5)
-        assert isinstance(done, Completion) and done.seq == 1 and actor._processed == 1
+        assert isinstance(done, Completion) and done.seq == 1 and actor._completions.processed == 1
 
 
 async def test_a_busy_engine_stages_the_task_for_one_publish_per_loop_turn() -> None:
     async with spawned(RUNNING) as (ref, actor):
         first = asyncio.ensure_future(ref.ask(task()))
         await asyncio.sleep(0)
-        assert actor._runtime is not None and actor._runtime.ring.published == 1
+        assert actor._service.runtime is not None and actor._service.runtime.ring.published == 1
         # The first is in flight: the next asks are coalesced, published together.
         second = asyncio.ensure_future(ref.ask(task()))
         third = asyncio.ensure_future(ref.ask(task()))
         seen = set()
         for _ in range(20):
-            seen.add(actor._runtime.ring.published)
+            seen.add(actor._service.runtime.ring.published)
             await asyncio.sleep(0)
-        assert seen == {1, 3} and not actor._staged
+        assert seen == {1, 3} and not actor._intake.staged
         assert not first.done() and not second.done() and not third.done()
         for future in (first, second, third):
             future.cancel()
@@ -221,9 +230,9 @@ async def test_deadlines(
 @pytest.mark.parametrize(
     ("state", "error"),
     [
-        ({"_faulted": "a fault"}, DeviceFault),
-        ({"_closing": True}, EngineStopped),
-        ({"_generation": 10**6}, GpuRefStale),
+        ({"faulted": "a fault"}, DeviceFault),
+        ({"closing": True}, EngineStopped),
+        ({"generation": 10**6}, GpuRefStale),
     ],
     ids=["faulted", "closing", "stale generation"],
 )
@@ -232,9 +241,9 @@ async def test_an_engine_out_of_service_refuses_and_publishes_nothing(
 ) -> None:
     actor = engine()
     for name, value in state.items():
-        setattr(actor, name, value)
+        setattr(actor._service, name, value)
     assert isinstance(error_of(actor.enqueue(task(a))), error)
-    assert actor._runtime is not None and actor._runtime.ring.published == 0
+    assert actor._service.runtime is not None and actor._service.runtime.ring.published == 0
 
 
 async def test_bad_arguments_and_unknown_ops_are_refused_before_the_ring() -> None:
@@ -242,19 +251,21 @@ async def test_bad_arguments_and_unknown_ops_are_refused_before_the_ring() -> No
     assert isinstance(error_of(actor.enqueue(task("not a number"))), InvalidArgument)
     unknown = Enqueue(op="nope", args=(), n=1, after="none")
     assert isinstance(error_of(actor.enqueue(unknown)), UnknownOp)
-    assert actor._runtime is not None and actor._runtime.ring.published == 0
-    assert actor._processed == actor._failed == 0  # the asker's errors, not the device's
+    assert actor._service.runtime is not None and actor._service.runtime.ring.published == 0
+    assert (
+        actor._completions.processed == actor._completions.failed == 0
+    )  # the asker's errors, not the device's
 
 
 @PATHS
 async def test_a_full_ring_queues_the_task_until_there_is_room(a: Any) -> None:
     async with spawned(RUNNING) as (ref, actor):
-        assert actor._runtime is not None
-        ring = actor._runtime.ring
+        assert actor._service.runtime is not None
+        ring = actor._service.runtime.ring
         while ring.try_publish(0, 1, [0, 0]) is not None:
             pass
         reply = asyncio.ensure_future(ref.ask(task(a)))
         await asyncio.sleep(0)
         assert not reply.done()
-        assert len(actor._backlog) + len(actor._staged) == 1 and ring.published == 64
+        assert len(actor._intake.backlog) + len(actor._intake.staged) == 1 and ring.published == 64
         reply.cancel()

@@ -139,8 +139,8 @@ async def test_a_task_under_fail_waits_for_a_part_published_batch(
             )
         )
     )
-    await loop_turns_until(lambda: engine._backlog and engine._backlog[0].published)
-    assert engine._backlog[0].published < count  # between two parts
+    await loop_turns_until(lambda: engine._intake.backlog and engine._intake.backlog[0].published)
+    assert engine._intake.backlog[0].published < count  # between two parts
     single = asyncio.ensure_future(ref.ask(fill(op="copy", args=(array, array))))
     await loop_turns_until(lambda: single.done() or runtime.ring.published > count)
     fill_id = engine._ops.resolve("fill").op_id
@@ -176,7 +176,7 @@ async def test_blocks_beyond_the_record_field_are_clamped_when_tasks_coalesce(
     runtime.finish()
     replies = await asyncio.wait_for(asyncio.gather(first, *others, wide), 5)
     assert all(isinstance(reply, Completion) for reply in replies)
-    assert engine._faulted is None
+    assert engine._service.faulted is None
     assert int(runtime.taken[-1][1]["blocks"]) == MAX_BLOCKS
 
 
@@ -196,7 +196,7 @@ async def test_a_task_waiting_for_its_inputs_past_its_deadline_times_out(
     with pytest.raises(TaskTimeout, match="before it started: it waited for its inputs"):
         await asyncio.wait_for(held, 2)
     assert isinstance(await asyncio.wait_for(behind, 2), Completion)
-    assert not engine._backlog and engine._failed == 1
+    assert not engine._intake.backlog and engine._completions.failed == 1
 
 
 async def test_a_batch_waiting_for_its_inputs_past_its_deadline_times_out(
@@ -258,7 +258,7 @@ async def test_unreadable_arrays_are_refused_and_the_engine_keeps_its_tasks(
         await ref.ask(Enqueue(op="fill", args=(value, 1.0), n=8, after="none"), timeout=2)
     runtime.finish()
     assert isinstance(await asyncio.wait_for(other, 2), Completion)
-    assert ref._cell.instance is engine and engine._faulted is None
+    assert ref._cell.instance is engine and engine._service.faulted is None
 
 
 async def test_a_park_during_an_install_still_holds_after_it(system: ActorSystem) -> None:
@@ -296,8 +296,8 @@ async def test_a_park_that_fails_holds_nothing(
 ) -> None:
     """The kernel did not reach a task boundary in time: the Park fails, and neither it
     nor ``Engine.parked()`` leaves the kernel held."""
-    quick = functools.partial(actor_module._wait_until, timeout=0.1)
-    monkeypatch.setattr(actor_module, "_wait_until", quick)
+    quick = functools.partial(actor_module.wait_until, timeout=0.1)
+    monkeypatch.setattr(actor_module, "wait_until", quick)
     runtime = HostRuntime()
     runtime.running = True  # a long task: the kernel does not park
     runtime.parks_on_request = False
@@ -380,7 +380,7 @@ async def test_a_lone_enqueue_is_answered_in_line(system: ActorSystem, stream: S
     reply = await engine.enqueue("fill", out, 2.0, n=8)
     assert turns == 0, "the reply came before the loop turned"
     assert isinstance(reply, Completion) and reply.op == "fill" and reply.seq == 1
-    assert runtime.finished == 1 and not engine_actor._pending
+    assert runtime.finished == 1 and not engine_actor._completions.pending
     assert not stream.events  # the idle stream was asked, and held nothing
 
 
@@ -414,7 +414,7 @@ async def test_concurrent_enqueues_are_published_together(system: ActorSystem) -
     runtime.finish()
     replies = await asyncio.wait_for(asyncio.gather(first, *others), 5)
     assert [reply.seq for reply in replies] == list(range(1, 42))
-    assert engine_actor._processed == 41 and not engine_actor._pending
+    assert engine_actor._completions.processed == 41 and not engine_actor._completions.pending
 
 
 @pytest.mark.parametrize(
@@ -442,8 +442,10 @@ async def test_enqueue_checks_its_fields_as_enqueue_does(
 
 
 def runtime_untouched(engine_actor: HostEngine) -> bool:
-    assert engine_actor._runtime is not None
-    return engine_actor._runtime.ring.published == 0 and not engine_actor._pending
+    assert engine_actor._service.runtime is not None
+    return (
+        engine_actor._service.runtime.ring.published == 0 and not engine_actor._completions.pending
+    )
 
 
 async def test_each_callers_error_is_its_own(system: ActorSystem) -> None:
@@ -473,7 +475,7 @@ async def test_enqueue_waits_for_the_callers_stream(system: ActorSystem, stream:
     held = asyncio.ensure_future(
         Engine(ref).enqueue("fill", CupyLikeArray("float32", 1 << 20), 1.0, n=8)
     )
-    await loop_turns_until(lambda: bool(engine_actor._backlog))
+    await loop_turns_until(lambda: bool(engine_actor._intake.backlog))
     assert len(stream.events) == 1 and runtime.ring.published == 0 and not held.done()
     stream.events[0].done = True
     assert isinstance(await asyncio.wait_for(held, 5), Completion)
@@ -499,7 +501,7 @@ async def test_a_cancelled_caller_loses_no_one_elses_task(system: ActorSystem) -
     replies = await asyncio.wait_for(asyncio.gather(in_flight, *riders), 5)
     assert [reply.seq for reply in replies] == [1, 2, 3, 4]
     assert carrier.cancelled() and runtime.ring.published == 4
-    assert engine_actor._processed == 4
+    assert engine_actor._completions.processed == 4
 
 
 async def test_enqueue_to_a_stopped_engine_raises(system: ActorSystem) -> None:

@@ -187,7 +187,7 @@ async def test_hang_grace_nan_cannot_reach_a_running_engine(
         await host.loop_turns_until(lambda: runtime.ring.published == 1)
         for _ in range(1000):  # the poller's hang check runs every round
             await asyncio.sleep(0)
-        assert engine._faulted is None and not task.done()
+        assert engine._service.faulted is None and not task.done()
         runtime.finish()
         reply = await asyncio.wait_for(task, 5)
         assert isinstance(reply, Completion) and reply.status == 0

@@ -402,10 +402,7 @@ def new_loop(kind: str) -> asyncio.AbstractEventLoop | None:
 HARVEST = {
     "wait_harvest",
     "harvest",
-    "_harvest",
-    "_finish",
-    "_outcome",
-    "_outcome_of",
+    "outcome_of",
     "build_completion",
     "spin_until_equal",
     "is_done",
@@ -422,6 +419,8 @@ def part_of(file: str, line: int, name: str) -> str:
         return "new message: pydantic validation"
     if path.endswith("gpuactors/engine/host_runtime.py"):
         return "stand-in device"
+    if path.endswith("gpuactors/engine/completions.py"):
+        return "engine: harvest and reply"
     if name in HARVEST or "set_result" in name or "set_exception" in name:
         return "engine: harvest and reply"
     if "/gpuactors/actors/" in path:

@@ -12,7 +12,6 @@ that ``mypy --strict`` keeps it in step with the actor it stands under.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -21,11 +20,11 @@ from typing import Any
 import numpy as np
 
 from gpuactors.cuda import arrays as arrays_module
-from gpuactors.cuda.generation import GENERATIONS
 from gpuactors.engine import args as args_module
 from gpuactors.engine import optable as optable_module
 from gpuactors.engine.abi import COMPLETION, RING_RECORD
 from gpuactors.engine.actor import PersistentEngineActor
+from gpuactors.engine.live_ops import LiveOps
 from gpuactors.engine.ops import OpSpec
 from gpuactors.engine.ring import HostConsumer, HostRing, u64_words
 
@@ -174,17 +173,22 @@ class HostRuntime:
         pass
 
 
+class NoModules(LiveOps):
+    """Live operators with no compiler: every engine module is an empty image (the
+    host runtime loads nothing)."""
+
+    async def engine_image(self, ops: Sequence[OpSpec], ids: dict[str, int]) -> bytes:
+        return b""
+
+
 class HostEngine(PersistentEngineActor):
     """The engine actor with a host runtime, and no compiler."""
+
+    _live_ops_class = NoModules
 
     def __init__(self, runtime: HostRuntime, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._host_runtime = runtime
 
     async def pre_start(self) -> None:
-        self._generation = GENERATIONS.current(self._device_id)
-        self._runtime = self._host_runtime  # type: ignore[assignment]
-        self._poller = asyncio.get_running_loop().create_task(self._poll())
-
-    async def _engine_image(self, ops: Sequence[OpSpec], ids: dict[str, int]) -> bytes:
-        return b""
+        self._serve(self._host_runtime)  # type: ignore[arg-type]

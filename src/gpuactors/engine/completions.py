@@ -1,0 +1,200 @@
+"""What an engine has in flight, and its harvest: each finished task's marker read,
+its reply (a ``Completion``) or error built, its caller's future settled, counted.
+
+Intake hands work over by adding it here (``pending[seq] = task`` when a task is
+published, ``batches.append`` when a batch's first part is); only the harvest, a
+shutdown or a fault takes it out. The poller calls :meth:`Completions.harvest`;
+the in-line path reads its one task's marker itself and builds its outcome here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+
+import numpy as np
+
+from gpuactors.engine import abi
+from gpuactors.engine.messages import BatchCompletion, Completion, build_completion
+from gpuactors.engine.ops import OpSpec
+from gpuactors.engine.ring import HostRing
+from gpuactors.engine.tasks import BATCH_STEP, Batch, Task
+from gpuactors.errors import GpuActorsError, TaskFailed, TaskHung, TaskTimeout, UnknownOp
+
+_VECTOR_HARVEST_MIN = 17  # from this many in flight on, one NumPy compare beats a loop
+
+
+class Completions:
+    """The tasks and batches in the ring, and the counts of those finished."""
+
+    def __init__(self) -> None:
+        self.pending: dict[int, Task] = {}  # by seq: tasks published, not yet harvested
+        self.batches: list[Batch] = []  # batches with records in the ring
+        self.latencies: deque[float] = deque(maxlen=100_000)  # seconds, accepted -> harvested
+        self.processed = 0
+        self.failed = 0
+
+    # ---------------------------------------------------------------- harvest
+    def harvest(self, ring: HostRing) -> int:
+        """Settle every pending task whose marker says it finished; how many did."""
+        pending = self.pending
+        if not pending:
+            return 0
+        if len(pending) < _VECTOR_HARVEST_MIN:
+            finished = [seq for seq in pending if ring.is_done(seq)]
+        else:
+            seqs = np.fromiter(pending, dtype=np.uint64, count=len(pending))
+            markers = ring.completions["seq"][(seqs - np.uint64(1)) & np.uint64(ring.mask)]
+            finished = seqs[markers == seqs].tolist()  # each is read and retired below
+        for seq in finished:
+            task = pending.pop(seq)
+            harvested = ring.harvest(seq)
+            assert harvested is not None
+            status, units, device_ns = harvested
+            outcome = self.outcome_of(
+                seq, task.op, task.op_id, task.accepted_at, status, units, device_ns
+            )
+            if task.future.done():
+                continue
+            if isinstance(outcome, GpuActorsError):
+                task.future.set_exception(outcome)
+            else:
+                task.future.set_result(outcome)
+        return len(finished)
+
+    def outcome_of(
+        self,
+        seq: int,
+        op: OpSpec,
+        op_id: int,
+        accepted_at: float,
+        status: int,
+        units: int,
+        device_ns: int,
+    ) -> Completion | GpuActorsError:
+        """Finished task ``seq``'s reply or error, from its marker's figures (counted)."""
+        self.latencies.append(time.perf_counter() - accepted_at)
+        if status == abi.STATUS_OK:
+            self.processed += 1
+            return build_completion(seq, op.name, op.version, units, device_ns)
+        self.failed += 1
+        if status == abi.STATUS_DEADLINE:
+            return TaskTimeout(f"task {seq} of op {op.name!r} missed its deadline")
+        if status == abi.STATUS_UNKNOWN_OP:
+            return UnknownOp(f"op id {op_id} is not in the running engine module")
+        return TaskFailed(op.name, seq, status)
+
+    def count_failed(self, count: int) -> None:
+        """``count`` tasks failed before they reached the device (e.g. expired waiting)."""
+        self.failed += count
+
+    def harvest_batches(self, ring: HostRing) -> int:
+        """Read each batch's finished window (at most ``BATCH_STEP`` records a round);
+        reply for each batch whose every record finished. How many records finished."""
+        progressed = 0
+        for batch in list(self.batches):
+            count = min(batch.published - batch.low, BATCH_STEP)
+            if count == 0:
+                continue
+            window = batch.done[batch.low : batch.low + count]
+            done, status = ring.harvest_window(batch.first_seq + batch.low, count, window)
+            newly = int(np.count_nonzero(done))
+            if newly:
+                window |= done
+                batch.statuses[batch.low : batch.low + count][done] = status[done]
+                batch.finished += newly
+                progressed += newly
+                open_left = np.flatnonzero(~window)
+                batch.low += int(open_left[0]) if open_left.size else count
+            if batch.finished == batch.count:
+                self.batches.remove(batch)
+                self._complete_batch(batch)
+        return progressed
+
+    def _complete_batch(self, batch: Batch) -> None:
+        failed = int(np.count_nonzero(batch.statuses))
+        self.processed += batch.count - failed
+        self.failed += failed
+        if not batch.future.done():
+            batch.future.set_result(
+                BatchCompletion(
+                    first_seq=batch.first_seq,
+                    count=batch.count,
+                    failed=failed,
+                    statuses=batch.statuses if batch.per_task else None,
+                )
+            )
+
+    def spin_until_progress(self, ring: HostRing, until: float) -> None:
+        """Spin on the oldest pending task's marker until it finishes or ``until``."""
+        oldest = next(iter(self.pending), None)
+        if oldest is not None:
+            ring.wait_done(oldest, until - time.perf_counter())
+
+    # ---------------------------------------------------------- fault checks
+    def check_hung(self, device_now_ns: int, grace_ms: float) -> None:
+        """Raise TaskHung (its caller gets it too) if a task is still unfinished
+        ``grace_ms`` after its deadline: its block never returns, so the kernel can
+        neither drain nor park. (Call only while the kernel runs: parked tasks wait.)"""
+        # Units are claimed in ring order, so only the oldest unfinished task can be the
+        # one that never returns; later ones past their deadline are skipped by the device.
+        oldest_seq = -1
+        deadline = 0
+        name = ""
+        oldest_future: asyncio.Future[Completion] | asyncio.Future[BatchCompletion] | None = None
+        if self.pending:
+            oldest_seq = min(self.pending)
+            task = self.pending[oldest_seq]
+            deadline, name, oldest_future = task.deadline_ns, task.op.name, task.future
+        for batch in self.batches:
+            seq = batch.first_seq + batch.low
+            if batch.low < batch.published and (oldest_seq < 0 or seq < oldest_seq):
+                oldest_seq = seq
+                deadline, name = batch.records.deadline_ns, batch.op.name
+                oldest_future = batch.future
+        if oldest_future is None or not deadline:
+            return
+        if device_now_ns <= deadline + int(grace_ms * 1e6):
+            return
+        error = TaskHung(
+            f"task {oldest_seq} of op {name!r} is still running "
+            f"{grace_ms:g} ms after its deadline: the engine is hung"
+        )
+        if not oldest_future.done():
+            oldest_future.set_exception(error)
+        raise error
+
+    # ------------------------------------------------------ stop and failure
+    def outstanding(self) -> list[Task | Batch]:
+        """Every task and batch in the ring and not finished."""
+        return [*self.pending.values(), *self.batches]
+
+    def fail_all(self, error: GpuActorsError) -> None:
+        """Fail every task and batch in flight with ``error``; forget them."""
+        for item in self.outstanding():
+            if not item.future.done():
+                item.future.set_exception(error)
+        self.pending.clear()
+        self.batches.clear()
+
+    def cancel_not_started(self, consumed: int, error: GpuActorsError) -> int:
+        """Fail with ``error`` (a forced shutdown's) the pending tasks the device has
+        not taken (seq after ``consumed``); how many."""
+        cancelled = 0
+        for seq in [s for s in self.pending if s > consumed]:
+            task = self.pending.pop(seq)
+            if not task.future.done():
+                task.future.set_exception(error)
+                cancelled += 1
+        return cancelled
+
+    def cancel_batches(self, error: GpuActorsError) -> int:
+        """Fail every unfinished batch with ``error``; how many of their tasks."""
+        cancelled = 0
+        for batch in self.batches:
+            if not batch.future.done():
+                batch.future.set_exception(error)
+                cancelled += batch.count - batch.finished
+        self.batches.clear()
+        return cancelled

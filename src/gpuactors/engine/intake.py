@@ -1,0 +1,559 @@
+"""Accepting tasks: checks, encoding, publishing to the ring, and what waits to be.
+
+A task (an ``Enqueue``, or a ``Submission`` an ``Engine`` client made) is checked
+against its op and encoded to record words, then goes one of three ways:
+
+* the in-line path: on an idle engine it is published at once and spun on,
+  bounded; if it finishes within the spin its caller is answered before the
+  handler returns (no future, no loop turn);
+* staged: on a busy engine every task accepted in one loop turn is published
+  together (one vectorised store, one kick);
+* the backlog (FIFO): tasks and batches that wait for their inputs (a CuPy event)
+  or for room in the ring; the poller publishes them (:meth:`Intake.flush_backlog`)
+  and fails those whose deadline passes while they wait.
+
+What is published is handed to :class:`~gpuactors.engine.completions.Completions`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any, Final, Literal
+
+import numpy as np
+
+from gpuactors.actors import Deferred, failed_reply
+from gpuactors.cuda.generation import FIRST_GENERATION, GENERATIONS
+from gpuactors.cuda.polling import SPIN_SECONDS
+from gpuactors.engine import abi, streams
+from gpuactors.engine.args import check_count, encode_batch
+from gpuactors.engine.completions import Completions
+from gpuactors.engine.messages import (
+    BatchCompletion,
+    Completion,
+    Enqueue,
+    EnqueueBatch,
+    build_completion,
+)
+from gpuactors.engine.optable import OpTable, ResolvedOp
+from gpuactors.engine.service import Service
+from gpuactors.engine.submissions import Submission, Submit
+from gpuactors.engine.tasks import BATCH_STEP, Batch, Task, records_of
+from gpuactors.errors import DeviceFault, GpuActorsError, InvalidArgument, QueueFull, TaskTimeout
+
+_VECTOR_MIN: Final = 16  # from this many staged tasks on, one NumPy store beats packing each
+_BACKLOG_CHECK_SECONDS: Final = 0.01  # how often an idle poller looks for expired backlog items
+
+
+class Intake:
+    """One engine's acceptance of tasks, and the tasks staged or waiting in its backlog."""
+
+    def __init__(
+        self,
+        service: Service,
+        ops: OpTable,
+        completions: Completions,
+        *,
+        capacity: int,
+        full_policy: Literal["wait", "fail"],
+        wake: asyncio.Event,
+        reply_future: Callable[[], asyncio.Future[Any]],
+        declare_faulted: Callable[[str], None],
+    ) -> None:
+        """``wake``: set when the poller has work; ``reply_future``: the asker's own
+        future of the message being handled (the actor context's); ``declare_faulted``:
+        takes the engine out of service (a publish from a loop callback failed)."""
+        self._service = service
+        self._ops = ops
+        self._completions = completions
+        self._capacity = capacity
+        self._full_policy = full_policy
+        self._wake = wake
+        self._reply_future = reply_future
+        self._declare_faulted = declare_faulted
+        self.staged: list[Task] = []  # accepted this loop turn, published together
+        self.backlog: deque[Task | Batch] = deque()  # FIFO: waiting for inputs or room
+        self._flush_scheduled = False
+        self._backlog_checked_at = 0.0  # when expire_backlog last looked (monotonic)
+
+    # ------------------------------------------------------------------ enqueue
+    def enqueue(self, msg: Enqueue) -> Completion | Deferred[Completion] | None:
+        """Accept a task; on an idle engine publish it at once and, if it finishes
+        within a short spin, answer at once (no future). This is the latency path:
+        every Python call on it costs the asker 0.1 to 0.2 us on the GPU machines, so
+        the usual case runs here in line and everything else is delegated."""
+        accepted_at = time.perf_counter()
+        service = self._service
+        try:
+            if (  # serving: the common case in a few comparisons, else the precise error
+                service.faulted is not None
+                or service.closing
+                or service.runtime is None
+                or GENERATIONS.by_device.get(service.device_id, FIRST_GENERATION)
+                != service.generation
+            ):
+                service.check_serving()
+            # The version is bound here, at acceptance.
+            resolved = self._ops.resolutions.get(msg.op) or self._ops.resolve(msg.op)
+            timeout = msg.timeout
+            if timeout is None and service.default_timeout_ns:  # (deadline_ns, inline)
+                deadline = time.time_ns() + service.default_in_ns
+            else:
+                deadline = service.deadline_ns(timeout)
+            ready_event = (
+                streams.pending_work_event(service.device_id)
+                if msg.after == "current_stream"
+                else None
+            )
+        except GpuActorsError as exc:
+            return failed_reply(exc)  # the caller's error, not the actor's failure
+        runtime = service.runtime
+        assert runtime is not None
+        completions = self._completions
+        # Nothing in flight, staged or queued ahead: a ready task is published at once.
+        idle = (
+            not completions.pending
+            and not self.staged
+            and not (self.backlog and self.queue_behind())
+        )
+        seq: int | None = 0
+        if idle and ready_event is None and resolved.publish is not None:
+            # The usual task is checked, packed and published in one call,
+            # before anything else. What it refuses (0: not the usual task; None: the
+            # ring is full) takes the general path.
+            seq = resolved.publish(
+                runtime.ring, msg.args, msg.n, msg.blocks, service.device_id, deadline
+            )
+        if not seq:
+            accepted = self._accept_generally(
+                msg, resolved, deadline, ready_event, idle, accepted_at
+            )
+            if not isinstance(accepted, int):
+                return accepted  # an error (a Deferred), or queued (None: the asker's
+                # own future is settled when the task finishes)
+            seq = accepted
+        runtime.kick()
+        # Spin, bounded like the poller's own spin: the GPU takes microseconds.
+        spec = resolved.spec
+        harvested = runtime.ring.wait_harvest(seq, SPIN_SECONDS)
+        if harvested is not None:
+            status, units, device_ns = harvested
+            if status == abi.STATUS_OK:  # Completions.outcome_of's first case, in line
+                completions.latencies.append(time.perf_counter() - accepted_at)
+                completions.processed += 1
+                return build_completion(seq, spec.name, spec.version, units, device_ns)
+            outcome = completions.outcome_of(
+                seq, spec, resolved.op_id, accepted_at, status, units, device_ns
+            )
+            assert isinstance(outcome, GpuActorsError)
+            return failed_reply(outcome)
+        # Still running: the poller answers. Its words are in the ring, only its
+        # arguments must stay alive.
+        future: asyncio.Future[Completion] = self._reply_future()  # the asker's own
+        completions.pending[seq] = Task(
+            future, spec, resolved.op_id, msg.n, [], msg.blocks, deadline, msg.args, accepted_at
+        )
+        self._wake.set()
+        return None
+
+    def _accept_generally(
+        self,
+        msg: Enqueue,
+        resolved: ResolvedOp,
+        deadline: int,
+        ready_event: Any,
+        idle: bool,
+        accepted_at: float,
+    ) -> int | Deferred[Completion] | None:
+        """Every task the latency path's publisher did not take: checked
+        argument by argument (a precise error for each mistake), then published at
+        once on an ``idle`` engine (its sequence number: ``enqueue`` answers it), or
+        coalesced with the others of this loop turn, or queued behind tasks that wait
+        (for room in the ring, or for their inputs: ``ready_event``, a CuPy event, or
+        None)."""
+        device_id = self._service.device_id
+        try:
+            n, blocks = check_count(resolved.spec, msg.n, msg.blocks)
+            words = resolved.encoder.encode(msg.args, n, device_id)
+        except GpuActorsError as exc:
+            return failed_reply(exc)
+        except Exception as exc:  # the caller's arguments, not the actor's failure
+            return failed_reply(unreadable(msg.op, exc))
+        if idle and ready_event is None:
+            runtime = self._service.runtime
+            assert runtime is not None
+            seq = runtime.ring.try_publish(resolved.op_id, n, words, blocks, deadline)
+            if seq is not None:
+                return seq
+        future: asyncio.Future[Completion] = self._reply_future()  # the asker's own
+        task = Task(
+            future,
+            resolved.spec,
+            resolved.op_id,
+            n,
+            words,
+            blocks,
+            deadline,
+            msg.args,
+            accepted_at,
+            ready_event,
+        )
+        if ready_event is not None or (self.backlog and self.queue_behind()):
+            self.backlog.append(task)
+            self._wake.set()
+            return None
+        # A busy engine: coalesce. Every task that arrives before the loop turns is
+        # published together, with one store and one kick.
+        self.staged.append(task)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush_staged)
+        return None
+
+    # ------------------------------------------------------------------ submit
+    def submit(self, msg: Submit) -> None:
+        """Accept every task an ``Engine`` client submitted since its last ``Submit``.
+        A lone task on an idle engine runs in line (publish, spin, settle its future
+        before this returns); otherwise all are published together and the harvest
+        settles each caller's own future. Errors go to each task's future, never to
+        the asker of ``Submit`` (its ask only hands the tasks over)."""
+        entries = msg.submissions.take()
+        accepted_at = time.perf_counter()
+        events: dict[int, Any] = {}  # each distinct stream is asked once per Submit
+        lone = (
+            len(entries) == 1
+            and not self._completions.pending
+            and not self.staged
+            and not self.backlog
+        )
+        if lone and self._in_line(entries[0], events, accepted_at):  # an idle engine
+            return
+        tasks: list[Task] = []
+        for entry in entries:
+            task = self._accept(entry, events, accepted_at)
+            if task is not None:
+                tasks.append(task)
+        if not tasks:
+            return
+        for task in tasks:
+            if task.ready_event is not None or (self.backlog and self.queue_behind()):
+                self.backlog.append(task)
+            else:
+                self.staged.append(task)
+        self._wake.set()
+        self.flush_staged()  # every task of this drain: one store, one kick
+
+    def _accept(self, entry: Submission, events: dict[int, Any], accepted_at: float) -> Task | None:
+        """Submitted task ``entry``, checked and encoded; None if its caller went away
+        or it was refused (its future has the error). ``events``: the event of each
+        stream asked so far in this drain (each distinct stream is asked once)."""
+        if entry.future.done():  # its caller went away before it was accepted
+            return None
+        try:
+            ready_event = None
+            if entry.stream is not None:
+                key = id(entry.stream)
+                if key not in events:
+                    events[key] = streams.stream_event(entry.stream, self._service.device_id)
+                ready_event = events[key]
+            return self._task_of(entry, ready_event, accepted_at)
+        except GpuActorsError as exc:
+            entry.future.set_exception(exc)
+        except Exception as exc:  # the caller's arguments, not the actor's failure
+            entry.future.set_exception(unreadable(entry.op, exc))
+        return None
+
+    def _task_of(self, entry: Submission, ready_event: Any, accepted_at: float) -> Task:
+        """Submitted task ``entry``, checked and encoded (errors raise)."""
+        service = self._service
+        service.check_serving()
+        resolved = self._ops.resolutions.get(entry.op) or self._ops.resolve(entry.op)
+        n, blocks = check_count(resolved.spec, entry.n, entry.blocks)
+        words = resolved.encoder.encode(entry.args, n, service.device_id)
+        return Task(
+            entry.future,
+            resolved.spec,
+            resolved.op_id,
+            n,
+            words,
+            blocks,
+            service.deadline_ns(entry.timeout),
+            entry.args,
+            accepted_at,
+            ready_event,
+        )
+
+    def _in_line(self, entry: Submission, events: dict[int, Any], accepted_at: float) -> bool:
+        """Publish submitted task ``entry`` at once and spin for it, bounded like the
+        poller's spin; True if that settled its future or handed it to the poller.
+        (``events``: the streams asked, for the general path.)
+        False (nothing done) for any task but the usual one: a ready stream, a
+        serving engine, an op the latency path's publisher takes and room in the
+        ring; the general path takes it then, with its precise errors."""
+        service = self._service
+        runtime = service.runtime
+        if (
+            entry.future.done()
+            or service.faulted is not None
+            or service.closing
+            or runtime is None
+            or GENERATIONS.by_device.get(service.device_id, FIRST_GENERATION) != service.generation
+        ):
+            return False
+        resolved = self._ops.resolutions.get(entry.op)
+        if resolved is None:  # not yet resolved (or unknown: the general path says so)
+            try:
+                resolved = self._ops.resolve(entry.op)
+            except GpuActorsError:
+                return False
+        if resolved.publish is None:
+            return False
+        if entry.stream is not None:
+            try:
+                event = events[id(entry.stream)] = streams.stream_event(
+                    entry.stream, service.device_id
+                )
+            except DeviceFault:
+                return False  # (the general path asks again, and says so)
+            if event is not None:
+                return False  # the general path holds it until the event
+        deadline = service.deadline_ns(entry.timeout)
+        seq = resolved.publish(
+            runtime.ring, entry.args, entry.n, entry.blocks, service.device_id, deadline
+        )
+        if not seq:
+            return False
+        runtime.kick()
+        spec = resolved.spec
+        harvested = runtime.ring.wait_harvest(seq, SPIN_SECONDS)
+        if harvested is None:  # still running: the poller answers
+            self._completions.pending[seq] = Task(
+                entry.future,
+                spec,
+                resolved.op_id,
+                entry.n,
+                [],
+                entry.blocks,
+                deadline,
+                entry.args,
+                accepted_at,
+            )
+            self._wake.set()
+            return True
+        status, units, device_ns = harvested
+        outcome = self._completions.outcome_of(
+            seq, spec, resolved.op_id, accepted_at, status, units, device_ns
+        )
+        if isinstance(outcome, GpuActorsError):
+            entry.future.set_exception(outcome)
+        else:
+            entry.future.set_result(outcome)
+        return True
+
+    # ---------------------------------------------------------------- batches
+    def enqueue_batch(self, msg: EnqueueBatch) -> Deferred[BatchCompletion]:
+        """Accept an EnqueueBatch into the backlog: the poller publishes it in parts
+        (and owns every CUDA call that may fail)."""
+        future: asyncio.Future[BatchCompletion] = asyncio.get_running_loop().create_future()
+        service = self._service
+        try:
+            service.check_serving()
+            resolved = self._ops.resolve(msg.op)
+            op = resolved.spec
+            records = encode_batch(
+                op, resolved.op_id, msg, service.device_id, service.deadline_ns(msg.timeout)
+            )
+            ready_event = (
+                streams.pending_work_event(service.device_id)
+                if msg.after == "current_stream"
+                else None
+            )
+        except GpuActorsError as exc:
+            return failed_reply(exc)
+        except Exception as exc:  # the caller's arguments, not the actor's failure
+            return failed_reply(unreadable(msg.op, exc))
+        batch = Batch(
+            future,
+            op,
+            records,
+            msg.per_task,
+            msg.args,
+            np.zeros(len(records), dtype=np.bool_),
+            np.zeros(len(records), dtype=np.int32),
+            ready_event,
+        )
+        self.backlog.append(batch)
+        self._wake.set()
+        return Deferred(future)
+
+    # -------------------------------------------------------------- publishing
+    def queue_behind(self) -> bool:
+        """Must a new task queue behind the backlog? Under "wait", always (FIFO). Under
+        "fail", only while a batch is part-published: a batch's records must stay
+        contiguous in the ring (its harvest reads them as one range), so nothing may
+        be published between its parts. (Otherwise a task under "fail" never queues
+        behind tasks that wait for their inputs.)"""
+        if not self.backlog:
+            return False
+        if self._full_policy != "fail":
+            return True
+        head = self.backlog[0]  # a part-published batch is always the head
+        return isinstance(head, Batch) and head.published > 0
+
+    def flush_staged(self) -> None:
+        """Publish the tasks staged since the last loop turn: one vectorised store, one kick."""
+        self._flush_scheduled = False
+        staged, self.staged = self.staged, []
+        try:
+            self._publish_staged(staged)
+        except Exception as exc:  # a loop callback must never leave a future unresolved
+            in_flight = self._completions.pending.values()
+            self.staged[:0] = [t for t in staged if t not in in_flight]
+            self._declare_faulted(f"publishing staged tasks failed: {type(exc).__name__}: {exc}")
+
+    def _publish_staged(self, staged: list[Task]) -> None:
+        service = self._service
+        runtime = service.runtime
+        if runtime is None or service.faulted is not None:
+            error = DeviceFault(f"this engine is out of service: {service.faulted}")
+            for task in staged:
+                if not task.future.done():
+                    task.future.set_exception(error)
+            return
+        ring = runtime.ring
+        queued_behind = self.queue_behind()
+        room = 0 if queued_behind else ring.free_count(len(staged))
+        fits = staged[:room]
+        if len(fits) >= _VECTOR_MIN:
+            seqs: Sequence[int | None] = ring.publish_batch(records_of(fits), room_measured=True)
+        else:
+            seqs = [
+                ring.try_publish(t.op_id, t.n, t.words, blocks=t.blocks, deadline_ns=t.deadline_ns)
+                for t in fits
+            ]
+        pending = self._completions.pending
+        for seq, task in zip(seqs, fits, strict=True):
+            assert seq is not None  # the room was measured just before
+            pending[seq] = task
+        if fits:
+            runtime.kick()
+        for task in staged[room:]:
+            if queued_behind or self._full_policy != "fail":
+                self.backlog.append(task)
+            elif not task.future.done():
+                task.future.set_exception(
+                    QueueFull(f"engine ring is full ({self._capacity} tasks)")
+                )
+        self._wake.set()
+
+    def flush_backlog(self) -> int:
+        """Publish what waits in the backlog, in order, while its inputs are ready and
+        the ring has room; how many tasks were published."""
+        published = 0
+        backlog = self.backlog
+        while backlog:
+            item = backlog[0]
+            if item.future.done():  # failed already (e.g. a forced shutdown): never publish it
+                backlog.popleft()
+                continue
+            if item.ready_event is not None:
+                if not item.ready_event.done:
+                    break
+                item.ready_event = None
+            if isinstance(item, Batch):
+                published += self._publish_batch_part(item)
+                if item.published < item.count:
+                    break
+            elif self._publish(item) is None:
+                break
+            backlog.popleft()
+            published += 1
+        return published
+
+    def _publish(self, task: Task) -> int | None:
+        runtime = self._service.runtime
+        assert runtime is not None
+        seq = runtime.ring.try_publish(
+            task.op_id, task.n, task.words, blocks=task.blocks, deadline_ns=task.deadline_ns
+        )
+        if seq is not None:
+            self._completions.pending[seq] = task
+            runtime.kick()
+        return seq
+
+    def _publish_batch_part(self, batch: Batch) -> int:
+        """Publish as much of ``batch`` as the ring has room for, in one vectorised store."""
+        runtime = self._service.runtime
+        assert runtime is not None
+        ring = runtime.ring
+        room = ring.free_count(min(batch.count - batch.published, BATCH_STEP))
+        if room == 0:
+            return 0
+        seqs = ring.publish_columns(batch.records, batch.published, room)
+        if batch.published == 0:
+            batch.first_seq = seqs.start
+            self._completions.batches.append(batch)
+        batch.published += room
+        runtime.kick()
+        return room
+
+    def expire_backlog(self) -> None:
+        """Fail with TaskTimeout what waits in the backlog past its deadline. A task (or
+        a batch not begun) that waits for its inputs or for room in the ring has not
+        reached the device, whose deadline check would otherwise say so. Looks at most
+        every ``_BACKLOG_CHECK_SECONDS`` (the poller calls it while it idles)."""
+        now = time.monotonic()
+        if now - self._backlog_checked_at < _BACKLOG_CHECK_SECONDS:
+            return
+        self._backlog_checked_at = now
+        device_now = self._service.device_now_ns()
+        expired = 0
+        for item in self.backlog:
+            if isinstance(item, Task):
+                deadline, begun, count = item.deadline_ns, False, 1
+            else:  # a part-published batch stays: the device times out its other part
+                deadline, begun, count = item.records.deadline_ns, item.published > 0, item.count
+            if item.future.done() or begun or not deadline or device_now <= deadline:
+                continue
+            waited = "room" if item.ready_event is None else "its inputs (after='current_stream')"
+            item.future.set_exception(
+                TaskTimeout(
+                    f"{'a task' if count == 1 else f'a batch of {count} tasks'} of op "
+                    f"{item.op.name!r} missed its deadline before it started: it waited "
+                    f"for {waited}"
+                )
+            )
+            self._completions.count_failed(count)
+            expired += 1
+        if expired:
+            self.backlog = deque(item for item in self.backlog if not item.future.done())
+
+    # ------------------------------------------------------ stop and failure
+    def outstanding(self) -> list[Task | Batch]:
+        """Every task and batch accepted and not yet published."""
+        return [*self.staged, *self.backlog]
+
+    def fail_all(self, error: GpuActorsError) -> int:
+        """Fail with ``error`` everything staged or waiting; forget it. How many tasks
+        that failed (a batch counts its tasks not yet finished)."""
+        failed = 0
+        for item in self.outstanding():
+            if not item.future.done():
+                item.future.set_exception(error)
+                failed += 1 if isinstance(item, Task) else item.count - item.finished
+        self.staged.clear()
+        self.backlog.clear()
+        return failed
+
+
+def unreadable(op: str, exc: Exception) -> InvalidArgument:
+    """A task's arguments that raised while being read: an error of the caller's, so
+    the actor must not fail (a supervisor's restart would fail every task in flight)."""
+    error = InvalidArgument(
+        f"the arguments of op {op!r} could not be read: {type(exc).__name__}: {exc}"
+    )
+    error.__cause__ = exc
+    return error

@@ -1,0 +1,227 @@
+"""Live operators: install, prepare, replace, alias and roll back ops while the
+engine serves.
+
+An install compiles a new engine module with the op added (off the mailbox: the
+old module keeps serving), then hands the ring over: park at a task boundary,
+load the module in a worker thread, relaunch on demand. Every accepted task stays
+in the ring meanwhile. An alias switch or a rollback is a table update only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeVar
+
+from gpuactors.actors import Deferred, failed_reply
+from gpuactors.engine.codegen import build_engine_module, cached_engine_module
+from gpuactors.engine.messages import (
+    AliasOp,
+    OpAliasSet,
+    OpInstalled,
+    OpPrepared,
+    PrepareOp,
+    ReplaceOp,
+    Rollback,
+)
+from gpuactors.engine.ops import OpSpec
+from gpuactors.engine.optable import OpTable
+from gpuactors.engine.service import Service
+from gpuactors.errors import EngineError, EngineStopped, GpuActorsError, InvalidArgument
+from gpuactors.gil import prompt_handover
+from gpuactors.nvrtc import KernelCompiler
+
+T = TypeVar("T")
+
+
+class LiveOps:
+    """One engine's op changes: the modules it built, and the install under way."""
+
+    def __init__(
+        self,
+        ops: OpTable,
+        service: Service,
+        *,
+        compiler: KernelCompiler | None,
+        block_threads: int,
+        wake: asyncio.Event,
+        hold_changed: Callable[[], None],
+        log: Any,
+    ) -> None:
+        """``hold_changed``: the actor recomputes the kernel's hold (``swapping`` is
+        one of its reasons); ``wake``: set when work may wait for the new module."""
+        self._ops = ops
+        self._service = service
+        self._compiler = compiler
+        self._block_threads = block_threads
+        self._wake = wake
+        self._hold_changed = hold_changed
+        self._log = log
+        self._install_lock = asyncio.Lock()
+        self.arch = ""  # the device's, e.g. "sm_90" (set when the engine starts)
+        self.modules_built = 0
+        self.swapping = False  # an install is handing the ring to a new module
+
+    async def first_image(self, arch: str) -> bytes:
+        """The engine module image the engine starts with, for a device of ``arch``."""
+        self.arch = arch
+        image = await self.engine_image(self._ops.physical_ops(), self._ops.op_ids())
+        self.modules_built = 1
+        return image
+
+    async def engine_image(self, ops: Sequence[OpSpec], ids: dict[str, int]) -> bytes:
+        """The engine module image for ``ops``: from the memory cache on the loop (an
+        install prepared ahead waits on no thread), else built in a worker thread."""
+        arch, compiler, threads = self.arch, self._compiler, self._block_threads
+        cached = cached_engine_module(
+            ops, arch=arch, compiler=compiler, block_threads=threads, op_ids=ids
+        )
+        if cached is not None:
+            return cached.image
+        module, _engine = await asyncio.to_thread(
+            functools.partial(
+                build_engine_module,
+                ops,
+                arch=arch,
+                compiler=compiler,
+                block_threads=threads,
+                op_ids=ids,
+            )
+        )
+        return module.image
+
+    # -------------------------------------------------------------- messages
+    def prepare(self, msg: PrepareOp) -> Deferred[OpPrepared]:
+        """Compile (and cache) the module an install of ``msg.op`` would load."""
+        try:
+            self._service.check_serving()
+            ops, ids = self._ops.planned(msg.op)
+        except GpuActorsError as exc:
+            return failed_reply(exc)
+
+        async def compile_ahead() -> OpPrepared:
+            started = time.perf_counter()
+            await self.engine_image(ops, ids)
+            elapsed = (time.perf_counter() - started) * 1e3
+            return OpPrepared(name=msg.op.name, version=msg.op.version, compile_ms=elapsed)
+
+        return reply_when(compile_ahead())
+
+    def replace(self, msg: ReplaceOp) -> Deferred[OpInstalled]:
+        """Install a new version of op ``msg.name`` with the fields ``msg`` changes."""
+
+        def replacement() -> OpSpec:
+            """The new version, numbered when its install begins: two replaces sent
+            together become two versions, not one version twice."""
+            current = self._ops.resolve(msg.name).spec
+            update: dict[str, Any] = {"body": msg.body, "version": self._ops.next_version(msg.name)}
+            if msg.params is not None:
+                update["params"] = msg.params
+            if msg.multi_block is not None:
+                update["multi_block"] = msg.multi_block
+            try:
+                return OpSpec.model_validate({**current.model_dump(), **update})
+            except ValueError as exc:
+                raise InvalidArgument(f"invalid replacement for {msg.name!r}: {exc}") from None
+
+        try:
+            replacement()  # refused at once if it is invalid now
+        except GpuActorsError as exc:
+            return failed_reply(exc)
+        return self.install(replacement, activate=True)
+
+    def install(self, op: OpSpec | Callable[[], OpSpec], activate: bool) -> Deferred[OpInstalled]:
+        """Install ``op`` (a callable: built once the install's turn comes)."""
+        try:
+            self._service.check_serving()
+        except GpuActorsError as exc:
+            return failed_reply(exc)
+        return reply_when(self._install(op, activate))
+
+    def alias(self, msg: AliasOp) -> OpAliasSet | Deferred[OpAliasSet]:
+        try:
+            previous = self._ops.alias(msg.name, msg.version)
+        except GpuActorsError as exc:
+            return failed_reply(exc)
+        return OpAliasSet(name=msg.name, version=msg.version, previous=previous)
+
+    def rollback(self, msg: Rollback) -> OpAliasSet | Deferred[OpAliasSet]:
+        try:
+            now, was = self._ops.rollback(msg.name)
+        except GpuActorsError as exc:
+            return failed_reply(exc)
+        return OpAliasSet(name=msg.name, version=now, previous=was)
+
+    async def _install(self, op: OpSpec | Callable[[], OpSpec], activate: bool) -> OpInstalled:
+        """Compile a module with ``op`` added (off the mailbox; the old one keeps serving),
+        then hand the ring over: park at a task boundary, load, relaunch on demand."""
+        async with self._install_lock:
+            if not isinstance(op, OpSpec):
+                op = op()
+            runtime = self._service.runtime
+            assert runtime is not None
+            ops, ids = self._ops.planned(op)  # raises before anything changes
+            started = time.perf_counter()
+            image = await self.engine_image(ops, ids)
+            codecs = self._ops.codecs_for(op)  # its encoder and publisher, before the park
+            compiled = time.perf_counter()
+            # Park without blocking the loop (tasks keep being accepted into the ring),
+            # then load in a worker thread; the ring and every accepted task stay put.
+            self.swapping = True
+            self._hold_changed()
+            try:
+                runtime.request_park()
+                await wait_until(lambda: not runtime.running, "the engine to park")
+                with prompt_handover():  # the loader must not wait 5 ms for the GIL
+                    await asyncio.to_thread(runtime.swap_module, image)
+            finally:
+                self.swapping = False
+                self._hold_changed()
+            swapped = time.perf_counter()
+            # (the swap measured the device's clock again)
+            self._service.adopt_clock_offset(runtime.clock_offset_ns)
+            self._ops.add(op, activate=activate, codecs=codecs)
+            self.modules_built += 1
+            self._wake.set()
+            runtime.kick()
+            self._log.info("op installed", op=op.name, version=op.version, active=activate)
+            return OpInstalled(
+                name=op.name,
+                version=op.version,
+                active=self._ops.active_version(op.name) == op.version,
+                engine_module=self.modules_built,
+                device_generation=self._service.generation,
+                live_at=time.time(),
+                compile_ms=(compiled - started) * 1e3,
+                swap_pause_ms=(swapped - compiled) * 1e3,
+            )
+
+
+def reply_when(work: Coroutine[Any, Any, T]) -> Deferred[T]:
+    """Run ``work`` as a task; the reply is its outcome (a cancel is ``EngineStopped``)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(done: asyncio.Task[T]) -> None:
+        if future.done():
+            return
+        if done.cancelled():
+            future.set_exception(EngineStopped("the engine stopped before this finished"))
+        elif (error := done.exception()) is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(done.result())
+
+    loop.create_task(work).add_done_callback(settle)
+    return Deferred(future)
+
+
+async def wait_until(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    """Yield to the loop until ``condition()`` holds; EngineError after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise EngineError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0)

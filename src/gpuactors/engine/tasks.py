@@ -1,0 +1,74 @@
+"""The engine's records of accepted work: a task, a batch, and their ring rows.
+
+Intake makes them; completions settles them. Each keeps its caller's reply future
+and what keeps its buffers alive until the device is done with them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+
+from gpuactors.engine import abi
+from gpuactors.engine.messages import BatchCompletion, Completion
+from gpuactors.engine.ops import OpSpec
+from gpuactors.engine.ring import RecordColumns
+
+#: Records a batch publishes, and harvests, per poller round (bounds each round).
+BATCH_STEP: Final = 16384
+
+
+@dataclass(slots=True)
+class Task:
+    """A task the engine accepted: its reply future and what keeps its buffers alive."""
+
+    future: asyncio.Future[Completion]
+    op: OpSpec
+    op_id: int
+    n: int
+    words: list[int]
+    blocks: int
+    deadline_ns: int
+    keepalive: tuple[Any, ...]
+    accepted_at: float
+    ready_event: Any = None  # a CuPy event the inputs wait on, if any
+
+
+@dataclass(slots=True)
+class Batch:
+    """An EnqueueBatch in progress: its records, how far it is published and finished."""
+
+    future: asyncio.Future[BatchCompletion]
+    op: OpSpec
+    records: RecordColumns
+    per_task: bool
+    keepalive: tuple[Any, ...]
+    done: np.ndarray  # per record: finished
+    statuses: np.ndarray  # per record: its status once finished
+    ready_event: Any = None
+    first_seq: int = 0  # seq of records[0] (a batch is published contiguously)
+    published: int = 0
+    finished: int = 0
+    low: int = 0  # every task before this index has finished
+
+    @property
+    def count(self) -> int:
+        return len(self.records)
+
+
+def records_of(tasks: Sequence[Task]) -> np.ndarray:
+    """TASK_RECORD rows for ``tasks`` (``seq`` left for the ring to write)."""
+    records = np.zeros(len(tasks), dtype=abi.TASK_RECORD)
+    records["op"] = [t.op_id for t in tasks]
+    records["blocks"] = [t.blocks for t in tasks]  # (check_count clamped them)
+    records["n"] = [t.n for t in tasks]
+    records["deadline_ns"] = [t.deadline_ns for t in tasks]
+    words = np.zeros((len(tasks), abi.MAX_ARGS), dtype=np.uint64)
+    for row, task in enumerate(tasks):
+        words[row, : len(task.words)] = task.words
+    records["args"] = words
+    return records
