@@ -14,7 +14,6 @@ from gpuactors.actors import ActorRef, ActorSystem, Props
 from gpuactors.cuda import arrays as arrays_module
 from gpuactors.engine import args as args_module
 from gpuactors.engine import optable as optable_module
-from gpuactors.engine.actor import PersistentEngineActor
 from gpuactors.engine.codegen import (
     ENGINE_KERNELS,
     build_engine_module,
@@ -22,6 +21,7 @@ from gpuactors.engine.codegen import (
     render_engine_source,
 )
 from gpuactors.engine.host_runtime import CupyLikeArray, HostEngine, HostRuntime
+from gpuactors.engine.live_ops import LiveOps
 from gpuactors.engine.messages import Completion, Enqueue, InstallOp, OpInstalled, ReplaceOp
 from gpuactors.engine.ops import BUILTIN_OPS, ArrayParam, DeviceLibrary, OpSpec
 from gpuactors.errors import InvalidArgument, LinkError
@@ -277,13 +277,13 @@ def test_a_library_crosses_the_worker_wire_intact(mathlib: dict[str, DeviceLibra
 # ------------------------------------------------ the engine actor, on a host ring
 class LinkingHostEngine(HostEngine):
     """The engine actor over a host ring (no GPU), but building its module for real:
-    compile and link through the engine's own image step, for sm_90."""
+    compile and link through the engine's own image step (``LiveOps``), for sm_90."""
+
+    _live_ops_class = LiveOps
 
     def __init__(self, runtime: HostRuntime, **kwargs: Any) -> None:
         super().__init__(runtime, **kwargs)
-        self._arch = ARCH
-
-    _engine_image = PersistentEngineActor._engine_image
+        self._live_ops.arch = ARCH
 
 
 class CountingRuntime(HostRuntime):
