@@ -38,6 +38,7 @@ from typing import Any
 from gpuactors.actors import Actor, ActorRef, Deferred, handles
 from gpuactors.cuda import no_device_reason
 from gpuactors.cuda.arrays import cupy_ndarray
+from gpuactors.cuda.current import on_device
 from gpuactors.cuda.device import ReportFault, probe_device
 from gpuactors.cuda.done_word import device_done_word
 from gpuactors.cuda.generation import GENERATIONS
@@ -122,8 +123,8 @@ class _GpuState:
     def __init__(self, device_id: int, generation: int) -> None:
         cupy = cupy_module()
         self.generation = generation
-        self.device = cupy.cuda.Device(device_id)
-        with self.device:
+        self.device_id = device_id
+        with on_device(device_id):
             self.stream = cupy.cuda.Stream(non_blocking=True)
             self.ordered_stream = cupy.cuda.Stream(non_blocking=False)
             self.done_word = device_done_word(cupy)  # how a lone launch is seen finished
@@ -407,7 +408,7 @@ class NvrtcActor(Actor):
             if cupy_module().cuda.runtime.getDevice() == device_id:  # (entering costs more)
                 issued = self._issue(msg, gpu, plan, stream)
             else:
-                with gpu.device:
+                with on_device(device_id):
                     issued = self._issue(msg, gpu, plan, stream)
         except GpuActorsError:
             raise
