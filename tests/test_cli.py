@@ -57,7 +57,6 @@ def base_facts(**changes: Any) -> Facts:
         python_executable="/usr/bin/python3",
         gpuactors_version="0.1.0",
         gpuactors_location="/src/gpuactors",
-        host_path="pure Python",
         nvrtc_version=(13, 0),
         nvrtc_test="compiled a test kernel to CUBIN for sm_90 (2984 bytes, 20 ms)",
         cache_dir="/cache/kernels",

@@ -27,7 +27,6 @@ from typing import Any, TypeVar
 import platformdirs
 
 import gpuactors
-from gpuactors.build_info import host_path_build
 
 CACHE_DIR_ENV = "GPUACTORS_CACHE_DIR"
 MODULE_LOADING_ENV = "CUDA_MODULE_LOADING"
@@ -81,7 +80,6 @@ class Facts:
     python_executable: str
     gpuactors_version: str
     gpuactors_location: str
-    host_path: str  # build_info.host_path_build(): compiled or pure Python
     cupy_version: str | None = None
     cupy_error: str | None = None  # set when CuPy is installed but failed to import
     nvrtc_version: tuple[int, int] | None = None
@@ -411,7 +409,6 @@ def gather_facts(environ: Mapping[str, str] | None = None) -> Facts:
         python_executable=sys.executable,
         gpuactors_version=gpuactors.__version__,
         gpuactors_location=str(Path(gpuactors.__file__).resolve().parent),
-        host_path=host_path_build(),
         cupy_version=cupy_version,
         cupy_error=cupy_error,
         nvrtc_version=nvrtc_version,
@@ -443,11 +440,7 @@ def check_python(f: Facts) -> Check:
 
 
 def check_gpuactors(f: Facts) -> Check:
-    return Check(
-        "gpuactors",
-        Verdict.OK,
-        f"{f.gpuactors_version} ({f.gpuactors_location}), host path {f.host_path}",
-    )
+    return Check("gpuactors", Verdict.OK, f"{f.gpuactors_version} ({f.gpuactors_location})")
 
 
 def _cuda_extra(f: Facts) -> str:

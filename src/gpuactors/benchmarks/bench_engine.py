@@ -436,8 +436,7 @@ def measure(args: argparse.Namespace, results: ScriptResults) -> None:
     results.device = props["name"].decode()
     print(
         f"bench_engine on {results.device} ({when:%Y-%m-%d %H:%M} UTC), "
-        f"CuPy {cp.__version__}, Python {sys.version.split()[0]}, op axpy n={N}, "
-        f"host path {results.host_path}"
+        f"CuPy {cp.__version__}, Python {sys.version.split()[0]}, op axpy n={N}"
     )
 
     blocks, baseline = asyncio.run(latencies(repeats))

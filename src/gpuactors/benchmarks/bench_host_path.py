@@ -49,7 +49,6 @@ import numpy as np
 
 from gpuactors.actors import ActorSystem, MailboxConfig, Props
 from gpuactors.benchmarks.bench_engine import asyncio_ceiling
-from gpuactors.build_info import host_path_build
 from gpuactors.benchmarks.results import ScriptResults, add_result_options, run_measurement
 from gpuactors.engine import streams
 from gpuactors.engine.client import Engine
@@ -284,7 +283,6 @@ async def run(args: argparse.Namespace, profiler: cProfile.Profile | None) -> di
     return {
         "python": platform.python_version(),
         "machine": platform.machine(),
-        "host_path": host_path_build(),
         "loop": args.loop,
         "gc": {
             "mode": args.gc,
@@ -343,8 +341,7 @@ def summary(figures: Figures) -> dict[str, Any]:
 def report(result: dict[str, Any]) -> None:
     print(
         f"host path of the engine: Python {result['python']} ({result['machine']}), "
-        f"{result['loop']} loop, gc {result['gc']['mode']} {result['gc']['threshold']}, "
-        f"host path {result['host_path']}"
+        f"{result['loop']} loop, gc {result['gc']['mode']} {result['gc']['threshold']}"
     )
     print(f"!! {AFTER_DEFAULT_NOTE}")
     single, ratios = result["single"], result["ratios"]

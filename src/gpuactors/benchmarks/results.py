@@ -19,7 +19,6 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 import gpuactors
-from gpuactors.build_info import host_path_build
 
 SCHEMA_VERSION: Literal[1] = 1  # raised when a field changes meaning or goes
 
@@ -74,7 +73,6 @@ class ScriptResults(BaseModel):
     started: datetime
     python: str
     gpuactors_version: str
-    host_path: str = "pure Python"  # or "compiled (mypyc): N modules" (build_info)
     device: str | None = None
     latencies: list[Latency] = Field(default_factory=list)
     comparisons: list[Comparison] = Field(default_factory=list)
@@ -89,7 +87,6 @@ class ScriptResults(BaseModel):
             started=datetime.now(timezone.utc),
             python=platform.python_version(),
             gpuactors_version=gpuactors.__version__,
-            host_path=host_path_build(),
         )
 
     def latency(self, label: str, p50_us: float, p99_us: float, *, baseline: bool = False) -> None:
