@@ -30,11 +30,11 @@ def device_context(device_id: int) -> AbstractContextManager[Any]:
 def current_stream(device_id: int) -> Any:
     """CuPy's current stream on ``device_id`` (the caller's, when called in the caller's
     task): the one that orders a task is its engine's device's, whichever device the
-    caller has selected."""
+    caller has selected. CuPy keeps it per device and thread, so asking needs no
+    device made current (each switch is a CUDA call of its own)."""
     import cupy
 
-    with device_context(device_id):
-        return cupy.cuda.get_current_stream()
+    return cupy.cuda.get_current_stream(device_id)
 
 
 def stream_event(stream: Any, device_id: int) -> Any:

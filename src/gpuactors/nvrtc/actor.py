@@ -537,7 +537,7 @@ def _after_current_stream(stream: Any, gpu: _GpuState, *, own: bool) -> Any:
     CuPy's current stream: with the actor's ``own`` stream and the legacy default
     stream current, the ordered stream (CUDA orders it after the legacy stream);
     otherwise ``stream``, made to wait on an event if the current stream is busy."""
-    current = cupy_module().cuda.get_current_stream()
+    current = cupy_module().cuda.get_current_stream(gpu.device_id)  # (no device query)
     if own and current.ptr == 0:
         return gpu.ordered_stream
     if current.ptr != stream.ptr and not current.done:
