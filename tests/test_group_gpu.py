@@ -229,25 +229,21 @@ async def test_one_isolated_device_faults_while_the_other_serves() -> None:
         await group.shutdown()
 
 
-#: What group_faults.py checks, each a RESULT line that must say ok.
+#: What group_faults.py must report ok in one process (CUDA's sticky errors poison the
+#: process, so the other device is not required to serve on: see the script's docstring).
 IN_PROCESS_FAULT_CHECKS = (
     "fault_typed",  # the faulting task fails with DeviceFault naming its op
-    "other_device_serves",  # the other device's tasks around the fault, each verified
+    "other_device_settles",  # the other device's tasks: completed or DeviceFault, none lost
     "faulted_device_refuses",  # a later task on the faulted device: DeviceFault
-    "generations_per_device",  # only the faulted device's generation moved
-    "serving",  # the group serves from the other device only
-    "host_data_placed",  # host data goes to the serving device
-    "batch_on_serving",  # a batch on the serving device, every task verified
-    "install_after_fault",  # an op installed after the fault reaches the serving engine
-    "stats",  # counters per device (the faulted one's too) and their sums
     "shutdown",  # both engines stop
 )
 
 
 @pytest.mark.parametrize("faulty", [0, 1])
-def test_an_in_process_device_fault_leaves_the_other_device_serving(faulty: int) -> None:
+def test_an_in_process_device_fault_fails_every_task_typed_and_loses_none(faulty: int) -> None:
     """One process, engines on devices 0 and 1; device ``faulty`` faults and is the host
-    thread's current device throughout (the worst case for the other engine's calls)."""
+    thread's current device throughout. Every task ends typed, nothing hangs; the other
+    checks of the script (does the other device serve on?) are printed, not required."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(Path(__file__).parents[1] / "src"), env.get("PYTHONPATH", "")]
@@ -264,7 +260,7 @@ def test_an_in_process_device_fault_leaves_the_other_device_serving(faulty: int)
         parts[1]: " ".join(parts[2:])
         for parts in (line.split(" ", 3) for line in lines if line.startswith("RESULT "))
     }
-    facts = "\n".join(line for line in lines if line.startswith("FACT "))
+    facts = "\n".join(line for line in lines if line.startswith(("FACT ", "RESULT ")))
     print(facts)  # what CUDA answered with the faulted device current (for the notes)
     assert done.returncode == 0, done.stderr[-3000:]
     failed = {c: results.get(c, "missing") for c in IN_PROCESS_FAULT_CHECKS}

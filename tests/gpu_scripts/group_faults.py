@@ -1,10 +1,15 @@
 """Run in a subprocess by tests/test_group_gpu.py: a device fault in one engine of a group
-of in-process engines on devices 0 and 1, while the other device serves.
+of in-process engines on devices 0 and 1.
 
-``python group_faults.py F``: device F faults, the other one (S) must go on serving.
-F is the host thread's current device all along (the worst case: a call for S made
-outside S's context would be made in F's poisoned one). The faulted device's context is
-poisoned for the rest of this process, so each direction runs in its own interpreter.
+``python group_faults.py F``: device F faults while device S has tasks in flight. F is
+the host thread's current device all along (the worst case for S's calls).
+
+CUDA documents its sticky errors (an illegal address, say) as leaving the PROCESS in an
+inconsistent state, and measured so (4 x H200, CUDA 13): after F's fault, S's stream
+queries, stream creation and module loads answer the same error. So in one process the
+contract is: every task on either device ends, verified or with a typed DeviceFault,
+none lost or hanging, and the group shuts down. Per-device isolation takes a process
+per device (``EngineGroup.start(..., isolated=True)``, tested beside this).
 
 Prints one ``RESULT name ok|FAIL detail`` line per check (every check runs, whatever
 the others did), and ``FACT name value`` lines: what CUDA answered to calls made with
@@ -27,7 +32,14 @@ from fault_ops import BAD
 from gpuactors.actors import ActorSystem
 from gpuactors.cuda.current import on_device
 from gpuactors.cuda.generation import GENERATIONS
-from gpuactors.engine import ArrayParam, EngineConfig, EnqueueBatch, OpSpec, ScalarParam
+from gpuactors.engine import (
+    ArrayParam,
+    Completion,
+    EngineConfig,
+    EnqueueBatch,
+    OpSpec,
+    ScalarParam,
+)
 from gpuactors.errors import DeviceFault
 from gpuactors.group import EngineGroup
 
@@ -95,11 +107,20 @@ async def scenario(faulty: int) -> None:
         await check("fault_typed", fault_is_typed)
         after = [fill_slot(k) for k in range(SLOTS // 2, SLOTS)]
 
-        async def other_device_serves() -> tuple[bool, object]:
+        async def other_device_settles() -> tuple[bool, object]:
+            """Each of S's tasks completed or failed with DeviceFault: none lost."""
             outcomes = await asyncio.gather(*before, *after, return_exceptions=True)
-            errors = [o for o in outcomes if isinstance(o, BaseException)]
-            if errors:
-                return False, f"{len(errors)} of {SLOTS} failed, first: {errors[0]!r}"
+            completed = sum(isinstance(o, Completion) for o in outcomes)
+            typed = sum(isinstance(o, DeviceFault) for o in outcomes)
+            other = [o for o in outcomes if not isinstance(o, Completion | DeviceFault)]
+            fact("other_device_outcomes", f"{completed} completed, {typed} DeviceFault")
+            detail = f"{completed} completed, {typed} DeviceFault, {len(other)} other"
+            return not other and completed + typed == SLOTS, (detail, other[:1])
+
+        await check("other_device_settles", other_device_settles)
+
+        async def other_device_serves() -> tuple[bool, object]:
+            """Whether S still serves after F's fault (CUDA says not; recorded)."""
             written = (await group.download(slots)).reshape(SLOTS, WIDTH)
             expected = np.repeat(np.arange(1, SLOTS + 1, dtype=np.float32)[:, None], WIDTH, 1)
             wrong = int(np.count_nonzero((written != expected).any(axis=1)))
