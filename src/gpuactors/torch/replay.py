@@ -141,7 +141,9 @@ class Capture:
         return t  # an outside tensor: its number is decided by the op's arguments
 
     # ------------------------------------------------ told by the scheduler
-    def step(self, batch: Batch, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Tensor) -> None:
+    def step(
+        self, batch: Batch, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Tensor
+    ) -> None:
         """The op just taken (``out`` is its result)."""
         if self.broken:
             return
@@ -162,7 +164,9 @@ class Capture:
         self.results[id(out)] = j
         self.result_refs.append(weakref.ref(out))
         last = batch.stages[-1]
-        self.cuts.append((len(batch.stages), len(last.code) if isinstance(last, P.PointwiseStage) else -1))
+        self.cuts.append(
+            (len(batch.stages), len(last.code) if isinstance(last, P.PointwiseStage) else -1)
+        )
         self.current = None
 
     def _spec(self, value: Any) -> Any:
@@ -331,7 +335,7 @@ class Replay:
             self.slot_uses[slot] = 1
             self.slot_address[slot] = fresh.data_ptr()
         out = slot_tensor[slot]
-        results.append(out)  # type: ignore[arg-type]
+        results.append(out)  # type: ignore[arg-type,unused-ignore]
         self.addresses.append(self.slot_address[slot])
         if j == 0:
             self.started = time.perf_counter()
