@@ -144,7 +144,7 @@ def test_a_replayed_chain_matches_eager(sched: TorchScheduler, n: int) -> None:
             with sched:
                 got = chain57(x, y)
             torch.testing.assert_close(got, chain57(x, y), rtol=1e-4, atol=1e-2, msg=str(k))
-    assert sched.stats.replayed == 5
+    assert sched.stats.replayed == 4  # the second batch notes the plan
 
 
 @pytest.mark.parametrize("chunk", range(2))
@@ -153,7 +153,7 @@ def test_random_programs_replayed_match_eager(sched: TorchScheduler, chunk: int)
         case = random_case(20_000 + seed, DEV)
         with torch.no_grad():
             expected = case.run(case.inputs())
-            for k in range(3):  # recorded, then replayed where it can be
+            for k in range(4):  # recorded, noted, then replayed where it can be
                 with sched:
                     got = case.run(case.inputs())
                 assert_same(got, expected, f"{case.description} (run {k})", case.dtype)
@@ -172,8 +172,9 @@ def test_a_replay_held_results_and_a_read_midway(sched: TorchScheduler) -> None:
 
     x, y = rand(8, 512), rand(512)
     with torch.no_grad():
-        with sched:
-            fn(x, y, False)
+        for _ in range(2):
+            with sched:
+                fn(x, y, False)
         with sched:
             got = fn(x, y, True)
             value = held[1][3, 7].item()  # the replay runs first

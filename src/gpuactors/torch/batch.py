@@ -171,6 +171,7 @@ class Batch:
         self.tracer: Any = None
         #: Notes the ops of this batch, to replay them when the same ops come again.
         self.capture: Any = None
+        self.first_seen = False  # the scheduler decided whether to capture
 
     # ----------------------------------------------------------------- checks
     def check(self, t: Tensor) -> int:

@@ -4,11 +4,13 @@ A model's forward pass called in a loop sends the scheduler the same ops, on ten
 of the same shapes, batch after batch. Recording each op costs Python work per op
 (checks, broadcasting, registers, code words); replaying costs a comparison.
 
-* :class:`Capture` notes a recording batch: per op the aten overload, what each
-  argument was (a result of an earlier op of the batch, the k-th outside tensor with
-  its dtype, shape, strides and device, or a plain value), and where the program holds
-  each tensor's address. When the batch is flushed intact (no in-place op, no view of
-  a result, no trace), it becomes a :class:`Plan`, keyed by its first op's overload.
+* :class:`Capture` notes a recording batch that begins as the last batch began (the
+  same overload on the same kinds of arguments: a loop, most likely): per op the aten
+  overload, what each argument was (a result of an earlier op of the batch, the k-th
+  outside tensor with its dtype, shape, strides and device, or a plain value), and
+  where the program holds each tensor's address. When the batch is flushed intact (no
+  in-place op, no view of a result, no trace), it becomes a :class:`Plan`, keyed by
+  its first op's overload. So a loop's third batch is the first replayed.
 * :class:`Replay` follows a plan: each intercepted op must be the plan's next op on
   arguments of the same kind (the same result objects, the same outside tensor objects
   once seen, equal plain values). Its result is a tensor laid out as the recording's
@@ -67,6 +69,18 @@ def tensor_meta(t: Tensor) -> tuple[Any, ...]:
     return (t.dtype, tuple(t.shape), t.stride(), t.device, t.requires_grad)
 
 
+def first_op(func: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """What decides whether a batch begins as another did: the overload and its
+    arguments' kinds (None if one cannot be compared)."""
+    try:
+        return (
+            func,
+            *[tensor_meta(arg) if isinstance(arg, Tensor) else plain_spec(arg) for arg in args],
+        )
+    except Unreplayable:
+        return None
+
+
 def _refs_of(items: list[Any], index: int) -> int:
     return sys.getrefcount(items[index])
 
@@ -76,9 +90,9 @@ _HELD_ONCE = _refs_of([object()], 0)
 
 
 class Step:
-    """One op of a plan: the overload, its arguments' specs and its result's layout."""
+    """One op of a plan: the overload, its arguments' specs and its result's slot."""
 
-    __slots__ = ("args", "func", "kwargs", "layout", "required", "slot")
+    __slots__ = ("args", "func", "kwargs", "required", "slot")
 
     def __init__(
         self,
@@ -86,7 +100,6 @@ class Step:
         args: tuple[Any, ...],
         kwargs: tuple[tuple[str, Any], ...],
         slot: int,
-        layout: tuple[Any, ...],
     ) -> None:
         self.func = func
         #: Per argument: an int j >= 0 (the result of op j), -k - 1 (outside tensor k),
@@ -94,7 +107,6 @@ class Step:
         self.args = args
         self.kwargs = kwargs
         self.slot = slot  # the recording's result object (the same number: reused)
-        self.layout = layout  # (shape, strides, dtype, device) of the result
         self.required = False  # a later stage reads the result from memory
 
 
@@ -111,6 +123,7 @@ class Capture:
         self.metas: list[tuple[Any, ...]] = []
         self.slots: dict[int, int] = {}  # id(result object) -> slot
         self.slot_refs: list[weakref.ref[Tensor]] = []
+        self.layouts: list[tuple[Any, ...]] = []  # per slot: shape, strides, dtype, device
         self.current: Tensor | None = None  # the result of the op being recorded
         #: (stage, offset of an address in the stage, op j or the tensor read, the store's
         #: head or -1, the head's offset in the stage)
@@ -147,22 +160,27 @@ class Capture:
         """The op just taken (``out`` is its result)."""
         if self.broken:
             return
+        spec = self._spec
         try:
-            specs = tuple(self._spec(arg) for arg in args)
-            named = tuple((name, self._spec(kwargs[name])) for name in sorted(kwargs))
+            specs = tuple([spec(arg) for arg in args])
+            named = tuple([(name, spec(kwargs[name])) for name in sorted(kwargs)]) if kwargs else ()
         except Unreplayable:
             self.broken = True
             return
         j = len(self.steps)
-        slot = self.slots.get(id(out))
-        if slot is None or self.slot_refs[slot]() is not out:
-            slot = self.slots[id(out)] = len(self.slot_refs)
-            self.slot_refs.append(weakref.ref(out))
-        layout = (tuple(out.shape), out.stride(), out.dtype, out.device)
-        self.steps.append(Step(func, specs, named, slot, layout))
-        self.values.append(batch.values.get(id(out)))
-        self.results[id(out)] = j
-        self.result_refs.append(weakref.ref(out))
+        key = id(out)
+        slot = self.slots.get(key)
+        if slot is not None and self.slot_refs[slot]() is out:
+            ref = self.slot_refs[slot]
+        else:
+            slot = self.slots[key] = len(self.slot_refs)
+            ref = weakref.ref(out)
+            self.slot_refs.append(ref)
+            self.layouts.append((tuple(out.shape), out.stride(), out.dtype, out.device))
+        self.steps.append(Step(func, specs, named, slot))
+        self.values.append(batch.values.get(key))
+        self.results[key] = j
+        self.result_refs.append(ref)
         last = batch.stages[-1]
         self.cuts.append(
             (len(batch.stages), len(last.code) if isinstance(last, P.PointwiseStage) else -1)
@@ -196,10 +214,12 @@ class Capture:
         ):
             return None
         offsets = []
+        lengths = []
         at = P.HEADER_WORDS
         for stage in batch.stages:
             offsets.append(at)
-            at += len(stage.words())
+            lengths.append(len(stage.words()))
+            at += lengths[-1]
         for step, value in zip(steps, self.values, strict=True):
             step.required = value is not None and value.required
         pointers: list[tuple[int, int]] = []  # (word, index into the address table)
@@ -229,12 +249,14 @@ class Capture:
             index = stages - 1
             stage = batch.stages[index]
             if length < 0:
-                ends.append((stages, offsets[index] + len(stage.words()), -1, 0))
+                ends.append((stages, offsets[index] + lengths[index], -1, 0))
             else:
                 start = offsets[index]
                 header = 4 + len(stage.space)  # type: ignore[union-attr]
                 ends.append((stages, start + header + length, start, header + length))
-        return Plan(steps, self.metas, words, pointers, stores, reductions, ends, numel)
+        return Plan(
+            steps, self.metas, self.layouts, words, pointers, stores, reductions, ends, numel
+        )
 
 
 class Plan:
@@ -244,6 +266,7 @@ class Plan:
         self,
         steps: list[Step],
         metas: list[tuple[Any, ...]],
+        layouts: list[tuple[Any, ...]],
         words: list[int],
         pointers: list[tuple[int, int]],
         stores: list[tuple[int, int, int, int]],
@@ -253,6 +276,7 @@ class Plan:
     ) -> None:
         self.steps = steps
         self.metas = metas
+        self.layouts = layouts
         self.words = np.asarray(words, dtype=np.uint32)
         self.units = int(words[6])
         self.pointer_words = np.array([w for w, _ in pointers], dtype=np.int64)
@@ -329,7 +353,7 @@ class Replay:
         ):
             self.slot_uses[slot] += 1
         else:
-            shape, strides, dtype, device = step.layout
+            shape, strides, dtype, device = self.plan.layouts[slot]
             fresh = torch.empty_strided(shape, strides, dtype=dtype, device=device)
             slot_tensor[slot] = fresh
             self.slot_uses[slot] = 1

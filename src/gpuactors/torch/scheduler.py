@@ -39,7 +39,7 @@ from gpuactors.torch.batch import Batch, Decline
 from gpuactors.torch.executors import Executor
 from gpuactors.torch.handlers import TABLE, TENSORS_ONLY, USUAL
 from gpuactors.torch.record import usual
-from gpuactors.torch.replay import MAX_PLANS, PLANS_PER_OP, Capture, Plan, Replay
+from gpuactors.torch.replay import MAX_PLANS, PLANS_PER_OP, Capture, Plan, Replay, first_op
 
 _CONTAINERS = (list, tuple)
 
@@ -105,6 +105,7 @@ class TorchScheduler:
         self.replay = replay
         #: Plans by the aten overload of their first op, the newest first.
         self._plans: dict[Any, list[Plan]] = {}
+        self._last_first: Any = None  # the first op of the last batch recorded
         self._lock = threading.Lock()  # the batch; held while a flush runs it
         self._batch: Batch | Replay = self._new_batch()
         self._ticket = 0
@@ -171,10 +172,19 @@ class TorchScheduler:
         await asyncio.to_thread(self.flush, "async")
 
     def _new_batch(self) -> Batch:
-        batch = Batch(self.device, self.size_threshold)
-        if self.replay:
+        return Batch(self.device, self.size_threshold)
+
+    def _maybe_capture(self, batch: Batch, func: Any, args: tuple[Any, ...]) -> None:
+        """Before the first op of ``batch`` (lock held): note the batch for a plan if
+        the last batch began with the same op on the same kinds of arguments (a loop
+        repeating itself); a batch that will not repeat pays nothing for it."""
+        if batch.first_seen:
+            return  # its first op was declined, or this op came by another path first
+        batch.first_seen = True
+        first = first_op(func, args)
+        if first is not None and first == self._last_first and batch.tracer is None:
             batch.capture = batch.tracer = Capture()
-        return batch
+        self._last_first = first
 
     def _flush_locked(self, reason: str) -> None:
         batch = self._batch
@@ -292,6 +302,8 @@ class TorchScheduler:
                 with self._lock:
                     batch = self._batch
                     assert isinstance(batch, Batch)
+                    if not batch.ops and self.replay:
+                        self._maybe_capture(batch, func, args)
                     out = usual(batch, op, args[0], b, p0, 0, rule if rule != TENSORS_ONLY else -1)
                     if out is not None:
                         self._took(batch, func, args, kwargs, out)
@@ -301,6 +313,8 @@ class TorchScheduler:
             with self._lock:
                 batch = self._batch
                 assert isinstance(batch, Batch)
+                if not batch.ops and self.replay:
+                    self._maybe_capture(batch, func, args)
                 for attempt in (0, 1):
                     try:
                         out = handler(batch, args, kwargs)
