@@ -281,8 +281,12 @@ class Plan:
         self.units = int(words[6])
         self.pointer_words = np.array([w for w, _ in pointers], dtype=np.int64)
         self.pointer_index = np.array([i for _, i in pointers], dtype=np.int64)
-        self.stores = stores
         self.reductions = reductions
+        #: The stores of results, as arrays: where, the STORE head, the SKIP, whose op.
+        self.store_words = np.array([w for w, _, _, _ in stores], dtype=np.int64)
+        self.store_heads = np.array([h for _, h, _, _ in stores], dtype=np.uint32)
+        self.store_skips = np.array([k for _, _, k, _ in stores], dtype=np.uint32)
+        self.store_ops = np.array([j for _, _, _, j in stores], dtype=np.int64)
         #: Per op: (stages, words up to its end, its stage's start, that stage's words).
         self.ends = ends
         self.numel = numel
@@ -422,15 +426,23 @@ class Replay:
         table = np.zeros(count + len(self.outside_addresses), dtype=np.uint64)
         table[: self.ops] = self.addresses
         table[count:] = self.outside_addresses
-        inside = plan.pointer_words < end
-        at = plan.pointer_words[inside]
-        addresses = table[plan.pointer_index[inside]]
+        at, index = plan.pointer_words, plan.pointer_index
+        stores, heads, skips, ops = (
+            plan.store_words,
+            plan.store_heads,
+            plan.store_skips,
+            plan.store_ops,
+        )
+        if self.ops < count:  # a cut program: only what lies before its end
+            inside = at < end
+            at, index = at[inside], index[inside]
+            inside = ops <= last
+            stores, heads, skips, ops = stores[inside], heads[inside], skips[inside], ops[inside]
+        addresses = table[index]
         words[at] = addresses & 0xFFFFFFFF
         words[at + 1] = addresses >> 32
         kept = self._kept()
-        for word, head, skip, j in plan.stores:
-            if j <= last:
-                words[word] = head if kept[j] else skip
+        words[stores] = np.where(np.array(kept, dtype=bool)[ops], heads, skips)
         for word, rows, j in plan.reductions:
             if j <= last:
                 words[word] = rows & 0xFFFFFFFF if kept[j] else 0

@@ -280,7 +280,8 @@ class TorchScheduler:
     ) -> Any:
         if types:  # a tensor subclass with its own dispatch: PyTorch's business
             return self._fallback(func, args, kwargs)
-        if self._plans:
+        plans = self._plans
+        if plans and (type(self._batch) is Replay or (func in plans and not self._batch.ops)):
             with self._lock:
                 batch = self._batch
                 out = batch.follow(func, args, kwargs) if type(batch) is Replay else None
