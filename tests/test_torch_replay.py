@@ -13,18 +13,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch is not installed (the torch extra)")
 
 from gpuactors.torch import ReferenceExecutor, TorchScheduler  # noqa: E402
-from torch_cases import assert_same, chain57, random_case  # noqa: E402
-
-
-class Programs(ReferenceExecutor):
-    """The reference executor, keeping every program it ran."""
-
-    def __init__(self) -> None:
-        self.programs: list[np.ndarray] = []
-
-    def run(self, words: Any, n: int, units: int, stream: Any) -> None:
-        self.programs.append(np.asarray(words, dtype=np.uint32).copy())
-        super().run(words, n, units, stream)
+from torch_cases import KeepsPrograms, assert_same, chain57, random_case  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -34,7 +23,7 @@ def _seeded() -> None:
 
 @pytest.fixture
 def sched() -> Any:
-    scheduler = TorchScheduler(Programs(), auto_flush_ms=None)
+    scheduler = TorchScheduler(KeepsPrograms(), auto_flush_ms=None)
     yield scheduler
     scheduler.close()
 
@@ -190,7 +179,7 @@ def test_the_last_dim_sum_of_a_held_intermediate(sched: TorchScheduler) -> None:
 
 
 def test_replay_can_be_turned_off() -> None:
-    sched = TorchScheduler(Programs(), auto_flush_ms=None, replay=False)
+    sched = TorchScheduler(KeepsPrograms(), auto_flush_ms=None, replay=False)
     x, y = rand(64), rand(64)
     for _ in range(3):
         torch.testing.assert_close(scheduled(sched, chain57, x, y), chain57(x, y))

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import importlib
 import pstats
 import statistics
 import time
@@ -37,9 +36,10 @@ SCHEDULER_TARGET = 1.5  # times faster than eager, n <= 4,096
 SHAPES = 20
 
 
-#: PyTorch, once ``measure`` imported it: this module imports without it, and ``chain``
-#: reads it as a global (torch.compile traces ``chain``).
-torch: Any = None
+try:  # the module imports without PyTorch: measure() says why it cannot run then
+    import torch
+except ImportError:
+    torch = None
 
 
 def chain(x: Any, y: Any) -> Any:
@@ -58,12 +58,10 @@ def chain(x: Any, y: Any) -> Any:
 
 def unavailable() -> str | None:
     """Why this benchmark cannot run here (None: it can)."""
-    try:
-        found = importlib.import_module("torch")
-    except ImportError:
+    if torch is None:
         return "torch not installed: bench_torch needs the torch extra (pip install torch)"
-    if not found.cuda.is_available():
-        return f"torch {found.__version__} sees no CUDA device: bench_torch needs a GPU"
+    if not torch.cuda.is_available():
+        return f"torch {torch.__version__} sees no CUDA device: bench_torch needs a GPU"
     return None
 
 
@@ -271,8 +269,6 @@ def measure(args: argparse.Namespace, results: ScriptResults) -> None:
     if reason is not None:
         print(f"bench_torch skipped: {reason}", flush=True)
         return
-    global torch
-    torch = importlib.import_module("torch")
     from gpuactors.torch import LocalEngine
 
     reps = 50 if args.quick else 200
