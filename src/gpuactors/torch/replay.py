@@ -158,6 +158,7 @@ class Capture:
         self, batch: Batch, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Tensor
     ) -> None:
         """The op just taken (``out`` is its result)."""
+        self.current = None
         if self.broken:
             return
         spec = self._spec
@@ -185,7 +186,6 @@ class Capture:
         self.cuts.append(
             (len(batch.stages), len(last.code) if isinstance(last, P.PointwiseStage) else -1)
         )
-        self.current = None
 
     def _spec(self, value: Any) -> Any:
         if not isinstance(value, Tensor):
