@@ -31,6 +31,7 @@ import math
 import sys
 import time
 import weakref
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -81,12 +82,14 @@ def first_op(func: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
         return None
 
 
-def _refs_of(items: list[Any], index: int) -> int:
-    return sys.getrefcount(items[index])
+def _refs_held_once() -> int:
+    items = [object()]
+    return sys.getrefcount(items[0])
 
 
-#: What ``_refs_of`` reports for an object that only that list holds.
-_HELD_ONCE = _refs_of([object()], 0)
+#: What ``sys.getrefcount(items[k])`` reports for an object that only the list holds
+#: (measured in the form the replay asks it in).
+_HELD_ONCE = _refs_held_once()
 
 
 class Step:
@@ -277,6 +280,7 @@ class Plan:
         self.steps = steps
         self.metas = metas
         self.layouts = layouts
+        self.slots = len(layouts)
         self.words = np.asarray(words, dtype=np.uint32)
         self.units = int(words[6])
         self.pointer_words = np.array([w for w, _ in pointers], dtype=np.int64)
@@ -309,7 +313,7 @@ class Replay:
         self.addresses: list[int] = []
         self.outside: list[Tensor] = []
         self.outside_addresses: list[int] = []
-        slots = 1 + max((step.slot for step in plan.steps), default=-1)
+        slots = plan.slots
         self.slot_tensor: list[Tensor | None] = [None] * slots
         self.slot_address = [0] * slots
         self.slot_uses = [0] * slots  # entries of ``results`` holding the slot's tensor
@@ -353,7 +357,7 @@ class Replay:
         slot_tensor = self.slot_tensor
         if (
             slot_tensor[slot] is not None
-            and _refs_of(slot_tensor, slot) == _HELD_ONCE + self.slot_uses[slot]
+            and sys.getrefcount(slot_tensor[slot]) == _HELD_ONCE + self.slot_uses[slot]
         ):
             self.slot_uses[slot] += 1
         else:
@@ -452,11 +456,13 @@ class Replay:
     def _kept(self) -> list[bool]:
         """Per op followed: whether its result must be stored (a later stage reads it,
         or somebody besides this replay holds the tensor)."""
-        holders = _holders(self.results, self.slot_tensor)
         results = self.results
+        holders = Counter(map(id, results))
+        holders.update(map(id, self.slot_tensor))
         steps = self.plan.steps
+        refs = sys.getrefcount
         return [
-            steps[j].required or _refs_of(results, j) > _HELD_ONCE - 1 + holders[id(results[j])]
+            steps[j].required or refs(results[j]) > _HELD_ONCE - 1 + holders[id(results[j])]
             for j in range(len(results))
         ]
 
@@ -466,12 +472,3 @@ def _plain_matches(value: Any, spec: Any) -> bool:
         return bool(plain_spec(value) == spec)
     except Unreplayable:
         return False
-
-
-def _holders(*lists: list[Any]) -> dict[int, int]:
-    """How many entries of ``lists`` hold each object, by id."""
-    counts: dict[int, int] = {}
-    for items in lists:
-        for item in items:
-            counts[id(item)] = counts.get(id(item), 0) + 1
-    return counts
