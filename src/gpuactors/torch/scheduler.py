@@ -295,7 +295,7 @@ class TorchScheduler:
                 return out
             if type(self._batch) is Replay:  # an op the scheduler does not take
                 return self._fallback(func, args, kwargs)
-        usual_op = USUAL.get(func)
+        usual_op = _USUAL_BY_ID.get(id(func))
         if usual_op is not None and not kwargs and len(args) == usual_op[3]:
             op, p0, rule, arity = usual_op
             b = args[1] if arity == 2 else None
@@ -309,7 +309,7 @@ class TorchScheduler:
                     if out is not None:
                         self._took(batch, func, args, kwargs, out)
                         return out
-        handler = TABLE.get(func)
+        handler = _TABLE_BY_ID.get(id(func)) or TABLE.get(func)
         if handler is not None:
             with self._lock:
                 batch = self._batch
@@ -387,6 +387,12 @@ class TorchScheduler:
             elif any(True for _ in _tensors(args, kwargs)):
                 self.flush("fallback")
         return func(*args, **kwargs)
+
+
+# The tables again, by the overload object's id: an OpOverload hashes in Python, and the
+# dispatcher hands over the very objects the tables hold (TABLE is asked on a miss).
+_USUAL_BY_ID = {id(func): entry for func, entry in USUAL.items()}
+_TABLE_BY_ID = {id(func): handler for func, handler in TABLE.items()}
 
 
 def _tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
