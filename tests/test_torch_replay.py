@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed (the torch extra)")
 
-from gpuactors.torch import ReferenceExecutor, TorchScheduler  # noqa: E402
+from gpuactors.torch import ReferenceExecutor, TorchScheduler, trace  # noqa: E402
 from torch_cases import KeepsPrograms, assert_same, chain57, random_case  # noqa: E402
 
 
@@ -201,3 +201,16 @@ def test_random_programs_replayed_match_eager(chunk: int) -> None:
                     got = case.run(case.inputs())
                 assert_same(got, expected, f"{case.description} (run {k})", case.dtype)
     assert sched.stats.replayed >= 10  # programs with in-place ops or views of results: not
+
+
+def test_traced_mode_records_even_where_a_plan_would_replay(sched: TorchScheduler) -> None:
+    x, y = rand(128), rand(128)
+    for _ in range(3):
+        scheduled(sched, chain57, x, y)
+    assert sched.stats.replayed == 1
+    traced = trace(chain57, sched)
+    with torch.no_grad():
+        for n in (128, 128, 300):
+            x, y = rand(n), rand(n)
+            torch.testing.assert_close(traced(x, y), chain57(x, y), rtol=1e-4, atol=1e-4)
+    assert traced.recordings == 1 and traced.replays == 2

@@ -341,7 +341,9 @@ class TorchScheduler:
             if func in TABLE:
                 self._flush_locked("replay ended")
             return None
-        for plan in self._plans.get(func, ()) if not batch.ops else ():
+        if batch.ops or batch.tracer is not None:  # a trace records this batch: no replay
+            return None
+        for plan in self._plans.get(func, ()):
             replay = Replay(plan, self.device)
             out = replay.follow(func, args, kwargs)
             if out is not None:
