@@ -337,7 +337,7 @@ class TorchScheduler:
         """The op's result from a new replay (lock held), or None. An op the scheduler
         takes that the open replay does not expect ends it: the ops followed so far run."""
         batch = self._batch
-        if type(batch) is Replay:  # it did not expect this op
+        if isinstance(batch, Replay):  # it did not expect this op
             if func in TABLE:
                 self._flush_locked("replay ended")
             return None
