@@ -481,6 +481,7 @@ def stand_ins(tmp_path: Path) -> Path:
     )
     (folder / "bench_host_path.py").write_text("import sys\nprint('host path', sys.argv[1:-2])\n")
     (folder / "bench_scale.py").write_text("import sys\nprint('scale', sys.argv[1:-2])\n")
+    (folder / "bench_torch.py").write_text("import sys\nprint('torch', sys.argv[1:-2])\n")
     return folder
 
 

@@ -1,7 +1,8 @@
 """The tiny-op scheduler on a real GPU: the CUDA interpreter against eager PyTorch.
 
 One engine (LocalEngine, the torch_program op installed) serves the whole module.
-Checks: every op in three dtypes, 1,200 random op programs, reads of pending tensors
+Checks: every op in three dtypes, 1,200 random op programs (and 400 more, replayed),
+replayed batches of the 57-op chain, reads of pending tensors
 by ops the scheduler does not take and by .item(), .cpu(), .tolist() and printing,
 every fallback rule, units meeting between stages, stream order both ways, traced
 mode on 20 shapes, and the asyncio route (attach, flush_async).
@@ -131,6 +132,58 @@ def test_random_programs_match_eager(sched: TorchScheduler, chunk: int) -> None:
                 got = case.run(case.inputs())
         assert_same(got, expected, case.description, case.dtype)
     assert sched.stats.ops > 2000
+
+
+# ------------------------------------------------------------ replayed batches
+@pytest.mark.parametrize("n", [256, 4096, 65536, 200_000])
+def test_a_replayed_chain_matches_eager(sched: TorchScheduler, n: int) -> None:
+    """A loop's batches after the first follow its plan (one unit, many units)."""
+    with torch.no_grad():
+        for k in range(6):
+            x, y = rand(n), rand(n)
+            with sched:
+                got = chain57(x, y)
+            torch.testing.assert_close(got, chain57(x, y), rtol=1e-4, atol=1e-2, msg=str(k))
+    assert sched.stats.replayed == 4  # the second batch notes the plan
+
+
+@pytest.mark.parametrize("chunk", range(2))
+def test_random_programs_replayed_match_eager(sched: TorchScheduler, chunk: int) -> None:
+    for seed in range(chunk * 200, chunk * 200 + 200):
+        case = random_case(20_000 + seed, DEV)
+        with torch.no_grad():
+            expected = case.run(case.inputs())
+            for k in range(4):  # recorded, noted, then replayed where it can be
+                with sched:
+                    got = case.run(case.inputs())
+                assert_same(got, expected, f"{case.description} (run {k})", case.dtype)
+    assert sched.stats.replayed > 30
+
+
+def test_a_replay_held_results_and_a_read_midway(sched: TorchScheduler) -> None:
+    held: list[Any] = []
+
+    def fn(x: Any, y: Any, keep: bool) -> Any:
+        a = x + y
+        b = torch.sigmoid(a) * 2
+        if keep:
+            held.extend([a, b])
+        return torch.tanh(b - y).sum(-1)
+
+    x, y = rand(8, 512), rand(512)
+    with torch.no_grad():
+        for _ in range(2):
+            with sched:
+                fn(x, y, False)
+        with sched:
+            got = fn(x, y, True)
+            value = held[1][3, 7].item()  # the replay runs first
+            later = held[0] * 3
+        assert sched.stats.replayed >= 1
+        torch.testing.assert_close(got, fn(x, y, False))
+        torch.testing.assert_close(held[0], x + y)
+        torch.testing.assert_close(later, (x + y) * 3)
+        assert value == pytest.approx(float(torch.sigmoid(x + y)[3, 7] * 2), rel=1e-5)
 
 
 # ------------------------------------------------- a pending tensor, read

@@ -25,20 +25,17 @@ from gpuactors.errors import InvalidArgument  # noqa: E402
 from gpuactors.torch import ReferenceExecutor, TorchScheduler, trace  # noqa: E402
 from gpuactors.torch import program as P  # noqa: E402
 from gpuactors.torch.batch import Batch, Decline  # noqa: E402
-from torch_cases import BINARY, UNARY, assert_same, chain57, flat, random_case  # noqa: E402
+from torch_cases import (  # noqa: E402
+    BINARY,
+    UNARY,
+    KeepsPrograms,
+    assert_same,
+    chain57,
+    flat,
+    random_case,
+)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-
-
-class Capture(ReferenceExecutor):
-    """The reference executor, keeping every program it ran."""
-
-    def __init__(self) -> None:
-        self.programs: list[np.ndarray] = []
-
-    def run(self, words: Any, n: int, units: int, stream: Any) -> None:
-        self.programs.append(np.asarray(words, dtype=np.uint32).copy())
-        super().run(words, n, units, stream)
 
 
 @pytest.fixture(autouse=True)
@@ -48,7 +45,7 @@ def _seeded() -> None:
 
 @pytest.fixture
 def sched() -> Any:
-    scheduler = TorchScheduler(Capture(), auto_flush_ms=None)
+    scheduler = TorchScheduler(KeepsPrograms(), auto_flush_ms=None)
     yield scheduler
     scheduler.close()
 

@@ -90,6 +90,11 @@ SCRIPTS: tuple[BenchScript, ...] = (
         "engine groups on 1, 2 and 4 GPUs, and engines on Ray actors, against one GPU",
         quick_args=("--quick",),
     ),
+    BenchScript(
+        "bench_torch.py",
+        "the PyTorch tiny-op scheduler vs eager, CUDA graphs and torch.compile (needs torch)",
+        quick_args=("--quick",),
+    ),
 )
 
 

@@ -166,8 +166,12 @@ class Batch:
         self.closed_words = 0
         self.started = 0.0
         self.stream: Any = None  # PyTorch's current stream when the batch began
-        #: Told of every load and store and of every fresh result while a trace records.
+        #: Told of every load and store and of every fresh result while a trace records
+        #: (or, else, while ``capture`` notes the batch for a replay).
         self.tracer: Any = None
+        #: Notes the ops of this batch, to replay them when the same ops come again.
+        self.capture: Any = None
+        self.first_seen = False  # the scheduler decided whether to capture
 
     # ----------------------------------------------------------------- checks
     def check(self, t: Tensor) -> int:
@@ -285,9 +289,6 @@ class Batch:
         """Store register ``reg`` into the new tensor ``out`` (skipped if it dies unread)."""
         value = Value(out, stage, reg, dtype, strong=False)
         value.pooled = out is self.just_pooled
-        if self.tracer is not None:
-            self.tracer.fresh(out)
-            self.tracer.note(stage, len(stage.code), out)
         if out.is_contiguous():
             lo = out.data_ptr()
             position = len(stage.code)
@@ -304,6 +305,9 @@ class Batch:
         self.values[id(out)] = value
         self.owners[reg] = value
         self.stores.append((stage, position, value))
+        if self.tracer is not None:  # told after the store is in the code (a replay reads it)
+            self.tracer.fresh(out)
+            self.tracer.note(stage, position, out)
 
     def new_output(self, like: Any, space: tuple[int, ...], dtype: int, contiguous: bool) -> Tensor:
         """A tensor for a fresh result over ``space``: one of this batch's earlier results

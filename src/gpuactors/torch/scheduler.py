@@ -39,6 +39,7 @@ from gpuactors.torch.batch import Batch, Decline
 from gpuactors.torch.executors import Executor
 from gpuactors.torch.handlers import TABLE, TENSORS_ONLY, USUAL
 from gpuactors.torch.record import usual
+from gpuactors.torch.replay import MAX_PLANS, PLANS_PER_OP, Capture, Plan, Replay, first_op
 
 _CONTAINERS = (list, tuple)
 
@@ -52,6 +53,7 @@ class SchedulerStats:
     fallbacks: int = 0
     declined: int = 0
     batches: int = 0
+    replayed: int = 0  # batches that followed the plan of an earlier one
     flushes: Counter[str] = field(default_factory=Counter)
 
 
@@ -75,8 +77,10 @@ class TorchScheduler:
 
     ``size_threshold``: tensors with more elements go to PyTorch. ``max_batch_ops``: a
     batch is flushed when it holds this many ops. ``auto_flush_ms``: the longest an op
-    waits in an open batch (None: no timer). One thread at a time may be inside the
-    context; flushes may come from any thread (``flush_async`` from an event loop).
+    waits in an open batch (None: no timer). ``replay``: a batch whose ops repeat an
+    earlier batch's reuses its program (:mod:`.replay`). One thread at a time may be
+    inside the context; flushes may come from any thread (``flush_async`` from an
+    event loop).
     """
 
     def __init__(
@@ -86,6 +90,7 @@ class TorchScheduler:
         size_threshold: int = 1 << 18,
         max_batch_ops: int = 256,
         auto_flush_ms: float | None = 2.0,
+        replay: bool = True,
     ) -> None:
         if size_threshold < 1 or max_batch_ops < 1:
             raise InvalidArgument("size_threshold and max_batch_ops must be >= 1")
@@ -97,8 +102,12 @@ class TorchScheduler:
         self.max_batch_ops = max_batch_ops
         self.auto_flush_s = None if auto_flush_ms is None else auto_flush_ms / 1000
         self.stats = SchedulerStats()
+        self.replay = replay
+        #: Plans by the aten overload of their first op, the newest first.
+        self._plans: dict[Any, list[Plan]] = {}
+        self._last_first: Any = None  # the first op of the last batch recorded
         self._lock = threading.Lock()  # the batch; held while a flush runs it
-        self._batch = Batch(self.device, size_threshold)
+        self._batch: Batch | Replay = self._new_batch()
         self._ticket = 0
         self._owner: int | None = None  # the thread inside the context
         self._depth = 0
@@ -162,19 +171,49 @@ class TorchScheduler:
         lock if another thread is recording)."""
         await asyncio.to_thread(self.flush, "async")
 
+    def _new_batch(self) -> Batch:
+        return Batch(self.device, self.size_threshold)
+
+    def _maybe_capture(self, batch: Batch, func: Any, args: tuple[Any, ...]) -> None:
+        """Before the first op of ``batch`` (lock held): note the batch for a plan if
+        the last batch began with the same op on the same kinds of arguments (a loop
+        repeating itself); a batch that will not repeat pays nothing for it."""
+        if batch.first_seen:
+            return  # its first op was declined, or this op came by another path first
+        batch.first_seen = True
+        first = first_op(func, args)
+        if first is not None and first == self._last_first and batch.tracer is None:
+            batch.capture = batch.tracer = Capture()
+        self._last_first = first
+
     def _flush_locked(self, reason: str) -> None:
         batch = self._batch
         if not batch.ops:
+            if isinstance(batch, Replay):
+                self._batch = self._new_batch()
             return
-        self._batch = Batch(self.device, self.size_threshold)
+        self._batch = self._new_batch()
         self._ticket += 1
         words, n, units = batch.assemble(self._ticket, self.executor.counter)
+        if isinstance(batch, Replay):
+            self.stats.replayed += 1
+        elif batch.capture is not None:
+            self._keep_plan(batch.capture.plan(batch, words, n))
         self.stats.batches += 1
         self.stats.flushes[reason] += 1
         # ``batch`` holds every tensor the program reads or writes in place: it lives
         # (here) until the program has run.
         self.executor.run(words, n, units, batch.stream)
         del batch
+
+    def _keep_plan(self, plan: Plan | None) -> None:
+        if plan is None:
+            return
+        func = plan.steps[0].func
+        plans = self._plans.pop(func, [])
+        if len(self._plans) >= MAX_PLANS:
+            del self._plans[next(iter(self._plans))]
+        self._plans[func] = [plan, *plans[: PLANS_PER_OP - 1]]
 
     def run_program(self, words: np.ndarray, n: int, units: int, reason: str) -> None:
         """Run a ready program (a traced one) after the open batch, and wait for it."""
@@ -197,7 +236,9 @@ class TorchScheduler:
             self.flush("trace")
             with self._lock:
                 batch = self._batch
+                assert isinstance(batch, Batch)  # flushed just now: a new one
                 batch.tracer = tracer
+                batch.capture = None
                 fallbacks = self.stats.fallbacks
 
             def whole() -> Batch | None:
@@ -237,21 +278,44 @@ class TorchScheduler:
     def _dispatch(
         self, func: Any, types: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        usual_op = USUAL.get(func)
-        if usual_op is not None and not kwargs and not types and len(args) == usual_op[3]:
+        if types:  # a tensor subclass with its own dispatch: PyTorch's business
+            return self._fallback(func, args, kwargs)
+        plans = self._plans
+        if plans and (type(self._batch) is Replay or (func in plans and not self._batch.ops)):
+            with self._lock:
+                batch = self._batch
+                out = batch.follow(func, args, kwargs) if type(batch) is Replay else None
+                if out is not None:  # the usual case of a replay, first
+                    self.stats.ops += 1
+                    if batch.ops >= self.max_batch_ops:
+                        self._flush_locked("size")
+                    return out
+                out = self._follow(func, args, kwargs)
+            if out is not None:
+                return out
+            if type(self._batch) is Replay:  # an op the scheduler does not take
+                return self._fallback(func, args, kwargs)
+        usual_op = _USUAL_BY_ID.get(id(func))
+        if usual_op is not None and not kwargs and len(args) == usual_op[3]:
             op, p0, rule, arity = usual_op
             b = args[1] if arity == 2 else None
             if rule != TENSORS_ONLY or isinstance(b, Tensor):
                 with self._lock:
                     batch = self._batch
+                    assert isinstance(batch, Batch)
+                    if not batch.ops and self.replay:
+                        self._maybe_capture(batch, func, args)
                     out = usual(batch, op, args[0], b, p0, 0, rule if rule != TENSORS_ONLY else -1)
                     if out is not None:
-                        self._took(batch)
+                        self._took(batch, func, args, kwargs, out)
                         return out
-        handler = TABLE.get(func)
-        if handler is not None and not types:  # no tensor subclass with its own dispatch
+        handler = _TABLE_BY_ID.get(id(func)) or TABLE.get(func)
+        if handler is not None:
             with self._lock:
                 batch = self._batch
+                assert isinstance(batch, Batch)
+                if not batch.ops and self.replay:
+                    self._maybe_capture(batch, func, args)
                 for attempt in (0, 1):
                     try:
                         out = handler(batch, args, kwargs)
@@ -263,33 +327,74 @@ class TorchScheduler:
                             break
                         self._flush_locked("full")
                         batch = self._batch
+                        assert isinstance(batch, Batch)
                         continue
-                    self._took(batch)
+                    self._took(batch, func, args, kwargs, out)
                     return out
         return self._fallback(func, args, kwargs)
 
-    def _took(self, batch: Batch) -> None:
-        """An op went into ``batch`` (lock held): note the batch's start, or flush a
-        batch that is full."""
-        self.stats.ops += 1
+    def _follow(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The op's result from a new replay (lock held), or None. An op the scheduler
+        takes that the open replay does not expect ends it: the ops followed so far run."""
+        batch = self._batch
+        if isinstance(batch, Replay):  # it did not expect this op
+            if func in TABLE:
+                self._flush_locked("replay ended")
+            return None
+        if batch.ops or batch.tracer is not None:  # a trace records this batch: no replay
+            return None
+        for plan in self._plans.get(func, ()):
+            replay = Replay(plan, self.device)
+            out = replay.follow(func, args, kwargs)
+            if out is not None:
+                self._batch = replay
+                self._started(replay)
+                return out
+        return None
+
+    def _took(
+        self, batch: Batch, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
+    ) -> None:
+        """An op went into ``batch`` (lock held): note it for a replay, note the batch's
+        start, or flush a batch that is full."""
+        if batch.capture is not None:
+            batch.capture.step(batch, func, args, kwargs, out)
         if batch.ops == 1:
-            if self.device.type == "cuda":
-                batch.stream = torch.cuda.current_stream(self.device)
-            if self.auto_flush_s is not None:
-                self._wake.set()
-        elif batch.ops >= self.max_batch_ops:
-            self._flush_locked("size")
+            self._started(batch)
+        else:
+            self.stats.ops += 1
+            if batch.ops >= self.max_batch_ops:
+                self._flush_locked("size")
+
+    def _started(self, batch: Batch | Replay) -> None:
+        """The first op of ``batch`` was taken: its stream, and the timer's wake-up."""
+        self.stats.ops += 1
+        if self.device.type == "cuda":
+            batch.stream = torch.cuda.current_stream(self.device)
+        if self.auto_flush_s is not None:
+            self._wake.set()
 
     def _fallback(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self.stats.fallbacks += 1
         if self._batch.ops:
             if func.is_view and torch.Tag.inplace_view not in func.tags:
                 with self._lock:  # a view reads no data, but its memory is now shared
-                    for t in _tensors(args, kwargs):
-                        self._batch.escaped(t)
+                    batch = self._batch
+                    if isinstance(batch, Replay):  # a replay shares no memory: run it
+                        if any(batch.pending(t) for t in _tensors(args, kwargs)):
+                            self._flush_locked("fallback")
+                    else:
+                        for t in _tensors(args, kwargs):
+                            batch.escaped(t)
             elif any(True for _ in _tensors(args, kwargs)):
                 self.flush("fallback")
         return func(*args, **kwargs)
+
+
+# The tables again, by the overload object's id: an OpOverload hashes in Python, and the
+# dispatcher hands over the very objects the tables hold (TABLE is asked on a miss).
+_USUAL_BY_ID = {id(func): entry for func, entry in USUAL.items()}
+_TABLE_BY_ID = {id(func): handler for func, handler in TABLE.items()}
 
 
 def _tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

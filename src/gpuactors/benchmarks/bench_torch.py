@@ -1,0 +1,301 @@
+"""The tiny-op scheduler against eager PyTorch, CUDA graphs and torch.compile.
+
+Run on a GPU machine:  CUDA_MODULE_LOADING=EAGER python -m gpuactors.benchmarks.bench_torch
+[--quick] [--json PATH] [--strict] [--profile]
+
+The workload is GPUOS's use case: a chain of 57 tiny kernels on float32 vectors (14
+pointwise ops x 4 rounds, then a last-dim sum; the probe shared/tools/probe_torch_tinyops.py
+runs the same chain). Every baseline runs in this process on this GPU. Per n in 256, 4,096
+and 65,536: eager, CUDA graph replay, torch.compile (steady, and its first call including
+the compile), the scheduler context (its batches replayed, as a loop's are, and recorded
+op by op with replay off) and traced mode, each the median of repeated call +
+synchronize. What recording alone costs is measured with an executor that runs nothing.
+Then 20 new shapes in a row (n = 1000 + 37 k, inputs made in the loop), total time per
+mode. ``--profile`` prints where the scheduler's Python time goes (cProfile, n = 4,096).
+
+Targets (issue 23): the scheduler context >= 1.5x faster than eager for n <= 4,096;
+traced mode <= 1.0x torch.compile's steady time; 20 new shapes >= 10x faster than
+torch.compile's total and no slower than eager. Needs PyTorch with CUDA (the torch extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from gpuactors.benchmarks.results import ScriptResults, add_result_options, run_measurement
+
+SIZES = (256, 4096, 65536)
+OPS = 57
+SCHEDULER_TARGET = 1.5  # times faster than eager, n <= 4,096
+SHAPES = 20
+
+
+try:  # the module imports without PyTorch: measure() says why it cannot run then
+    import torch
+except ImportError:
+    torch = None
+
+
+def chain(x: Any, y: Any) -> Any:
+    """57 tiny kernels in eager PyTorch."""
+    for _ in range(4):
+        x = torch.relu(x + y)
+        x = torch.sigmoid(x * 1.5)
+        x = torch.tanh(x - y)
+        x = torch.exp(x * 0.1)
+        x = torch.clamp(x, -2.0, 2.0)
+        x = torch.maximum(x, y)
+        x = torch.nn.functional.gelu(x)
+        x = x / (1.0 + y.abs())
+    return x.sum(dim=-1)
+
+
+def unavailable() -> str | None:
+    """Why this benchmark cannot run here (None: it can)."""
+    if torch is None:
+        return "torch not installed: bench_torch needs the torch extra (pip install torch)"
+    if not torch.cuda.is_available():
+        return f"torch {torch.__version__} sees no CUDA device: bench_torch needs a GPU"
+    return None
+
+
+def median_us(fn: Callable[[], Any], reps: int, warmup: int = 20) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6
+
+
+class NoRun:
+    """An executor that runs nothing: what recording a batch costs, without the engine."""
+
+    counter = 0
+
+    def __init__(self) -> None:
+        self.device = torch.device("cuda", torch.cuda.current_device())
+
+    def run(self, words: Any, n: int, units: int, stream: Any) -> None:
+        return None
+
+
+def in_context(scheduler: Any) -> Callable[[Any, Any], Any]:
+    def scheduled(x: Any, y: Any) -> Any:
+        with scheduler:
+            return chain(x, y)
+
+    return scheduled
+
+
+def context_us(scheduler: Any, x: Any, y: Any, reps: int) -> float:
+    """The median time of the chain in ``scheduler``'s context, call + synchronize."""
+    scheduled = in_context(scheduler)
+    return median_us(lambda: scheduled(x, y), reps)
+
+
+def ours(n: int, engine: Any, reps: int) -> dict[str, float]:
+    """Eager, the scheduler context (replayed, and recorded op by op) and traced mode,
+    measured before any torch.compile or graph capture has run in the process."""
+    from gpuactors.torch import TorchScheduler, trace
+
+    x = torch.randn(n, device="cuda")
+    y = torch.randn(n, device="cuda")
+    expected = chain(x, y)
+    row = {"eager_us": median_us(lambda: chain(x, y), reps)}
+    for key, replay in (("scheduler", True), ("recorded", False)):
+        sched = engine.scheduler(auto_flush_ms=None, replay=replay)
+        torch.testing.assert_close(in_context(sched)(x, y), expected, rtol=1e-4, atol=1e-2)
+        row[f"{key}_us"] = context_us(sched, x, y, reps)
+        if replay:
+            row["task_device_us"] = sched.executor.last.device_ns / 1e3
+            traced = trace(chain, sched)
+            torch.testing.assert_close(traced(x, y), expected, rtol=1e-4, atol=1e-2)
+            row["traced_us"] = median_us(lambda: traced(x, y), reps)  # noqa: B023 (run here)
+        sched.close()
+        bare = TorchScheduler(NoRun(), auto_flush_ms=None, replay=replay)
+        row[f"{key}_python_us"] = context_us(bare, x, y, reps)
+        bare.close()
+    return row
+
+
+def theirs(n: int, reps: int, row: dict[str, float]) -> None:
+    """CUDA graph replay and torch.compile (steady, and its first call)."""
+    x = torch.randn(n, device="cuda")
+    y = torch.randn(n, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            chain(x, y)
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(graph):
+        chain(x, y)
+    row["graph_us"] = median_us(graph.replay, reps)
+    start = time.perf_counter()
+    compiled = torch.compile(chain, dynamic=False)
+    compiled(x, y)
+    torch.cuda.synchronize()
+    row["compile_first_s"] = time.perf_counter() - start
+    row["compile_us"] = median_us(lambda: compiled(x, y), reps)
+
+
+def new_shapes(engine: Any) -> dict[str, float]:
+    """20 new sizes in a row, inputs made in the loop: total seconds per mode."""
+    from gpuactors.torch import trace
+
+    def run(fn: Callable[[Any, Any], Any]) -> float:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for k in range(SHAPES):
+            n = 1000 + 37 * k
+            fn(torch.randn(n, device="cuda"), torch.randn(n, device="cuda"))
+        torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    sched = engine.scheduler(auto_flush_ms=None)
+    figures = {  # torch.compile last: ours first, before anything compiled runs here
+        "eager_s": run(chain),
+        "scheduler_s": run(in_context(sched)),
+        "traced_s": run(trace(chain, sched)),
+        "compile_s": run(torch.compile(chain, dynamic=None)),
+    }
+    sched.close()
+    return figures
+
+
+def profile(engine: Any, n: int = 4096, calls: int = 200) -> None:
+    """Where the scheduler's Python time goes, replayed and recorded (top functions)."""
+    x = torch.randn(n, device="cuda")
+    y = torch.randn(n, device="cuda")
+    for replay in (True, False):
+        sched = engine.scheduler(auto_flush_ms=None, replay=replay)
+        scheduled = in_context(sched)
+        for _ in range(20):
+            scheduled(x, y)
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(calls):
+            scheduled(x, y)
+        torch.cuda.synchronize()
+        profiler.disable()
+        print(f"--- profile, replay {'on' if replay else 'off'}: {calls} calls, n = {n}")
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
+        sched.close()
+
+
+def record(rows: list[dict[str, float]], shapes: dict[str, float], results: ScriptResults) -> None:
+    """Print the figures and put them (and the targets) in ``results``."""
+    for row in rows:
+        n = int(row["n"])
+        print(
+            f"n={n:>6}: eager {row['eager_us']:7.1f} us | graph {row['graph_us']:6.1f} us"
+            f" | compile {row['compile_us']:6.1f} us (first {row['compile_first_s']:.2f} s)"
+            f" | scheduler {row['scheduler_us']:7.1f} us"
+            f" ({row['eager_us'] / row['scheduler_us']:.2f}x eager; recorded op by op"
+            f" {row['recorded_us']:.1f} us) | traced {row['traced_us']:6.1f} us"
+            f" ({row['traced_us'] / row['compile_us']:.2f}x compile)",
+            flush=True,
+        )
+        print(
+            f"          Python per op: replayed {row['scheduler_python_us'] / OPS:.2f} us,"
+            f" recorded {row['recorded_python_us'] / OPS:.2f} us, eager"
+            f" {row['eager_us'] / OPS:.2f} us (launch included); the GPU ran the task"
+            f" {row['task_device_us']:.1f} us"
+        )
+        for label, key, base_label, base_key in (
+            ("scheduler context", "scheduler_us", "eager", "eager_us"),
+            ("scheduler, recorded op by op", "recorded_us", "eager", "eager_us"),
+            ("traced mode", "traced_us", "torch.compile steady", "compile_us"),
+        ):
+            results.compare(
+                f"{label}, n={n}",
+                row[key],
+                baseline_label=base_label,
+                baseline_value=row[base_key],
+                unit="us",
+                higher_is_better=False,
+            )
+        for name in ("graph_us", "scheduler_python_us", "recorded_python_us", "task_device_us"):
+            results.figure(f"{name}, n={n}", row[name], "us")
+        results.figure(f"compile_first_s, n={n}", row["compile_first_s"], "s")
+    print(
+        f"{SHAPES} new shapes: compile {shapes['compile_s']:.3f} s | eager"
+        f" {shapes['eager_s'] * 1e3:.1f} ms | scheduler {shapes['scheduler_s'] * 1e3:.1f} ms"
+        f" | traced {shapes['traced_s'] * 1e3:.1f} ms",
+        flush=True,
+    )
+    for name, value in shapes.items():
+        results.figure(f"{SHAPES} new shapes, {name}", value, "s")
+    small = [row for row in rows if row["n"] <= 4096]
+    worst = min(row["eager_us"] / row["scheduler_us"] for row in small)
+    traced = max(row["traced_us"] / row["compile_us"] for row in rows)
+    best = min(shapes["scheduler_s"], shapes["traced_s"])
+    checks: tuple[tuple[str, bool, str], ...] = (
+        (
+            f"scheduler >= {SCHEDULER_TARGET}x faster than eager (n <= 4096)",
+            worst >= SCHEDULER_TARGET,
+            f"{worst:.2f}x",
+        ),
+        ("traced <= 1.0x torch.compile steady", traced <= 1.0, f"{traced:.2f}x"),
+        (
+            f"{SHAPES} new shapes >= 10x faster than torch.compile",
+            shapes["compile_s"] / best >= 10,
+            f"{shapes['compile_s'] / best:.1f}x",
+        ),
+        (
+            f"{SHAPES} new shapes no slower than eager",
+            best <= shapes["eager_s"],
+            f"{best / shapes['eager_s']:.2f}x",
+        ),
+    )
+    for name, met, shown in checks:
+        print(f"target {name}: {results.target(name, met, shown)} ({shown})")
+
+
+def measure(args: argparse.Namespace, results: ScriptResults) -> None:
+    reason = unavailable()
+    if reason is not None:
+        print(f"bench_torch skipped: {reason}", flush=True)
+        return
+    from gpuactors.torch import LocalEngine
+
+    reps = 50 if args.quick else 200
+    results.device = torch.cuda.get_device_name()
+    print(f"device: {results.device}, torch {torch.__version__}", flush=True)
+    with torch.no_grad(), LocalEngine() as engine:
+        if args.profile:
+            profile(engine)
+        rows: list[dict[str, float]] = []
+        for n in SIZES:
+            rows.append({"n": float(n), **ours(n, engine, reps)})
+        shapes = new_shapes(engine)
+        for row in rows:
+            theirs(int(row["n"]), reps, row)
+    record(rows, shapes, results)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    parser.add_argument(
+        "--profile", action="store_true", help="first print where the scheduler's time goes"
+    )
+    add_result_options(parser)
+    args = parser.parse_args(argv)
+    return run_measurement("bench_torch", args, lambda results: measure(args, results))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
