@@ -67,8 +67,11 @@ def records_of(tasks: Sequence[Task]) -> np.ndarray:
     records["blocks"] = [t.blocks for t in tasks]  # (check_count clamped them)
     records["n"] = [t.n for t in tasks]
     records["deadline_ns"] = [t.deadline_ns for t in tasks]
-    words = np.zeros((len(tasks), abi.MAX_ARGS), dtype=np.uint64)
-    for row, task in enumerate(tasks):
-        words[row, : len(task.words)] = task.words
-    records["args"] = words
+    # Every row's words in one conversion (rows of ops of fewer arguments padded).
+    words = [task.words for task in tasks]
+    width = max(map(len, words), default=0)
+    if width:
+        if min(map(len, words)) < width:
+            words = [row + [0] * (width - len(row)) for row in words]
+        records["args"][:, :width] = np.array(words, dtype=np.uint64)
     return records
