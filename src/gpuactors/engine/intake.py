@@ -234,11 +234,14 @@ class Intake:
         tasks = self._accept_all(entries, events, accepted_at)
         if not tasks:
             return
-        for task in tasks:
-            if task.ready_event is not None or (self.backlog and self.queue_behind()):
-                self.backlog.append(task)
-            else:
-                self.staged.append(task)
+        if self.backlog or any(event is not None for event in events.values()):
+            for task in tasks:
+                if task.ready_event is not None or (self.backlog and self.queue_behind()):
+                    self.backlog.append(task)
+                else:
+                    self.staged.append(task)
+        else:  # none waits for its inputs, none can queue behind another: all are staged
+            self.staged.extend(tasks)
         self._wake.set()
         self.flush_staged()  # every task of this drain: one store, one kick
 
