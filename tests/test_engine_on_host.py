@@ -525,6 +525,26 @@ async def test_a_drain_of_many_fails_only_its_bad_tasks(system: ActorSystem) -> 
     )
 
 
+async def test_a_drain_sent_to_a_closing_engine_refuses_each_task(system: ActorSystem) -> None:
+    """A drain of many found once that the engine does not serve: each task still gets
+    the error a lone one gets, its own, and nothing reaches the ring."""
+    runtime, engine, engine_actor, first = await one_enqueue_in_flight(system)
+    stopping = asyncio.ensure_future(engine.shutdown(timeout=5))
+    await loop_turns_until(lambda: engine_actor._service.closing)
+    out = CupyLikeArray("float32", 1 << 20)
+    calls = [
+        asyncio.ensure_future(engine.enqueue("fill", out, 1.0, n=8, after="none"))
+        for _ in range(20)
+    ]
+    outcomes = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 5)
+    assert all(isinstance(outcome, EngineStopped) for outcome in outcomes)
+    assert len({id(outcome) for outcome in outcomes}) == len(outcomes)  # each its own
+    assert runtime.ring.published == 1
+    runtime.finish()
+    assert isinstance(await asyncio.wait_for(first, 5), Completion)
+    await asyncio.wait_for(stopping, 5)
+
+
 async def test_enqueue_waits_for_the_callers_stream(system: ActorSystem, stream: Stream) -> None:
     """after="current_stream": held while the stream captured at the call is busy."""
     runtime = HostRuntime()

@@ -257,7 +257,11 @@ class Intake:
         deadline (one clock read: a task accepted later in the drain gets a deadline
         earlier by at most the drain's few microseconds a task)."""
         service = self._service
-        serving = service.is_serving()
+        try:  # (else each task is refused below with its own error)
+            service.check_serving()
+            serving = True
+        except GpuActorsError:
+            serving = False
         device_id = service.device_id
         ops = self._ops
         resolutions = ops.resolutions
@@ -313,7 +317,13 @@ class Intake:
         ring; the general path takes it then, with its precise errors."""
         service = self._service
         runtime = service.runtime
-        if entry.future.done() or runtime is None or not service.is_serving():
+        if (
+            entry.future.done()
+            or service.faulted is not None
+            or service.closing
+            or runtime is None
+            or GENERATIONS.by_device.get(service.device_id, FIRST_GENERATION) != service.generation
+        ):
             return False
         resolved = self._ops.resolutions.get(entry.op)
         if resolved is None:  # not yet resolved (or unknown: the general path says so)

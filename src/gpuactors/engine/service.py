@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from gpuactors.cuda.generation import FIRST_GENERATION, GENERATIONS
+from gpuactors.cuda.generation import GENERATIONS
 from gpuactors.engine.runtime import EngineRuntime
 from gpuactors.errors import DeviceFault, EngineStopped
 
@@ -31,15 +31,6 @@ class Service:
         # deadline's distance from host time, offset included.)
         self.clock_offset_ns = 0
         self.default_in_ns = self.default_timeout_ns
-
-    def is_serving(self) -> bool:
-        """Whether a new task is accepted (:meth:`check_serving` says why not)."""
-        return (
-            self.faulted is None
-            and not self.closing
-            and self.runtime is not None
-            and GENERATIONS.by_device.get(self.device_id, FIRST_GENERATION) == self.generation
-        )
 
     def check_serving(self) -> None:
         """Raise why a new task is refused (out of service, closing, stale), if it is."""
