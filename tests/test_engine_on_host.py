@@ -16,6 +16,7 @@ import pytest
 
 from gpuactors.actors import ActorRef, ActorSystem, Props
 from gpuactors.cuda import arrays as arrays_module
+from gpuactors.engine import abi
 from gpuactors.engine import actor as actor_module
 from gpuactors.engine import args as args_module
 from gpuactors.engine import optable as optable_module
@@ -39,7 +40,9 @@ from gpuactors.errors import (
     AskTimeout,
     EngineError,
     EngineStopped,
+    GpuActorsError,
     InvalidArgument,
+    TaskFailed,
     TaskTimeout,
     UnknownOp,
 )
@@ -465,6 +468,81 @@ async def test_each_callers_error_is_its_own(system: ActorSystem) -> None:
         await wrong
     with pytest.raises(UnknownOp):  # the same error through the message
         await ref.ask(fill(op="nope", args=(out,)))
+
+
+async def test_a_drain_of_many_fails_only_its_bad_tasks(system: ActorSystem) -> None:
+    """Tasks accepted in one Submit, enough to be published in one store and harvested
+    as columns: each refused one fails alone with the error ask(Enqueue) gives, each
+    failure the device reports reaches only its own caller, and each timeout gives
+    its own deadline."""
+    runtime, engine, engine_actor, first = await one_enqueue_in_flight(system)
+    ref, out, src = engine.ref, CupyLikeArray("float32", 1 << 20), CupyLikeArray("float32", 64)
+    bad = {  # the fifth of every eight calls, in turn
+        0: Enqueue(op="nope", args=(out,), n=8, after="none"),
+        1: Enqueue(op="fill", args=(out,), n=8, after="none"),
+        2: Enqueue(op="fill", args=(out, float("nan")), n=8, after="none"),
+        3: Enqueue(op="fill", args=(CupyLikeArray("float64", 64), 1.0), n=8, after="none"),
+        4: Enqueue(op="copy", args=(out, src), n=65, after="none"),
+    }
+    good: list[asyncio.Future[Completion]] = []
+    refused: list[tuple[asyncio.Future[Completion], Enqueue]] = []
+    for k in range(40):
+        if k % 8 == 4:
+            msg = bad[k // 8]
+            call = engine.enqueue(msg.op, *msg.args, n=msg.n, after="none")
+            refused.append((asyncio.ensure_future(call), msg))
+        elif k % 3 == 0:  # a timeout of its own: a deadline earlier than the default's
+            call = engine.enqueue("copy", out, src, n=8, timeout=5.0, after="none")
+            good.append(asyncio.ensure_future(call))
+        else:
+            call = engine.enqueue("fill", out, float(k), n=8, after="none")
+            good.append(asyncio.ensure_future(call))
+    await loop_turns_until(lambda: all(future.done() for future, _ in refused))
+    assert runtime.ring.published == 1 + len(good) and len(good) >= 17  # (the vector paths)
+    # The device fails two of them: seq 5 missed its deadline, seq 9's op said 7.
+    runtime.finish(lambda seq, record: {5: abi.STATUS_DEADLINE, 9: 7}.get(seq, 0))
+    assert isinstance(await asyncio.wait_for(first, 5), Completion)
+    outcomes = await asyncio.wait_for(asyncio.gather(*good, return_exceptions=True), 5)
+    for seq, outcome in enumerate(outcomes, start=2):
+        if seq == 5:
+            assert isinstance(outcome, TaskTimeout)
+        elif seq == 9:
+            assert isinstance(outcome, TaskFailed) and outcome.seq == 9 and outcome.code == 7
+        else:
+            assert isinstance(outcome, Completion) and outcome.seq == seq
+    for future, msg in refused:  # the error a lone ask gives, typed and worded alike
+        with pytest.raises(GpuActorsError) as alone:
+            await ref.ask(msg)
+        error = future.exception()
+        assert type(error) is type(alone.value) and str(error) == str(alone.value)
+    assert engine_actor._completions.processed == len(good) - 1  # (+ first, - two)
+    assert engine_actor._completions.failed == 2 and not engine_actor._completions.pending
+    deadlines = {int(record["op"]): int(record["deadline_ns"]) for _, record in runtime.taken}
+    assert (
+        0
+        < deadlines[engine_actor._ops.resolve("copy").op_id]
+        < deadlines[engine_actor._ops.resolve("fill").op_id]
+    )
+
+
+async def test_a_drain_sent_to_a_closing_engine_refuses_each_task(system: ActorSystem) -> None:
+    """A drain of many found once that the engine does not serve: each task still gets
+    the error a lone one gets, its own, and nothing reaches the ring."""
+    runtime, engine, engine_actor, first = await one_enqueue_in_flight(system)
+    stopping = asyncio.ensure_future(engine.shutdown(timeout=5))
+    await loop_turns_until(lambda: engine_actor._service.closing)
+    out = CupyLikeArray("float32", 1 << 20)
+    calls = [
+        asyncio.ensure_future(engine.enqueue("fill", out, 1.0, n=8, after="none"))
+        for _ in range(20)
+    ]
+    outcomes = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 5)
+    assert all(isinstance(outcome, EngineStopped) for outcome in outcomes)
+    assert len({id(outcome) for outcome in outcomes}) == len(outcomes)  # each its own
+    assert runtime.ring.published == 1
+    runtime.finish()
+    assert isinstance(await asyncio.wait_for(first, 5), Completion)
+    await asyncio.wait_for(stopping, 5)
 
 
 async def test_enqueue_waits_for_the_callers_stream(system: ActorSystem, stream: Stream) -> None:

@@ -10,10 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from gpuactors.engine.abi import COMPLETION, RING_RECORD, TASK_RECORD
+from gpuactors.engine.abi import COMPLETION, MAX_ARGS, RING_RECORD, TASK_RECORD
 from gpuactors.engine.messages import MAX_TIMEOUT_S
 from gpuactors.engine.ring import HostConsumer, HostRing, reset_ring, run_to_completion
 from gpuactors.engine.runtime import EngineConfig
+from gpuactors.engine.tasks import Task, records_of
 from gpuactors.errors import InvalidArgument
 
 
@@ -74,6 +75,31 @@ def test_harvest_reads_one_marker_and_retires_it(
     assert ring.wait_harvest(seq, 0.0) == (status, 9, device_ns)
     assert ring._unretired[slot] == 0
     assert ring.wait_harvest(seq + 64, 0.0) is None
+
+
+def test_harvest_finished_reads_the_finished_markers_as_columns() -> None:
+    """The many-task harvest reads what ``harvest`` reads of each finished task, in
+    the order asked, retires those and leaves the running ones alone."""
+    ring, consumer = make_ring(64)
+    seqs = [ring.try_publish(0, 1, []) for _ in range(4)]
+    assert seqs == [1, 2, 3, 4]
+    consumer.take()
+    figures = {1: (0, 1, 1_000, 4_500), 3: (-3, 9, 2**60, 2**60 + 7), 4: (5, 2, 900, 800)}
+    for seq, (status, units, t_start, t_end) in figures.items():
+        slot = (seq - 1) & ring.mask
+        entry = ring.completions[slot : slot + 1]
+        entry["status"], entry["units"] = status, units
+        entry["t_start_ns"], entry["t_end_ns"] = t_start, t_end
+        entry["seq"] = seq  # marker last
+    asked = np.array([4, 1, 2, 3], dtype=np.uint64)
+    finished = ring.harvest_finished(asked)
+    assert finished == ([4, 1, 3], [5, 0, -3], [2, 1, 9], [0, 3_500, 7])  # clock back: 0
+    assert [ring._unretired[slot] for slot in range(4)] == [0, 1, 0, 0]
+    assert ring.harvest(2) is None  # still running, still unretired
+    # Each task's figures are what the one-task read gives.
+    for seq in (1, 3, 4):
+        ring._unretired[seq - 1] = 1
+    assert [ring.harvest(seq) for seq in (4, 1, 3)] == list(zip(*finished[1:], strict=True))
 
 
 def test_full_ring_refuses_until_a_task_completes() -> None:
@@ -139,6 +165,32 @@ def test_publish_batch_vectorised() -> None:
     assert [int(r["n"]) for _, r in taken[1:]] == list(range(100))
     with pytest.raises(InvalidArgument):
         ring.publish_batch(np.zeros(100, dtype=TASK_RECORD))
+
+
+def test_staged_tasks_of_different_arities_become_their_own_records() -> None:
+    """``records_of`` converts every row's words at once: rows of ops with fewer
+    arguments are padded with zeros, and each record decodes to its own task."""
+    words = [[7, 2**64 - 1, 3], [], [5], [2**56, 9]]
+    tasks = [
+        Task(None, None, op_id, n, row, blocks, deadline, (), 0.0)  # type: ignore[arg-type]
+        for op_id, (n, row, blocks, deadline) in enumerate(
+            [
+                (10, words[0], 1, 0),
+                (0, words[1], 4, 1 << 20),
+                (2**61, words[2], 2, 0),
+                (1, words[3], 1, 0),
+            ]
+        )
+    ]
+    ring, consumer = make_ring(64)
+    assert list(ring.publish_batch(records_of(tasks))) == [1, 2, 3, 4]
+    for task, (_, record) in zip(tasks, consumer.take(), strict=True):
+        assert int(record["op"]) == task.op_id and int(record["n"]) == task.n
+        assert int(record["blocks"]) == task.blocks
+        assert int(record["deadline_ns"]) == task.deadline_ns
+        padded = task.words + [0] * (MAX_ARGS - len(task.words))
+        assert [int(word) for word in record["args"]] == padded
+    assert records_of([]).shape == (0,)
 
 
 @settings(max_examples=60, deadline=None)

@@ -42,11 +42,35 @@ class Completions:
         if not pending:
             return 0
         if len(pending) < _VECTOR_HARVEST_MIN:
-            finished = [seq for seq in pending if ring.is_done(seq)]
-        else:
-            seqs = np.fromiter(pending, dtype=np.uint64, count=len(pending))
-            markers = ring.completions["seq"][(seqs - np.uint64(1)) & np.uint64(ring.mask)]
-            finished = seqs[markers == seqs].tolist()  # each is read and retired below
+            return self._harvest_each(ring)
+        seqs, statuses, units, device_ns = ring.harvest_finished(
+            np.fromiter(pending, dtype=np.uint64, count=len(pending))
+        )
+        # One clock read for the lot: they were all seen finished by this harvest.
+        now = time.perf_counter()
+        latencies = self.latencies
+        ok = 0
+        for seq, status, task_units, task_ns in zip(seqs, statuses, units, device_ns, strict=True):
+            task = pending.pop(seq)
+            latencies.append(now - task.accepted_at)
+            future = task.future
+            if status == abi.STATUS_OK:
+                ok += 1
+                op = task.op
+                reply = build_completion(seq, op.name, op.version, task_units, task_ns)
+                if not future.done():
+                    future.set_result(reply)
+            else:
+                error = self._failure(seq, task.op, task.op_id, status)
+                if not future.done():
+                    future.set_exception(error)
+        self.processed += ok
+        return len(seqs)
+
+    def _harvest_each(self, ring: HostRing) -> int:
+        """The harvest of a few tasks: each marker looked at on its own."""
+        pending = self.pending
+        finished = [seq for seq in pending if ring.is_done(seq)]
         for seq in finished:
             task = pending.pop(seq)
             harvested = ring.harvest(seq)
@@ -78,6 +102,10 @@ class Completions:
         if status == abi.STATUS_OK:
             self.processed += 1
             return build_completion(seq, op.name, op.version, units, device_ns)
+        return self._failure(seq, op, op_id, status)
+
+    def _failure(self, seq: int, op: OpSpec, op_id: int, status: int) -> GpuActorsError:
+        """Failed task ``seq``'s error, from its marker's status (counted)."""
         self.failed += 1
         if status == abi.STATUS_DEADLINE:
             return TaskTimeout(f"task {seq} of op {op.name!r} missed its deadline")

@@ -231,60 +231,82 @@ class Intake:
         )
         if lone and self._in_line(entries[0], events, accepted_at):  # an idle engine
             return
-        tasks: list[Task] = []
-        for entry in entries:
-            task = self._accept(entry, events, accepted_at)
-            if task is not None:
-                tasks.append(task)
+        tasks = self._accept_all(entries, events, accepted_at)
         if not tasks:
             return
-        for task in tasks:
-            if task.ready_event is not None or (self.backlog and self.queue_behind()):
-                self.backlog.append(task)
-            else:
-                self.staged.append(task)
+        if self.backlog or any(event is not None for event in events.values()):
+            for task in tasks:
+                if task.ready_event is not None or (self.backlog and self.queue_behind()):
+                    self.backlog.append(task)
+                else:
+                    self.staged.append(task)
+        else:  # none waits for its inputs, none can queue behind another: all are staged
+            self.staged.extend(tasks)
         self._wake.set()
         self.flush_staged()  # every task of this drain: one store, one kick
 
-    def _accept(self, entry: Submission, events: dict[int, Any], accepted_at: float) -> Task | None:
-        """Submitted task ``entry``, checked and encoded; None if its caller went away
-        or it was refused (its future has the error). ``events``: the event of each
-        stream asked so far in this drain (each distinct stream is asked once)."""
-        if entry.future.done():  # its caller went away before it was accepted
-            return None
-        try:
-            ready_event = None
-            if entry.stream is not None:
-                key = id(entry.stream)
-                if key not in events:
-                    events[key] = streams.stream_event(entry.stream, self._service.device_id)
-                ready_event = events[key]
-            return self._task_of(entry, ready_event, accepted_at)
-        except GpuActorsError as exc:
-            entry.future.set_exception(exc)
-        except Exception as exc:  # the caller's arguments, not the actor's failure
-            entry.future.set_exception(unreadable(entry.op, exc))
-        return None
+    def _accept_all(
+        self, entries: list[Submission], events: dict[int, Any], accepted_at: float
+    ) -> list[Task]:
+        """Submitted tasks ``entries``, checked and encoded, in order; those whose caller
+        went away are skipped, those refused have the error in their future.
+        ``events``: the event of each stream asked so far in this drain.
 
-    def _task_of(self, entry: Submission, ready_event: Any, accepted_at: float) -> Task:
-        """Submitted task ``entry``, checked and encoded (errors raise)."""
+        What every task of a drain shares is found once: whether the engine serves
+        (else each task gets the precise error), each stream's event, each timeout's
+        deadline (one clock read: a task accepted later in the drain gets a deadline
+        earlier by at most the drain's few microseconds a task)."""
         service = self._service
-        service.check_serving()
-        resolved = self._ops.resolutions.get(entry.op) or self._ops.resolve(entry.op)
-        n, blocks = check_count(resolved.spec, entry.n, entry.blocks)
-        words = resolved.encoder.encode(entry.args, n, service.device_id)
-        return Task(
-            entry.future,
-            resolved.spec,
-            resolved.op_id,
-            n,
-            words,
-            blocks,
-            service.deadline_ns(entry.timeout),
-            entry.args,
-            accepted_at,
-            ready_event,
-        )
+        try:  # (else each task is refused below with its own error)
+            service.check_serving()
+            serving = True
+        except GpuActorsError:
+            serving = False
+        device_id = service.device_id
+        ops = self._ops
+        resolutions = ops.resolutions
+        deadlines: dict[float | None, int] = {}
+        tasks: list[Task] = []
+        for entry in entries:
+            future = entry.future
+            if future.done():  # its caller went away before it was accepted
+                continue
+            try:
+                ready_event = None
+                if entry.stream is not None:
+                    key = id(entry.stream)
+                    if key not in events:
+                        events[key] = streams.stream_event(entry.stream, device_id)
+                    ready_event = events[key]
+                if not serving:
+                    service.check_serving()
+                resolved = resolutions.get(entry.op) or ops.resolve(entry.op)
+                n, blocks = check_count(resolved.spec, entry.n, entry.blocks)
+                words = resolved.encoder.encode(entry.args, n, device_id)
+                deadline = deadlines.get(entry.timeout)
+                if deadline is None:
+                    deadline = deadlines[entry.timeout] = service.deadline_ns(entry.timeout)
+            except GpuActorsError as exc:
+                future.set_exception(exc)
+                continue
+            except Exception as exc:  # the caller's arguments, not the actor's failure
+                future.set_exception(unreadable(entry.op, exc))
+                continue
+            tasks.append(
+                Task(
+                    future,
+                    resolved.spec,
+                    resolved.op_id,
+                    n,
+                    words,
+                    blocks,
+                    deadline,
+                    entry.args,
+                    accepted_at,
+                    ready_event,
+                )
+            )
+        return tasks
 
     def _in_line(self, entry: Submission, events: dict[int, Any], accepted_at: float) -> bool:
         """Publish submitted task ``entry`` at once and spin for it, bounded like the
@@ -428,16 +450,14 @@ class Intake:
         room = 0 if queued_behind else ring.free_count(len(staged))
         fits = staged[:room]
         if len(fits) >= _VECTOR_MIN:
-            seqs: Sequence[int | None] = ring.publish_batch(records_of(fits), room_measured=True)
+            seqs: Sequence[int] = ring.publish_batch(records_of(fits), room_measured=True)
         else:
-            seqs = [
-                ring.try_publish(t.op_id, t.n, t.words, blocks=t.blocks, deadline_ns=t.deadline_ns)
-                for t in fits
-            ]
-        pending = self._completions.pending
-        for seq, task in zip(seqs, fits, strict=True):
-            assert seq is not None  # the room was measured just before
-            pending[seq] = task
+            seqs = []
+            for t in fits:
+                seq = ring.try_publish(t.op_id, t.n, t.words, t.blocks, t.deadline_ns)
+                assert seq is not None  # the room was measured just before
+                seqs.append(seq)
+        self._completions.pending.update(zip(seqs, fits, strict=True))
         if fits:
             runtime.kick()
         for task in staged[room:]:

@@ -271,6 +271,23 @@ class HostRing:
         device_ns = t_end - t_start
         return status, status_units >> 32, device_ns if device_ns > 0 else 0
 
+    def harvest_finished(
+        self, seqs: np.ndarray
+    ) -> tuple[list[int], list[int], list[int], list[int]]:
+        """:meth:`harvest` of many tasks at once: of ``seqs`` (uint64, in flight), those
+        finished, with their status, units and device ns, as columns (lists), each
+        marker read and retired. One gather per column instead of a call per task."""
+        slots = (seqs - np.uint64(1)) & np.uint64(self.mask)
+        finished = self.completions["seq"][slots] == seqs
+        seqs, slots = seqs[finished], slots[finished]
+        # The rest of each marker is read after the markers: x86 keeps loads in order,
+        # so what is read after a marker is what the device wrote before it.
+        rows = self.completions[slots]
+        self._unretired_view[slots] = 0
+        t_start, t_end = rows["t_start_ns"], rows["t_end_ns"]
+        device_ns = np.where(t_end > t_start, t_end - t_start, np.uint64(0))
+        return seqs.tolist(), rows["status"].tolist(), rows["units"].tolist(), device_ns.tolist()
+
     def harvest_window(
         self, first_seq: int, count: int, already: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
