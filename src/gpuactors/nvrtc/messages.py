@@ -8,6 +8,7 @@ signature) is checked by the actor and comes back as the ask's error.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -196,23 +197,27 @@ class NvrtcStats(Reply):
 
 
 # -------------------------------------------------------------------- launching
+_INTEGERS = (int, np.integer)
+_BOOLEANS = (bool, np.bool_)  # ints to Python, never dimensions
+
+
 def _dims(value: object, what: str, limits: tuple[int, int, int]) -> Dims:
-    if isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_):
-        items: list[object] = [value]
+    if isinstance(value, _INTEGERS) and not isinstance(value, _BOOLEANS):
+        items: Sequence[object] = (value,)
     elif isinstance(value, tuple | list):
-        items = list(value)
+        items = value
     else:
         raise InvalidArgument(f"{what} must be an int or a tuple of 1 to 3 ints, not {value!r}")
     if not 1 <= len(items) <= 3:
         raise InvalidArgument(f"{what} must have 1 to 3 dimensions, got {len(items)}: {value!r}")
-    dims: list[int] = []
-    for axis, (item, limit) in enumerate(zip(items, limits, strict=False)):
-        if isinstance(item, bool | np.bool_) or not isinstance(item, int | np.integer):
+    dims = [1, 1, 1]
+    for axis, item in enumerate(items):
+        if isinstance(item, _BOOLEANS) or not isinstance(item, _INTEGERS):
             raise InvalidArgument(f"{what}[{axis}] must be an int, not {item!r}")
-        if not 1 <= int(item) <= limit:
-            raise InvalidArgument(f"{what}[{axis}] must be in 1..{limit}, got {int(item)}")
-        dims.append(int(item))
-    dims.extend([1] * (3 - len(dims)))
+        number = int(item)
+        if not 1 <= number <= limits[axis]:
+            raise InvalidArgument(f"{what}[{axis}] must be in 1..{limits[axis]}, got {number}")
+        dims[axis] = number
     return dims[0], dims[1], dims[2]
 
 
