@@ -29,7 +29,7 @@ from gpuactors.engine.messages import (
 from gpuactors.engine.ops import OpSpec
 from gpuactors.engine.optable import OpTable
 from gpuactors.engine.service import Service
-from gpuactors.errors import EngineError, EngineStopped, GpuActorsError, InvalidArgument
+from gpuactors.errors import EngineError, EngineStopped, GpuActorsError
 from gpuactors.gil import prompt_handover
 from gpuactors.nvrtc import KernelCompiler
 
@@ -116,15 +116,7 @@ class LiveOps:
             """The new version, numbered when its install begins: two replaces sent
             together become two versions, not one version twice."""
             current = self._ops.resolve(msg.name).spec
-            update: dict[str, Any] = {"body": msg.body, "version": self._ops.next_version(msg.name)}
-            if msg.params is not None:
-                update["params"] = msg.params
-            if msg.multi_block is not None:
-                update["multi_block"] = msg.multi_block
-            try:
-                return OpSpec.model_validate({**current.model_dump(), **update})
-            except ValueError as exc:
-                raise InvalidArgument(f"invalid replacement for {msg.name!r}: {exc}") from None
+            return msg.applied_to(current, self._ops.next_version(msg.name))
 
         try:
             replacement()  # refused at once if it is invalid now

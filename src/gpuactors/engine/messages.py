@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from gpuactors.engine.ops import OpSpec, Param, check_body
+from gpuactors.errors import InvalidArgument
 from gpuactors.messages import Message, Reply
 
 MAX_TIMEOUT_S = 1e6  # about 11.6 days: beyond that a deadline means "never"; say None
@@ -145,6 +146,19 @@ class ReplaceOp(Message):
     def _check_body(self) -> ReplaceOp:
         check_body(self.body, self.name)  # refused here, not when the engine installs it
         return self
+
+    def applied_to(self, current: OpSpec, version: int) -> OpSpec:
+        """``current`` with this body (and parameters) as ``version``; InvalidArgument
+        if the result is not a valid op (an engine and a group both build it so)."""
+        update: dict[str, Any] = {"body": self.body, "version": version}
+        if self.params is not None:
+            update["params"] = self.params
+        if self.multi_block is not None:
+            update["multi_block"] = self.multi_block
+        try:
+            return OpSpec.model_validate({**current.model_dump(), **update})
+        except ValueError as exc:
+            raise InvalidArgument(f"invalid replacement for {self.name!r}: {exc}") from None
 
 
 class OpInstalled(Reply):

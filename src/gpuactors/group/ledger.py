@@ -9,7 +9,6 @@ each op's parameters when it splits a batch.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from gpuactors.engine.messages import ReplaceOp
 from gpuactors.engine.ops import BUILTIN_OPS, OpSpec
@@ -49,19 +48,7 @@ class OpLedger:
 
     def replacement(self, msg: ReplaceOp) -> OpSpec:
         """The next version of ``msg.name`` with its new body (and parameters)."""
-        current = self.spec(msg.name)
-        update: dict[str, Any] = {
-            "body": msg.body,
-            "version": max(self._versions[msg.name]) + 1,
-        }
-        if msg.params is not None:
-            update["params"] = msg.params
-        if msg.multi_block is not None:
-            update["multi_block"] = msg.multi_block
-        try:
-            return OpSpec.model_validate({**current.model_dump(), **update})
-        except ValueError as exc:
-            raise InvalidArgument(f"invalid replacement for {msg.name!r}: {exc}") from None
+        return msg.applied_to(self.spec(msg.name), max(self._versions[msg.name]) + 1)
 
     def record(self, op: OpSpec, *, activate: bool) -> None:
         """Every engine holds ``op`` now (and points its name at it: ``activate``, or a new
