@@ -260,7 +260,7 @@ def run_on_uvloop(work: Coroutine[Any, Any, T]) -> T | None:
     except ImportError:
         work.close()
         return None
-    loop = uvloop.new_event_loop()
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
     try:
         return loop.run_until_complete(work)
     finally:
