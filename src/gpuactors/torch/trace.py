@@ -138,6 +138,7 @@ class _Plan:
     positions: np.ndarray  # the words patched per call ...
     exprs: list[tuple[Expr, int]]  # ... with these values (and which 32-bit half)
     fresh: list[tuple[tuple[Size, ...], torch.dtype]]  # every result of the recording
+    fresh_shapes: list[tuple[Size, ...]]  # their distinct shapes (a chain's share one)
     allocate: list[int]  # the results a call allocates (the others are never stored)
     returns: tuple[str, list[tuple[str, int]]]
     first_space: tuple[Size, ...]
@@ -229,7 +230,7 @@ def _fits(plan: _Plan, args: tuple[Any, ...], limit: int) -> bool:
     sizes = _sizes(inputs)
     return all(
         math.prod(s if isinstance(s, int) else sizes[s] for s in shape) <= limit
-        for shape, _ in plan.fresh
+        for shape in plan.fresh_shapes
     )
 
 
@@ -355,6 +356,7 @@ def _build(
         positions=np.array([p for p, _, _ in patches], dtype=np.int64),
         exprs=[(expr, half) for _, expr, half in patches],
         fresh=fresh,
+        fresh_shapes=list(dict.fromkeys(shape for shape, _ in fresh)),
         allocate=sorted(allocate),
         returns=returns,
         first_space=first_space,
