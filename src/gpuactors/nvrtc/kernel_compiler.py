@@ -25,6 +25,7 @@ from structlog.typing import FilteringBoundLogger
 
 from ..errors import InvalidArgument
 from ..logs import get_logger
+from ..process_wide import ProcessWide
 from .cache import DiskModuleCache, ManifestStore, MemoryModuleCache
 from .compiler import compile_traced, load_nvrtc, nvrtc_loaded, request_key_of
 from .keys import full_key, path_states
@@ -336,14 +337,9 @@ class KernelCompiler:
         return module, "compiled"
 
 
-_default: KernelCompiler | None = None
-_default_lock = threading.Lock()
+_DEFAULT = ProcessWide(KernelCompiler)
 
 
 def default_compiler() -> KernelCompiler:
     """The process-wide :class:`KernelCompiler` (default memory and disk caches)."""
-    global _default
-    with _default_lock:
-        if _default is None:
-            _default = KernelCompiler()
-        return _default
+    return _DEFAULT.get()

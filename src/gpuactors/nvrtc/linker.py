@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ..errors import InvalidArgument, LinkError, LinkerUnavailable
 from ..messages import invalid_argument
+from ..process_wide import ProcessWide
 from .cache import DiskModuleCache, MemoryModuleCache
 from .handle import _ELF_HEADER, _EM_CUDA, _SECTION, _SHT_SYMTAB, _SYMBOL
 from .kernel_compiler import Origin
@@ -532,17 +533,12 @@ class KernelLinker:
         return module, "compiled"
 
 
-_default: KernelLinker | None = None
-_default_lock = threading.Lock()
+_DEFAULT = ProcessWide(KernelLinker)
 
 
 def default_linker() -> KernelLinker:
     """The process-wide :class:`KernelLinker` (default memory and disk caches)."""
-    global _default
-    with _default_lock:
-        if _default is None:
-            _default = KernelLinker()
-        return _default
+    return _DEFAULT.get()
 
 
 def lowered_names_of(inputs: Sequence[LinkInput]) -> Mapping[str, str]:
