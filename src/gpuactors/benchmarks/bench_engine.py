@@ -252,15 +252,25 @@ async def engine_clients(clients: int, per_client: int) -> tuple[float, Any]:
     return rate, stats
 
 
+def new_loop(kind: str) -> asyncio.AbstractEventLoop | None:
+    """A fresh event loop of ``kind``; None where uvloop is not installed."""
+    if kind == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            return None
+        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+        return loop
+    return asyncio.new_event_loop()
+
+
 def run_on_uvloop(work: Coroutine[Any, Any, T]) -> T | None:
     """``work`` run to completion on a fresh uvloop loop; None (and ``work`` closed)
     where uvloop is not installed."""
-    try:
-        import uvloop
-    except ImportError:
+    loop = new_loop("uvloop")
+    if loop is None:
         work.close()
         return None
-    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
     try:
         return loop.run_until_complete(work)
     finally:

@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from gpuactors.actors import ActorSystem, MailboxConfig, Props
-from gpuactors.benchmarks.bench_engine import asyncio_ceiling
+from gpuactors.benchmarks.bench_engine import asyncio_ceiling, new_loop
 from gpuactors.benchmarks.results import ScriptResults, add_result_options, run_measurement
 from gpuactors.engine import streams
 from gpuactors.engine.client import Engine
@@ -382,18 +382,6 @@ def report(result: dict[str, Any]) -> None:
 
 
 # -------------------------------------------------------------------------- main
-def new_loop(kind: str) -> asyncio.AbstractEventLoop | None:
-    """A fresh event loop of ``kind``; None where uvloop is not installed."""
-    if kind == "uvloop":
-        try:
-            import uvloop
-        except ImportError:
-            return None
-        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
-        return loop
-    return asyncio.new_event_loop()
-
-
 # ----------------------------------------------------------------- profile by part
 #: Function names of the engine's harvest and reply (wherever they are defined).
 HARVEST = {
