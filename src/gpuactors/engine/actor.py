@@ -28,9 +28,10 @@ import numpy as np
 import structlog
 
 from gpuactors.actors import Actor, Deferred, failed_reply, handles
+from gpuactors.cuda.current import on_device
 from gpuactors.cuda.generation import GENERATIONS
 from gpuactors.cuda.polling import SLEEP_MIN_SECONDS, SPIN_PHASE_SECONDS, SPIN_SECONDS
-from gpuactors.engine import abi, streams
+from gpuactors.engine import abi
 from gpuactors.engine.completions import Completions
 from gpuactors.engine.intake import Intake
 from gpuactors.engine.live_ops import LiveOps, reply_when, wait_until
@@ -132,7 +133,7 @@ class PersistentEngineActor(Actor):
         import cupy
 
         device_id = self._service.device_id
-        with streams.device_context(device_id):  # (another device may have faulted)
+        with on_device(device_id):  # (another device may be current)
             capability = cupy.cuda.Device(device_id).compute_capability  # e.g. "90"
         arch = arch_from_capability(int(capability[:-1]), int(capability[-1]))
         image = await self._live_ops.first_image(arch)
