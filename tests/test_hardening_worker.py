@@ -199,6 +199,18 @@ def body_of(header: object, segments: bytes = b"") -> bytes:
         ["a", "tuple", "is", "not", "a", "frame"],
         {"@": "object", "type": "Request", "fields": {"rid": "1", "message": None}},
         {"@": "object", "type": "Ready", "fields": {"pid": 1, "startup_s": 0.0, "extra": 1}},
+        {  # a named tuple's fields are checked like a model's
+            "@": "object",
+            "type": "Completion",
+            "fields": {
+                "seq": "x",
+                "op": "a",
+                "version": 1,
+                "status": 0,
+                "units": 1,
+                "device_ns": 1,
+            },
+        },
     ],
 )
 def test_malformed_values_are_protocol_errors(value: object) -> None:
@@ -218,6 +230,14 @@ def test_what_cannot_be_sent_is_refused_before_it_is_queued() -> None:
     for value in (cycle, 10**5000):  # JSON has no cycles, and no ints of 5000 digits
         with pytest.raises(InvalidArgument, match="cannot be encoded"):
             encode_frame(Answer(rid=1, value=value))
+
+
+def test_a_completion_crosses_as_the_same_named_tuple() -> None:
+    completion = Completion(seq=3, op="fill", version=2, status=0, units=1, device_ns=5)
+    ran = JobRan(completion=completion, arrays=(None,))
+    frame = decode_frame(encode_frame(Answer(rid=1, value=ran))[4:])
+    assert isinstance(frame, Answer) and isinstance(frame.value, JobRan)
+    assert type(frame.value.completion) is Completion and frame.value.completion == completion
 
 
 def test_an_answer_must_fit_its_request() -> None:

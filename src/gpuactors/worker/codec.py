@@ -5,7 +5,7 @@ worker process would run code in its parent. This codec carries data only. JSON
 holds the structure; NumPy buffers and ``bytes`` travel as raw segments next to
 it (no base64: a large array costs one copy on each side); objects are rebuilt
 only for classes on an explicit list, through their own validation (pydantic
-models, dataclasses' ``__post_init__``, enum lookup), so a message decoded in the
+models and named tuples, dataclasses' ``__post_init__``, enum lookup), so a message decoded in the
 other process is checked exactly like one built at a call site.
 
 The tree: JSON null, booleans, numbers, strings and arrays (decoded as tuples)
@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 
 import gpuactors.errors as errors_module
 from gpuactors.errors import GpuActorsError, InvalidArgument, WorkerProtocolError
@@ -55,12 +55,13 @@ Segments = Sequence[memoryview]
 
 class Codec:
     """Encodes values into a tree and byte segments, and back, for a fixed set of classes
-    (pydantic models, dataclasses and enums, known by name)."""
+    (pydantic models, dataclasses, named tuples and enums, known by name)."""
 
     def __init__(self, classes: Iterable[type]) -> None:
-        self._objects: dict[str, type] = {}  # models and dataclasses
+        self._objects: dict[str, type] = {}  # models, dataclasses and named tuples
         self._enums: dict[str, type[enum.Enum]] = {}
         self._field_names: dict[type, tuple[str, ...]] = {}  # what an object sends
+        self._named_tuples: dict[type, TypeAdapter[Any]] = {}  # what checks their fields
         for cls in classes:
             known = self._objects.get(cls.__name__) or self._enums.get(cls.__name__)
             if known is cls:
@@ -74,8 +75,11 @@ class Codec:
                 self._field_names[cls] = tuple(cls.model_fields)
             elif dataclasses.is_dataclass(cls):  # the fields its __init__ takes
                 self._field_names[cls] = tuple(f.name for f in dataclasses.fields(cls) if f.init)
+            elif _is_named_tuple(cls):
+                self._field_names[cls] = cls._fields  # type: ignore[attr-defined]
+                self._named_tuples[cls] = TypeAdapter(cls)
             else:
-                raise TypeError(f"{cls.__name__} is not a model, dataclass or enum")
+                raise TypeError(f"{cls.__name__} is not a model, dataclass, named tuple or enum")
             self._objects[cls.__name__] = cls
         self._decoders: dict[str, Callable[[dict[str, Any], Segments], Any]] = {
             "dict": self._decode_dict,
@@ -202,6 +206,9 @@ class Codec:
         }
         if issubclass(cls, BaseModel):
             return cls.model_validate(values)
+        named_tuple = self._named_tuples.get(cls)
+        if named_tuple is not None:  # its fields' types are checked as a model's would be
+            return named_tuple.validate_python(values)
         return cls(**values)
 
     def _decode_enum(self, tree: dict[str, Any], segments: Segments) -> enum.Enum:
@@ -299,6 +306,11 @@ def _expect(tree: dict[str, Any], key: str, kind: type) -> Any:
     if type(value) is not kind:
         raise WorkerProtocolError(f"a {tree['@']!r} value's {key!r} must be a {kind.__name__}")
     return value
+
+
+def _is_named_tuple(cls: type) -> bool:
+    """A ``typing.NamedTuple`` class: a tuple subclass whose fields have names."""
+    return issubclass(cls, tuple) and isinstance(getattr(cls, "_fields", None), tuple)
 
 
 def _is_attribute_name(key: object) -> bool:
