@@ -283,10 +283,10 @@ def test_harvest_window_out_of_order() -> None:
     assert ring.free_count() == 64
 
 
-def test_build_completion_is_an_immutable_completion() -> None:
-    from gpuactors.engine.messages import Completion, build_completion
+def test_a_completion_is_an_immutable_named_tuple() -> None:
+    from gpuactors.engine.messages import Completion
 
-    built = build_completion(7, "axpy", 2, 3, 1234)
+    built = Completion(7, "axpy", 2, 0, 3, 1234)
     named = Completion(seq=7, op="axpy", version=2, status=0, units=3, device_ns=1234)
     assert built == named and hash(built) == hash(named) and repr(built) == repr(named)
     assert (built.seq, built.op, built.version, built.status) == (7, "axpy", 2, 0)

@@ -388,7 +388,6 @@ HARVEST = {
     "wait_harvest",
     "harvest",
     "outcome_of",
-    "build_completion",
     "spin_until_equal",
     "is_done",
 }

@@ -16,8 +16,10 @@ block's own device faulted, making it current raises DeviceFault.
 
 from __future__ import annotations
 
+import functools
+from contextlib import AbstractContextManager, nullcontext
 from types import TracebackType
-from typing import Any
+from typing import Any, Final
 
 from gpuactors.cuda import status as cuda_status
 from gpuactors.errors import DeviceFault
@@ -26,6 +28,7 @@ from gpuactors.logs import get_logger
 _log = get_logger(component="cuda-current")
 
 
+@functools.cache
 def _cupy_runtime() -> Any:
     import cupy
 
@@ -86,7 +89,16 @@ class CurrentDevice:
                 )
 
 
-def on_device(device_id: int, runtime: Any = None) -> CurrentDevice:
+#: The block of a device that is current already: nothing to switch, nothing to give back.
+_ALREADY_CURRENT: Final = nullcontext()
+
+
+def on_device(device_id: int, runtime: Any = None) -> AbstractContextManager[None]:
     """``with on_device(device_id):`` makes ``device_id`` current for the block (see the
-    module's docstring for why every engine call goes through it)."""
-    return CurrentDevice(device_id, runtime if runtime is not None else _cupy_runtime())
+    module's docstring for why every engine call goes through it). Where it is current
+    already (the usual case: one GPU, or the caller's own device) the block costs one
+    ``cudaGetDevice``: every task's stream check runs through here."""
+    runtime = runtime if runtime is not None else _cupy_runtime()
+    if runtime.getDevice() == device_id:
+        return _ALREADY_CURRENT
+    return CurrentDevice(device_id, runtime)

@@ -16,7 +16,7 @@ from collections import deque
 import numpy as np
 
 from gpuactors.engine import abi
-from gpuactors.engine.messages import BatchCompletion, Completion, build_completion
+from gpuactors.engine.messages import BatchCompletion, Completion
 from gpuactors.engine.ops import OpSpec
 from gpuactors.engine.ring import HostRing
 from gpuactors.engine.tasks import BATCH_STEP, Batch, Task
@@ -57,7 +57,7 @@ class Completions:
             if status == abi.STATUS_OK:
                 ok += 1
                 op = task.op
-                reply = build_completion(seq, op.name, op.version, task_units, task_ns)
+                reply = Completion(seq, op.name, op.version, abi.STATUS_OK, task_units, task_ns)
                 if not future.done():
                     future.set_result(reply)
             else:
@@ -101,7 +101,7 @@ class Completions:
         self.latencies.append(time.perf_counter() - accepted_at)
         if status == abi.STATUS_OK:
             self.processed += 1
-            return build_completion(seq, op.name, op.version, units, device_ns)
+            return Completion(seq, op.name, op.version, abi.STATUS_OK, units, device_ns)
         return self._failure(seq, op, op_id, status)
 
     def _failure(self, seq: int, op: OpSpec, op_id: int, status: int) -> GpuActorsError:

@@ -36,7 +36,6 @@ from gpuactors.engine.messages import (
     Completion,
     Enqueue,
     EnqueueBatch,
-    build_completion,
 )
 from gpuactors.engine.optable import OpTable, ResolvedOp
 from gpuactors.engine.service import Service
@@ -144,7 +143,7 @@ class Intake:
             if status == abi.STATUS_OK:  # Completions.outcome_of's first case, in line
                 completions.latencies.append(time.perf_counter() - accepted_at)
                 completions.processed += 1
-                return build_completion(seq, spec.name, spec.version, units, device_ns)
+                return Completion(seq, spec.name, spec.version, status, units, device_ns)
             outcome = completions.outcome_of(
                 seq, spec, resolved.op_id, accepted_at, status, units, device_ns
             )

@@ -52,13 +52,6 @@ class Completion(NamedTuple):
     device_ns: int
 
 
-def build_completion(
-    seq: int, op: str, version: int, units: int = 0, device_ns: int = 0
-) -> Completion:
-    """A successful task's reply from the figures its marker brought."""
-    return Completion(seq, op, version, 0, units, device_ns)
-
-
 class EnqueueBatch(Message):
     """Many tasks of one op in one message, described by NumPy arrays; one reply.
 

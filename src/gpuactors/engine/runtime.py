@@ -16,6 +16,7 @@ import enum
 import platform
 import time
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Annotated, Any, Literal
 
 import numpy as np
@@ -23,7 +24,7 @@ from pydantic import Field, field_validator
 
 from gpuactors.checked import Settings
 from gpuactors.cuda import status as cuda_status
-from gpuactors.cuda.current import CurrentDevice, on_device
+from gpuactors.cuda.current import on_device
 from gpuactors.cuda.loader import MODULE_LOADS, ModuleLoadGate
 from gpuactors.engine.abi import (
     COMPLETION,
@@ -193,7 +194,7 @@ class EngineRuntime:
             self.calibrate_clock()
         gate.register(self)
 
-    def _current(self) -> CurrentDevice:
+    def _current(self) -> AbstractContextManager[None]:
         """This engine's device made current for a block: every CUDA call the engine
         makes runs in its own context (see :mod:`gpuactors.cuda.current`)."""
         return on_device(self.device_id, self._cupy.cuda.runtime)
