@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from gpuactors.engine.host_runtime import Flags
 from gpuactors.nvrtc import launch
 from gpuactors.nvrtc.packers import signature_packer
 from gpuactors.nvrtc.params import SLOT_BYTES, ParamBuffer
@@ -20,14 +21,12 @@ class Memory:
 
 
 class CupyLikeArray:
-    """What the packers read of a CuPy array: ``data.ptr``, ``data.device_id`` and the
-    contiguity flag CuPy keeps."""
-
-    _c_contiguous = True
+    """What the packers read of a CuPy array: ``data.ptr``, ``data.device_id`` and
+    ``flags.c_contiguous``."""
 
     def __init__(self, ptr: int, device_id: int = 0, contiguous: bool = True) -> None:
         self.data = Memory(ptr, device_id)
-        self._c_contiguous = contiguous
+        self.flags = Flags(c_contiguous=contiguous)
 
 
 @pytest.fixture(autouse=True)

@@ -61,10 +61,9 @@ def cupy_ndarray() -> Any:
 
 
 def cupy_c_contiguous(array: Any) -> bool:
-    """Is a CuPy array C-contiguous? Reads the flag CuPy keeps on the array (``flags``
-    builds a new object on every access, which the per-launch path cannot afford)."""
-    flag = getattr(array, "_c_contiguous", None)
-    return bool(array.flags.c_contiguous) if flag is None else flag
+    """Is a CuPy array C-contiguous? (Its public ``flags``: the flag CuPy keeps on the
+    array itself is a private attribute.)"""
+    return bool(array.flags.c_contiguous)
 
 
 def describe_array(value: Any, what: str = "argument") -> DeviceArrayInfo:

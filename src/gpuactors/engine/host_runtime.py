@@ -42,11 +42,18 @@ class Memory:
         self.device_id = device_id
 
 
+class Flags:
+    """A CuPy array's ``flags``, as far as the engine reads them."""
+
+    def __init__(self, c_contiguous: bool = True) -> None:
+        self.c_contiguous = c_contiguous
+
+
 class CupyLikeArray:
     """What the engine reads of a CuPy array (its type stands in for CuPy's ndarray:
     see :func:`cupy_like_arrays`)."""
 
-    _c_contiguous = True
+    flags = Flags()
 
     def __init__(
         self, dtype: Any, size: int, ptr: int = 0x7F00_0000_0000, device_id: int = 0
@@ -54,7 +61,6 @@ class CupyLikeArray:
         self.dtype = np.dtype(dtype)
         self.size = size
         self.data = Memory(ptr, device_id)
-        self._c_contiguous = True
 
 
 @contextmanager

@@ -63,7 +63,7 @@ def usual_words(op: OpSpec, ndarray: type | None) -> WordEncoder | None:
     """``words(args, n, device_id)``: the record words of ``op``'s usual arguments,
     or None at the first doubt (None: no CuPy, or an array type without the
     contiguity flag read)."""
-    if ndarray is None or not hasattr(ndarray, "_c_contiguous"):
+    if ndarray is None:
         return None
     types: list[type] = []
     # (index, dtype, fixed length or None for n) of each array parameter.
@@ -101,7 +101,7 @@ def usual_words(op: OpSpec, ndarray: type | None) -> WordEncoder | None:
                 array.dtype is not dtype
                 or array.size < (n if length is None else length)
                 or memory.device_id != device_id
-                or not array._c_contiguous
+                or not array.flags.c_contiguous
             ):
                 return None
             values[index] = memory.ptr

@@ -54,9 +54,7 @@ def signature_packer(
 
 def _build(types: tuple[type, ...], sizes: tuple[int, ...] | None, ndarray: type) -> Packer | None:
     """The packer :func:`signature_packer` describes, or None."""
-    if (sizes is not None and len(sizes) != len(types)) or (
-        ndarray in types and not hasattr(ndarray, "_c_contiguous")
-    ):
+    if sizes is not None and len(sizes) != len(types):
         return None
     arrays: list[int] = []  # where a CuPy array's pointer goes
     float32s: list[int] = []  # where a NaN must be stored by its bytes (general path)
@@ -86,7 +84,7 @@ def _build(types: tuple[type, ...], sizes: tuple[int, ...] | None, ndarray: type
         for index in arrays:
             array = values[index]
             memory = array.data
-            if memory.device_id != device_id or not array._c_contiguous:
+            if memory.device_id != device_id or not array.flags.c_contiguous:
                 return False
             values[index] = memory.ptr
         for index in float32s:
