@@ -202,6 +202,8 @@ _BOOLEANS = (bool, np.bool_)  # ints to Python, never dimensions
 
 
 def _dims(value: object, what: str, limits: tuple[int, int, int]) -> Dims:
+    if type(value) is int and 1 <= value <= limits[0]:  # the usual launch: one plain int
+        return value, 1, 1
     if isinstance(value, _INTEGERS) and not isinstance(value, _BOOLEANS):
         items: Sequence[object] = (value,)
     elif isinstance(value, tuple | list):
