@@ -202,7 +202,8 @@ _BOOLEANS = (bool, np.bool_)  # ints to Python, never dimensions
 
 
 def _dims(value: object, what: str, limits: tuple[int, int, int]) -> Dims:
-    if type(value) is int and 1 <= value <= limits[0]:  # the usual launch: one plain int
+    # Plain ints first, the way launches are usually written: one int, or a tuple of them.
+    if type(value) is int and 1 <= value <= limits[0]:
         return value, 1, 1
     if isinstance(value, _INTEGERS) and not isinstance(value, _BOOLEANS):
         items: Sequence[object] = (value,)
@@ -214,12 +215,13 @@ def _dims(value: object, what: str, limits: tuple[int, int, int]) -> Dims:
         raise InvalidArgument(f"{what} must have 1 to 3 dimensions, got {len(items)}: {value!r}")
     dims = [1, 1, 1]
     for axis, item in enumerate(items):
-        if isinstance(item, _BOOLEANS) or not isinstance(item, _INTEGERS):
-            raise InvalidArgument(f"{what}[{axis}] must be an int, not {item!r}")
-        number = int(item)
-        if not 1 <= number <= limits[axis]:
-            raise InvalidArgument(f"{what}[{axis}] must be in 1..{limits[axis]}, got {number}")
-        dims[axis] = number
+        if type(item) is not int:  # a NumPy integer, or not an int at all
+            if isinstance(item, _BOOLEANS) or not isinstance(item, _INTEGERS):
+                raise InvalidArgument(f"{what}[{axis}] must be an int, not {item!r}")
+            item = int(item)
+        if not 1 <= item <= limits[axis]:
+            raise InvalidArgument(f"{what}[{axis}] must be in 1..{limits[axis]}, got {item}")
+        dims[axis] = item
     return dims[0], dims[1], dims[2]
 
 
