@@ -31,7 +31,6 @@ import math
 import sys
 import time
 import weakref
-from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -95,7 +94,7 @@ _HELD_ONCE = _refs_held_once()
 class Step:
     """One op of a plan: the overload, its arguments' specs and its result's slot."""
 
-    __slots__ = ("args", "func", "kwargs", "required", "slot")
+    __slots__ = ("args", "func", "kwargs", "plains", "required", "slot", "tensors")
 
     def __init__(
         self,
@@ -108,6 +107,10 @@ class Step:
         #: Per argument: an int j >= 0 (the result of op j), -k - 1 (outside tensor k),
         #: else a plain value's spec.
         self.args = args
+        #: The same, split for the replay's comparison (it runs for every replayed op):
+        #: (position, j or -k - 1) of the tensor arguments, (position, spec) of the rest.
+        self.tensors = tuple((i, spec) for i, spec in enumerate(args) if type(spec) is int)
+        self.plains = tuple((i, spec) for i, spec in enumerate(args) if type(spec) is not int)
         self.kwargs = kwargs
         self.slot = slot  # the recording's result object (the same number: reused)
         self.required = False  # a later stage reads the result from memory
@@ -317,6 +320,9 @@ class Replay:
         self.slot_tensor: list[Tensor | None] = [None] * slots
         self.slot_address = [0] * slots
         self.slot_uses = [0] * slots  # entries of ``results`` holding the slot's tensor
+        #: id -> entries of ``results`` holding it, of tensors a slot no longer holds
+        #: (``results`` keeps them alive, so their ids stay theirs).
+        self.retired_uses: dict[int, int] = {}
         self.capture = None
 
     def follow(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
@@ -326,31 +332,32 @@ class Replay:
         if j >= len(steps):
             return None
         step = steps[j]
-        specs = step.args
-        if func is not step.func or len(args) != len(specs):
+        if func is not step.func or len(args) != len(step.args):
             return None
         results = self.results
         outside = self.outside
         seen = len(outside)
-        for value, spec in zip(args, specs, strict=True):
-            if type(spec) is int:
-                if spec >= 0:
-                    if results[spec] is value:
-                        continue
-                elif -spec - 1 < len(outside):
-                    if outside[-spec - 1] is value:
-                        continue
-                elif self._new_outside(value, -spec - 1):
+        for position, spec in step.tensors:
+            value = args[position]
+            if spec >= 0:
+                if results[spec] is value:
                     continue
-            elif _plain_matches(value, spec):
+            elif -spec - 1 < len(outside):
+                if outside[-spec - 1] is value:
+                    continue
+            elif self._new_outside(value, -spec - 1):
                 continue
             del outside[seen:]  # outside tensors this op added: forgotten
             return None
+        for position, spec in step.plains:
+            if not _plain_matches(args[position], spec):
+                del outside[seen:]
+                return None
         if (kwargs or step.kwargs) and not self._kwargs_match(kwargs, step.kwargs):
             del outside[seen:]
             return None
-        for t in outside[seen:]:
-            self.outside_addresses.append(t.data_ptr())
+        if len(outside) > seen:
+            self.outside_addresses += [t.data_ptr() for t in outside[seen:]]
         # The result: the slot's tensor if only this replay holds it (the recording
         # reused its result there too), else a new one laid out as the recording's.
         slot = step.slot
@@ -361,6 +368,8 @@ class Replay:
         ):
             self.slot_uses[slot] += 1
         else:
+            if slot_tensor[slot] is not None:  # its entries of ``results`` are final now
+                self.retired_uses[id(slot_tensor[slot])] = self.slot_uses[slot]
             shape, strides, dtype, device = self.plan.layouts[slot]
             fresh = torch.empty_strided(shape, strides, dtype=dtype, device=device)
             slot_tensor[slot] = fresh
@@ -456,19 +465,38 @@ class Replay:
     def _kept(self) -> list[bool]:
         """Per op followed: whether its result must be stored (a later stage reads it,
         or somebody besides this replay holds the tensor)."""
-        results = self.results
-        holders = Counter(map(id, results))
-        holders.update(map(id, self.slot_tensor))
         steps = self.plan.steps
+        slot_tensor = self.slot_tensor
+        slot_uses = self.slot_uses
+        retired = self.retired_uses
+        results = self.results
         refs = sys.getrefcount
-        return [
-            steps[j].required or refs(results[j]) > _HELD_ONCE - 1 + holders[id(results[j])]
-            for j in range(len(results))
-        ]
+        kept = []
+        for j in range(len(results)):
+            slot = steps[j].slot
+            if slot_tensor[slot] is results[j]:  # held by the slot and its entries
+                held = slot_uses[slot] + 1
+            else:
+                held = retired[id(results[j])]
+            kept.append(steps[j].required or refs(results[j]) > _HELD_ONCE - 1 + held)
+        return kept
 
 
 def _plain_matches(value: Any, spec: Any) -> bool:
+    """Whether ``plain_spec(value) == spec``, without building the spec for the usual
+    values (a replay compares every plain argument of every op)."""
+    kind = spec[0]
+    if type(value) is not kind:
+        return False
+    if kind is float:
+        return bool(value == spec[1] and math.copysign(1.0, value) == spec[2])
+    if kind in _SCALAR_KINDS:
+        return bool(value == spec[1])
     try:
         return bool(plain_spec(value) == spec)
     except Unreplayable:
         return False
+
+
+#: Plain kinds whose spec is ``(kind, value)`` with the value itself.
+_SCALAR_KINDS = (int, bool, str, type(None))
