@@ -286,8 +286,12 @@ class Plan:
         self.slots = len(layouts)
         self.words = np.asarray(words, dtype=np.uint32)
         self.units = int(words[6])
-        self.pointer_words = np.array([w for w, _ in pointers], dtype=np.int64)
-        self.pointer_index = np.array([i for _, i in pointers], dtype=np.int64)
+        # Each address is two words (low, high): both are gathered in one step from the
+        # address table seen as little-endian 32-bit halves (2 i, 2 i + 1).
+        at = np.array([w for w, _ in pointers], dtype=np.int64)
+        index = np.array([i for _, i in pointers], dtype=np.int64)
+        self.pointer_words = np.concatenate([at, at + 1])
+        self.pointer_halves = np.concatenate([2 * index, 2 * index + 1])
         self.reductions = reductions
         #: The stores of results, as arrays: where, the STORE head, the SKIP, whose op.
         self.store_words = np.array([w for w, _, _, _ in stores], dtype=np.int64)
@@ -436,10 +440,10 @@ class Replay:
         if stage_start >= 0:
             words[stage_start + 1] = stage_words
         count = len(plan.steps)
-        table = np.zeros(count + len(self.outside_addresses), dtype=np.uint64)
+        table = np.zeros(count + len(self.outside_addresses), dtype="<u8")
         table[: self.ops] = self.addresses
         table[count:] = self.outside_addresses
-        at, index = plan.pointer_words, plan.pointer_index
+        at, halves = plan.pointer_words, plan.pointer_halves
         stores, heads, skips, ops = (
             plan.store_words,
             plan.store_heads,
@@ -447,13 +451,11 @@ class Replay:
             plan.store_ops,
         )
         if self.ops < count:  # a cut program: only what lies before its end
-            inside = at < end
-            at, index = at[inside], index[inside]
+            inside = at < end  # an address lies wholly before the end, or after it
+            at, halves = at[inside], halves[inside]
             inside = ops <= last
             stores, heads, skips, ops = stores[inside], heads[inside], skips[inside], ops[inside]
-        addresses = table[index]
-        words[at] = addresses & 0xFFFFFFFF
-        words[at + 1] = addresses >> 32
+        words[at] = table.view("<u4")[halves]
         kept = self._kept()
         words[stores] = np.where(np.array(kept, dtype=bool)[ops], heads, skips)
         for word, rows, j in plan.reductions:

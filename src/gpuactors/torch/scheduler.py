@@ -281,7 +281,7 @@ class TorchScheduler:
         if types:  # a tensor subclass with its own dispatch: PyTorch's business
             return self._fallback(func, args, kwargs)
         plans = self._plans
-        if plans and (type(self._batch) is Replay or (func in plans and not self._batch.ops)):
+        if plans and (type(self._batch) is Replay or (not self._batch.ops and func in plans)):
             with self._lock:
                 batch = self._batch
                 out = batch.follow(func, args, kwargs) if type(batch) is Replay else None
