@@ -94,7 +94,17 @@ _HELD_ONCE = _refs_held_once()
 class Step:
     """One op of a plan: the overload, its arguments' specs and its result's slot."""
 
-    __slots__ = ("args", "func", "kwargs", "plains", "required", "slot", "tensors")
+    __slots__ = (
+        "args",
+        "arity",
+        "func",
+        "kwargs",
+        "outside",
+        "plains",
+        "required",
+        "results",
+        "slot",
+    )
 
     def __init__(
         self,
@@ -107,9 +117,13 @@ class Step:
         #: Per argument: an int j >= 0 (the result of op j), -k - 1 (outside tensor k),
         #: else a plain value's spec.
         self.args = args
+        self.arity = len(args)
         #: The same, split for the replay's comparison (it runs for every replayed op):
-        #: (position, j or -k - 1) of the tensor arguments, (position, spec) of the rest.
-        self.tensors = tuple((i, spec) for i, spec in enumerate(args) if type(spec) is int)
+        #: (position, j) of results of earlier ops, (position, k) of outside tensors,
+        #: (position, spec) of the plain values.
+        ints = [(i, spec) for i, spec in enumerate(args) if type(spec) is int]
+        self.results = tuple((i, spec) for i, spec in ints if spec >= 0)
+        self.outside = tuple((i, -spec - 1) for i, spec in ints if spec < 0)
         self.plains = tuple((i, spec) for i, spec in enumerate(args) if type(spec) is not int)
         self.kwargs = kwargs
         self.slot = slot  # the recording's result object (the same number: reused)
@@ -281,6 +295,7 @@ class Plan:
         numel: int,
     ) -> None:
         self.steps = steps
+        self.required = [step.required for step in steps]  # per op, as a list (the flush)
         self.metas = metas
         self.layouts = layouts
         self.slots = len(layouts)
@@ -312,6 +327,7 @@ class Replay:
     def __init__(self, plan: Plan, device: torch.device) -> None:
         self.plan = plan
         self.steps = plan.steps
+        self.count = len(plan.steps)
         self.device = device
         self.ops = 0
         self.started = 0.0
@@ -324,32 +340,30 @@ class Replay:
         self.slot_tensor: list[Tensor | None] = [None] * slots
         self.slot_address = [0] * slots
         self.slot_uses = [0] * slots  # entries of ``results`` holding the slot's tensor
-        #: id -> entries of ``results`` holding it, of tensors a slot no longer holds
-        #: (``results`` keeps them alive, so their ids stay theirs).
-        self.retired_uses: dict[int, int] = {}
+        #: Tensors a slot held before its current one, and their entries of ``results``.
+        self.retired: list[Tensor] = []
+        self.retired_uses: list[int] = []
         self.capture = None
 
     def follow(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
         """The result of the plan's next op if this is it, else None (nothing changed)."""
         j = self.ops
-        steps = self.steps
-        if j >= len(steps):
+        if j >= self.count:
             return None
-        step = steps[j]
-        if func is not step.func or len(args) != len(step.args):
+        step = self.steps[j]
+        if func is not step.func or len(args) != step.arity:
             return None
         results = self.results
+        for position, k in step.results:
+            if results[k] is not args[position]:
+                return None
         outside = self.outside
         seen = len(outside)
-        for position, spec in step.tensors:
-            value = args[position]
-            if spec >= 0:
-                if results[spec] is value:
+        for position, k in step.outside:
+            if k < len(outside):
+                if outside[k] is args[position]:
                     continue
-            elif -spec - 1 < len(outside):
-                if outside[-spec - 1] is value:
-                    continue
-            elif self._new_outside(value, -spec - 1):
+            elif self._new_outside(args[position], k):
                 continue
             del outside[seen:]  # outside tensors this op added: forgotten
             return None
@@ -373,7 +387,8 @@ class Replay:
             self.slot_uses[slot] += 1
         else:
             if slot_tensor[slot] is not None:  # its entries of ``results`` are final now
-                self.retired_uses[id(slot_tensor[slot])] = self.slot_uses[slot]
+                self.retired.append(slot_tensor[slot])
+                self.retired_uses.append(self.slot_uses[slot])
             shape, strides, dtype, device = self.plan.layouts[slot]
             fresh = torch.empty_strided(shape, strides, dtype=dtype, device=device)
             slot_tensor[slot] = fresh
@@ -466,22 +481,21 @@ class Replay:
 
     def _kept(self) -> list[bool]:
         """Per op followed: whether its result must be stored (a later stage reads it,
-        or somebody besides this replay holds the tensor)."""
-        steps = self.plan.steps
-        slot_tensor = self.slot_tensor
-        slot_uses = self.slot_uses
-        retired = self.retired_uses
-        results = self.results
+        or somebody besides this replay holds the tensor). Asked once per tensor object:
+        the slots' tensors, and those they held before."""
         refs = sys.getrefcount
-        kept = []
-        for j in range(len(results)):
-            slot = steps[j].slot
-            if slot_tensor[slot] is results[j]:  # held by the slot and its entries
-                held = slot_uses[slot] + 1
-            else:
-                held = retired[id(results[j])]
-            kept.append(steps[j].required or refs(results[j]) > _HELD_ONCE - 1 + held)
-        return kept
+        # Each object is held by its list here and its entries of ``results``.
+        slot_tensor, slot_uses = self.slot_tensor, self.slot_uses
+        elsewhere = {
+            id(slot_tensor[slot]): refs(slot_tensor[slot]) > _HELD_ONCE + slot_uses[slot]
+            for slot in range(len(slot_tensor))
+            if slot_tensor[slot] is not None
+        }
+        retired, retired_uses = self.retired, self.retired_uses
+        for i in range(len(retired)):
+            elsewhere[id(retired[i])] = refs(retired[i]) > _HELD_ONCE + retired_uses[i]
+        required = self.plan.required
+        return [required[j] or elsewhere[id(t)] for j, t in enumerate(self.results)]
 
 
 def _plain_matches(value: Any, spec: Any) -> bool:
