@@ -69,7 +69,7 @@ class _Mode(TorchDispatchMode):  # type: ignore[misc,unused-ignore]
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
-        return self.scheduler._dispatch(func, types, args, kwargs or {})
+        return self.scheduler._dispatch(func, types, args, {} if kwargs is None else kwargs)
 
 
 class TorchScheduler:
