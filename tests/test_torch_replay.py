@@ -133,6 +133,30 @@ def test_arguments_that_differ_are_not_replayed_wrongly(sched: TorchScheduler, c
         assert torch.equal(torch.signbit(got), torch.signbit(expected))
 
 
+@pytest.mark.parametrize(
+    ("recorded", "then"), [(2.0, 2), (1, True), (0.0, -0.0), (3, 3.0), (True, 1.0)]
+)
+def test_an_equal_scalar_of_another_type_or_sign_ends_the_replay(
+    sched: TorchScheduler, recorded: Any, then: Any
+) -> None:
+    """The replay compares plain arguments by type and value (and the sign of a zero):
+    an op on an equal value of another type is not the plan's op."""
+
+    def fn(x: Any, y: Any, s: Any) -> Any:
+        return torch.tanh(torch.relu(x + y) * s)
+
+    x, y = rand(5, 7), rand(7)
+    for _ in range(3):
+        torch.testing.assert_close(scheduled(sched, fn, x, y, recorded), fn(x, y, recorded))
+    assert sched.stats.replayed == 1
+    got = scheduled(sched, fn, x, y, then)  # follows x + y and relu, then differs
+    expected = fn(x, y, then)
+    torch.testing.assert_close(got, expected)
+    assert torch.equal(torch.signbit(got), torch.signbit(expected))
+    # The two ops followed ran as a cut replay; the rest was recorded.
+    assert sched.stats.flushes["replay ended"] == 1 and sched.stats.replayed == 2
+
+
 def test_the_same_tensor_twice_then_two_tensors(sched: TorchScheduler) -> None:
     def fn(x: Any, y: Any) -> Any:
         return torch.tanh(x + y) * y

@@ -342,6 +342,7 @@ class Batch:
             return
         if old.store is not None:
             old.store[0].kill_store(old.store[1])
+            old.store = None  # the flush need not look at it again
         reg, stage = old.reg, old.stage
         old.reg = -1
         if reg >= 0 and self.owners.get(reg) is old:
@@ -429,7 +430,7 @@ class Batch:
         """The program, the element count of its first stage and the units to run it on.
         Stores of results nobody can read any more become SKIPs."""
         for stage, position, value in self.stores:
-            if not value.required and value.dead():
+            if value.store is not None and not value.required and value.dead():
                 stage.kill_store(position)
         for reduction, value in self.reductions:
             if not value.required and value.dead():

@@ -521,29 +521,27 @@ def build_table() -> dict[Any, Handler]:
 
 TABLE = build_table()
 
-#: A rule for USUAL: the other operand must be a tensor (a scalar takes the handler).
-TENSORS_ONLY = -3
 
-
-def build_usual() -> dict[Any, tuple[int, int, int, int]]:
+def build_usual() -> dict[Any, tuple[int, int, int, int, bool]]:
     """The overloads whose plain calls (positional tensors, a Python scalar second, no
-    keyword) need nothing of their handler: ``(opcode, p0, rule, arity)`` for the
-    scheduler to record at once (``record.usual``). Division takes only a tensor here:
-    a scalar divisor becomes a multiplication by its reciprocal, in its handler."""
+    keyword) need nothing of their handler: ``(opcode, p0, rule, arity, tensors_only)``
+    for the scheduler to record at once (``record.usual``); ``tensors_only``: a scalar
+    second operand takes the handler. So division takes only a tensor here: a scalar
+    divisor becomes a multiplication by its reciprocal, in its handler."""
     aten = torch.ops.aten
     one, minus_one = P.f32_bits(1.0), P.f32_bits(-1.0)
-    table: dict[Any, tuple[int, int, int, int]] = {}
+    table: dict[Any, tuple[int, int, int, int, bool]] = {}
     for name in (*_UNARY, "round", "gelu"):
-        table[getattr(aten, name).default] = (_OP[name], 0, PROMOTE, 1)
-    table[aten.add.Tensor] = (_OP["add"], one, PROMOTE, 2)
-    table[aten.sub.Tensor] = (_OP["add"], minus_one, PROMOTE, 2)
-    table[aten.mul.Tensor] = (_OP["mul"], 0, PROMOTE, 2)
-    table[aten.div.Tensor] = (_OP["div"], 0, TENSORS_ONLY, 2)
-    table[aten.maximum.default] = (_OP["maximum"], 0, TENSORS_ONLY, 2)
-    table[aten.minimum.default] = (_OP["minimum"], 0, TENSORS_ONLY, 2)
+        table[getattr(aten, name).default] = (_OP[name], 0, PROMOTE, 1, False)
+    table[aten.add.Tensor] = (_OP["add"], one, PROMOTE, 2, False)
+    table[aten.sub.Tensor] = (_OP["add"], minus_one, PROMOTE, 2, False)
+    table[aten.mul.Tensor] = (_OP["mul"], 0, PROMOTE, 2, False)
+    table[aten.div.Tensor] = (_OP["div"], 0, PROMOTE, 2, True)
+    table[aten.maximum.default] = (_OP["maximum"], 0, PROMOTE, 2, True)
+    table[aten.minimum.default] = (_OP["minimum"], 0, PROMOTE, 2, True)
     for name in ("eq", "ne", "lt", "le", "gt", "ge"):
-        table[getattr(aten, name).Tensor] = (_OP[name], 0, COMPARE, 2)
-        table[getattr(aten, name).Scalar] = (_OP[name], 0, COMPARE, 2)
+        table[getattr(aten, name).Tensor] = (_OP[name], 0, COMPARE, 2, False)
+        table[getattr(aten, name).Scalar] = (_OP[name], 0, COMPARE, 2, False)
     return table
 
 

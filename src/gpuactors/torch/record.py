@@ -234,10 +234,13 @@ def usual(batch: Batch, op: int, a: Any, b: Any, p0: int, p1: int, rule: int) ->
             batch.just_pooled = out
     if out is None:
         out = batch.new_output(a, stage.space, out_dtype, False)
+        contiguous = out.is_contiguous()
+    else:
+        contiguous = True  # the pool holds contiguous tensors only
     code = stage.code
     position = len(code) + P.ALU_WORDS
     ptr = out.data_ptr()
-    if out.is_contiguous():
+    if contiguous:
         code += (
             op | (dst | D.ROUND_OF[out_dtype] << 6) << 8 | a_reg << 16 | b_code << 24,
             p0,

@@ -31,7 +31,6 @@ import math
 import sys
 import time
 import weakref
-from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -95,7 +94,17 @@ _HELD_ONCE = _refs_held_once()
 class Step:
     """One op of a plan: the overload, its arguments' specs and its result's slot."""
 
-    __slots__ = ("args", "func", "kwargs", "required", "slot")
+    __slots__ = (
+        "args",
+        "arity",
+        "func",
+        "kwargs",
+        "outside",
+        "plains",
+        "required",
+        "results",
+        "slot",
+    )
 
     def __init__(
         self,
@@ -108,6 +117,14 @@ class Step:
         #: Per argument: an int j >= 0 (the result of op j), -k - 1 (outside tensor k),
         #: else a plain value's spec.
         self.args = args
+        self.arity = len(args)
+        #: The same, split for the replay's comparison (it runs for every replayed op):
+        #: (position, j) of results of earlier ops, (position, k) of outside tensors,
+        #: (position, spec) of the plain values.
+        ints = [(i, spec) for i, spec in enumerate(args) if type(spec) is int]
+        self.results = tuple((i, spec) for i, spec in ints if spec >= 0)
+        self.outside = tuple((i, -spec - 1) for i, spec in ints if spec < 0)
+        self.plains = tuple((i, spec) for i, spec in enumerate(args) if type(spec) is not int)
         self.kwargs = kwargs
         self.slot = slot  # the recording's result object (the same number: reused)
         self.required = False  # a later stage reads the result from memory
@@ -278,13 +295,18 @@ class Plan:
         numel: int,
     ) -> None:
         self.steps = steps
+        self.required = [step.required for step in steps]  # per op, as a list (the flush)
         self.metas = metas
         self.layouts = layouts
         self.slots = len(layouts)
         self.words = np.asarray(words, dtype=np.uint32)
         self.units = int(words[6])
-        self.pointer_words = np.array([w for w, _ in pointers], dtype=np.int64)
-        self.pointer_index = np.array([i for _, i in pointers], dtype=np.int64)
+        # Each address is two words (low, high): both are gathered in one step from the
+        # address table seen as little-endian 32-bit halves (2 i, 2 i + 1).
+        at = np.array([w for w, _ in pointers], dtype=np.int64)
+        index = np.array([i for _, i in pointers], dtype=np.int64)
+        self.pointer_words = np.concatenate([at, at + 1])
+        self.pointer_halves = np.concatenate([2 * index, 2 * index + 1])
         self.reductions = reductions
         #: The stores of results, as arrays: where, the STORE head, the SKIP, whose op.
         self.store_words = np.array([w for w, _, _, _ in stores], dtype=np.int64)
@@ -305,6 +327,7 @@ class Replay:
     def __init__(self, plan: Plan, device: torch.device) -> None:
         self.plan = plan
         self.steps = plan.steps
+        self.count = len(plan.steps)
         self.device = device
         self.ops = 0
         self.started = 0.0
@@ -317,40 +340,42 @@ class Replay:
         self.slot_tensor: list[Tensor | None] = [None] * slots
         self.slot_address = [0] * slots
         self.slot_uses = [0] * slots  # entries of ``results`` holding the slot's tensor
+        #: Tensors a slot held before its current one, and their entries of ``results``.
+        self.retired: list[Tensor] = []
+        self.retired_uses: list[int] = []
         self.capture = None
 
     def follow(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
         """The result of the plan's next op if this is it, else None (nothing changed)."""
         j = self.ops
-        steps = self.steps
-        if j >= len(steps):
+        if j >= self.count:
             return None
-        step = steps[j]
-        specs = step.args
-        if func is not step.func or len(args) != len(specs):
+        step = self.steps[j]
+        if func is not step.func or len(args) != step.arity:
             return None
         results = self.results
+        for position, k in step.results:
+            if results[k] is not args[position]:
+                return None
         outside = self.outside
         seen = len(outside)
-        for value, spec in zip(args, specs, strict=True):
-            if type(spec) is int:
-                if spec >= 0:
-                    if results[spec] is value:
-                        continue
-                elif -spec - 1 < len(outside):
-                    if outside[-spec - 1] is value:
-                        continue
-                elif self._new_outside(value, -spec - 1):
+        for position, k in step.outside:
+            if k < len(outside):
+                if outside[k] is args[position]:
                     continue
-            elif _plain_matches(value, spec):
+            elif self._new_outside(args[position], k):
                 continue
             del outside[seen:]  # outside tensors this op added: forgotten
             return None
+        for position, spec in step.plains:
+            if not _plain_matches(args[position], spec):
+                del outside[seen:]
+                return None
         if (kwargs or step.kwargs) and not self._kwargs_match(kwargs, step.kwargs):
             del outside[seen:]
             return None
-        for t in outside[seen:]:
-            self.outside_addresses.append(t.data_ptr())
+        if len(outside) > seen:
+            self.outside_addresses += [t.data_ptr() for t in outside[seen:]]
         # The result: the slot's tensor if only this replay holds it (the recording
         # reused its result there too), else a new one laid out as the recording's.
         slot = step.slot
@@ -361,6 +386,9 @@ class Replay:
         ):
             self.slot_uses[slot] += 1
         else:
+            if slot_tensor[slot] is not None:  # its entries of ``results`` are final now
+                self.retired.append(slot_tensor[slot])
+                self.retired_uses.append(self.slot_uses[slot])
             shape, strides, dtype, device = self.plan.layouts[slot]
             fresh = torch.empty_strided(shape, strides, dtype=dtype, device=device)
             slot_tensor[slot] = fresh
@@ -427,10 +455,10 @@ class Replay:
         if stage_start >= 0:
             words[stage_start + 1] = stage_words
         count = len(plan.steps)
-        table = np.zeros(count + len(self.outside_addresses), dtype=np.uint64)
+        table = np.zeros(count + len(self.outside_addresses), dtype="<u8")
         table[: self.ops] = self.addresses
         table[count:] = self.outside_addresses
-        at, index = plan.pointer_words, plan.pointer_index
+        at, halves = plan.pointer_words, plan.pointer_halves
         stores, heads, skips, ops = (
             plan.store_words,
             plan.store_heads,
@@ -438,13 +466,11 @@ class Replay:
             plan.store_ops,
         )
         if self.ops < count:  # a cut program: only what lies before its end
-            inside = at < end
-            at, index = at[inside], index[inside]
+            inside = at < end  # an address lies wholly before the end, or after it
+            at, halves = at[inside], halves[inside]
             inside = ops <= last
             stores, heads, skips, ops = stores[inside], heads[inside], skips[inside], ops[inside]
-        addresses = table[index]
-        words[at] = addresses & 0xFFFFFFFF
-        words[at + 1] = addresses >> 32
+        words[at] = table.view("<u4")[halves]
         kept = self._kept()
         words[stores] = np.where(np.array(kept, dtype=bool)[ops], heads, skips)
         for word, rows, j in plan.reductions:
@@ -455,20 +481,38 @@ class Replay:
 
     def _kept(self) -> list[bool]:
         """Per op followed: whether its result must be stored (a later stage reads it,
-        or somebody besides this replay holds the tensor)."""
-        results = self.results
-        holders = Counter(map(id, results))
-        holders.update(map(id, self.slot_tensor))
-        steps = self.plan.steps
+        or somebody besides this replay holds the tensor). Asked once per tensor object:
+        the slots' tensors, and those they held before."""
         refs = sys.getrefcount
-        return [
-            steps[j].required or refs(results[j]) > _HELD_ONCE - 1 + holders[id(results[j])]
-            for j in range(len(results))
-        ]
+        # Each object is held by its list here and its entries of ``results``.
+        slot_tensor, slot_uses = self.slot_tensor, self.slot_uses
+        elsewhere = {
+            id(slot_tensor[slot]): refs(slot_tensor[slot]) > _HELD_ONCE + slot_uses[slot]
+            for slot in range(len(slot_tensor))
+            if slot_tensor[slot] is not None
+        }
+        retired, retired_uses = self.retired, self.retired_uses
+        for i in range(len(retired)):
+            elsewhere[id(retired[i])] = refs(retired[i]) > _HELD_ONCE + retired_uses[i]
+        required = self.plan.required
+        return [required[j] or elsewhere[id(t)] for j, t in enumerate(self.results)]
 
 
 def _plain_matches(value: Any, spec: Any) -> bool:
+    """Whether ``plain_spec(value) == spec``, without building the spec for the usual
+    values (a replay compares every plain argument of every op)."""
+    kind = spec[0]
+    if type(value) is not kind:
+        return False
+    if kind is float:
+        return bool(value == spec[1] and math.copysign(1.0, value) == spec[2])
+    if kind in _SCALAR_KINDS:
+        return bool(value == spec[1])
     try:
         return bool(plain_spec(value) == spec)
     except Unreplayable:
         return False
+
+
+#: Plain kinds whose spec is ``(kind, value)`` with the value itself.
+_SCALAR_KINDS = (int, bool, str, type(None))

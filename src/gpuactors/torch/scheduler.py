@@ -37,7 +37,7 @@ from gpuactors.errors import InvalidArgument
 from gpuactors.torch import program as P
 from gpuactors.torch.batch import Batch, Decline
 from gpuactors.torch.executors import Executor
-from gpuactors.torch.handlers import TABLE, TENSORS_ONLY, USUAL
+from gpuactors.torch.handlers import TABLE, USUAL
 from gpuactors.torch.record import usual
 from gpuactors.torch.replay import MAX_PLANS, PLANS_PER_OP, Capture, Plan, Replay, first_op
 
@@ -69,7 +69,7 @@ class _Mode(TorchDispatchMode):  # type: ignore[misc,unused-ignore]
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
-        return self.scheduler._dispatch(func, types, args, kwargs or {})
+        return self.scheduler._dispatch(func, types, args, {} if kwargs is None else kwargs)
 
 
 class TorchScheduler:
@@ -281,7 +281,7 @@ class TorchScheduler:
         if types:  # a tensor subclass with its own dispatch: PyTorch's business
             return self._fallback(func, args, kwargs)
         plans = self._plans
-        if plans and (type(self._batch) is Replay or (func in plans and not self._batch.ops)):
+        if plans and (type(self._batch) is Replay or (not self._batch.ops and func in plans)):
             with self._lock:
                 batch = self._batch
                 out = batch.follow(func, args, kwargs) if type(batch) is Replay else None
@@ -297,17 +297,22 @@ class TorchScheduler:
                 return self._fallback(func, args, kwargs)
         usual_op = _USUAL_BY_ID.get(id(func))
         if usual_op is not None and not kwargs and len(args) == usual_op[3]:
-            op, p0, rule, arity = usual_op
+            op, p0, rule, arity, tensors_only = usual_op
             b = args[1] if arity == 2 else None
-            if rule != TENSORS_ONLY or isinstance(b, Tensor):
+            if not tensors_only or isinstance(b, Tensor):
                 with self._lock:
                     batch = self._batch
                     assert isinstance(batch, Batch)
                     if not batch.ops and self.replay:
                         self._maybe_capture(batch, func, args)
-                    out = usual(batch, op, args[0], b, p0, 0, rule if rule != TENSORS_ONLY else -1)
+                    out = usual(batch, op, args[0], b, p0, 0, rule)
                     if out is not None:
-                        self._took(batch, func, args, kwargs, out)
+                        if batch.capture is None and batch.ops > 1:  # what _took does then
+                            self.stats.ops += 1
+                            if batch.ops >= self.max_batch_ops:
+                                self._flush_locked("size")
+                        else:
+                            self._took(batch, func, args, kwargs, out)
                         return out
         handler = _TABLE_BY_ID.get(id(func)) or TABLE.get(func)
         if handler is not None:
