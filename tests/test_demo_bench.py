@@ -168,9 +168,7 @@ def test_percentiles() -> None:
 
 async def test_run_records_replies_and_signals_halfway() -> None:
     run = demo._Run(tasks=4, halfway=asyncio.Event())
-    ok = demo.Completion(
-        seq=1, op=demo.HIST_OP.name, version=1, status=0, units=1, device_ns=0
-    )
+    ok = demo.Completion(seq=1, op=demo.HIST_OP.name, version=1, status=0, units=1, device_ns=0)
     run = demo._Run(tasks=4, halfway=asyncio.Event())
     run.record(1e-6, ok)
     assert not run.halfway.is_set()

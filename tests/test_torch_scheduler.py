@@ -491,3 +491,21 @@ def test_importing_gpuactors_never_imports_torch() -> None:
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_a_first_stage_is_spread_over_units_by_its_size() -> None:
+    from gpuactors.torch.batch import (
+        MAX_POINTWISE_UNITS,
+        MAX_UNITS,
+        UNIT_ELEMENTS,
+        UNIT_ROWS,
+        pointwise_units,
+        reduction_units,
+    )
+
+    assert [pointwise_units(n) for n in (0, 1, UNIT_ELEMENTS)] == [1, 1, 1]
+    assert pointwise_units(UNIT_ELEMENTS + 1) == 2
+    assert pointwise_units(8 * UNIT_ELEMENTS) == 8
+    assert pointwise_units(10**9) == MAX_POINTWISE_UNITS
+    assert [reduction_units(r) for r in (1, UNIT_ROWS, UNIT_ROWS + 1)] == [1, 1, 2]
+    assert reduction_units(10**9) == MAX_UNITS

@@ -441,15 +441,31 @@ class Batch:
         return words, first.numel, units
 
 
-#: Elements a unit (block) covers in the first stage before another unit is worth it.
-UNIT_ELEMENTS = 2048
+#: Elements a unit (block) covers in a first pointwise stage before another unit is
+#: worth it: a unit's threads carry a few elements each through the interpreter, and
+#: the GPU time of a program grows with the elements per thread.
+UNIT_ELEMENTS = 512
+#: The most units a first pointwise stage is spread over: every unit is one more claim
+#: the engine's blocks make on the task, and past this many the claims cost more than
+#: the elements they split.
+MAX_POINTWISE_UNITS = 32
 #: Rows a unit reduces in a first-stage reduction (a warp per row, 8 warps a unit).
 UNIT_ROWS = 8
 MAX_UNITS = 64
 
 
+def pointwise_units(numel: int) -> int:
+    """How many units a first pointwise stage of ``numel`` elements is spread over."""
+    return max(1, min(MAX_POINTWISE_UNITS, -(-numel // UNIT_ELEMENTS)))
+
+
+def reduction_units(rows: int) -> int:
+    """How many units a first-stage reduction of ``rows`` rows is spread over."""
+    return max(1, min(MAX_UNITS, -(-rows // UNIT_ROWS)))
+
+
 def units_for(stage: P.Stage) -> int:
     """How many units (blocks) the first stage is spread over."""
     if isinstance(stage, P.ReduceStage):
-        return max(1, min(MAX_UNITS, -(-stage.rows // UNIT_ROWS)))
-    return max(1, min(MAX_UNITS, -(-stage.numel // UNIT_ELEMENTS)))
+        return reduction_units(stage.rows)
+    return pointwise_units(stage.numel)

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from gpuactors.torch import program as P
-from gpuactors.torch.batch import MAX_UNITS, UNIT_ELEMENTS, UNIT_ROWS, Batch
+from gpuactors.torch.batch import Batch, pointwise_units, reduction_units
 from gpuactors.torch.scheduler import TorchScheduler
 
 #: A size of the recording: an input dim ``(k, d)`` or a constant.
@@ -198,9 +198,9 @@ class TracedFunction:
         numel = math.prod(call.size(s) for s in plan.first_space)
         if plan.first_is_reduction:
             rows = numel // call.size(plan.first_space[-1])
-            units = max(1, min(MAX_UNITS, -(-rows // UNIT_ROWS)))
+            units = reduction_units(rows)
         else:
-            units = max(1, min(MAX_UNITS, -(-numel // UNIT_ELEMENTS)))
+            units = pointwise_units(numel)
         self.replays += 1
         self.scheduler.run_program(words, numel, units, "replay")
         kind, items = plan.returns
