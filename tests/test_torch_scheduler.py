@@ -509,3 +509,14 @@ def test_a_first_stage_is_spread_over_units_by_its_size() -> None:
     assert pointwise_units(10**9) == MAX_POINTWISE_UNITS
     assert [reduction_units(r) for r in (1, UNIT_ROWS, UNIT_ROWS + 1)] == [1, 1, 2]
     assert reduction_units(10**9) == MAX_UNITS
+
+
+def test_a_traced_plan_computes_each_patched_value_once() -> None:
+    from gpuactors.torch.trace import _patches
+
+    size, ptr = ("size", (0, 0)), ("ptr", "in", 0)
+    patches = [(4, size, 0), (8, ptr, 0), (9, ptr, 1), (12, size, 0), (20, ptr, 0), (21, ptr, 1)]
+    plan = _patches(patches)
+    assert plan["exprs"] == [size, ptr]
+    assert plan["positions"].tolist() == [4, 8, 9, 12, 20, 21]
+    assert plan["patches"] == [(0, 0), (1, 0), (1, 32), (0, 0), (1, 0), (1, 32)]

@@ -135,8 +135,9 @@ class _Plan:
 
     arg_positions: list[int]  # which arguments are the tensors, in order
     words: np.ndarray
-    positions: np.ndarray  # the words patched per call ...
-    exprs: list[tuple[Expr, int]]  # ... with these values (and which 32-bit half)
+    exprs: list[Expr]  # the values a call computes, each once ...
+    positions: np.ndarray  # ... the words patched per call ...
+    patches: list[tuple[int, int]]  # ... with which value (an index into exprs) and shift
     fresh: list[tuple[tuple[Size, ...], torch.dtype]]  # every result of the recording
     fresh_shapes: list[tuple[Size, ...]]  # their distinct shapes (a chain's share one)
     allocate: list[int]  # the results a call allocates (the others are never stored)
@@ -192,9 +193,8 @@ class TracedFunction:
                 tuple(call.size(s) for s in shape), dtype=dtype, device=device
             )
         words = plan.words.copy()
-        words[plan.positions] = [
-            (call.value(expr) >> (32 * half)) & 0xFFFFFFFF for expr, half in plan.exprs
-        ]
+        values = [call.value(expr) for expr in plan.exprs]
+        words[plan.positions] = [(values[k] >> shift) & 0xFFFFFFFF for k, shift in plan.patches]
         numel = math.prod(call.size(s) for s in plan.first_space)
         if plan.first_is_reduction:
             rows = numel // call.size(plan.first_space[-1])
@@ -213,6 +213,18 @@ class TracedFunction:
 def trace(fn: Callable[..., Any], scheduler: TorchScheduler) -> TracedFunction:
     """``fn`` traced on ``scheduler`` (see :class:`TracedFunction`)."""
     return TracedFunction(fn, scheduler)
+
+
+def _patches(patches: Sequence[tuple[int, Expr, int]]) -> dict[str, Any]:
+    """A plan's patches, (word position, value, which 32-bit half), as its distinct
+    values (a call computes each once) and, per word, which value and shift it takes."""
+    exprs = list(dict.fromkeys(expr for _, expr, _ in patches))
+    index = {expr: k for k, expr in enumerate(exprs)}
+    return {
+        "exprs": exprs,
+        "positions": np.array([p for p, _, _ in patches], dtype=np.int64),
+        "patches": [(index[expr], 32 * half) for _, expr, half in patches],
+    }
 
 
 def _sizes(inputs: Sequence[Tensor]) -> dict[tuple[int, int], int]:
@@ -353,8 +365,7 @@ def _build(
     return _Plan(
         arg_positions=positions,
         words=words,
-        positions=np.array([p for p, _, _ in patches], dtype=np.int64),
-        exprs=[(expr, half) for _, expr, half in patches],
+        **_patches(patches),
         fresh=fresh,
         fresh_shapes=list(dict.fromkeys(shape for shape, _ in fresh)),
         allocate=sorted(allocate),
