@@ -307,12 +307,7 @@ class TorchScheduler:
                         self._maybe_capture(batch, func, args)
                     out = usual(batch, op, args[0], b, p0, 0, rule)
                     if out is not None:
-                        if batch.capture is None and batch.ops > 1:  # what _took does then
-                            self.stats.ops += 1
-                            if batch.ops >= self.max_batch_ops:
-                                self._flush_locked("size")
-                        else:
-                            self._took(batch, func, args, kwargs, out)
+                        self._took(batch, func, args, kwargs, out)
                         return out
         handler = _TABLE_BY_ID.get(id(func)) or TABLE.get(func)
         if handler is not None:
