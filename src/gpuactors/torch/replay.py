@@ -95,7 +95,6 @@ class Step:
     """One op of a plan: the overload, its arguments' specs and its result's slot."""
 
     __slots__ = (
-        "args",
         "arity",
         "func",
         "kwargs",
@@ -114,13 +113,11 @@ class Step:
         slot: int,
     ) -> None:
         self.func = func
-        #: Per argument: an int j >= 0 (the result of op j), -k - 1 (outside tensor k),
-        #: else a plain value's spec.
-        self.args = args
         self.arity = len(args)
-        #: The same, split for the replay's comparison (it runs for every replayed op):
-        #: (position, j) of results of earlier ops, (position, k) of outside tensors,
-        #: (position, spec) of the plain values.
+        #: ``args`` holds per argument an int j >= 0 (the result of op j), -k - 1 (outside
+        #: tensor k), else a plain value's spec. Kept split, as the replay compares them
+        #: (for every replayed op): (position, j) of results of earlier ops, (position, k)
+        #: of outside tensors, (position, spec) of the plain values.
         ints = [(i, spec) for i, spec in enumerate(args) if type(spec) is int]
         self.results = tuple((i, spec) for i, spec in ints if spec >= 0)
         self.outside = tuple((i, -spec - 1) for i, spec in ints if spec < 0)
