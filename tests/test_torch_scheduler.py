@@ -516,7 +516,7 @@ def test_a_traced_plan_computes_each_patched_value_once() -> None:
 
     size, ptr = ("size", (0, 0)), ("ptr", "in", 0)
     patches = [(4, size, 0), (8, ptr, 0), (9, ptr, 1), (12, size, 0), (20, ptr, 0), (21, ptr, 1)]
-    plan = _patches(patches)
-    assert plan["exprs"] == [size, ptr]
-    assert plan["positions"].tolist() == [4, 8, 9, 12, 20, 21]
-    assert plan["patches"] == [(0, 0), (1, 0), (1, 32), (0, 0), (1, 0), (1, 32)]
+    exprs, positions, word_patches = _patches(patches)
+    assert exprs == [size, ptr]
+    assert positions.tolist() == [4, 8, 9, 12, 20, 21]
+    assert word_patches == [(0, 0), (1, 0), (1, 32), (0, 0), (1, 0), (1, 32)]

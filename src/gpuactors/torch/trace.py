@@ -215,16 +215,16 @@ def trace(fn: Callable[..., Any], scheduler: TorchScheduler) -> TracedFunction:
     return TracedFunction(fn, scheduler)
 
 
-def _patches(patches: Sequence[tuple[int, Expr, int]]) -> dict[str, Any]:
+def _patches(
+    patches: Sequence[tuple[int, Expr, int]],
+) -> tuple[list[Expr], np.ndarray, list[tuple[int, int]]]:
     """A plan's patches, (word position, value, which 32-bit half), as its distinct
-    values (a call computes each once) and, per word, which value and shift it takes."""
+    values (a call computes each once), the words patched, and per word which value
+    and shift it takes."""
     exprs = list(dict.fromkeys(expr for _, expr, _ in patches))
     index = {expr: k for k, expr in enumerate(exprs)}
-    return {
-        "exprs": exprs,
-        "positions": np.array([p for p, _, _ in patches], dtype=np.int64),
-        "patches": [(index[expr], 32 * half) for _, expr, half in patches],
-    }
+    positions = np.array([p for p, _, _ in patches], dtype=np.int64)
+    return exprs, positions, [(index[expr], 32 * half) for _, expr, half in patches]
 
 
 def _sizes(inputs: Sequence[Tensor]) -> dict[tuple[int, int], int]:
@@ -362,10 +362,13 @@ def _build(
         first_space = tuple(sym(s) for s in x_first.shape)
     else:
         first_space = tuple(sym(s) for s in first.space)
+    exprs, patched, word_patches = _patches(patches)
     return _Plan(
         arg_positions=positions,
         words=words,
-        **_patches(patches),
+        exprs=exprs,
+        positions=patched,
+        patches=word_patches,
         fresh=fresh,
         fresh_shapes=list(dict.fromkeys(shape for shape, _ in fresh)),
         allocate=sorted(allocate),
