@@ -61,8 +61,7 @@ def word_encoder(
 
 def usual_words(op: OpSpec, ndarray: type | None) -> WordEncoder | None:
     """``words(args, n, device_id)``: the record words of ``op``'s usual arguments,
-    or None at the first doubt (None: no CuPy, or an array type without the
-    contiguity flag read)."""
+    or None at the first doubt (None: no CuPy)."""
     if ndarray is None:
         return None
     types: list[type] = []

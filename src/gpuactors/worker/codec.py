@@ -5,8 +5,8 @@ worker process would run code in its parent. This codec carries data only. JSON
 holds the structure; NumPy buffers and ``bytes`` travel as raw segments next to
 it (no base64: a large array costs one copy on each side); objects are rebuilt
 only for classes on an explicit list, through their own validation (pydantic
-models and named tuples, dataclasses' ``__post_init__``, enum lookup), so a message decoded in the
-other process is checked exactly like one built at a call site.
+models and named tuples, dataclasses' ``__post_init__``, enum lookup), so a message
+decoded in the other process is checked exactly like one built at a call site.
 
 The tree: JSON null, booleans, numbers, strings and arrays (decoded as tuples)
 stand for themselves; everything else is an object tagged by its ``"@"`` key:
