@@ -1,11 +1,14 @@
 """The tiny-op scheduler on a real GPU: the CUDA interpreter against eager PyTorch.
 
-One engine (LocalEngine, the torch_program op installed) serves the whole module.
-Checks: every op in three dtypes, 1,200 random op programs (and 400 more, replayed),
-replayed batches of the 57-op chain, reads of pending tensors
+Every scheduler test runs on both executors: kernel launches on PyTorch's stream
+(StreamExecutor) and one engine (LocalEngine, the torch_program op installed) that
+serves the whole module. Checks: every op in three dtypes, 1,200 random op programs
+(and 400 more, replayed), replayed batches of the 57-op chain, reads of pending tensors
 by ops the scheduler does not take and by .item(), .cpu(), .tolist() and printing,
 every fallback rule, units meeting between stages, stream order both ways, traced
-mode on 20 shapes, and the asyncio route (attach, flush_async).
+mode on 20 shapes, and the asyncio route (attach, flush_async). Then what is the
+stream executor's own: a flush that does not wait, launches on two streams at once,
+and a failed program reported at the next launch.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -25,8 +28,18 @@ F = torch.nn.functional
 
 from gpuactors.actors import ActorSystem  # noqa: E402
 from gpuactors.engine import Engine  # noqa: E402
-from gpuactors.errors import InvalidArgument  # noqa: E402
-from gpuactors.torch import PROGRAM_OP, LocalEngine, TorchScheduler, attach, trace  # noqa: E402
+from gpuactors.errors import InvalidArgument, TaskFailed  # noqa: E402
+from gpuactors.torch import (  # noqa: E402
+    PROGRAM_OP,
+    LocalEngine,
+    StreamExecutor,
+    TorchScheduler,
+    attach,
+    stream_scheduler,
+    trace,
+)
+from gpuactors.torch import program as P  # noqa: E402
+from gpuactors.torch.kernel import BAD_STAGE  # noqa: E402
 from torch_cases import BINARY, UNARY, assert_same, chain57, flat, random_case  # noqa: E402
 
 _REASON = no_device_reason() or (None if torch.cuda.is_available() else "torch sees no CUDA device")
@@ -50,10 +63,25 @@ def engine() -> Iterator[LocalEngine]:
         yield local
 
 
+@pytest.fixture(scope="module")
+def stream_executor() -> StreamExecutor:
+    return StreamExecutor()
+
+
+@pytest.fixture(params=["stream", "engine"])
+def new_scheduler(request: pytest.FixtureRequest) -> Callable[..., TorchScheduler]:
+    """Makes schedulers on one executor kind (the engine's is started only if asked)."""
+    if request.param == "stream":
+        executor = request.getfixturevalue("stream_executor")
+        return lambda **options: TorchScheduler(executor, **options)
+    engine: LocalEngine = request.getfixturevalue("engine")
+    return lambda **options: engine.scheduler(**options)
+
+
 @pytest.fixture
-def sched(engine: LocalEngine) -> Iterator[TorchScheduler]:
+def sched(new_scheduler: Callable[..., TorchScheduler]) -> Iterator[TorchScheduler]:
     torch.manual_seed(1234)
-    scheduler = engine.scheduler(auto_flush_ms=None)
+    scheduler = new_scheduler(auto_flush_ms=None)
     yield scheduler
     scheduler.close()
 
@@ -207,8 +235,8 @@ def test_pending_values_read_by_ops_not_taken_item_cpu_tolist_print(
 
 
 # ------------------------------------------------------------ fallback rules
-def test_every_fallback_rule(engine: LocalEngine) -> None:
-    sched = engine.scheduler(size_threshold=1000, auto_flush_ms=None)
+def test_every_fallback_rule(new_scheduler: Callable[..., TorchScheduler]) -> None:
+    sched = new_scheduler(size_threshold=1000, auto_flush_ms=None)
     cpu = torch.ones(3)
     ints = torch.arange(4, device=DEV)
     big = rand(1001)
@@ -253,8 +281,10 @@ def test_the_batch_waits_for_work_queued_on_the_current_stream(sched: TorchSched
             assert torch.equal(z, torch.full_like(z, 4.0))
 
 
-def test_the_timer_flushes_a_batch_left_alone(engine: LocalEngine) -> None:
-    sched = engine.scheduler(auto_flush_ms=5.0)
+def test_the_timer_flushes_a_batch_left_alone(
+    new_scheduler: Callable[..., TorchScheduler],
+) -> None:
+    sched = new_scheduler(auto_flush_ms=5.0)
     try:
         with torch.no_grad(), sched:
             y = rand(16) * 0 + 7
@@ -265,6 +295,61 @@ def test_the_timer_flushes_a_batch_left_alone(engine: LocalEngine) -> None:
             assert torch.equal(y, torch.full_like(y, 7.0))
     finally:
         sched.close()
+
+
+# ------------------------------------------------------ the stream executor
+def test_a_stream_flush_queues_the_launch_and_does_not_wait() -> None:
+    sched = stream_scheduler(auto_flush_ms=None)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream), torch.no_grad():
+        a = rand(4096, 4096)
+        for _ in range(8):
+            a = a @ a * 1e-4  # tens of milliseconds of work queued ahead of the batch
+        with sched:
+            y = (a[0] + 1) * 2
+        assert not stream.query()  # the flush returned with the launch still queued
+        torch.testing.assert_close(y, (a[0] + 1) * 2)
+    assert sched.stats.batches == 1
+    sched.close()
+
+
+def test_launches_on_two_streams_at_once_meet_at_their_own_counters(
+    stream_executor: StreamExecutor,
+) -> None:
+    scheds = [TorchScheduler(stream_executor, auto_flush_ms=None) for _ in range(2)]
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    inputs = [rand(64, 20_000) for _ in range(2)]
+    outs: list[Any] = [None, None]
+    with torch.no_grad():
+        for _ in range(50):  # many rounds of two multi-unit, two-stage programs in flight
+            for k in range(2):
+                with torch.cuda.stream(streams[k]), scheds[k]:
+                    outs[k] = (inputs[k] * (k + 2)).sum(-1)
+        torch.cuda.synchronize()
+    for k in range(2):
+        torch.testing.assert_close(outs[k], (inputs[k] * (k + 2)).sum(-1), rtol=1e-4, atol=1e-2)
+
+
+def test_a_failed_program_is_raised_at_the_next_launch_or_check(
+    stream_executor: StreamExecutor,
+) -> None:
+    bad_stage = [99, 4, 0, 0]  # a stage kind the interpreter does not know
+    words = [P.MAGIC, P.HEADER_WORDS + 4, 1, 0, 0, 0, 1, 0, *bad_stage]
+    stream_executor.run(words, 1, 1, None)
+    ticket = stream_executor.meeting_points.runs
+    torch.cuda.synchronize()
+    with pytest.raises(TaskFailed) as failed:
+        stream_executor.check()
+    assert failed.value.code == BAD_STAGE and failed.value.seq == ticket
+    stream_executor.check()  # reported once
+    stream_executor.run(words, 1, 1, None)
+    torch.cuda.synchronize()
+    with pytest.raises(TaskFailed):
+        stream_executor.run(words, 1, 1, None)  # the next launch reports it
+    torch.cuda.synchronize()
+    stream_executor.check()
+    with pytest.raises(InvalidArgument, match="words"):
+        stream_executor.run([0] * (P.MAX_WORDS + 4), 1, 1, None)
 
 
 # ---------------------------------------------------------------- traced mode

@@ -12,11 +12,16 @@ import pytest
 
 from gpuactors.engine.codegen import build_engine_module, render_engine_source
 from gpuactors.engine.ops import BUILTIN_OPS
-from gpuactors.nvrtc import KernelCompiler
+from gpuactors.nvrtc import KernelCompiler, NvrtcOpts
 from gpuactors.torch import dtypes as D
 from gpuactors.torch import program as P
 from gpuactors.torch import reference
-from gpuactors.torch.kernel import PROGRAM_OP
+from gpuactors.torch.kernel import (
+    PROGRAM_OP,
+    STREAM_CAPACITIES,
+    STREAM_SOURCE,
+    stream_kernel_name,
+)
 
 
 # ----------------------------------------------------------------- dtype rules
@@ -190,6 +195,21 @@ def test_interpreter_compiles_with_nvrtc(arch: str) -> None:
     )
     assert module.image[:4] == b"\x7fELF"
     assert "torch_program@1" in engine.op_ids
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_stream_kernels_compile_with_nvrtc_one_per_capacity(arch: str) -> None:
+    module, _origin = KernelCompiler(disk=False).get_or_compile(
+        STREAM_SOURCE, name="gpt_stream.cu", opts=NvrtcOpts(std="c++17"), arch=arch
+    )
+    assert module.image[:4] == b"\x7fELF"
+    for capacity in STREAM_CAPACITIES:
+        assert stream_kernel_name(capacity).encode() in module.image
+    # The largest program passed by value fits the kernel parameter limit (32,764 bytes).
+    assert max(STREAM_CAPACITIES) == P.MAX_WORDS and P.MAX_WORDS * 4 + 12 <= 32_764
+    # The engine op and the stream kernels share the interpreter; only the fetch differs.
+    engine_body = PROGRAM_OP.body.replace("__ldcv(src + q)", "src[q]")
+    assert engine_body in STREAM_SOURCE
 
 
 def test_interpreter_body_has_no_preprocessor_line_and_knows_every_opcode() -> None:

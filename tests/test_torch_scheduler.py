@@ -25,6 +25,7 @@ from gpuactors.errors import InvalidArgument  # noqa: E402
 from gpuactors.torch import ReferenceExecutor, TorchScheduler, trace  # noqa: E402
 from gpuactors.torch import program as P  # noqa: E402
 from gpuactors.torch.batch import Batch, Decline  # noqa: E402
+from gpuactors.torch.executors import MeetingPoints  # noqa: E402
 from torch_cases import (  # noqa: E402
     BINARY,
     UNARY,
@@ -494,21 +495,19 @@ def test_importing_gpuactors_never_imports_torch() -> None:
 
 
 def test_a_first_stage_is_spread_over_units_by_its_size() -> None:
-    from gpuactors.torch.batch import (
-        MAX_POINTWISE_UNITS,
-        MAX_UNITS,
-        UNIT_ELEMENTS,
-        UNIT_ROWS,
-        pointwise_units,
-        reduction_units,
-    )
+    from gpuactors.torch.batch import ENGINE_SPREAD, STREAM_SPREAD
 
-    assert [pointwise_units(n) for n in (0, 1, UNIT_ELEMENTS)] == [1, 1, 1]
-    assert pointwise_units(UNIT_ELEMENTS + 1) == 2
-    assert pointwise_units(8 * UNIT_ELEMENTS) == 8
-    assert pointwise_units(10**9) == MAX_POINTWISE_UNITS
-    assert [reduction_units(r) for r in (1, UNIT_ROWS, UNIT_ROWS + 1)] == [1, 1, 2]
-    assert reduction_units(10**9) == MAX_UNITS
+    for spread in (ENGINE_SPREAD, STREAM_SPREAD):
+        each = spread.unit_elements
+        assert [spread.pointwise(n) for n in (0, 1, each)] == [1, 1, 1]
+        assert spread.pointwise(each + 1) == 2
+        assert spread.pointwise(8 * each) == 8
+        assert spread.pointwise(10**9) == spread.max_pointwise_units
+        rows = spread.unit_rows
+        assert [spread.reduction(r) for r in (1, rows, rows + 1)] == [1, 1, 2]
+        assert spread.reduction(10**9) == spread.max_reduction_units
+    # A launch's blocks cost nothing to claim: the stream spreads further.
+    assert STREAM_SPREAD.pointwise(4096) > ENGINE_SPREAD.pointwise(4096)
 
 
 def test_a_traced_plan_computes_each_patched_value_once() -> None:
@@ -520,3 +519,17 @@ def test_a_traced_plan_computes_each_patched_value_once() -> None:
     assert exprs == [size, ptr]
     assert positions.tolist() == [4, 8, 9, 12, 20, 21]
     assert word_patches == [(0, 0), (1, 0), (1, 32), (0, 0), (1, 0), (1, 32)]
+
+
+# ------------------------------------------------------ where units meet
+def test_every_run_gets_the_next_ticket_and_its_own_counter() -> None:
+    points = MeetingPoints(torch.device("cpu"), slots=3)
+    stamped = []
+    for _ in range(4):
+        program = np.zeros(8, dtype=np.uint32)
+        points.stamp(program)
+        stamped.append((int(program[3]), int(program[4]) | int(program[5]) << 32))
+    # Tickets 1..4; counters of slots 1, 2, 0, 1: a slot comes back `slots` runs later.
+    base = stamped[2][1]
+    assert stamped == [(1, base + 8), (2, base + 16), (3, base), (4, base + 8)]
+    assert points.runs == 4

@@ -9,7 +9,10 @@ runs the same chain). Every baseline runs in this process on this GPU. Per n in 
 and 65,536: eager, CUDA graph replay, torch.compile (steady, and its first call including
 the compile), the scheduler context (its batches replayed, as a loop's are, and recorded
 op by op with replay off) and traced mode, each the median of repeated call +
-synchronize. What recording alone costs is measured with an executor that runs nothing.
+synchronize. The scheduler's figures are measured twice: with its batches launched on
+PyTorch's stream (``stream_scheduler``, the default way; the targets are checked on
+it) and run as tasks of an engine (``LocalEngine``). What recording alone costs is
+measured with an executor that runs nothing.
 Then 20 new shapes in a row (n = 1000 + 37 k, inputs made in the loop), total time per
 mode. ``--profile`` prints where the scheduler's Python time goes (cProfile, n = 4,096).
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import itertools
 import pstats
 import statistics
 import time
@@ -81,10 +85,11 @@ def median_us(fn: Callable[[], Any], reps: int, warmup: int = 20) -> float:
 class NoRun:
     """An executor that runs nothing: what recording a batch costs, without the engine."""
 
-    counter = 0
-
     def __init__(self) -> None:
+        from gpuactors.torch.batch import STREAM_SPREAD
+
         self.device = torch.device("cuda", torch.cuda.current_device())
+        self.spread = STREAM_SPREAD
 
     def run(self, words: Any, n: int, units: int, stream: Any) -> None:
         return None
@@ -104,25 +109,50 @@ def context_us(scheduler: Any, x: Any, y: Any, reps: int) -> float:
     return median_us(lambda: scheduled(x, y), reps)
 
 
-def ours(n: int, engine: Any, reps: int) -> dict[str, float]:
-    """Eager, the scheduler context (replayed, and recorded op by op) and traced mode,
-    measured before any torch.compile or graph capture has run in the process."""
+def device_us(fn: Callable[[], Any], reps: int = 20) -> float:
+    """The median GPU time between two events around ``fn`` (what it queued)."""
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return float(statistics.median(times))
+
+
+#: Where the scheduler's batches run: launches on PyTorch's stream (the default,
+#: ``stream_scheduler``), and an engine (``LocalEngine.scheduler``). Row keys of the
+#: engine's figures carry its prefix.
+EXECUTORS = (("", "stream"), ("engine_", "engine"))
+
+
+def ours(n: int, executors: dict[str, Any], reps: int) -> dict[str, float]:
+    """Eager, then per executor the scheduler context (replayed, and recorded op by op)
+    and traced mode, measured before any torch.compile or graph capture has run in the
+    process; what recording costs with an executor that runs nothing."""
     from gpuactors.torch import TorchScheduler, trace
 
     x = torch.randn(n, device="cuda")
     y = torch.randn(n, device="cuda")
     expected = chain(x, y)
     row = {"eager_us": median_us(lambda: chain(x, y), reps)}
+    for prefix, kind in EXECUTORS:
+        for key, replay in (("scheduler", True), ("recorded", False)):
+            sched = TorchScheduler(executors[kind], auto_flush_ms=None, replay=replay)
+            torch.testing.assert_close(in_context(sched)(x, y), expected, rtol=1e-4, atol=1e-2)
+            row[f"{prefix}{key}_us"] = context_us(sched, x, y, reps)
+            if replay:
+                traced = trace(chain, sched)
+                torch.testing.assert_close(traced(x, y), expected, rtol=1e-4, atol=1e-2)
+                row[f"{prefix}traced_us"] = median_us(lambda: traced(x, y), reps)  # noqa: B023
+                if kind == "engine":
+                    row[f"{prefix}task_device_us"] = executors[kind].last.device_ns / 1e3
+                else:
+                    row[f"{prefix}task_device_us"] = device_us(lambda: traced(x, y))  # noqa: B023
+            sched.close()
     for key, replay in (("scheduler", True), ("recorded", False)):
-        sched = engine.scheduler(auto_flush_ms=None, replay=replay)
-        torch.testing.assert_close(in_context(sched)(x, y), expected, rtol=1e-4, atol=1e-2)
-        row[f"{key}_us"] = context_us(sched, x, y, reps)
-        if replay:
-            row["task_device_us"] = sched.executor.last.device_ns / 1e3
-            traced = trace(chain, sched)
-            torch.testing.assert_close(traced(x, y), expected, rtol=1e-4, atol=1e-2)
-            row["traced_us"] = median_us(lambda: traced(x, y), reps)  # noqa: B023 (run here)
-        sched.close()
         bare = TorchScheduler(NoRun(), auto_flush_ms=None, replay=replay)
         row[f"{key}_python_us"] = context_us(bare, x, y, reps)
         bare.close()
@@ -151,9 +181,9 @@ def theirs(n: int, reps: int, row: dict[str, float]) -> None:
     row["compile_us"] = median_us(lambda: compiled(x, y), reps)
 
 
-def new_shapes(engine: Any) -> dict[str, float]:
+def new_shapes(executors: dict[str, Any]) -> dict[str, float]:
     """20 new sizes in a row, inputs made in the loop: total seconds per mode."""
-    from gpuactors.torch import trace
+    from gpuactors.torch import TorchScheduler, trace
 
     def run(fn: Callable[[Any, Any], Any]) -> float:
         torch.cuda.synchronize()
@@ -164,23 +194,25 @@ def new_shapes(engine: Any) -> dict[str, float]:
         torch.cuda.synchronize()
         return time.perf_counter() - start
 
-    sched = engine.scheduler(auto_flush_ms=None)
-    figures = {  # torch.compile last: ours first, before anything compiled runs here
-        "eager_s": run(chain),
-        "scheduler_s": run(in_context(sched)),
-        "traced_s": run(trace(chain, sched)),
-        "compile_s": run(torch.compile(chain, dynamic=None)),
-    }
-    sched.close()
+    figures = {"eager_s": run(chain)}
+    for prefix, kind in EXECUTORS:
+        sched = TorchScheduler(executors[kind], auto_flush_ms=None)
+        figures[f"{prefix}scheduler_s"] = run(in_context(sched))
+        figures[f"{prefix}traced_s"] = run(trace(chain, sched))
+        sched.close()
+    # torch.compile last: ours first, before anything compiled runs here.
+    figures["compile_s"] = run(torch.compile(chain, dynamic=None))
     return figures
 
 
-def profile(engine: Any, n: int = 4096, calls: int = 200) -> None:
+def profile(executor: Any, n: int = 4096, calls: int = 200) -> None:
     """Where the scheduler's Python time goes, replayed and recorded (top functions)."""
+    from gpuactors.torch import TorchScheduler
+
     x = torch.randn(n, device="cuda")
     y = torch.randn(n, device="cuda")
     for replay in (True, False):
-        sched = engine.scheduler(auto_flush_ms=None, replay=replay)
+        sched = TorchScheduler(executor, auto_flush_ms=None, replay=replay)
         scheduled = in_context(sched)
         for _ in range(20):
             scheduled(x, y)
@@ -209,16 +241,27 @@ def record(rows: list[dict[str, float]], shapes: dict[str, float], results: Scri
             flush=True,
         )
         print(
+            f"          on an engine: scheduler {row['engine_scheduler_us']:7.1f} us"
+            f" ({row['eager_us'] / row['engine_scheduler_us']:.2f}x eager; recorded op by op"
+            f" {row['engine_recorded_us']:.1f} us) | traced {row['engine_traced_us']:6.1f} us"
+            f" ({row['engine_traced_us'] / row['compile_us']:.2f}x compile)"
+        )
+        print(
             f"          Python per op: replayed {row['scheduler_python_us'] / OPS:.2f} us,"
             f" recorded {row['recorded_python_us'] / OPS:.2f} us, eager"
-            f" {row['eager_us'] / OPS:.2f} us (launch included); the GPU ran the task"
-            f" {row['task_device_us']:.1f} us"
+            f" {row['eager_us'] / OPS:.2f} us (launch included); the GPU ran a traced call"
+            f" {row['task_device_us']:.1f} us (on an engine {row['engine_task_device_us']:.1f} us)"
         )
-        for label, key, base_label, base_key in (
-            ("scheduler context", "scheduler_us", "eager", "eager_us"),
-            ("scheduler, recorded op by op", "recorded_us", "eager", "eager_us"),
-            ("traced mode", "traced_us", "torch.compile steady", "compile_us"),
+        for (label, key, base_label, base_key), (prefix, kind) in itertools.product(
+            (
+                ("scheduler context", "scheduler_us", "eager", "eager_us"),
+                ("scheduler, recorded op by op", "recorded_us", "eager", "eager_us"),
+                ("traced mode", "traced_us", "torch.compile steady", "compile_us"),
+            ),
+            EXECUTORS,
         ):
+            key = prefix + key
+            label = label if kind == "stream" else f"{label} (engine)"
             results.compare(
                 f"{label}, n={n}",
                 row[key],
@@ -227,13 +270,21 @@ def record(rows: list[dict[str, float]], shapes: dict[str, float], results: Scri
                 unit="us",
                 higher_is_better=False,
             )
-        for name in ("graph_us", "scheduler_python_us", "recorded_python_us", "task_device_us"):
+        for name in (
+            "graph_us",
+            "scheduler_python_us",
+            "recorded_python_us",
+            "task_device_us",
+            "engine_task_device_us",
+        ):
             results.figure(f"{name}, n={n}", row[name], "us")
         results.figure(f"compile_first_s, n={n}", row["compile_first_s"], "s")
     print(
         f"{SHAPES} new shapes: compile {shapes['compile_s']:.3f} s | eager"
         f" {shapes['eager_s'] * 1e3:.1f} ms | scheduler {shapes['scheduler_s'] * 1e3:.1f} ms"
-        f" | traced {shapes['traced_s'] * 1e3:.1f} ms",
+        f" | traced {shapes['traced_s'] * 1e3:.1f} ms | on an engine: scheduler"
+        f" {shapes['engine_scheduler_s'] * 1e3:.1f} ms, traced"
+        f" {shapes['engine_traced_s'] * 1e3:.1f} ms",
         flush=True,
     )
     for name, value in shapes.items():
@@ -269,18 +320,19 @@ def measure(args: argparse.Namespace, results: ScriptResults) -> None:
     if reason is not None:
         print(f"bench_torch skipped: {reason}", flush=True)
         return
-    from gpuactors.torch import LocalEngine
+    from gpuactors.torch import EngineExecutor, LocalEngine, StreamExecutor
 
     reps = 50 if args.quick else 200
     results.device = torch.cuda.get_device_name()
     print(f"device: {results.device}, torch {torch.__version__}", flush=True)
     with torch.no_grad(), LocalEngine() as engine:
+        executors = {"stream": StreamExecutor(), "engine": EngineExecutor(engine)}
         if args.profile:
-            profile(engine)
+            profile(executors["stream"])
         rows: list[dict[str, float]] = []
         for n in SIZES:
-            rows.append({"n": float(n), **ours(n, engine, reps)})
-        shapes = new_shapes(engine)
+            rows.append({"n": float(n), **ours(n, executors, reps)})
+        shapes = new_shapes(executors)
         for row in rows:
             theirs(int(row["n"]), reps, row)
     record(rows, shapes, results)

@@ -24,7 +24,9 @@ _EXPORTS = {
         "LocalEngine",
         "LoopEngine",
         "ReferenceExecutor",
+        "StreamExecutor",
         "attach",
+        "stream_scheduler",
     ),
     "gpuactors.torch.trace": ("TracedFunction", "trace"),
 }
@@ -36,9 +38,11 @@ __all__ = [
     "LoopEngine",
     "ReferenceExecutor",
     "SchedulerStats",
+    "StreamExecutor",
     "TorchScheduler",
     "TracedFunction",
     "attach",
+    "stream_scheduler",
     "trace",
 ]
 
@@ -62,7 +66,9 @@ if TYPE_CHECKING:
         LocalEngine,
         LoopEngine,
         ReferenceExecutor,
+        StreamExecutor,
         attach,
+        stream_scheduler,
     )
     from gpuactors.torch.kernel import PROGRAM_OP
     from gpuactors.torch.scheduler import SchedulerStats, TorchScheduler

@@ -24,6 +24,7 @@ from __future__ import annotations
 import sys
 import time
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -426,9 +427,10 @@ class Batch:
             self.started = time.perf_counter()
         self.ops += 1
 
-    def assemble(self, ticket: int, counter: int) -> tuple[list[int], int, int]:
-        """The program, the element count of its first stage and the units to run it on.
-        Stores of results nobody can read any more become SKIPs."""
+    def assemble(self, spread: UnitSpread) -> tuple[list[int], int, int]:
+        """The program, the element count of its first stage and the units to run it on
+        (as ``spread`` says). Stores of results nobody can read any more become SKIPs.
+        The ticket and counter are left 0: the executor that runs it stamps its own."""
         for stage, position, value in self.stores:
             if value.store is not None and not value.required and value.dead():
                 stage.kill_store(position)
@@ -436,36 +438,42 @@ class Batch:
             if not value.required and value.dead():
                 reduction.kill()
         first = self.stages[0]
-        units = units_for(first)
-        words = P.assemble(self.stages, ticket, counter, units)
+        units = spread.units_for(first)
+        words = P.assemble(self.stages, 0, 0, units)
         return words, first.numel, units
 
 
-#: Elements a unit (block) covers in a first pointwise stage before another unit is
-#: worth it: a unit's threads carry a few elements each through the interpreter, and
-#: the GPU time of a program grows with the elements per thread.
-UNIT_ELEMENTS = 512
-#: The most units a first pointwise stage is spread over: every unit is one more claim
-#: the engine's blocks make on the task, and past this many the claims cost more than
-#: the elements they split.
-MAX_POINTWISE_UNITS = 32
-#: Rows a unit reduces in a first-stage reduction (a warp per row, 8 warps a unit).
-UNIT_ROWS = 8
-MAX_UNITS = 64
+@dataclass(frozen=True)
+class UnitSpread:
+    """How many units (blocks) a program's first stage is spread over, by its size.
+
+    A unit's threads carry a few elements each through the interpreter, and the GPU
+    time of a program grows with the elements per thread, so more units are faster
+    up to a point that depends on what a unit costs where the program runs.
+    """
+
+    #: Elements a unit covers in a first pointwise stage before another is worth it.
+    unit_elements: int
+    max_pointwise_units: int
+    #: Rows a unit reduces in a first-stage reduction (a warp per row, 8 warps a unit).
+    unit_rows: int = 8
+    max_reduction_units: int = 64
+
+    def pointwise(self, numel: int) -> int:
+        return max(1, min(self.max_pointwise_units, -(-numel // self.unit_elements)))
+
+    def reduction(self, rows: int) -> int:
+        return max(1, min(self.max_reduction_units, -(-rows // self.unit_rows)))
+
+    def units_for(self, stage: P.Stage) -> int:
+        if isinstance(stage, P.ReduceStage):
+            return self.reduction(stage.rows)
+        return self.pointwise(stage.numel)
 
 
-def pointwise_units(numel: int) -> int:
-    """How many units a first pointwise stage of ``numel`` elements is spread over."""
-    return max(1, min(MAX_POINTWISE_UNITS, -(-numel // UNIT_ELEMENTS)))
-
-
-def reduction_units(rows: int) -> int:
-    """How many units a first-stage reduction of ``rows`` rows is spread over."""
-    return max(1, min(MAX_UNITS, -(-rows // UNIT_ROWS)))
-
-
-def units_for(stage: P.Stage) -> int:
-    """How many units (blocks) the first stage is spread over."""
-    if isinstance(stage, P.ReduceStage):
-        return reduction_units(stage.rows)
-    return pointwise_units(stage.numel)
+#: On an engine every unit is one more claim its blocks make on the task: past 32
+#: units the claims cost more than the elements they split.
+ENGINE_SPREAD = UnitSpread(unit_elements=512, max_pointwise_units=32)
+#: A kernel launch's blocks cost nothing to claim: 64 elements a unit (a quarter of a
+#: block's threads carry one each) up to 64 units was the fastest on an H200.
+STREAM_SPREAD = UnitSpread(unit_elements=64, max_pointwise_units=64)

@@ -1,12 +1,15 @@
-"""Where a flushed program runs: an engine (local or on another thread's loop), or the
-NumPy reference interpreter for CPU tensors.
+"""Where a flushed program runs: a kernel launch on PyTorch's stream, an engine (local
+or on another thread's loop), or the NumPy reference interpreter for CPU tensors.
 
-An executor's ``run`` blocks until the program has run, so when a flush returns, every
-result of the batch is in memory: later work on PyTorch's stream sees it, with no
-device-side wait that could deadlock. Before the task is published, work already
-queued on PyTorch's current stream (that may produce the inputs) is waited for.
+:class:`StreamExecutor` launches the interpreter as an ordinary kernel on the batch's
+stream and returns: the stream orders it after the work that may produce its inputs
+and before the work that reads its results, as it orders PyTorch's own kernels.
 
-Two ways to serve the engine from code that is not a coroutine:
+An engine executor's ``run`` blocks until the program has run, so when a flush
+returns, every result of the batch is in memory: later work on PyTorch's stream sees
+it, with no device-side wait that could deadlock. Before the task is published, work
+already queued on PyTorch's current stream (that may produce the inputs) is waited
+for. Two ways to serve the engine from code that is not a coroutine:
 
 * :class:`LocalEngine` owns an engine on a private event loop that runs only while
   a flush (or anything else of it) waits: nothing to start, no thread, and a flush
@@ -20,28 +23,45 @@ from __future__ import annotations
 
 import array
 import asyncio
+import ctypes
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from gpuactors.actors import ActorSystem
+from gpuactors.cuda import status as cuda_status
+from gpuactors.cuda.current import on_device
+from gpuactors.cuda.loader import load_module
 from gpuactors.engine import Engine, EngineConfig, Enqueue, InstallOp
-from gpuactors.errors import InvalidArgument
+from gpuactors.errors import InvalidArgument, TaskFailed
+from gpuactors.nvrtc import NvrtcOpts, default_compiler
+from gpuactors.nvrtc.launch import cuda_error
+from gpuactors.nvrtc.options import arch_from_capability
 from gpuactors.torch import program as P
 from gpuactors.torch import reference
-from gpuactors.torch.kernel import PROGRAM_OP
+from gpuactors.torch.batch import ENGINE_SPREAD, STREAM_SPREAD, UnitSpread
+from gpuactors.torch.kernel import (
+    PROGRAM_OP,
+    STREAM_BLOCK_THREADS,
+    STREAM_CAPACITIES,
+    STREAM_SOURCE,
+    stream_kernel_name,
+)
 
 Words = Sequence[int] | np.ndarray
 
 
 class Executor(Protocol):
-    """Runs programs; ``device`` is where their tensors live."""
+    """Runs programs; ``device`` is where their tensors live, ``spread`` how many units
+    a program should be spread over there. A program comes without ticket and
+    counter: the executor stamps its own (:class:`MeetingPoints`)."""
 
     device: torch.device
-    counter: int  # device address of the word the units of a task meet at (0: none)
+    spread: UnitSpread
 
     def run(self, words: Words, n: int, units: int, stream: Any) -> None: ...
 
@@ -50,10 +70,35 @@ class ReferenceExecutor:
     """Runs programs on CPU tensors with the NumPy interpreter (:mod:`.reference`)."""
 
     device = torch.device("cpu")
-    counter = 0
+    spread = ENGINE_SPREAD
 
     def run(self, words: Words, n: int, units: int, stream: Any) -> None:
         reference.run_program(np.asarray(words, dtype=np.uint32))
+
+
+class MeetingPoints:
+    """Where the units of one run meet: the ticket and counter in its program's header.
+
+    Every run gets the next ticket and the counter of ``ticket % slots``. A unit that
+    finds its counter tagged with another ticket starts the count afresh, so a run
+    never inherits another's count; runs that may be in flight at once (on different
+    streams) get different counters as long as fewer than ``slots`` are.
+    """
+
+    def __init__(self, device: torch.device, slots: int) -> None:
+        self._counters = torch.zeros(slots, dtype=torch.int64, device=device)
+        self._base = int(self._counters.data_ptr())
+        self._slots = slots
+        #: Runs stamped so far: the last run's ticket.
+        self.runs = 0
+
+    def stamp(self, program: np.ndarray) -> None:
+        """Give ``program`` (the run's own copy) the next ticket and its counter."""
+        self.runs += 1
+        counter = self._base + 8 * (self.runs % self._slots)
+        program[3] = self.runs & 0xFFFFFFFF
+        program[4] = counter & 0xFFFFFFFF
+        program[5] = counter >> 32
 
 
 class EngineHost(Protocol):
@@ -64,29 +109,28 @@ class EngineHost(Protocol):
 
 class EngineExecutor:
     """Runs programs as ``torch_program`` tasks: the program is copied into pinned host
-    memory (the op reads it from there) and one task is enqueued and awaited."""
+    memory (the op reads it from there) and one task is enqueued and awaited. One run
+    at a time: they share the pinned buffer, and one counter serves them all."""
 
     def __init__(self, host: EngineHost, device_id: int = 0, timeout: float = 30.0) -> None:
         import cupy
 
         self.host = host
         self.device = torch.device("cuda", device_id)
+        self.spread = ENGINE_SPREAD
         self.timeout = timeout
         with cupy.cuda.Device(device_id):
             self._pinned = cupy.cuda.alloc_pinned_memory(P.MAX_WORDS * 4)
         self._words = np.frombuffer(self._pinned, dtype=np.uint32, count=P.MAX_WORDS)
         self._address = int(self._pinned.ptr)
-        self._counter = torch.zeros(1, dtype=torch.int64, device=self.device)
-        self.counter = int(self._counter.data_ptr())
+        self.meeting_points = MeetingPoints(self.device, slots=1)
+        self._lock = threading.Lock()
         #: The reply to the last task (its ``device_ns`` says how long the GPU ran it).
         self.last: Any = None
 
     def _message(self, words: Words, n: int, units: int) -> Enqueue:
-        count = len(words)
-        if isinstance(words, np.ndarray):
-            self._words[:count] = words
-        else:  # a list: one C-level conversion, then a copy
-            self._words[:count] = np.frombuffer(array.array("I", words), dtype=np.uint32)
+        count = _write_words(self._words, words)
+        self.meeting_points.stamp(self._words)
         return Enqueue(
             op=PROGRAM_OP.name,
             args=(self._address, count),
@@ -99,7 +143,144 @@ class EngineExecutor:
     def run(self, words: Words, n: int, units: int, stream: Any) -> None:
         if stream is not None and not stream.query():
             stream.synchronize()  # the inputs may come from work queued there
-        self.last = self.host.ask(self._message(words, n, units))
+        with self._lock:
+            self.last = self.host.ask(self._message(words, n, units))
+
+
+def _write_words(buffer: np.ndarray, words: Words) -> int:
+    """Copy a program into the front of ``buffer``; its length in words."""
+    count = len(words)
+    if isinstance(words, np.ndarray):
+        buffer[:count] = words
+    else:  # a list: one C-level conversion, then a copy
+        buffer[:count] = np.frombuffer(array.array("I", words), dtype=np.uint32)
+    return count
+
+
+#: Counters of a StreamExecutor: more than launches in flight on different streams at
+#: once (launches on one stream run one after another).
+COUNTER_SLOTS = 4096
+
+
+@dataclass(frozen=True)
+class _StreamKernel:
+    """One stream kernel: its function, and the parameter values a launch of it reads
+    (``program``, refilled per launch) behind the pointer array ``cuLaunchKernel`` gets."""
+
+    capacity: int
+    function: int
+    program: np.ndarray
+    params: Any  # ctypes array of pointers: program, length, failure word
+
+    @property
+    def params_address(self) -> int:
+        return ctypes.addressof(self.params)
+
+
+class StreamExecutor:
+    """Runs each program as one kernel launch on PyTorch's stream: no engine, no wait.
+
+    A flush costs one launch and returns. The stream orders the launch like a PyTorch
+    kernel: after the work queued there before it, before the work queued after it;
+    ``.item()``, ``.cpu()`` and ``torch.cuda.synchronize()`` wait for it as for any
+    other. The program travels by value as the kernel's parameter (the driver copies
+    it during the launch call), so its host buffer is free again when the call returns.
+
+    The kernels (:data:`.kernel.STREAM_SOURCE`) are the engine op's interpreter, compiled
+    once per architecture through gpuactors' kernel caches (memory and disk). A failure
+    a kernel reports (a malformed program, which the scheduler never builds) is raised
+    as :class:`TaskFailed` by the next launch or by :meth:`check`.
+    """
+
+    def __init__(self, device_id: int = 0) -> None:
+        import cupy
+
+        self.device = torch.device("cuda", device_id)
+        self.device_id = device_id
+        self.spread = STREAM_SPREAD
+        with on_device(device_id):
+            capability = cupy.cuda.Device(device_id).compute_capability  # e.g. "90"
+            arch = arch_from_capability(int(capability[:-1]), int(capability[-1]))
+            compiled, _origin = default_compiler().get_or_compile(
+                STREAM_SOURCE, name="gpt_stream.cu", opts=NvrtcOpts(std="c++17"), arch=arch
+            )
+            self._module = load_module(compiled.image)
+            self._failure_memory = cupy.cuda.alloc_pinned_memory(8)
+        self._failure = np.frombuffer(self._failure_memory, dtype=np.uint32, count=2)
+        self._failure[:] = 0  # code, ticket
+        self.meeting_points = MeetingPoints(self.device, COUNTER_SLOTS)
+        self._length = ctypes.c_uint32(0)
+        self._failure_address = ctypes.c_uint64(int(self._failure_memory.ptr))
+        self._kernels = tuple(self._kernel(capacity) for capacity in STREAM_CAPACITIES)
+        self._lock = threading.Lock()  # the parameter values are shared by every launch
+        self._driver = cupy.cuda.driver
+        self._runtime = cupy.cuda.runtime
+        self._launch = cupy.cuda.driver.launchKernel
+
+    def _kernel(self, capacity: int) -> _StreamKernel:
+        program = np.zeros(capacity, dtype=np.uint32)
+        params = (ctypes.c_void_p * 3)(
+            program.ctypes.data,
+            ctypes.addressof(self._length),
+            ctypes.addressof(self._failure_address),
+        )
+        function = self._module.get_function(stream_kernel_name(capacity))
+        return _StreamKernel(capacity, int(function.ptr), program, params)
+
+    def run(self, words: Words, n: int, units: int, stream: Any) -> None:
+        if stream is None:
+            stream = torch.cuda.current_stream(self.device)
+        kernel = self._kernel_for(len(words))
+        with self._lock:
+            self._raise_failure()
+            program = kernel.program
+            self._length.value = _write_words(program, words)
+            self.meeting_points.stamp(program)
+            try:
+                with on_device(self.device_id):
+                    if not self._driver.ctxGetCurrent():
+                        # A thread that never made a CUDA runtime call (a timer's, a
+                        # pool's) has no context yet, and the driver's launch needs one.
+                        self._runtime.setDevice(self.device_id)
+                    self._launch(
+                        kernel.function,
+                        units, 1, 1,
+                        STREAM_BLOCK_THREADS, 1, 1,
+                        0,
+                        stream.cuda_stream or cuda_status.CU_STREAM_LEGACY,
+                        kernel.params_address,
+                        0,
+                    )  # fmt: skip
+            except Exception as exc:
+                raise cuda_error(exc, "launching a torch program") from exc
+
+    def _kernel_for(self, count: int) -> _StreamKernel:
+        for kernel in self._kernels:
+            if count <= kernel.capacity:
+                return kernel
+        raise InvalidArgument(f"a program of {count} words: the kernels hold {P.MAX_WORDS}")
+
+    def check(self) -> None:
+        """Raise :class:`TaskFailed` if a program that ran so far reported a failure
+        (call it after a synchronize to cover every launch)."""
+        with self._lock:
+            self._raise_failure()
+
+    def _raise_failure(self) -> None:
+        code = int(self._failure[0])
+        if code:
+            ticket = int(self._failure[1])
+            self._failure[:] = 0
+            raise TaskFailed(PROGRAM_OP.name, ticket, code)
+
+
+def stream_scheduler(device_id: int = 0, **options: Any) -> Any:
+    """A :class:`~.scheduler.TorchScheduler` whose batches run as kernel launches on
+    PyTorch's stream (:class:`StreamExecutor`): the way for code that is not served
+    by an engine of its own. ``options`` go to the scheduler."""
+    from gpuactors.torch.scheduler import TorchScheduler
+
+    return TorchScheduler(StreamExecutor(device_id), **options)
 
 
 #: The LocalEngine's default: its kernel parks as soon as it is idle. A device-wide

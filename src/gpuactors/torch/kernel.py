@@ -28,7 +28,10 @@ def _opcode_constants() -> str:
     return "\n".join(lines)
 
 
-_BODY = f"""
+def _program_body(fetch: str) -> str:
+    """The interpreter, with ``fetch`` the expression that reads the program's ``q``-th
+    16-byte piece at ``src`` into shared memory."""
+    return f"""
 // One tiny-op program (gpuactors/torch/program.py; docs/torch.md, "The program format").
 constexpr unsigned kMagic = {P.MAGIC}u;
 constexpr unsigned kMaxWords = {P.MAX_WORDS}u;
@@ -49,10 +52,9 @@ __shared__ float gpt_partial[32];
 
 if (words < 8u || words > kMaxWords || (words & 3u) != 0u) return {BAD_LENGTH};
 {{
-    // The host rewrites this buffer for every task: fetch it past the caches.
     const uint4* src = reinterpret_cast<const uint4*>(prog);
     uint4* dst = reinterpret_cast<uint4*>(gpt_prog);
-    for (unsigned q = threadIdx.x; q < words / 4u; q += blockDim.x) dst[q] = __ldcv(src + q);
+    for (unsigned q = threadIdx.x; q < words / 4u; q += blockDim.x) dst[q] = {fetch};
 }}
 __syncthreads();
 const unsigned* P = gpt_prog;
@@ -392,6 +394,7 @@ for (unsigned s = 0; s < stages; ++s) {{
 return 0;
 """
 
+
 #: The engine op every tiny-op program runs on. Start an engine with it
 #: (``Engine.start(system, ops=(PROGRAM_OP,))``) or let the scheduler install it.
 PROGRAM_OP = OpSpec(
@@ -400,5 +403,51 @@ PROGRAM_OP = OpSpec(
         ScalarParam(name="prog", dtype="uint64"),  # the program's address (pinned host memory)
         ScalarParam(name="words", dtype="uint32"),
     ),
-    body=_BODY,
+    # The host rewrites the program's pinned buffer for every task: fetched past the caches.
+    body=_program_body("__ldcv(src + q)"),
+)
+
+#: Program capacities (words) of the stream kernels. A launch passes the program by
+#: value, as a kernel parameter of the smallest capacity that holds it: the driver
+#: copies the whole parameter at every launch, so short programs get a short one.
+STREAM_CAPACITIES = (1024, P.MAX_WORDS)
+#: Threads per block of the stream kernels (the engine's blocks have as many).
+STREAM_BLOCK_THREADS = 256
+
+
+def stream_kernel_name(capacity: int) -> str:
+    return f"gpt_program_{capacity}"
+
+
+def _stream_kernel(capacity: int) -> str:
+    # A __grid_constant__ parameter may have its address taken without a local copy:
+    # the interpreter reads the program from the parameter space itself.
+    return f"""
+extern "C" __global__ void __launch_bounds__({STREAM_BLOCK_THREADS})
+{stream_kernel_name(capacity)}(const __grid_constant__ GptProgram<{capacity}u> program,
+                               unsigned words, unsigned long long failure) {{
+    const GptCtx ctx{{blockIdx.x, gridDim.x}};
+    const int rc = (words > {capacity}u)
+        ? {BAD_LENGTH} : gpt_run(ctx, reinterpret_cast<unsigned long long>(program.w), words);
+    if (rc != 0 && threadIdx.x == 0u) {{
+        // Pinned host memory, read by the host at its next launch: the ticket, then
+        // the code that says there is one.
+        volatile unsigned* f = reinterpret_cast<volatile unsigned*>(failure);
+        f[1] = program.w[3];
+        __threadfence_system();
+        f[0] = (unsigned)rc;
+    }}
+}}
+"""
+
+
+#: The same interpreter as ``PROGRAM_OP``, as ordinary kernels launched on a stream
+#: (:class:`~gpuactors.torch.executors.StreamExecutor`): one per capacity.
+STREAM_SOURCE = (
+    "struct GptCtx { unsigned rank; unsigned units; };\n"
+    "template <unsigned kCapacity> struct alignas(16) GptProgram { unsigned w[kCapacity]; };\n"
+    "__device__ __forceinline__ int gpt_run(const GptCtx& ctx, unsigned long long prog,\n"
+    "                                       unsigned words) {\n"
+    f"{_program_body('src[q]')}\n"
+    "}\n" + "".join(_stream_kernel(capacity) for capacity in STREAM_CAPACITIES)
 )

@@ -439,7 +439,7 @@ class Replay:
         address = int(t.data_ptr()) - int(t.storage_offset()) * int(t.element_size())
         return address in self.addresses
 
-    def assemble(self, ticket: int, counter: int) -> tuple[np.ndarray, int, int]:
+    def assemble(self) -> tuple[np.ndarray, int, int]:
         """The plan's program up to the last op followed, aimed at this replay's tensors."""
         plan = self.plan
         last = self.ops - 1
@@ -448,7 +448,6 @@ class Replay:
         words[end:] = 0
         words[1] = len(words)
         words[2] = stages
-        words[3] = ticket & 0xFFFFFFFF
         if stage_start >= 0:
             words[stage_start + 1] = stage_words
         count = len(plan.steps)

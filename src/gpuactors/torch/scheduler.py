@@ -36,7 +36,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from gpuactors.errors import InvalidArgument
 from gpuactors.torch import program as P
 from gpuactors.torch.batch import Batch, Decline
-from gpuactors.torch.executors import Executor
+from gpuactors.torch.executors import Executor, Words
 from gpuactors.torch.handlers import TABLE, USUAL
 from gpuactors.torch.record import usual
 from gpuactors.torch.replay import MAX_PLANS, PLANS_PER_OP, Capture, Plan, Replay, first_op
@@ -108,7 +108,6 @@ class TorchScheduler:
         self._last_first: Any = None  # the first op of the last batch recorded
         self._lock = threading.Lock()  # the batch; held while a flush runs it
         self._batch: Batch | Replay = self._new_batch()
-        self._ticket = 0
         self._owner: int | None = None  # the thread inside the context
         self._depth = 0
         self._mode: _Mode | None = None
@@ -193,12 +192,14 @@ class TorchScheduler:
                 self._batch = self._new_batch()
             return
         self._batch = self._new_batch()
-        self._ticket += 1
-        words, n, units = batch.assemble(self._ticket, self.executor.counter)
-        if isinstance(batch, Replay):
+        words: Words
+        if isinstance(batch, Replay):  # spread as its recording was
+            words, n, units = batch.assemble()
             self.stats.replayed += 1
-        elif batch.capture is not None:
-            self._keep_plan(batch.capture.plan(batch, words, n))
+        else:
+            words, n, units = batch.assemble(self.executor.spread)
+            if batch.capture is not None:
+                self._keep_plan(batch.capture.plan(batch, words, n))
         self.stats.batches += 1
         self.stats.flushes[reason] += 1
         # ``batch`` holds every tensor the program reads or writes in place: it lives
@@ -219,8 +220,6 @@ class TorchScheduler:
         """Run a ready program (a traced one) after the open batch, and wait for it."""
         with self._lock:
             self._flush_locked(reason)
-            self._ticket += 1
-            words[3] = self._ticket & 0xFFFFFFFF
             words[6] = units
             stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
             self.stats.batches += 1

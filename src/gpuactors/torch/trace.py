@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from gpuactors.torch import program as P
-from gpuactors.torch.batch import Batch, pointwise_units, reduction_units
+from gpuactors.torch.batch import Batch, UnitSpread
 from gpuactors.torch.scheduler import TorchScheduler
 
 #: A size of the recording: an input dim ``(k, d)`` or a constant.
@@ -178,8 +178,8 @@ class TracedFunction:
             batch = whole()
             plan = None
             if batch is not None:
-                counter = self.scheduler.executor.counter
-                plan = _build(batch, tracer, result, inputs, positions, counter)
+                spread = self.scheduler.executor.spread
+                plan = _build(batch, tracer, result, inputs, positions, spread)
         self._plans[key] = plan
         return result
 
@@ -196,11 +196,11 @@ class TracedFunction:
         values = [call.value(expr) for expr in plan.exprs]
         words[plan.positions] = [(values[k] >> shift) & 0xFFFFFFFF for k, shift in plan.patches]
         numel = math.prod(call.size(s) for s in plan.first_space)
+        spread = self.scheduler.executor.spread
         if plan.first_is_reduction:
-            rows = numel // call.size(plan.first_space[-1])
-            units = reduction_units(rows)
+            units = spread.reduction(numel // call.size(plan.first_space[-1]))
         else:
-            units = pointwise_units(numel)
+            units = spread.pointwise(numel)
         self.replays += 1
         self.scheduler.run_program(words, numel, units, "replay")
         kind, items = plan.returns
@@ -265,7 +265,7 @@ def _build(
     result: Any,
     inputs: Sequence[Tensor],
     positions: list[int],
-    counter: int,
+    spread: UnitSpread,
 ) -> _Plan | None:
     """The plan of a recorded batch, or None if it cannot be replayed."""
     returns = _returns(result, tracer)
@@ -290,7 +290,7 @@ def _build(
         if size != 1 and size in constant_sizes
     ]
     fresh = [(tuple(sym(s) for s in shape), dtype) for shape, dtype, _ in tracer.fresh_meta]
-    words = np.asarray(batch.assemble(0, counter)[0], dtype=np.uint32)
+    words = np.asarray(batch.assemble(spread)[0], dtype=np.uint32)
     patches: list[tuple[int, Expr, int]] = []
 
     def put(position: int, expr: Expr, wide: bool = False) -> None:
