@@ -163,10 +163,13 @@ class TracedFunction:
         if key is not None and key not in self._plans:
             return self._record(key, args)
         plan = None if key is None else self._plans[key]
-        if plan is None or not _fits(plan, args, self.scheduler.size_threshold):
-            with self.scheduler:
-                return self.fn(*args)
-        return self._replay(plan, args)
+        if plan is not None:
+            inputs = [args[k] for k in plan.arg_positions]
+            sizes = _sizes(inputs)
+            if _fits(plan, inputs, sizes, self.scheduler.size_threshold):
+                return self._replay(plan, inputs, sizes)
+        with self.scheduler:
+            return self.fn(*args)
 
     def _record(self, key: tuple[Any, ...], args: tuple[Any, ...]) -> Any:
         inputs = [a for a in args if isinstance(a, Tensor)]
@@ -183,9 +186,8 @@ class TracedFunction:
         self._plans[key] = plan
         return result
 
-    def _replay(self, plan: _Plan, args: tuple[Any, ...]) -> Any:
-        inputs = [args[k] for k in plan.arg_positions]
-        call = _Call(inputs, {}, _sizes(inputs), plan.constants)
+    def _replay(self, plan: _Plan, inputs: list[Tensor], sizes: dict[tuple[int, int], int]) -> Any:
+        call = _Call(inputs, {}, sizes, plan.constants)
         device = self.scheduler.device
         for j in plan.allocate:
             shape, dtype = plan.fresh[j]
@@ -231,15 +233,13 @@ def _sizes(inputs: Sequence[Tensor]) -> dict[tuple[int, int], int]:
     return {(k, d): size for k, t in enumerate(inputs) for d, size in enumerate(t.shape)}
 
 
-def _fits(plan: _Plan, args: tuple[Any, ...], limit: int) -> bool:
+def _fits(plan: _Plan, inputs: list[Tensor], sizes: dict[tuple[int, int], int], limit: int) -> bool:
     """Whether this call can replay: sizes that constants fix are unchanged, and no
     tensor is larger than the scheduler takes (or empty)."""
-    inputs = [args[k] for k in plan.arg_positions]
-    if not all(inputs[k].shape[d] == size for k, d, size in plan.guards):
+    if not all(sizes[k, d] == size for k, d, size in plan.guards):
         return False
     if not all(0 < t.numel() <= limit for t in inputs):
         return False
-    sizes = _sizes(inputs)
     return all(
         math.prod(s if isinstance(s, int) else sizes[s] for s in shape) <= limit
         for shape in plan.fresh_shapes
