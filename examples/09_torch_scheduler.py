@@ -1,10 +1,11 @@
-"""A small model's forward pass with its tiny ops batched onto the engine (skipped where
-torch is missing).
+"""A small model's forward pass with its tiny ops batched (skipped where torch is missing).
 
 Inside ``with scheduler:`` the layer norm, GELU, residual add and softmax of an MLP
-block are queued and run as engine tasks that interpret a small op program, with no
+block are queued and run as a few kernels that interpret a small op program, with no
 compile per op chain; the two matrix products run in PyTorch (the scheduler flushes
-the queued ops before each one). The result is checked against eager PyTorch.
+the queued ops before each one). The same forward pass runs twice: with the batches
+launched on PyTorch's stream (the default) and as tasks of an engine. Both results are
+checked against eager PyTorch.
 
 Run on a GPU machine:  CUDA_MODULE_LOADING=EAGER python examples/09_torch_scheduler.py
 """
@@ -12,8 +13,6 @@ Run on a GPU machine:  CUDA_MODULE_LOADING=EAGER python examples/09_torch_schedu
 from __future__ import annotations
 
 from typing import Any
-
-from gpuactors.torch import PROGRAM_OP  # the engine op that runs the batches (no torch needed)
 
 
 def build_block(width: int) -> Any:
@@ -46,25 +45,34 @@ def build_block(width: int) -> Any:
 def run() -> bool:
     import torch
 
-    from gpuactors.torch import LocalEngine
+    from gpuactors.torch import LocalEngine, stream_scheduler
 
     torch.manual_seed(9)
     model = build_block(64)
     x = torch.randn(32, 64, device="cuda")
-    with torch.no_grad():
+    passed = True
+    with torch.no_grad(), LocalEngine() as engine:
         expected = model(x)
-        with LocalEngine() as engine:
-            scheduler = engine.scheduler()
-            with scheduler:
-                got = model(x)
-            stats = scheduler.stats
-            scheduler.close()
-    close = torch.allclose(got, expected, rtol=1e-4, atol=1e-6)
+        for where, scheduler in (
+            ("launches on PyTorch's stream", stream_scheduler()),
+            ("engine tasks", engine.scheduler()),
+        ):
+            passed = check(where, scheduler, model, x, expected) and passed
+    return passed
+
+
+def check(where: str, scheduler: Any, model: Any, x: Any, expected: Any) -> bool:
+    import torch
+
+    with scheduler:
+        got = model(x)
+    stats = scheduler.stats
+    scheduler.close()
     print(
-        f"{stats.ops} tiny ops ran in {stats.batches} {PROGRAM_OP.name} tasks; "
+        f"{where}: {stats.ops} tiny ops ran in {stats.batches} batches; "
         f"{stats.fallbacks} ops ran in PyTorch (the matrix products and their views)"
     )
-    if not close:
+    if not torch.allclose(got, expected, rtol=1e-4, atol=1e-6):
         print(f"FAIL: largest difference {float((got - expected).abs().max()):.3g}")
         return False
     print(f"PASS: the block's output equals eager PyTorch ({tuple(got.shape)}, float32)")
