@@ -17,6 +17,8 @@ from gpuactors.torch import program as P
 #: Elements each thread carries through the instructions at once (their loads and
 #: math overlap; the instruction is decoded once for all of them).
 ELEMENTS_PER_THREAD = 4
+#: Loads a thread of a reduction keeps in flight (a partial result each).
+ROW_LOADS = 8
 #: Failure codes the op returns (``TaskFailed.code``).
 BAD_LENGTH = 2
 BAD_HEADER = 3
@@ -37,6 +39,7 @@ constexpr unsigned kMagic = {P.MAGIC}u;
 constexpr unsigned kMaxWords = {P.MAX_WORDS}u;
 constexpr int kRegs = {P.REGISTERS};
 constexpr int kE = {ELEMENTS_PER_THREAD};
+constexpr unsigned kRowLoads = {ROW_LOADS}u;
 constexpr int kMaxRank = {P.MAX_RANK};
 constexpr unsigned kSkip = {P.OP_SKIP}u, kLoad = {P.OP_LOAD}u, kStore = {P.OP_STORE}u;
 constexpr unsigned kContig = {P.MODE_CONTIG}u, kStrided = {P.MODE_STRIDED}u;
@@ -315,6 +318,25 @@ auto run_reduce = [&](const unsigned* S, unsigned unit, unsigned units) {{
             acc = combine(acc, __shfl_down_sync(0xffffffffu, acc, off));
         return acc;
     }};
+    // The elements r = first, first + stride, ... < len of the row at b, combined. A
+    // thread keeps kRowLoads partial results so that as many loads are in flight at
+    // once: one accumulator would wait for each load in turn.
+    auto accumulate = [&](long long b, unsigned first, unsigned stride) -> float {{
+        float part[kRowLoads];
+        for (unsigned e = 0; e < kRowLoads; ++e) part[e] = init;
+        unsigned r = first;
+        for (; r + (kRowLoads - 1u) * stride < len; r += kRowLoads * stride) {{
+            float v[kRowLoads];
+            for (unsigned e = 0; e < kRowLoads; ++e)
+                v[e] = ld(iptr, idt, b + (long long)(r + e * stride) * last);
+            for (unsigned e = 0; e < kRowLoads; ++e) part[e] = combine(part[e], v[e]);
+        }}
+        for (; r < len; r += stride)
+            part[0] = combine(part[0], ld(iptr, idt, b + (long long)r * last));
+        float acc = part[0];
+        for (unsigned e = 1; e < kRowLoads; ++e) acc = combine(acc, part[e]);
+        return acc;
+    }};
     auto finish = [&](unsigned long long m, float acc) {{
         st(optr, odt, (long long)m, (rop == kMean) ? acc * factor : acc);
     }};
@@ -323,21 +345,13 @@ auto run_reduce = [&](const unsigned* S, unsigned unit, unsigned units) {{
         // A warp per row.
         for (unsigned long long m = (unsigned long long)unit * warps + warp; m < rows;
              m += (unsigned long long)units * warps) {{
-            const long long b = row_base(m);
-            float acc = init;
-            for (unsigned r = lane; r < len; r += 32u)
-                acc = combine(acc, ld(iptr, idt, b + (long long)r * last));
-            acc = warp_combine(acc);
+            const float acc = warp_combine(accumulate(row_base(m), lane, 32u));
             if (lane == 0u) finish(m, acc);
         }}
     }} else {{
         // A block per row.
         for (unsigned long long m = unit; m < rows; m += units) {{
-            const long long b = row_base(m);
-            float acc = init;
-            for (unsigned r = threadIdx.x; r < len; r += blockDim.x)
-                acc = combine(acc, ld(iptr, idt, b + (long long)r * last));
-            acc = warp_combine(acc);
+            float acc = warp_combine(accumulate(row_base(m), threadIdx.x, blockDim.x));
             if (lane == 0u) gpt_partial[warp] = acc;
             __syncthreads();
             if (warp == 0u) {{
