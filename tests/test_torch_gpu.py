@@ -352,6 +352,31 @@ def test_a_failed_program_is_raised_at_the_next_launch_or_check(
         stream_executor.run([0] * (P.MAX_WORDS + 4), 1, 1, None)
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+def test_a_stream_scheduler_on_the_second_device_from_a_fresh_thread() -> None:
+    """Device 1's kernels, launched while device 0 is current, and from a thread that
+    has made no CUDA call (a timer's, a pool's) and so has no current context."""
+    sched = stream_scheduler(device_id=1, auto_flush_ms=None)
+    x = torch.rand(3000, device="cuda:1") * 4 - 2
+    results: list[Any] = []
+
+    def work() -> None:
+        with torch.no_grad(), sched:
+            results.append(torch.tanh(x * 2 + 1).sum(-1))
+
+    assert torch.cuda.current_device() == 0
+    work()
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    expected = torch.tanh(x * 2 + 1).sum(-1)
+    for got in results:
+        assert got.device == torch.device("cuda:1")
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-3)
+    assert sched.stats.batches == 2 and sched.stats.fallbacks == 0
+    sched.close()
+
+
 # ---------------------------------------------------------------- traced mode
 
 
