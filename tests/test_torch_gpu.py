@@ -311,6 +311,8 @@ def test_a_stream_flush_queues_the_launch_and_does_not_wait() -> None:
         torch.testing.assert_close(y, (a[0] + 1) * 2)
     assert sched.stats.batches == 1
     sched.close()
+    # Every stream scheduler of a device shares the process's executor (never freed).
+    assert stream_scheduler().executor is sched.executor is StreamExecutor.shared(0)
 
 
 def test_launches_on_two_streams_at_once_meet_at_their_own_counters(

@@ -24,6 +24,7 @@ from __future__ import annotations
 import array
 import asyncio
 import ctypes
+import functools
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -187,9 +188,14 @@ class StreamExecutor:
     it during the launch call), so its host buffer is free again when the call returns.
 
     The kernels (:data:`.kernel.STREAM_SOURCE`) are the engine op's interpreter, compiled
-    once per architecture through gpuactors' kernel caches (memory and disk). A failure
-    a kernel reports (a malformed program, which the scheduler never builds) is raised
-    as :class:`TaskFailed` by the next launch or by :meth:`check`.
+    once per architecture through gpuactors' kernel caches (memory and disk) and loaded
+    once per device for the process. A failure a kernel reports (a malformed program,
+    which the scheduler never builds) is raised as :class:`TaskFailed` by the next
+    launch or by :meth:`check`.
+
+    Launches still queued use the executor's counters and failure word: keep an
+    executor as long as its work may run. :meth:`shared` (what :func:`stream_scheduler`
+    uses) gives the process's own executor per device, which is never freed.
     """
 
     def __init__(self, device_id: int = 0) -> None:
@@ -198,13 +204,8 @@ class StreamExecutor:
         self.device = torch.device("cuda", device_id)
         self.device_id = device_id
         self.spread = STREAM_SPREAD
+        self._module = _interpreter_module(device_id)
         with on_device(device_id):
-            capability = cupy.cuda.Device(device_id).compute_capability  # e.g. "90"
-            arch = arch_from_capability(int(capability[:-1]), int(capability[-1]))
-            compiled, _origin = default_compiler().get_or_compile(
-                STREAM_SOURCE, name="gpt_stream.cu", opts=NvrtcOpts(std="c++17"), arch=arch
-            )
-            self._module = load_module(compiled.image)
             self._failure_memory = cupy.cuda.alloc_pinned_memory(8)
         self._failure = np.frombuffer(self._failure_memory, dtype=np.uint32, count=2)
         self._failure[:] = 0  # code, ticket
@@ -216,6 +217,15 @@ class StreamExecutor:
         self._driver = cupy.cuda.driver
         self._runtime = cupy.cuda.runtime
         self._launch = cupy.cuda.driver.launchKernel
+
+    @classmethod
+    def shared(cls, device_id: int = 0) -> StreamExecutor:
+        """The process's executor for ``device_id``, made on first use."""
+        with _SHARED_LOCK:
+            executor = _SHARED.get(device_id)
+            if executor is None:
+                executor = _SHARED[device_id] = cls(device_id)
+            return executor
 
     def _kernel(self, capacity: int) -> _StreamKernel:
         program = np.zeros(capacity, dtype=np.uint32)
@@ -274,13 +284,33 @@ class StreamExecutor:
             raise TaskFailed(PROGRAM_OP.name, ticket, code)
 
 
+_SHARED: dict[int, StreamExecutor] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+@functools.cache
+def _interpreter_module(device_id: int) -> Any:
+    """The stream kernels' module, loaded on ``device_id`` once: a module is never
+    unloaded under a launch still queued on some stream."""
+    import cupy
+
+    with on_device(device_id):
+        capability = cupy.cuda.Device(device_id).compute_capability  # e.g. "90"
+        arch = arch_from_capability(int(capability[:-1]), int(capability[-1]))
+        compiled, _origin = default_compiler().get_or_compile(
+            STREAM_SOURCE, name="gpt_stream.cu", opts=NvrtcOpts(std="c++17"), arch=arch
+        )
+        return load_module(compiled.image)
+
+
 def stream_scheduler(device_id: int = 0, **options: Any) -> Any:
     """A :class:`~.scheduler.TorchScheduler` whose batches run as kernel launches on
-    PyTorch's stream (:class:`StreamExecutor`): the way for code that is not served
-    by an engine of its own. ``options`` go to the scheduler."""
+    PyTorch's stream (the process's :meth:`StreamExecutor.shared` for the device): the
+    way for code that is not served by an engine of its own. ``options`` go to the
+    scheduler."""
     from gpuactors.torch.scheduler import TorchScheduler
 
-    return TorchScheduler(StreamExecutor(device_id), **options)
+    return TorchScheduler(StreamExecutor.shared(device_id), **options)
 
 
 #: The LocalEngine's default: its kernel parks as soon as it is idle. A device-wide
