@@ -2,10 +2,11 @@
 
 A ``TorchDispatchMode`` sees every aten op. The ops in :data:`.handlers.TABLE` on
 tensors the program can take become instructions of the open batch and return real
-tensors at once, whose values the engine produces when the batch is flushed.
-Everything else runs as PyTorch would, after a flush if it may touch the batch.
+tensors at once, whose values the executor's kernel produces when the batch is
+flushed. Everything else runs as PyTorch would, after a flush if it may touch the batch.
 
-A pending result is never observed before its batch ran. The batch is flushed (run,
+A pending result is never observed before its batch ran. The batch is flushed (launched
+on PyTorch's stream, which orders it before any later work there; or run by an engine
 and waited for) when:
 
 * an op the scheduler does not take gets a tensor argument: .item(), .cpu(), .tolist()
@@ -160,14 +161,14 @@ class TorchScheduler:
 
     # ---------------------------------------------------------------- flushes
     def flush(self, reason: str = "explicit") -> None:
-        """Run the open batch and wait for it."""
+        """Run the open batch (see the module docstring for what a flush waits for)."""
         with self._lock:
             self._flush_locked(reason)
 
     async def flush_async(self) -> None:
-        """Run the open batch and wait for it without blocking the event loop: the
-        flush runs in a worker thread (which waits for the engine, and for the batch
-        lock if another thread is recording)."""
+        """:meth:`flush` without blocking the event loop: the flush runs in a worker
+        thread (which waits for an engine, and for the batch lock if another thread is
+        recording)."""
         await asyncio.to_thread(self.flush, "async")
 
     def _new_batch(self) -> Batch:
@@ -202,8 +203,10 @@ class TorchScheduler:
                 self._keep_plan(batch.capture.plan(batch, words, n))
         self.stats.batches += 1
         self.stats.flushes[reason] += 1
-        # ``batch`` holds every tensor the program reads or writes in place: it lives
-        # (here) until the program has run.
+        # ``batch`` holds every tensor the program reads or writes in place until the
+        # executor returns: an engine's has run the program by then, and memory a
+        # stream launch still uses goes back to PyTorch's allocator, which gives it
+        # out again on that stream only, after the launch.
         self.executor.run(words, n, units, batch.stream)
         del batch
 
@@ -217,7 +220,7 @@ class TorchScheduler:
         self._plans[func] = [plan, *plans[: PLANS_PER_OP - 1]]
 
     def run_program(self, words: np.ndarray, n: int, units: int, reason: str) -> None:
-        """Run a ready program (a traced one) after the open batch, and wait for it."""
+        """Run a ready program (a traced one) after the open batch, as a flush does."""
         with self._lock:
             self._flush_locked(reason)
             words[6] = units
