@@ -280,7 +280,9 @@ class Intake:
                 if not serving:
                     service.check_serving()
                 resolved = resolutions.get(entry.op) or ops.resolve(entry.op)
-                n, blocks = check_count(resolved.spec, entry.n, entry.blocks)
+                n, blocks = entry.n, entry.blocks  # ints in range: check_task_fields
+                if blocks != 1:  # (only the op decides whether more blocks are allowed)
+                    n, blocks = check_count(resolved.spec, n, blocks)
                 words = resolved.encoder.encode(entry.args, n, device_id)
                 deadline = deadlines.get(entry.timeout)
                 if deadline is None:
