@@ -383,6 +383,7 @@ async def test_a_lone_enqueue_is_answered_in_line(system: ActorSystem, stream: S
     reply = await engine.enqueue("fill", out, 2.0, n=8)
     assert turns == 0, "the reply came before the loop turned"
     assert isinstance(reply, Completion) and reply.op == "fill" and reply.seq == 1
+    assert len(reply) == len(Completion._fields)  # (built with tuple.__new__: every field)
     assert runtime.finished == 1 and not engine_actor._completions.pending
     assert not stream.events  # the idle stream was asked, and held nothing
 
@@ -417,6 +418,8 @@ async def test_concurrent_enqueues_are_published_together(system: ActorSystem) -
     runtime.finish()
     replies = await asyncio.wait_for(asyncio.gather(first, *others), 5)
     assert [reply.seq for reply in replies] == list(range(1, 42))
+    # Every reply a whole Completion (the harvest builds them with tuple.__new__).
+    assert all(type(r) is Completion and len(r) == len(Completion._fields) for r in replies)
     assert engine_actor._completions.processed == 41 and not engine_actor._completions.pending
 
 

@@ -28,7 +28,7 @@ from gpuactors.engine.messages import (
 )
 from gpuactors.engine.ops import OpSpec
 from gpuactors.engine.runtime import EngineConfig
-from gpuactors.engine.submissions import After, Submission, Submissions, Submit, check_task_fields
+from gpuactors.engine.submissions import After, Submissions, Submit, check_task_fields
 from gpuactors.errors import ActorStopped, AskTimeout, MailboxFull
 from gpuactors.nvrtc import KernelCompiler
 
@@ -92,7 +92,7 @@ class Engine:
         stream = streams.current_stream(self.device_id) if after == "current_stream" else None
         future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
         entries = self._submissions.entries
-        entries.append(Submission(op, args, n, blocks, seconds, stream, future))
+        entries.append((future, op, args, n, blocks, seconds, stream))
         if len(entries) == 1:  # else a Submit is on its way for the list: it takes this too
             if self._waiting:
                 self._hand_over_soon()
@@ -128,13 +128,13 @@ class Engine:
         if isinstance(exc, asyncio.CancelledError):
             if own is not None:
                 own.cancel()
-            entries[:] = [entry for entry in entries if not entry.future.done()]
+            entries[:] = [entry for entry in entries if not entry[0].done()]
             if entries:
                 self._hand_over_soon()
             return
-        for entry in self._submissions.take():
-            if not entry.future.done():
-                entry.future.set_exception(exc)
+        for future, *_ in self._submissions.take():
+            if not future.done():
+                future.set_exception(exc)
 
     def _hand_over_soon(self) -> None:
         """Hand the submitted tasks over from a task of their own: it runs once every

@@ -143,7 +143,8 @@ class Intake:
             if status == abi.STATUS_OK:  # Completions.outcome_of's first case, in line
                 completions.latencies.append(time.perf_counter() - accepted_at)
                 completions.processed += 1
-                return Completion(seq, spec.name, spec.version, status, units, device_ns)
+                fields = (seq, spec.name, spec.version, status, units, device_ns)
+                return tuple.__new__(Completion, fields)  # (as Completions.harvest does)
             outcome = completions.outcome_of(
                 seq, spec, resolved.op_id, accepted_at, status, units, device_ns
             )
@@ -266,30 +267,30 @@ class Intake:
         resolutions = ops.resolutions
         deadlines: dict[float | None, int] = {}
         tasks: list[Task] = []
-        for entry in entries:
-            future = entry.future
+        for future, op, args, n, blocks, timeout, stream in entries:
             if future.done():  # its caller went away before it was accepted
                 continue
             try:
                 ready_event = None
-                if entry.stream is not None:
-                    key = id(entry.stream)
+                if stream is not None:
+                    key = id(stream)
                     if key not in events:
-                        events[key] = streams.stream_event(entry.stream, device_id)
+                        events[key] = streams.stream_event(stream, device_id)
                     ready_event = events[key]
                 if not serving:
                     service.check_serving()
-                resolved = resolutions.get(entry.op) or ops.resolve(entry.op)
-                n, blocks = check_count(resolved.spec, entry.n, entry.blocks)
-                words = resolved.encoder.encode(entry.args, n, device_id)
-                deadline = deadlines.get(entry.timeout)
+                resolved = resolutions.get(op) or ops.resolve(op)
+                if blocks != 1:  # (n and blocks are ints in range: check_task_fields)
+                    n, blocks = check_count(resolved.spec, n, blocks)
+                words = resolved.encoder.encode(args, n, device_id)
+                deadline = deadlines.get(timeout)
                 if deadline is None:
-                    deadline = deadlines[entry.timeout] = service.deadline_ns(entry.timeout)
+                    deadline = deadlines[timeout] = service.deadline_ns(timeout)
             except GpuActorsError as exc:
                 future.set_exception(exc)
                 continue
             except Exception as exc:  # the caller's arguments, not the actor's failure
-                future.set_exception(unreadable(entry.op, exc))
+                future.set_exception(unreadable(op, exc))
                 continue
             tasks.append(
                 Task(
@@ -300,7 +301,7 @@ class Intake:
                     words,
                     blocks,
                     deadline,
-                    entry.args,
+                    args,
                     accepted_at,
                     ready_event,
                 )
@@ -314,37 +315,34 @@ class Intake:
         False (nothing done) for any task but the usual one: a ready stream, a
         serving engine, an op the latency path's publisher takes and room in the
         ring; the general path takes it then, with its precise errors."""
+        future, op, args, n, blocks, timeout, stream = entry
         service = self._service
         runtime = service.runtime
         if (
-            entry.future.done()
+            future.done()
             or service.faulted is not None
             or service.closing
             or runtime is None
             or GENERATIONS.by_device.get(service.device_id, FIRST_GENERATION) != service.generation
         ):
             return False
-        resolved = self._ops.resolutions.get(entry.op)
+        resolved = self._ops.resolutions.get(op)
         if resolved is None:  # not yet resolved (or unknown: the general path says so)
             try:
-                resolved = self._ops.resolve(entry.op)
+                resolved = self._ops.resolve(op)
             except GpuActorsError:
                 return False
         if resolved.publish is None:
             return False
-        if entry.stream is not None:
+        if stream is not None:
             try:
-                event = events[id(entry.stream)] = streams.stream_event(
-                    entry.stream, service.device_id
-                )
+                event = events[id(stream)] = streams.stream_event(stream, service.device_id)
             except DeviceFault:
                 return False  # (the general path asks again, and says so)
             if event is not None:
                 return False  # the general path holds it until the event
-        deadline = service.deadline_ns(entry.timeout)
-        seq = resolved.publish(
-            runtime.ring, entry.args, entry.n, entry.blocks, service.device_id, deadline
-        )
+        deadline = service.deadline_ns(timeout)
+        seq = resolved.publish(runtime.ring, args, n, blocks, service.device_id, deadline)
         if not seq:
             return False
         runtime.kick()
@@ -352,14 +350,14 @@ class Intake:
         harvested = runtime.ring.wait_harvest(seq, SPIN_SECONDS)
         if harvested is None:  # still running: the poller answers
             self._completions.pending[seq] = Task(
-                entry.future,
+                future,
                 spec,
                 resolved.op_id,
-                entry.n,
+                n,
                 [],
-                entry.blocks,
+                blocks,
                 deadline,
-                entry.args,
+                args,
                 accepted_at,
             )
             self._wake.set()
@@ -369,9 +367,9 @@ class Intake:
             seq, spec, resolved.op_id, accepted_at, status, units, device_ns
         )
         if isinstance(outcome, GpuActorsError):
-            entry.future.set_exception(outcome)
+            future.set_exception(outcome)
         else:
-            entry.future.set_result(outcome)
+            future.set_result(outcome)
         return True
 
     # ---------------------------------------------------------------- batches

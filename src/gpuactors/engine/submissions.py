@@ -2,7 +2,7 @@
 message that hands them to the engine actor.
 
 ``Engine.enqueue`` builds no validated message per task: it checks the few fields a
-task has by hand (the same checks ``Enqueue`` makes), appends a :class:`Submission`
+task has by hand (the same checks ``Enqueue`` makes), appends a ``Submission``
 (the fields and the caller's own reply future) to its client's :class:`Submissions`
 and, when the list was empty, asks the actor with the client's one reusable
 :class:`Submit`. A lone caller asks from its own task: an idle actor handles that ask
@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import math
 import numbers
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from gpuactors.engine.messages import MAX_TIMEOUT_S, Completion
@@ -28,17 +27,13 @@ from gpuactors.messages import Message
 _MAX_N = 2**62
 
 
-@dataclass(slots=True)
-class Submission:
-    """One task as its caller gave it, and the future its reply goes to."""
-
-    op: str
-    args: tuple[Any, ...]
-    n: int
-    blocks: int
-    timeout: float | None
-    stream: Any  # the caller's CuPy stream for after="current_stream", else None
-    future: asyncio.Future[Completion]
+#: One task as its caller gave it, and the future its reply goes to: ``(future, op,
+#: args, n, blocks, timeout, stream)``; ``stream`` is the caller's CuPy stream for
+#: after="current_stream", else None. A plain tuple: a class would cost each task a
+#: Python-level ``__init__``.
+Submission = tuple[
+    "asyncio.Future[Completion]", str, tuple[Any, ...], int, int, "float | None", Any
+]
 
 
 class Submissions:

@@ -64,18 +64,18 @@ def usual_words(op: OpSpec, ndarray: type | None) -> WordEncoder | None:
     or None at the first doubt (None: no CuPy)."""
     if ndarray is None:
         return None
-    types: list[type] = []
+    array_type: type[Any] = ndarray
     # (index, dtype, fixed length or None for n) of each array parameter.
     arrays: list[tuple[int, np.dtype[Any], int | None]] = []
-    # (index, lowest, highest, pack as the dtype, unpack as a word) of each scalar.
-    scalars: list[tuple[int, float, float, Callable[[Any], bytes], Callable[[bytes], Any]]] = []
+    # (index, type, lowest, highest, pack as the dtype, unpack as a word) of each scalar.
+    scalars: list[
+        tuple[int, type[Any], float, float, Callable[[Any], bytes], Callable[[bytes], Any]]
+    ] = []
     for index, param in enumerate(op.params):
         dtype = np.dtype(param.dtype)
         if isinstance(param, ArrayParam):
-            types.append(ndarray)
             arrays.append((index, dtype, None if param.length == "n" else int(param.length)))
             continue
-        types.append(float if dtype.kind == "f" else int)
         # The range that surely packs, one chained compare and no try block: NaN,
         # infinities and floats beyond the dtype's largest finite value fail it
         # (also those a hair above it that round down to it: the general path
@@ -86,15 +86,19 @@ def usual_words(op: OpSpec, ndarray: type | None) -> WordEncoder | None:
         assert code is not None  # an op's dtypes are real numbers (ops.Dtype)
         pack = struct.Struct("<" + code).pack
         unpack = struct.Struct("<" + _BITS_CODES[dtype.itemsize]).unpack
-        scalars.append((index, bound(info.min), bound(info.max), pack, unpack))
-    signature = tuple(types)
+        scalars.append((index, bound, bound(info.min), bound(info.max), pack, unpack))
+    arity = len(op.params)
 
     def words(args: Sequence[Any], n: int, device_id: int) -> list[int] | None:
-        if tuple(map(type, args)) != signature:  # also the arity
+        # Each argument's type is checked where it is read (a tuple of all the types,
+        # built per task to compare with the signature, cost more).
+        if len(args) != arity:
             return None
         values = list(args)
         for index, dtype, length in arrays:
             array = values[index]
+            if type(array) is not array_type:
+                return None
             memory = array.data
             if (
                 array.dtype is not dtype
@@ -104,9 +108,9 @@ def usual_words(op: OpSpec, ndarray: type | None) -> WordEncoder | None:
             ):
                 return None
             values[index] = memory.ptr
-        for index, low, high, pack, unpack in scalars:
+        for index, kind, low, high, pack, unpack in scalars:
             value = values[index]
-            if not low <= value <= high:
+            if type(value) is not kind or not low <= value <= high:
                 return None
             values[index] = unpack(pack(value))[0]
         return values
