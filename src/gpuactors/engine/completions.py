@@ -58,10 +58,9 @@ class Completions:
             if status == status_ok:
                 ok += 1
                 op = task.op
-                # Built as Completion._make builds it: the named tuple's own __new__, a
-                # Python function, costs more than the tuple.
+                # _make: the named tuple's own __new__, a Python function, costs more.
                 fields = (seq, op.name, op.version, status_ok, task_units, task_ns)
-                reply = tuple.__new__(Completion, fields)
+                reply = Completion._make(fields)
                 if not future.done():
                     future.set_result(reply)
             else:
@@ -106,7 +105,7 @@ class Completions:
         if status == abi.STATUS_OK:
             self.processed += 1
             fields = (seq, op.name, op.version, abi.STATUS_OK, units, device_ns)
-            return tuple.__new__(Completion, fields)  # (as in harvest)
+            return Completion._make(fields)
         return self._failure(seq, op, op_id, status)
 
     def _failure(self, seq: int, op: OpSpec, op_id: int, status: int) -> GpuActorsError:

@@ -144,7 +144,7 @@ class Intake:
                 completions.latencies.append(time.perf_counter() - accepted_at)
                 completions.processed += 1
                 fields = (seq, spec.name, spec.version, status, units, device_ns)
-                return tuple.__new__(Completion, fields)  # (as Completions.harvest does)
+                return Completion._make(fields)
             outcome = completions.outcome_of(
                 seq, spec, resolved.op_id, accepted_at, status, units, device_ns
             )
