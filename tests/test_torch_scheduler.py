@@ -21,7 +21,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch is not installed (the torch extra)")
 F = torch.nn.functional
 
-from gpuactors.errors import InvalidArgument  # noqa: E402
+from gpuactors.errors import InvalidArgument, TaskFailed  # noqa: E402
 from gpuactors.torch import ReferenceExecutor, TorchScheduler, trace  # noqa: E402
 from gpuactors.torch import program as P  # noqa: E402
 from gpuactors.torch.batch import Batch, Decline  # noqa: E402
@@ -533,3 +533,58 @@ def test_every_run_gets_the_next_ticket_and_its_own_counter() -> None:
     base = stamped[2][1]
     assert stamped == [(1, base + 8), (2, base + 16), (3, base), (4, base + 8)]
     assert points.runs == 4
+
+
+# ------------------------------------------------------ timer flushes and the user
+class _SlowReference(ReferenceExecutor):
+    """Stands in for the time between a flush taking the batch and running it."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+
+    def run(self, words: Any, n: int, units: int, stream: Any) -> None:
+        self.entered.set()
+        time.sleep(0.2)
+        super().run(words, n, units, stream)
+
+
+def test_an_op_during_a_timer_flush_waits_for_the_batch_it_took() -> None:
+    executor = _SlowReference()
+    sched = TorchScheduler(executor, auto_flush_ms=1.0)
+    with torch.no_grad(), sched:
+        y = torch.ones(4) * 0 + 7
+        assert executor.entered.wait(5)  # the timer has taken the batch, not yet run it
+        # An op the scheduler does not take runs after it (a CPU tensor's .tolist()
+        # reads memory without an op, so cumsum).
+        assert torch.cumsum(y, 0).tolist() == [7.0, 14.0, 21.0, 28.0]
+    assert sched.stats.flushes["timer"] == 1
+    sched.close()
+
+
+class _FailsOnce(ReferenceExecutor):
+    def __init__(self) -> None:
+        self.failed = False
+
+    def run(self, words: Any, n: int, units: int, stream: Any) -> None:
+        if not self.failed:
+            self.failed = True
+            raise TaskFailed("torch_program", 1, 4)
+        super().run(words, n, units, stream)
+
+
+def test_a_timer_flush_that_fails_is_raised_by_the_next_flush_and_the_timer_goes_on() -> None:
+    sched = TorchScheduler(_FailsOnce(), auto_flush_ms=1.0)
+    with torch.no_grad():
+        with pytest.raises(TaskFailed), sched:
+            torch.ones(4) * 0 + 7
+            deadline = time.monotonic() + 10
+            while sched._timer_error is None and time.monotonic() < deadline:
+                time.sleep(0.005)
+        assert sched.stats.flushes["timer"] == 1  # (counted, though it failed)
+        with sched:  # the timer still flushes
+            z = torch.ones(4) * 0 + 5
+            deadline = time.monotonic() + 10
+            while sched.stats.flushes["timer"] < 2 and time.monotonic() < deadline:
+                time.sleep(0.005)
+        assert sched.stats.flushes["timer"] == 2 and z.tolist() == [5.0] * 4
+    sched.close()

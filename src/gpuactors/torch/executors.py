@@ -28,7 +28,7 @@ import functools
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -52,6 +52,9 @@ from gpuactors.torch.kernel import (
     STREAM_SOURCE,
     stream_kernel_name,
 )
+
+if TYPE_CHECKING:
+    from gpuactors.torch.scheduler import TorchScheduler
 
 Words = Sequence[int] | np.ndarray
 
@@ -88,6 +91,8 @@ class MeetingPoints:
 
     def __init__(self, device: torch.device, slots: int) -> None:
         self._counters = torch.zeros(slots, dtype=torch.int64, device=device)
+        if device.type == "cuda":  # zeroed before any stream's run can meet there
+            torch.cuda.synchronize(device)
         self._base = int(self._counters.data_ptr())
         self._slots = slots
         #: Runs stamped so far: the last run's ticket.
@@ -190,8 +195,8 @@ class StreamExecutor:
     The kernels (:data:`.kernel.STREAM_SOURCE`) are the engine op's interpreter, compiled
     once per architecture through gpuactors' kernel caches (memory and disk) and loaded
     once per device for the process. A failure a kernel reports (a malformed program,
-    which the scheduler never builds) is raised as :class:`TaskFailed` by the next
-    launch or by :meth:`check`.
+    which the scheduler never builds) is raised as :class:`TaskFailed` by :meth:`check`
+    or after a later launch, once the failed kernel has finished.
 
     Launches still queued use the executor's counters and failure word: keep an
     executor as long as its work may run. :meth:`shared` (what :func:`stream_scheduler`
@@ -201,9 +206,15 @@ class StreamExecutor:
     def __init__(self, device_id: int = 0) -> None:
         import cupy
 
+        count = cupy.cuda.runtime.getDeviceCount()
+        if not 0 <= device_id < count:
+            raise InvalidArgument(f"no CUDA device {device_id} (this machine has {count})")
         self.device = torch.device("cuda", device_id)
         self.device_id = device_id
         self.spread = STREAM_SPREAD
+        self._current_context = cupy.cuda.driver.ctxGetCurrent
+        self._set_device = cupy.cuda.runtime.setDevice
+        self._bind_thread()
         self._module = _interpreter_module(device_id)
         with on_device(device_id):
             self._failure_memory = cupy.cuda.alloc_pinned_memory(8)
@@ -214,8 +225,6 @@ class StreamExecutor:
         self._failure_address = ctypes.c_uint64(int(self._failure_memory.ptr))
         self._kernels = tuple(self._kernel(capacity) for capacity in STREAM_CAPACITIES)
         self._lock = threading.Lock()  # the parameter values are shared by every launch
-        self._driver = cupy.cuda.driver
-        self._runtime = cupy.cuda.runtime
         self._launch = cupy.cuda.driver.launchKernel
 
     @classmethod
@@ -242,16 +251,12 @@ class StreamExecutor:
             stream = torch.cuda.current_stream(self.device)
         kernel = self._kernel_for(len(words))
         with self._lock:
-            self._raise_failure()
             program = kernel.program
             self._length.value = _write_words(program, words)
             self.meeting_points.stamp(program)
             try:
+                self._bind_thread()
                 with on_device(self.device_id):
-                    if not self._driver.ctxGetCurrent():
-                        # A thread that never made a CUDA runtime call (a timer's, a
-                        # pool's) has no context yet, and the driver's launch needs one.
-                        self._runtime.setDevice(self.device_id)
                     self._launch(
                         kernel.function,
                         units, 1, 1,
@@ -263,6 +268,8 @@ class StreamExecutor:
                     )  # fmt: skip
             except Exception as exc:
                 raise cuda_error(exc, "launching a torch program") from exc
+            # This batch is launched: an earlier one's failure no longer costs it.
+            self._raise_failure()
 
     def _kernel_for(self, count: int) -> _StreamKernel:
         for kernel in self._kernels:
@@ -280,8 +287,15 @@ class StreamExecutor:
         code = int(self._failure[0])
         if code:
             ticket = int(self._failure[1])
-            self._failure[:] = 0
+            self._failure[0] = 0
             raise TaskFailed(PROGRAM_OP.name, ticket, code)
+
+    def _bind_thread(self) -> None:
+        """Give a thread with no CUDA context yet (one that never made a CUDA call: a
+        timer's, a pool's) this device's: the driver's launch needs a current context,
+        and ``on_device`` would otherwise create device 0's to go back to."""
+        if not self._current_context():
+            self._set_device(self.device_id)
 
 
 _SHARED: dict[int, StreamExecutor] = {}
@@ -303,7 +317,7 @@ def _interpreter_module(device_id: int) -> Any:
         return load_module(compiled.image)
 
 
-def stream_scheduler(device_id: int = 0, **options: Any) -> Any:
+def stream_scheduler(device_id: int = 0, **options: Any) -> TorchScheduler:
     """A :class:`~.scheduler.TorchScheduler` whose batches run as kernel launches on
     PyTorch's stream (the process's :meth:`StreamExecutor.shared` for the device): the
     way for code that is not served by an engine of its own. ``options`` go to the

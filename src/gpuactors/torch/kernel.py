@@ -390,6 +390,9 @@ for (unsigned s = 0; s < stages; ++s) {{
                     }}
                     cur = seen;
                 }}
+                // Every unit has counted: free the counter, so that a run of this very
+                // program again (a replayed CUDA graph keeps its ticket) counts afresh.
+                if (last_one) atomicExch(c, 0ull);
                 __threadfence();
                 gpt_go_on = last_one;
             }}

@@ -115,6 +115,7 @@ class TorchScheduler:
         self._wake = threading.Event()
         self._closed = False
         self._timer: threading.Thread | None = None
+        self._timer_error: Exception | None = None  # a timer flush's failure, unreported
 
     # --------------------------------------------------------------- context
     def __enter__(self) -> TorchScheduler:
@@ -187,6 +188,9 @@ class TorchScheduler:
         self._last_first = first
 
     def _flush_locked(self, reason: str) -> None:
+        if self._timer_error is not None and threading.current_thread() is not self._timer:
+            error, self._timer_error = self._timer_error, None
+            raise error
         batch = self._batch
         if not batch.ops:
             if isinstance(batch, Replay):
@@ -273,7 +277,10 @@ class TorchScheduler:
                     continue
                 with self._lock:
                     if self._batch is batch:
-                        self._flush_locked("timer")
+                        try:
+                            self._flush_locked("timer")
+                        except Exception as exc:  # the user's next flush raises it
+                            self._timer_error = exc
                 break
 
     # --------------------------------------------------------------- dispatch
@@ -378,18 +385,22 @@ class TorchScheduler:
 
     def _fallback(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self.stats.fallbacks += 1
-        if self._batch.ops:
-            if func.is_view and torch.Tag.inplace_view not in func.tags:
-                with self._lock:  # a view reads no data, but its memory is now shared
-                    batch = self._batch
+        # Under the lock even to see that the batch is empty: a flush in progress (the
+        # timer's) has swapped the batch out before it ran it, and the lock is held
+        # until it has, so this op comes after the batch.
+        with self._lock:
+            batch = self._batch
+            if batch.ops:
+                if func.is_view and torch.Tag.inplace_view not in func.tags:
+                    # A view reads no data, but its memory is now shared.
                     if isinstance(batch, Replay):  # a replay shares no memory: run it
                         if any(batch.pending(t) for t in _tensors(args, kwargs)):
                             self._flush_locked("fallback")
                     else:
                         for t in _tensors(args, kwargs):
                             batch.escaped(t)
-            elif any(True for _ in _tensors(args, kwargs)):
-                self.flush("fallback")
+                elif any(True for _ in _tensors(args, kwargs)):
+                    self._flush_locked("fallback")
         return func(*args, **kwargs)
 
 
