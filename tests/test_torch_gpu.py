@@ -340,14 +340,22 @@ def test_a_failed_program_is_raised_by_check_or_after_the_next_launch(
 ) -> None:
     bad_stage = [99, 4, 0, 0]  # a stage kind the interpreter does not know
     words = [P.MAGIC, P.HEADER_WORDS + 4, 1, 0, 0, 0, 1, 0, *bad_stage]
-    stream_executor.run(words, 1, 1, None)
+    busy = rand(4096, 4096)
+
+    def launch_bad() -> None:
+        # Behind a millisecond of other work: the kernel cannot have finished (and its
+        # failure be seen) before run() returns; an idle GPU could finish it first.
+        busy @ busy
+        stream_executor.run(words, 1, 1, None)
+
+    launch_bad()
     ticket = stream_executor.meeting_points.runs
     torch.cuda.synchronize()
     with pytest.raises(TaskFailed) as failed:
         stream_executor.check()
     assert failed.value.code == BAD_STAGE and failed.value.seq == ticket
     stream_executor.check()  # reported once
-    stream_executor.run(words, 1, 1, None)
+    launch_bad()
     torch.cuda.synchronize()
     # The next launch reports it, after launching its own batch: nothing is lost.
     sched = TorchScheduler(stream_executor, auto_flush_ms=None)

@@ -196,7 +196,8 @@ class StreamExecutor:
     once per architecture through gpuactors' kernel caches (memory and disk) and loaded
     once per device for the process. A failure a kernel reports (a malformed program,
     which the scheduler never builds) is raised as :class:`TaskFailed` by :meth:`check`
-    or after a later launch, once the failed kernel has finished.
+    or after a launch (a later one, or its own if the kernel was quick enough), once the
+    failed kernel has finished.
 
     Launches still queued use the executor's counters and failure word: keep an
     executor as long as its work may run. :meth:`shared` (what :func:`stream_scheduler`
