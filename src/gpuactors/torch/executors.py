@@ -36,12 +36,12 @@ import torch
 from gpuactors.actors import ActorSystem
 from gpuactors.cuda import status as cuda_status
 from gpuactors.cuda.current import on_device
+from gpuactors.cuda.device import probe_device
 from gpuactors.cuda.loader import load_module
 from gpuactors.engine import Engine, EngineConfig, Enqueue, InstallOp
 from gpuactors.errors import InvalidArgument, TaskFailed
 from gpuactors.nvrtc import NvrtcOpts, default_compiler
 from gpuactors.nvrtc.launch import cuda_error
-from gpuactors.nvrtc.options import arch_from_capability
 from gpuactors.torch import program as P
 from gpuactors.torch import reference
 from gpuactors.torch.batch import ENGINE_SPREAD, STREAM_SPREAD, UnitSpread
@@ -207,16 +207,14 @@ class StreamExecutor:
     def __init__(self, device_id: int = 0) -> None:
         import cupy
 
-        count = cupy.cuda.runtime.getDeviceCount()
-        if not 0 <= device_id < count:
-            raise InvalidArgument(f"no CUDA device {device_id} (this machine has {count})")
+        arch = probe_device(device_id).arch  # (NoCudaDevice if there is no such device)
         self.device = torch.device("cuda", device_id)
         self.device_id = device_id
         self.spread = STREAM_SPREAD
         self._current_context = cupy.cuda.driver.ctxGetCurrent
         self._set_device = cupy.cuda.runtime.setDevice
         self._bind_thread()
-        self._module = _interpreter_module(device_id)
+        self._module = _interpreter_module(device_id, arch)
         with on_device(device_id):
             self._failure_memory = cupy.cuda.alloc_pinned_memory(8)
         self._failure = np.frombuffer(self._failure_memory, dtype=np.uint32, count=2)
@@ -304,17 +302,13 @@ _SHARED_LOCK = threading.Lock()
 
 
 @functools.cache
-def _interpreter_module(device_id: int) -> Any:
-    """The stream kernels' module, loaded on ``device_id`` once: a module is never
-    unloaded under a launch still queued on some stream."""
-    import cupy
-
+def _interpreter_module(device_id: int, arch: str) -> Any:
+    """The stream kernels' module, loaded on ``device_id`` (of ``arch``) once: a module
+    is never unloaded under a launch still queued on some stream."""
+    compiled, _origin = default_compiler().get_or_compile(
+        STREAM_SOURCE, name="gpt_stream.cu", opts=NvrtcOpts(std="c++17"), arch=arch
+    )
     with on_device(device_id):
-        capability = cupy.cuda.Device(device_id).compute_capability  # e.g. "90"
-        arch = arch_from_capability(int(capability[:-1]), int(capability[-1]))
-        compiled, _origin = default_compiler().get_or_compile(
-            STREAM_SOURCE, name="gpt_stream.cu", opts=NvrtcOpts(std="c++17"), arch=arch
-        )
         return load_module(compiled.image)
 
 
