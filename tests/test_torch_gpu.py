@@ -8,7 +8,7 @@ by ops the scheduler does not take and by .item(), .cpu(), .tolist() and printin
 every fallback rule, units meeting between stages, stream order both ways, traced
 mode on 20 shapes, and the asyncio route (attach, flush_async). Then what is the
 stream executor's own: a flush that does not wait, launches on two streams at once,
-and a failed program reported at the next launch.
+and a failed program reported by check() or after a launch.
 """
 
 from __future__ import annotations

@@ -447,8 +447,8 @@ extern "C" __global__ void __launch_bounds__({STREAM_BLOCK_THREADS})
     const int rc = (words > {capacity}u)
         ? {BAD_LENGTH} : gpt_run(ctx, reinterpret_cast<unsigned long long>(program.w), words);
     if (rc != 0 && threadIdx.x == 0u) {{
-        // Pinned host memory, read by the host at its next launch: the ticket, then
-        // the code that says there is one.
+        // Pinned host memory, read by the host after a launch or at check(): the
+        // ticket, then the code that says there is one.
         volatile unsigned* f = reinterpret_cast<volatile unsigned*>(failure);
         f[1] = program.w[3];
         __threadfence_system();
