@@ -127,11 +127,17 @@ def test_every_binary_op(sched: TorchScheduler, dtype: Any) -> None:
 @pytest.mark.parametrize("kind", ["sum", "mean", "amax"])
 def test_reductions_in_every_dtype_and_layout(sched: TorchScheduler, kind: str) -> None:
     for dtype in DTYPES:
-        for shape in [(7,), (3, 5), (2, 3, 700), (4, 1), (300, 40), (2, 5000)]:
+        # Rows past 512 are reduced by a block, 16 bytes a load where a float32 row
+        # starts on a 16-byte boundary: (3, 1001) has rows that do not, and a tail.
+        for shape in [(7,), (3, 5), (2, 3, 700), (4, 1), (300, 40), (2, 5000), (3, 1001)]:
             x = rand(*shape, dtype=dtype)
             for keepdim in (False, True):
                 check(sched, lambda t, k=keepdim: getattr(t * 1.5, kind)(-1, k), x)
             check(sched, lambda t: getattr(t.transpose(0, -1), kind)(-1), x)
+    # A NaN in a long row: in a 16-byte load, in the tail, in a row read 4 bytes a load.
+    x = rand(3, 1001)
+    x[0, 517] = x[0, 1000] = x[1, 3] = float("nan")
+    check(sched, lambda t: getattr(t * 1.5, kind)(-1), x)
 
 
 def test_in_place_out_casts_and_views(sched: TorchScheduler) -> None:

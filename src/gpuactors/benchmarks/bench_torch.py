@@ -12,7 +12,8 @@ op by op with replay off) and traced mode, each the median of repeated call +
 synchronize. The scheduler's figures are measured twice: with its batches launched on
 PyTorch's stream (``stream_scheduler``, the default way; the targets are checked on
 it) and run as tasks of an engine (``LocalEngine``). What recording alone costs is
-measured with an executor that runs nothing.
+measured with an executor that runs nothing. Every scheduler is built with the default
+options, its auto-flush timer included, as users get it.
 Then 20 new shapes in a row (n = 1000 + 37 k, inputs made in the loop), total time per
 mode. ``--profile`` prints where the scheduler's Python time goes (cProfile, n = 4,096).
 
@@ -144,7 +145,7 @@ def ours(n: int, executors: dict[str, Any], reps: int) -> dict[str, float]:
     row = {"eager_us": median_us(lambda: chain(x, y), reps)}
     for prefix, kind in EXECUTORS:
         for key, replay in (("scheduler", True), ("recorded", False)):
-            sched = TorchScheduler(executors[kind], auto_flush_ms=None, replay=replay)
+            sched = TorchScheduler(executors[kind], replay=replay)
             torch.testing.assert_close(in_context(sched)(x, y), expected, rtol=1e-4, atol=1e-2)
             row[f"{prefix}{key}_us"] = context_us(sched, x, y, reps)
             if replay:
@@ -157,7 +158,7 @@ def ours(n: int, executors: dict[str, Any], reps: int) -> dict[str, float]:
                     row[f"{prefix}task_device_us"] = device_us(lambda: traced(x, y))  # noqa: B023
             sched.close()
     for key, replay in (("scheduler", True), ("recorded", False)):
-        bare = TorchScheduler(NoRun(), auto_flush_ms=None, replay=replay)
+        bare = TorchScheduler(NoRun(), replay=replay)
         row[f"{key}_python_us"] = context_us(bare, x, y, reps)
         bare.close()
     return row
@@ -200,7 +201,7 @@ def new_shapes(executors: dict[str, Any]) -> dict[str, float]:
 
     figures = {"eager_s": run(chain)}
     for prefix, kind in EXECUTORS:
-        sched = TorchScheduler(executors[kind], auto_flush_ms=None)
+        sched = TorchScheduler(executors[kind])
         figures[f"{prefix}scheduler_s"] = run(in_context(sched))
         figures[f"{prefix}traced_s"] = run(trace(chain, sched))
         sched.close()
@@ -216,7 +217,7 @@ def profile(executor: Any, n: int = 4096, calls: int = 200) -> None:
     x = torch.randn(n, device="cuda")
     y = torch.randn(n, device="cuda")
     for replay in (True, False):
-        sched = TorchScheduler(executor, auto_flush_ms=None, replay=replay)
+        sched = TorchScheduler(executor, replay=replay)
         scheduled = in_context(sched)
         for _ in range(20):
             scheduled(x, y)

@@ -474,6 +474,6 @@ class UnitSpread:
 #: On an engine every unit is one more claim its blocks make on the task: past 32
 #: units the claims cost more than the elements they split.
 ENGINE_SPREAD = UnitSpread(unit_elements=512, max_pointwise_units=32)
-#: A kernel launch's blocks cost nothing to claim: 64 elements a unit (a quarter of a
-#: block's threads carry one each) up to 64 units was the fastest on an H200.
-STREAM_SPREAD = UnitSpread(unit_elements=64, max_pointwise_units=64)
+#: A kernel launch's blocks cost nothing to claim: 64 elements a unit up to 256 units
+#: (a thread per element up to 65,536) was among the fastest on an H200.
+STREAM_SPREAD = UnitSpread(unit_elements=64, max_pointwise_units=256)

@@ -15,8 +15,10 @@ from gpuactors.engine.ops import OpSpec, ScalarParam
 from gpuactors.torch import program as P
 
 #: Elements each thread carries through the instructions at once (their loads and
-#: math overlap; the instruction is decoded once for all of them).
-ELEMENTS_PER_THREAD = 4
+#: math overlap; the instruction is decoded once for all of them). The GPU time of a
+#: small program is its instructions' latency one after another, which more elements
+#: lengthen: 2 was faster than 1 or 4 on an H200 for the sizes the scheduler takes.
+ELEMENTS_PER_THREAD = 2
 #: Loads a thread of a reduction keeps in flight (a partial result each).
 ROW_LOADS = 8
 #: Failure codes the op returns (``TaskFailed.code``).
@@ -28,6 +30,82 @@ BAD_STAGE = 4
 def _opcode_constants() -> str:
     lines = [f"constexpr unsigned kOp_{name} = {code}u;" for name, code in P.OPCODES.items()]
     return "\n".join(lines)
+
+
+#: Each op's math on one element, in C: ``x`` (and ``y``) its operands, ``p0``..``p2``
+#: its parameter words; ``y_imm`` says that ``y`` is a scalar, whose reciprocal the host
+#: put in ``p1`` (PyTorch multiplies then); ``rmode`` is the result's rounding (PyTorch
+#: truncates a float16 or bfloat16 quotient). ``mx``/``mn`` are std::max/std::min as
+#: PyTorch's kernels use them (a NaN first argument stays).
+ELEMENT_MATH: dict[str, str] = {
+    "neg": "-x",
+    "abs": "fabsf(x)",
+    "relu": "(x != x) ? x : mx(x, 0.0f)",
+    "sigmoid": "1.0f / (1.0f + expf(-x))",
+    "tanh": "tanhf(x)",
+    "exp": "expf(x)",
+    "log": "logf(x)",
+    "sqrt": "sqrtf(x)",
+    "rsqrt": "rsqrtf(x)",
+    "reciprocal": "1.0f / x",
+    "sin": "sinf(x)",
+    "cos": "cosf(x)",
+    "gelu": "x * 0.5f * (1.0f + erff(x * 0.70710678118654752440f))",
+    "gelu_tanh": "0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * (x * x * x))))",
+    "silu": "x / (1.0f + expf(-x))",
+    "softplus": "(x * p0 > p1) ? x : log1pf(expf(x * p0)) / p0",
+    "elu": "(x > 0.0f) ? x * p1 : expm1f(x * p2) * p0",  # p0..p2: negcoef, poscoef, negiptcoef
+    "leaky_relu": "(x > 0.0f) ? x : x * p0",
+    "clamp": "(x != x) ? x : mn(mx(x, p0), p1)",
+    "hardsigmoid": "mn(mx(x + 3.0f, 0.0f), 6.0f) * (1.0f / 6.0f)",
+    "hardswish": "x * mn(mx(x + 3.0f, 0.0f), 6.0f) * (1.0f / 6.0f)",
+    "copy": "x",
+    "log1p": "log1pf(x)",
+    "expm1": "expm1f(x)",
+    "erf": "erff(x)",
+    "floor": "floorf(x)",
+    "ceil": "ceilf(x)",
+    "trunc": "truncf(x)",
+    "round": "rintf(x)",
+    "pow_scalar": "pow_scalar(x, p0)",
+    "rpow_scalar": "(p0 == 1.0f) ? 1.0f : powf(p0, x)",
+    "add": "x + p0 * y",
+    "mul": "x * y",
+    "div": "x / y",
+    "div_trunc": "y_imm ? truncf(x * p1) : truncf(rnd(rmode, x / y))",
+    "div_floor": "div_floor(x, y, y_imm, p1)",
+    "pow": "powf(x, y)",
+    "maximum": "(x != x) ? x : ((y != y) ? y : fmaxf(x, y))",
+    "minimum": "(x != x) ? x : ((y != y) ? y : fminf(x, y))",
+    "eq": "(x == y) ? 1.0f : 0.0f",
+    "ne": "(x != y) ? 1.0f : 0.0f",
+    "lt": "(x < y) ? 1.0f : 0.0f",
+    "le": "(x <= y) ? 1.0f : 0.0f",
+    "gt": "(x > y) ? 1.0f : 0.0f",
+    "ge": "(x >= y) ? 1.0f : 0.0f",
+}
+#: Ops with a third operand, whose cases the interpreter spells out.
+THREE_OPERAND_OPS = ("where", "clamp_tensor")
+
+
+def _math_cases() -> str:
+    """The interpreter's switch cases of the ops in :data:`ELEMENT_MATH`: the op is
+    decoded once per instruction, and its case runs the math over a thread's elements."""
+    missing = set(P.OPCODES) - set(ELEMENT_MATH) - set(THREE_OPERAND_OPS)
+    if missing:
+        raise AssertionError(f"ops without math: {sorted(missing)}")
+    cases = []
+    for name, math in ELEMENT_MATH.items():
+        operands = "x = a.v[e], y = b.v[e]" if name in P.BINARY_OPS else "x = a.v[e]"
+        cases.append(
+            f"                case kOp_{name}:\n"
+            f"                    for (int e = 0; e < kE; ++e) {{\n"
+            f"                        const float {operands};\n"
+            f"                        r.v[e] = {math};\n"
+            f"                    }}\n"
+            f"                    break;"
+        )
+    return "\n".join(cases)
 
 
 def _program_body(fetch: str) -> str:
@@ -106,86 +184,33 @@ auto u64at = [](const unsigned* w) -> unsigned long long {{
 auto mx = [](float a, float b) -> float {{ return (a < b) ? b : a; }};
 auto mn = [](float a, float b) -> float {{ return (b < a) ? b : a; }};
 
-auto unary = [&](unsigned op, float x, float p0, float p1) -> float {{
-    switch (op) {{
-        case kOp_neg: return -x;
-        case kOp_abs: return fabsf(x);
-        case kOp_relu: return (x != x) ? x : mx(x, 0.0f);
-        case kOp_sigmoid: return 1.0f / (1.0f + expf(-x));
-        case kOp_tanh: return tanhf(x);
-        case kOp_exp: return expf(x);
-        case kOp_log: return logf(x);
-        case kOp_sqrt: return sqrtf(x);
-        case kOp_rsqrt: return rsqrtf(x);
-        case kOp_reciprocal: return 1.0f / x;
-        case kOp_sin: return sinf(x);
-        case kOp_cos: return cosf(x);
-        case kOp_gelu: return x * 0.5f * (1.0f + erff(x * 0.70710678118654752440f));
-        case kOp_gelu_tanh: {{
-            const float inner = 0.7978845608028654f * (x + 0.044715f * (x * x * x));
-            return 0.5f * x * (1.0f + tanhf(inner));
-        }}
-        case kOp_silu: return x / (1.0f + expf(-x));
-        case kOp_softplus: return (x * p0 > p1) ? x : log1pf(expf(x * p0)) / p0;
-        case kOp_leaky_relu: return (x > 0.0f) ? x : x * p0;
-        case kOp_clamp: return (x != x) ? x : mn(mx(x, p0), p1);
-        case kOp_hardsigmoid: return mn(mx(x + 3.0f, 0.0f), 6.0f) * (1.0f / 6.0f);
-        case kOp_hardswish: return x * mn(mx(x + 3.0f, 0.0f), 6.0f) * (1.0f / 6.0f);
-        case kOp_copy: return x;
-        case kOp_log1p: return log1pf(x);
-        case kOp_expm1: return expm1f(x);
-        case kOp_erf: return erff(x);
-        case kOp_floor: return floorf(x);
-        case kOp_ceil: return ceilf(x);
-        case kOp_trunc: return truncf(x);
-        case kOp_round: return rintf(x);
-        case kOp_pow_scalar:
-            if (p0 == 0.0f) return 1.0f;
-            if (p0 == 1.0f) return x;
-            if (p0 == 2.0f) return x * x;
-            if (p0 == 3.0f) return x * x * x;
-            if (p0 == 0.5f) return sqrtf(x);
-            if (p0 == -0.5f) return rsqrtf(x);
-            if (p0 == -1.0f) return 1.0f / x;
-            if (p0 == -2.0f) return 1.0f / (x * x);
-            return powf(x, p0);
-        case kOp_rpow_scalar: return (p0 == 1.0f) ? 1.0f : powf(p0, x);
-        default: return x;
-    }}
-}};
-auto elu = [](float x, float negcoef, float poscoef, float negiptcoef) -> float {{
-    return (x > 0.0f) ? x * poscoef : expm1f(x * negiptcoef) * negcoef;
+auto pow_scalar = [](float x, float e) -> float {{
+    if (e == 0.0f) return 1.0f;
+    if (e == 1.0f) return x;
+    if (e == 2.0f) return x * x;
+    if (e == 3.0f) return x * x * x;
+    if (e == 0.5f) return sqrtf(x);
+    if (e == -0.5f) return rsqrtf(x);
+    if (e == -1.0f) return 1.0f / x;
+    if (e == -2.0f) return 1.0f / (x * x);
+    return powf(x, e);
 }};
 // y_imm: y is a scalar, whose reciprocal the host put in p1 (PyTorch multiplies then).
 // rmode: the result's rounding (PyTorch truncates a float16 or bfloat16 quotient).
-auto binary = [&](unsigned op, float x, float y, bool y_imm, float p0, float p1,
-                  unsigned rmode) -> float {{
-    switch (op) {{
-        case kOp_add: return x + p0 * y;
-        case kOp_mul: return x * y;
-        case kOp_div: return x / y;
-        case kOp_div_trunc: return y_imm ? truncf(x * p1) : truncf(rnd(rmode, x / y));
-        case kOp_div_floor: {{
-            if (y == 0.0f) return x / y;
-            const float mod = fmodf(x, y);
-            float div = y_imm ? (x - mod) * p1 : (x - mod) / y;
-            if ((mod != 0.0f) && ((y < 0.0f) != (mod < 0.0f))) div -= 1.0f;
-            if (div == 0.0f) return copysignf(0.0f, y_imm ? x * p1 : x / y);
-            float fl = floorf(div);
-            if (div - fl > 0.5f) fl += 1.0f;
-            return fl;
-        }}
-        case kOp_pow: return powf(x, y);
-        case kOp_maximum: return (x != x) ? x : ((y != y) ? y : fmaxf(x, y));
-        case kOp_minimum: return (x != x) ? x : ((y != y) ? y : fminf(x, y));
-        case kOp_eq: return (x == y) ? 1.0f : 0.0f;
-        case kOp_ne: return (x != y) ? 1.0f : 0.0f;
-        case kOp_lt: return (x < y) ? 1.0f : 0.0f;
-        case kOp_le: return (x <= y) ? 1.0f : 0.0f;
-        case kOp_gt: return (x > y) ? 1.0f : 0.0f;
-        case kOp_ge: return (x >= y) ? 1.0f : 0.0f;
-        default: return x;
-    }}
+auto div_floor = [&](float x, float y, bool y_imm, float p1) -> float {{
+    if (y == 0.0f) return x / y;
+    const float mod = fmodf(x, y);
+    float div = y_imm ? (x - mod) * p1 : (x - mod) / y;
+    if ((mod != 0.0f) && ((y < 0.0f) != (mod < 0.0f))) div -= 1.0f;
+    if (div == 0.0f) return copysignf(0.0f, y_imm ? x * p1 : x / y);
+    float fl = floorf(div);
+    if (div - fl > 0.5f) fl += 1.0f;
+    return fl;
+}};
+
+// A register's values for a thread's kE elements, moved as one 16-byte piece.
+struct alignas(16) Vals {{
+    float v[kE];
 }};
 
 auto run_pointwise = [&](const unsigned* S, unsigned unit, unsigned units) {{
@@ -197,17 +222,16 @@ auto run_pointwise = [&](const unsigned* S, unsigned unit, unsigned units) {{
     const unsigned* code = S + 4 + rank;
     const unsigned ncode = S[1] - 4u - rank;
     const unsigned long long G = (unsigned long long)units * blockDim.x;
-    float R[kRegs][kE];
+    // Registers are indexed at run time, so they live in (cached) local memory.
+    Vals R[kRegs];
     unsigned crd[kE][kMaxRank];
     for (unsigned long long base = (unsigned long long)unit * blockDim.x + threadIdx.x;
          base < numel; base += G * kE) {{
         unsigned long long idx[kE];
         bool ok[kE];
-        int ne = 0;  // elements of this pass that exist: a prefix, as idx grows with e
         for (int e = 0; e < kE; ++e) {{
             idx[e] = base + (unsigned long long)e * G;
             ok[e] = idx[e] < numel;
-            ne += ok[e] ? 1 : 0;
         }}
         if (coords) {{
             for (int e = 0; e < kE; ++e) {{
@@ -218,6 +242,16 @@ auto run_pointwise = [&](const unsigned* S, unsigned unit, unsigned units) {{
                 }}
             }}
         }}
+        // The register the last instruction wrote, and its values: a chain of ops reads
+        // it next, and the copy here spares that read a trip through local memory.
+        unsigned last = kRegs;
+        Vals acc;
+        auto write = [&](unsigned reg, const Vals& x) {{
+            R[reg] = x;
+            acc = x;
+            last = reg;
+        }};
+        auto read = [&](unsigned reg) -> Vals {{ return (reg == last) ? acc : R[reg]; }};
         unsigned pc = 0;
         while (pc < ncode) {{
             const unsigned w0 = code[pc];
@@ -231,17 +265,24 @@ auto run_pointwise = [&](const unsigned* S, unsigned unit, unsigned units) {{
                 const unsigned dt = (w0 >> 16) & 0xffu, mode = (w0 >> 24) & 0xfu, rk = w0 >> 28;
                 const unsigned long long ptr = u64at(code + pc + 1);
                 const unsigned* strides = code + pc + 3;
-                for (int e = 0; e < kE; ++e) {{
-                    if (!ok[e]) continue;
+                auto offset = [&](int e) -> long long {{
+                    if (mode == kContig) return (long long)idx[e];
                     long long off = 0;
-                    if (mode == kContig) {{
-                        off = (long long)idx[e];
-                    }} else if (mode == kStrided) {{
+                    if (mode == kStrided) {{
                         for (unsigned d = 0; d < rk; ++d)
                             off += (long long)crd[e][d] * (long long)u64at(strides + 2u * d);
                     }}
-                    if (op == kLoad) R[reg][e] = rnd(rmode, ld(ptr, dt, off));
-                    else st(ptr, dt, off, R[reg][e]);
+                    return off;
+                }};
+                if (op == kLoad) {{
+                    Vals x;
+                    for (int e = 0; e < kE; ++e)
+                        x.v[e] = ok[e] ? rnd(rmode, ld(ptr, dt, offset(e))) : 0.0f;
+                    write(reg, x);
+                }} else {{
+                    const Vals x = read(reg);
+                    for (int e = 0; e < kE; ++e)
+                        if (ok[e]) st(ptr, dt, offset(e), x.v[e]);
                 }}
                 pc += 3u + (mode == kStrided ? 2u * rk : 0u);
                 continue;
@@ -251,37 +292,46 @@ auto run_pointwise = [&](const unsigned* S, unsigned unit, unsigned units) {{
             const float p0 = __uint_as_float(code[pc + 1]);
             const float p1 = __uint_as_float(code[pc + 2]);
             const float p2 = __uint_as_float(code[pc + 3]);
-            auto fetch = [&](unsigned which, int e) -> float {{
-                if (which < (unsigned)kRegs) return R[which][e];
-                return which == kP0 ? p0 : (which == kP1 ? p1 : p2);
+            auto operand = [&](unsigned which) -> Vals {{
+                if (which < (unsigned)kRegs) return read(which);
+                Vals c;
+                const float p = which == kP0 ? p0 : (which == kP1 ? p1 : p2);
+                for (int e = 0; e < kE; ++e) c.v[e] = p;
+                return c;
             }};
-            if (op == kOp_where) {{
-                const unsigned ic = code[pc + 1];
-                for (int e = 0; e < ne; ++e)
-                    R[dst][e] = rnd(rmode, (R[ic][e] != 0.0f) ? fetch(ia, e) : fetch(ib, e));
-            }} else if (op == kOp_clamp_tensor) {{
-                // PyTorch's clamp with tensor bounds: a NaN anywhere wins, in this order.
-                const unsigned ic = code[pc + 1];
-                for (int e = 0; e < ne; ++e) {{
-                    const float x = fetch(ia, e), lo = fetch(ib, e), hi = R[ic][e];
-                    float r = mn(mx(x, lo), hi);
-                    if (hi != hi) r = hi;
-                    if (lo != lo) r = lo;
-                    if (x != x) r = x;
-                    R[dst][e] = rnd(rmode, r);
+            // The op is decoded once per instruction, not per element: each case runs its
+            // math over the thread's elements.
+            const Vals a = operand(ia);
+            const Vals b = (op >= kFirstBinary) ? operand(ib) : a;
+            Vals r;
+            const bool y_imm = ib >= (unsigned)kRegs;
+            switch (op) {{
+{_math_cases()}
+                case kOp_where: {{
+                    // WHERE keeps its condition register in p0's word.
+                    const Vals c = read(code[pc + 1]);
+                    for (int e = 0; e < kE; ++e) r.v[e] = (c.v[e] != 0.0f) ? a.v[e] : b.v[e];
+                    break;
                 }}
-            }} else if (op == kOp_elu) {{
-                for (int e = 0; e < ne; ++e) R[dst][e] = rnd(rmode, elu(fetch(ia, e), p0, p1, p2));
-            }} else if (op < kFirstBinary) {{
-                for (int e = 0; e < ne; ++e)
-                    R[dst][e] = rnd(rmode, unary(op, fetch(ia, e), p0, p1));
-            }} else {{
-                const bool y_imm = ib >= (unsigned)kRegs;
-                for (int e = 0; e < ne; ++e) {{
-                    const float r = binary(op, fetch(ia, e), fetch(ib, e), y_imm, p0, p1, rmode);
-                    R[dst][e] = rnd(rmode, r);
+                case kOp_clamp_tensor: {{
+                    // PyTorch's clamp with tensor bounds: a NaN anywhere wins, in this order.
+                    const Vals hi = read(code[pc + 1]);
+                    for (int e = 0; e < kE; ++e) {{
+                        const float x = a.v[e], lo = b.v[e];
+                        float v = mn(mx(x, lo), hi.v[e]);
+                        if (hi.v[e] != hi.v[e]) v = hi.v[e];
+                        if (lo != lo) v = lo;
+                        if (x != x) v = x;
+                        r.v[e] = v;
+                    }}
+                    break;
                 }}
+                default: r = a;  // (every opcode has a case)
             }}
+            if (rmode != 0u) {{
+                for (int e = 0; e < kE; ++e) r.v[e] = rnd(rmode, r.v[e]);
+            }}
+            write(dst, r);
             pc += {P.ALU_WORDS}u;
         }}
     }}
@@ -337,6 +387,31 @@ auto run_reduce = [&](const unsigned* S, unsigned unit, unsigned units) {{
         for (unsigned e = 1; e < kRowLoads; ++e) acc = combine(acc, part[e]);
         return acc;
     }};
+    // The same over a whole contiguous float32 row at b, 16 bytes a load where the row
+    // starts on a 16-byte boundary: a long row is reduced by one unit, whose loads in
+    // flight then cover four times the elements.
+    auto accumulate_quads = [&](long long b) -> float {{
+        const float* first = reinterpret_cast<const float*>(iptr) + b;
+        const float4* row = reinterpret_cast<const float4*>(first);
+        const unsigned quads = len / 4u, stride = blockDim.x;
+        float part[kRowLoads];
+        for (unsigned e = 0; e < kRowLoads; ++e) part[e] = init;
+        auto take = [&](float p, float4 v) -> float {{
+            return combine(combine(p, v.x), combine(combine(v.y, v.z), v.w));
+        }};
+        unsigned q = threadIdx.x;
+        for (; q + (kRowLoads - 1u) * stride < quads; q += kRowLoads * stride) {{
+            float4 v[kRowLoads];
+            for (unsigned e = 0; e < kRowLoads; ++e) v[e] = __ldcg(row + q + e * stride);
+            for (unsigned e = 0; e < kRowLoads; ++e) part[e] = take(part[e], v[e]);
+        }}
+        for (; q < quads; q += stride) part[0] = take(part[0], __ldcg(row + q));
+        for (unsigned r = 4u * quads + threadIdx.x; r < len; r += stride)
+            part[0] = combine(part[0], ld(iptr, idt, b + (long long)r));
+        float acc = part[0];
+        for (unsigned e = 1; e < kRowLoads; ++e) acc = combine(acc, part[e]);
+        return acc;
+    }};
     auto finish = [&](unsigned long long m, float acc) {{
         st(optr, odt, (long long)m, (rop == kMean) ? acc * factor : acc);
     }};
@@ -351,7 +426,11 @@ auto run_reduce = [&](const unsigned* S, unsigned unit, unsigned units) {{
     }} else {{
         // A block per row.
         for (unsigned long long m = unit; m < rows; m += units) {{
-            float acc = warp_combine(accumulate(row_base(m), threadIdx.x, blockDim.x));
+            const long long b = row_base(m);
+            const unsigned long long at = iptr + 4ull * (unsigned long long)b;
+            const bool quads = idt == 0u && last == 1 && (at & 15ull) == 0ull;
+            float acc = quads ? accumulate_quads(b) : accumulate(b, threadIdx.x, blockDim.x);
+            acc = warp_combine(acc);
             if (lane == 0u) gpt_partial[warp] = acc;
             __syncthreads();
             if (warp == 0u) {{
@@ -378,18 +457,31 @@ for (unsigned s = 0; s < stages; ++s) {{
             if (threadIdx.x == 0u) {{
                 __threadfence();
                 unsigned long long* c = reinterpret_cast<unsigned long long*>(counter);
-                unsigned long long cur = atomicAdd(c, 0ull);
-                int last_one = 0;
-                while (true) {{
-                    const unsigned long long next = ((unsigned)(cur >> 32) == ticket)
-                        ? cur + 1ull : (((unsigned long long)ticket << 32) | 1ull);
-                    const unsigned long long seen = atomicCAS(c, cur, next);
-                    if (seen == cur) {{
-                        last_one = ((unsigned)(next & 0xffffffffull) == ctx.units) ? 1 : 0;
-                        break;
+                const unsigned long long mine = (unsigned long long)ticket << 32;
+                // The counter holds the ticket and the units counted so far. The first
+                // unit finds it free (0) and claims it; the others count on it with one
+                // atomic each: units retrying a compare-and-swap would queue behind
+                // each other, one round trip each.
+                unsigned long long seen = atomicCAS(c, 0ull, mine | 1ull);
+                unsigned counted = 1u;
+                if (seen != 0ull && (seen & ~0xffffffffull) == mine) {{
+                    counted = (unsigned)(atomicAdd(c, 1ull) & 0xffffffffull) + 1u;
+                }} else if (seen != 0ull) {{
+                    // Another ticket's count, left by a run that never finished: claim
+                    // it for this one (every unit of this run that sees it does so until
+                    // one has).
+                    while (true) {{
+                        const unsigned long long next =
+                            ((seen & ~0xffffffffull) == mine) ? seen + 1ull : (mine | 1ull);
+                        const unsigned long long was = atomicCAS(c, seen, next);
+                        if (was == seen) {{
+                            counted = (unsigned)(next & 0xffffffffull);
+                            break;
+                        }}
+                        seen = was;
                     }}
-                    cur = seen;
                 }}
+                const int last_one = (counted == ctx.units) ? 1 : 0;
                 // Every unit has counted: free the counter, so that a run of this very
                 // program again (a replayed CUDA graph keeps its ticket) counts afresh.
                 if (last_one) atomicExch(c, 0ull);
