@@ -242,16 +242,6 @@ auto run_pointwise = [&](const unsigned* S, unsigned unit, unsigned units) {{
                 }}
             }}
         }}
-        // The register the last instruction wrote, and its values: a chain of ops reads
-        // it next, and the copy here spares that read a trip through local memory.
-        unsigned last = kRegs;
-        Vals acc;
-        auto write = [&](unsigned reg, const Vals& x) {{
-            R[reg] = x;
-            acc = x;
-            last = reg;
-        }};
-        auto read = [&](unsigned reg) -> Vals {{ return (reg == last) ? acc : R[reg]; }};
         unsigned pc = 0;
         while (pc < ncode) {{
             const unsigned w0 = code[pc];
@@ -278,9 +268,9 @@ auto run_pointwise = [&](const unsigned* S, unsigned unit, unsigned units) {{
                     Vals x;
                     for (int e = 0; e < kE; ++e)
                         x.v[e] = ok[e] ? rnd(rmode, ld(ptr, dt, offset(e))) : 0.0f;
-                    write(reg, x);
+                    R[reg] = x;
                 }} else {{
-                    const Vals x = read(reg);
+                    const Vals x = R[reg];
                     for (int e = 0; e < kE; ++e)
                         if (ok[e]) st(ptr, dt, offset(e), x.v[e]);
                 }}
@@ -293,7 +283,7 @@ auto run_pointwise = [&](const unsigned* S, unsigned unit, unsigned units) {{
             const float p1 = __uint_as_float(code[pc + 2]);
             const float p2 = __uint_as_float(code[pc + 3]);
             auto operand = [&](unsigned which) -> Vals {{
-                if (which < (unsigned)kRegs) return read(which);
+                if (which < (unsigned)kRegs) return R[which];
                 Vals c;
                 const float p = which == kP0 ? p0 : (which == kP1 ? p1 : p2);
                 for (int e = 0; e < kE; ++e) c.v[e] = p;
@@ -309,13 +299,13 @@ auto run_pointwise = [&](const unsigned* S, unsigned unit, unsigned units) {{
 {_math_cases()}
                 case kOp_where: {{
                     // WHERE keeps its condition register in p0's word.
-                    const Vals c = read(code[pc + 1]);
+                    const Vals c = R[code[pc + 1]];
                     for (int e = 0; e < kE; ++e) r.v[e] = (c.v[e] != 0.0f) ? a.v[e] : b.v[e];
                     break;
                 }}
                 case kOp_clamp_tensor: {{
                     // PyTorch's clamp with tensor bounds: a NaN anywhere wins, in this order.
-                    const Vals hi = read(code[pc + 1]);
+                    const Vals hi = R[code[pc + 1]];
                     for (int e = 0; e < kE; ++e) {{
                         const float x = a.v[e], lo = b.v[e];
                         float v = mn(mx(x, lo), hi.v[e]);
@@ -331,7 +321,7 @@ auto run_pointwise = [&](const unsigned* S, unsigned unit, unsigned units) {{
             if (rmode != 0u) {{
                 for (int e = 0; e < kE; ++e) r.v[e] = rnd(rmode, r.v[e]);
             }}
-            write(dst, r);
+            R[dst] = r;
             pc += {P.ALU_WORDS}u;
         }}
     }}
