@@ -429,6 +429,32 @@ def test_traced_layer_norm_on_new_shapes_and_dtypes(sched: TorchScheduler) -> No
     assert traced.recordings == 3 and traced.replays == 6
 
 
+@pytest.mark.parametrize("n", [256, 65536])  # one unit; many units meeting on a counter
+def test_a_traced_call_captured_in_a_cuda_graph_replays_on_new_values(
+    stream_executor: StreamExecutor, n: int
+) -> None:
+    sched = TorchScheduler(stream_executor)  # the default options, timer included
+    traced = trace(chain57, sched)
+    x, y = rand(n), rand(n)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad():
+        with torch.cuda.stream(side):  # recorded before the capture, as PyTorch asks
+            traced(x, y)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = traced(x, y)
+        for _ in range(3):  # each replay reads the inputs' new values
+            x.copy_(rand(n))
+            y.copy_(rand(n))
+            graph.replay()
+            torch.testing.assert_close(out, chain57(x, y), rtol=1e-4, atol=1e-2)
+    stream_executor.check()
+    assert traced.recordings == 1 and traced.replays == 1
+    sched.close()
+
+
 # ---------------------------------------------------------------- asyncio
 async def test_attach_from_asyncio_and_flush_async() -> None:
     async with ActorSystem("torch-gpu-async") as system:

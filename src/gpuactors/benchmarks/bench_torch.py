@@ -9,12 +9,13 @@ runs the same chain). Every baseline runs in this process on this GPU. Per n in 
 and 65,536: eager, CUDA graph replay, torch.compile (steady, and its first call including
 the compile), the scheduler context (its batches replayed, as a loop's are, and recorded
 op by op with replay off) and traced mode, each the median of repeated call +
-synchronize. The scheduler's figures are measured twice: with its batches launched on
-PyTorch's stream (``stream_scheduler``, the default way; the targets are checked on
-it) and run as tasks of an engine (``LocalEngine``). What recording alone costs is
-measured with an executor that runs nothing. Every scheduler is built with the default
-options, its auto-flush timer included, as users get it.
-Then 20 new shapes in a row (n = 1000 + 37 k, inputs made in the loop), total time per
+synchronize; then in CUDA graphs: a traced call captured in one, eager's graph, and
+torch.compile's ``mode="reduce-overhead"``. The scheduler's figures are measured
+twice: with its batches launched on PyTorch's stream (``stream_scheduler``, the default
+way; the targets are checked on it) and run as tasks of an engine (``LocalEngine``).
+What recording alone costs is measured with an executor that runs nothing. Every
+scheduler is built with the default options, its auto-flush timer included, as users
+get it. Then 20 new shapes in a row (n = 1000 + 37 k, inputs made in the loop), total time per
 mode. ``--profile`` prints where the scheduler's Python time goes (cProfile, n = 4,096).
 
 Targets (issue 23): the scheduler context >= 1.5x faster than eager for n <= 4,096;
@@ -156,6 +157,7 @@ def ours(n: int, executors: dict[str, Any], reps: int) -> dict[str, float]:
                     row[f"{prefix}task_device_us"] = executors[kind].last.device_ns / 1e3
                 else:
                     row[f"{prefix}task_device_us"] = device_us(lambda: traced(x, y))  # noqa: B023
+                    row["traced_graph_us"] = traced_in_a_graph_us(traced, x, y, expected, reps)
             sched.close()
     for key, replay in (("scheduler", True), ("recorded", False)):
         bare = TorchScheduler(NoRun(), replay=replay)
@@ -164,19 +166,34 @@ def ours(n: int, executors: dict[str, Any], reps: int) -> dict[str, float]:
     return row
 
 
-def theirs(n: int, reps: int, row: dict[str, float]) -> None:
-    """CUDA graph replay and torch.compile (steady, and its first call)."""
-    x = torch.randn(n, device="cuda")
-    y = torch.randn(n, device="cuda")
-    graph = torch.cuda.CUDAGraph()
+def captured(fn: Callable[[], Any]) -> tuple[Any, Any]:
+    """``fn``'s work captured in a CUDA graph (warmed up on a side stream first, as
+    PyTorch asks), and what the captured call returned."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(3):
-            chain(x, y)
+            fn()
     torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        chain(x, y)
+        out = fn()
+    return graph, out
+
+
+def traced_in_a_graph_us(traced: Any, x: Any, y: Any, expected: Any, reps: int) -> float:
+    """A traced call captured in a CUDA graph: its replay + synchronize."""
+    graph, out = captured(lambda: traced(x, y))
+    graph.replay()
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-2)
+    return median_us(graph.replay, reps)
+
+
+def theirs(n: int, reps: int, row: dict[str, float]) -> None:
+    """CUDA graph replay and torch.compile (steady, and its first call)."""
+    x = torch.randn(n, device="cuda")
+    y = torch.randn(n, device="cuda")
+    graph, _ = captured(lambda: chain(x, y))
     row["graph_us"] = median_us(graph.replay, reps)
     start = time.perf_counter()
     compiled = torch.compile(chain, dynamic=False)
@@ -184,6 +201,11 @@ def theirs(n: int, reps: int, row: dict[str, float]) -> None:
     torch.cuda.synchronize()
     row["compile_first_s"] = time.perf_counter() - start
     row["compile_us"] = median_us(lambda: compiled(x, y), reps)
+    # torch.compile's own way to CUDA graphs, beside a traced call captured in one.
+    graphed = torch.compile(chain, dynamic=False, mode="reduce-overhead")
+    for _ in range(3):
+        graphed(x, y)
+    row["compile_graphs_us"] = median_us(lambda: graphed(x, y), reps)
 
 
 def new_shapes(executors: dict[str, Any]) -> dict[str, float]:
@@ -257,6 +279,11 @@ def record(rows: list[dict[str, float]], shapes: dict[str, float], results: Scri
             f" {row['eager_us'] / OPS:.2f} us (launch included); the GPU ran a traced call"
             f" {row['task_device_us']:.1f} us (on an engine {row['engine_task_device_us']:.1f} us)"
         )
+        print(
+            f"          in CUDA graphs: traced {row['traced_graph_us']:6.1f} us | eager"
+            f" {row['graph_us']:6.1f} us | torch.compile (reduce-overhead)"
+            f" {row['compile_graphs_us']:6.1f} us"
+        )
         for (label, key, base_label, base_key), (prefix, kind) in itertools.product(
             (
                 ("scheduler context", "scheduler_us", "eager", "eager_us"),
@@ -277,6 +304,8 @@ def record(rows: list[dict[str, float]], shapes: dict[str, float], results: Scri
             )
         for name in (
             "graph_us",
+            "traced_graph_us",
+            "compile_graphs_us",
             "scheduler_python_us",
             "recorded_python_us",
             "task_device_us",

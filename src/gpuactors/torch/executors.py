@@ -247,7 +247,7 @@ class StreamExecutor:
 
     def run(self, words: Words, n: int, units: int, stream: Any) -> None:
         if stream is None:
-            stream = torch.cuda.current_stream(self.device)
+            stream = torch.cuda.current_stream(self.device_id)
         kernel = self._kernel_for(len(words))
         with self._lock:
             program = kernel.program

@@ -99,6 +99,12 @@ class TorchScheduler:
             raise InvalidArgument("auto_flush_ms must be > 0 (or None for no timer)")
         self.executor = executor
         self.device = executor.device
+        # PyTorch's current stream is asked by device index where there is one: a
+        # torch.device argument costs another conversion on every flush.
+        self._stream_device: int | torch.device | None = None
+        if self.device.type == "cuda":
+            index = self.device.index
+            self._stream_device = self.device if index is None else index
         self.size_threshold = size_threshold
         self.max_batch_ops = max_batch_ops
         self.auto_flush_s = None if auto_flush_ms is None else auto_flush_ms / 1000
@@ -228,7 +234,7 @@ class TorchScheduler:
         with self._lock:
             self._flush_locked(reason)
             words[6] = units
-            stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
+            stream = self._current_stream()
             self.stats.batches += 1
             self.stats.flushes[reason] += 1
             self.executor.run(words, n, units, stream)
@@ -375,11 +381,16 @@ class TorchScheduler:
             if batch.ops >= self.max_batch_ops:
                 self._flush_locked("size")
 
+    def _current_stream(self) -> Any:
+        """PyTorch's current stream on the scheduler's device (None off CUDA)."""
+        if self._stream_device is None:
+            return None
+        return torch.cuda.current_stream(self._stream_device)
+
     def _started(self, batch: Batch | Replay) -> None:
         """The first op of ``batch`` was taken: its stream, and the timer's wake-up."""
         self.stats.ops += 1
-        if self.device.type == "cuda":
-            batch.stream = torch.cuda.current_stream(self.device)
+        batch.stream = self._current_stream()
         if self.auto_flush_s is not None:
             self._wake.set()
 
