@@ -135,6 +135,42 @@ def test_a_killed_store_skips_exactly_its_words_once() -> None:
     assert length == 3 + 2 * 2
 
 
+def test_a_program_without_its_skips_runs_the_same() -> None:
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    dead, kept = np.zeros((3, 4), np.float32), np.zeros((3, 4), np.float32)
+    rows = np.zeros(3, np.float32)
+    stage = P.PointwiseStage(0, (3, 4))
+    rx, ry = stage.take_register(), stage.take_register()
+    stage.load(P.describe(_address(x), D.F32, (3, 4), (4, 1), (3, 4)), rx)
+    stage.alu(P.OPCODES["exp"], ry, 0, rx)
+    killed = stage.store(P.describe(_address(dead), D.F32, (3, 4), (1, 3), (3, 4)), ry)
+    stage.alu(P.OPCODES["add"], ry, 0, ry, rx, P.f32_bits(1.0))
+    stage.store(P.describe(_address(kept), D.F32, (3, 4), (4, 1), (3, 4)), ry)
+    stage.kill_store(killed)  # a strided store: a SKIP of 7 words
+    reduce = P.ReduceStage(1, P.REDUCE_SUM, (_address(kept), D.F32, (3, 4), (4, 1)),
+                           _address(rows), D.F32)  # fmt: skip
+    words = P.assemble([stage, reduce], 1, 0, 1)
+    compact, moved = P.without_skips(words)
+    assert len(compact) % 4 == 0 and compact[1] == len(compact) < len(words)
+    assert compact[2] == 2
+    # Every word kept is where the map says, but the lengths that shrank.
+    start = P.HEADER_WORDS
+    code = start + 4 + 2
+    lengths = {1, start + 1}
+    for old, new in enumerate(moved):
+        if new >= 0 and old not in lengths:
+            assert compact[new] == words[old]
+    assert moved[code + 7 : code + 14] == [-1] * 7  # the SKIP after LOAD (3) and exp (4)
+    assert compact[start + 1] == words[start + 1] - 7
+    assert moved[start + words[start + 1]] == start + compact[start + 1]  # the reduction
+    reference.run_program(np.array(compact, dtype=np.uint32))
+    np.testing.assert_allclose(kept, np.exp(x) + x, rtol=1e-6)
+    np.testing.assert_allclose(rows, (np.exp(x) + x).sum(axis=1), rtol=1e-5)
+    assert not dead.any()
+    assert P.without_skips(compact)[0] == compact  # nothing left to drop
+
+
 def test_registers_come_back_when_released() -> None:
     stage = P.PointwiseStage(0, (2,))
     taken = [stage.take_register() for _ in range(P.REGISTERS)]

@@ -21,6 +21,7 @@ of the task, the others on the unit that finishes the first stage last.
 
 from __future__ import annotations
 
+import itertools
 import struct
 from collections.abc import Sequence
 
@@ -374,6 +375,51 @@ def assemble(stages: Sequence[Stage], ticket: int, counter: int, units: int) -> 
     if len(words) > MAX_WORDS:
         raise ProgramFull(f"the program has {len(words)} words, the op holds {MAX_WORDS}")
     return words
+
+
+def instruction_words(head: int) -> int:
+    """The length in words of the pointwise instruction whose first word is ``head``."""
+    op = head & 0xFF
+    if op == OP_SKIP:
+        return head >> 8
+    if op in (OP_LOAD, OP_STORE):
+        return 3 + (2 * (head >> 28) if (head >> 24) & 0xF == MODE_STRIDED else 0)
+    return ALU_WORDS
+
+
+def without_skips(words: Sequence[int]) -> tuple[list[int], list[int]]:
+    """An assembled program without the SKIPs of its pointwise stages, and the new
+    position of each of its words (-1 for a word taken out). A program that runs many
+    times (a traced one) drops its dead stores once: the interpreter would step over
+    each of them on every run, in every thread."""
+    old = [int(word) for word in words]
+    kept = list(range(HEADER_WORDS))
+    stage_starts = []
+    at = HEADER_WORDS
+    for _ in range(old[2]):
+        head, end = old[at], at + old[at + 1]
+        stage_starts.append(len(kept))
+        if head & 0xFF != STAGE_POINTWISE:
+            kept += range(at, end)
+        else:
+            pc = at + 4 + ((head >> 8) & 0xFF)
+            kept += range(at, pc)
+            while pc < end:
+                length = instruction_words(old[pc])
+                if old[pc] & 0xFF != OP_SKIP:
+                    kept += range(pc, pc + length)
+                pc += length
+        at = end
+    new = [old[position] for position in kept]
+    stage_starts.append(len(new))
+    for start, end in itertools.pairwise(stage_starts):
+        new[start + 1] = end - start
+    new += [0] * (-len(new) % 4)
+    new[1] = len(new)
+    moved = [-1] * len(old)
+    for position, original in enumerate(kept):
+        moved[original] = position
+    return new, moved
 
 
 def itemsize(dtype: int) -> int:

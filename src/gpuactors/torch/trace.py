@@ -363,9 +363,12 @@ def _build(
     else:
         first_space = tuple(sym(s) for s in first.space)
     exprs, patched, word_patches = _patches(patches)
+    compact, moved = P.without_skips(words.tolist())
+    patched = np.asarray(moved, dtype=np.int64)[patched]
+    assert bool((patched >= 0).all()), "a patch in a dropped SKIP"  # dead stores are unpatched
     return _Plan(
         arg_positions=positions,
-        words=words,
+        words=np.asarray(compact, dtype=np.uint32),
         exprs=exprs,
         positions=patched,
         patches=word_patches,
