@@ -39,6 +39,7 @@ from gpuactors.torch import (  # noqa: E402
     trace,
 )
 from gpuactors.torch import program as P  # noqa: E402
+from gpuactors.torch.executors import COUNTER_SLOTS  # noqa: E402
 from gpuactors.torch.kernel import BAD_STAGE  # noqa: E402
 from torch_cases import BINARY, UNARY, assert_same, chain57, flat, random_case  # noqa: E402
 
@@ -429,30 +430,45 @@ def test_traced_layer_norm_on_new_shapes_and_dtypes(sched: TorchScheduler) -> No
     assert traced.recordings == 3 and traced.replays == 6
 
 
-@pytest.mark.parametrize("n", [256, 65536])  # one unit; many units meeting on a counter
+@pytest.mark.parametrize("n", [256, 65536])  # one unit; 256 units meeting on a counter
 def test_a_traced_call_captured_in_a_cuda_graph_replays_on_new_values(
     stream_executor: StreamExecutor, n: int
 ) -> None:
     sched = TorchScheduler(stream_executor)  # the default options, timer included
-    traced = trace(chain57, sched)
-    x, y = rand(n), rand(n)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.no_grad():
-        with torch.cuda.stream(side):  # recorded before the capture, as PyTorch asks
-            traced(x, y)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = traced(x, y)
-        for _ in range(3):  # each replay reads the inputs' new values
-            x.copy_(rand(n))
-            y.copy_(rand(n))
-            graph.replay()
-            torch.testing.assert_close(out, chain57(x, y), rtol=1e-4, atol=1e-2)
-    stream_executor.check()
-    assert traced.recordings == 1 and traced.replays == 1
-    sched.close()
+    try:
+        traced = trace(chain57, sched)
+        x, y = rand(n), rand(n)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.no_grad():
+            with torch.cuda.stream(side):  # recorded before the capture, as PyTorch asks
+                traced(x, y)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            captured_before = stream_executor.meeting_points.graph_runs
+            with torch.cuda.graph(graph):
+                out = traced(x, y)
+            # The captured launch holds a counter of its own: launches after it, more
+            # than the ordinary counters, cannot meet on it while the graph replays.
+            assert stream_executor.meeting_points.graph_runs == captured_before + 1
+            other = rand(n)
+            side.wait_stream(torch.cuda.current_stream())
+            for _ in range(3):  # each replay reads the inputs' new values
+                x.copy_(rand(n))
+                y.copy_(rand(n))
+                graph.replay()
+                for _ in range(COUNTER_SLOTS // 2):  # half a lap of tickets, on a side stream
+                    with torch.cuda.stream(side):
+                        traced(other, other)
+                torch.testing.assert_close(out, chain57(x, y), rtol=1e-4, atol=1e-2)
+            torch.cuda.synchronize()
+            torch.testing.assert_close(
+                traced(other, other), chain57(other, other), rtol=1e-4, atol=1e-2
+            )
+        stream_executor.check()
+        assert traced.recordings == 1
+    finally:
+        sched.close()
 
 
 # ---------------------------------------------------------------- asyncio

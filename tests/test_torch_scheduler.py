@@ -535,6 +535,24 @@ def test_every_run_gets_the_next_ticket_and_its_own_counter() -> None:
     assert points.runs == 4
 
 
+def test_a_run_captured_in_a_cuda_graph_gets_a_counter_no_other_run_uses() -> None:
+    points = MeetingPoints(torch.device("cpu"), slots=2, graph_slots=2)
+
+    def counter(for_graph: bool = False) -> int:
+        program = np.zeros(8, dtype=np.uint32)
+        points.stamp(program, for_graph)
+        return int(program[4]) | int(program[5]) << 32
+
+    ordinary = {counter() for _ in range(5)}
+    captured = [counter(for_graph=True), counter(for_graph=True)]
+    ordinary |= {counter() for _ in range(5)}
+    assert len(ordinary) == 2 and len(set(captured)) == 2 and not ordinary & set(captured)
+    assert points.runs == 12 and points.graph_runs == 2
+    with pytest.raises(InvalidArgument, match="CUDA graphs"):
+        counter(for_graph=True)
+    assert points.runs == 12  # the refused run took no ticket
+
+
 # ------------------------------------------------------ timer flushes and the user
 class _SlowReference(ReferenceExecutor):
     """Stands in for the time between a flush taking the batch and running it."""

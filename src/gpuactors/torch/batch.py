@@ -474,6 +474,6 @@ class UnitSpread:
 #: On an engine every unit is one more claim its blocks make on the task: past 32
 #: units the claims cost more than the elements they split.
 ENGINE_SPREAD = UnitSpread(unit_elements=512, max_pointwise_units=32)
-#: A kernel launch's blocks cost nothing to claim: 64 elements a unit up to 256 units
-#: (a thread per element up to 65,536) was among the fastest on an H200.
-STREAM_SPREAD = UnitSpread(unit_elements=64, max_pointwise_units=256)
+#: A kernel launch's blocks cost nothing to claim: a thread per element (a block of 256
+#: threads a unit) up to 256 units, so 65,536 elements; beyond, each thread carries more.
+STREAM_SPREAD = UnitSpread(unit_elements=256, max_pointwise_units=256)

@@ -86,22 +86,37 @@ class MeetingPoints:
     Every run gets the next ticket and the counter of ``ticket % slots``. A unit that
     finds its counter tagged with another ticket starts the count afresh, so a run
     never inherits another's count; runs that may be in flight at once (on different
-    streams) get different counters as long as fewer than ``slots`` are.
+    streams) get different counters as long as fewer than ``slots`` are. A run launched
+    while a CUDA graph is captured keeps its ticket and counter for every replay of the
+    graph, so it gets one of ``graph_slots`` counters that no other run ever uses.
     """
 
-    def __init__(self, device: torch.device, slots: int) -> None:
-        self._counters = torch.zeros(slots, dtype=torch.int64, device=device)
+    def __init__(self, device: torch.device, slots: int, graph_slots: int = 0) -> None:
+        self._counters = torch.zeros(slots + graph_slots, dtype=torch.int64, device=device)
         if device.type == "cuda":  # zeroed before any stream's run can meet there
             torch.cuda.synchronize(device)
         self._base = int(self._counters.data_ptr())
         self._slots = slots
+        self._graph_slots = graph_slots
         #: Runs stamped so far: the last run's ticket.
         self.runs = 0
+        #: Runs stamped for a CUDA graph so far (each holds its counter for good).
+        self.graph_runs = 0
 
-    def stamp(self, program: np.ndarray) -> None:
-        """Give ``program`` (the run's own copy) the next ticket and its counter."""
+    def stamp(self, program: np.ndarray, for_graph: bool = False) -> None:
+        """Give ``program`` (the run's own copy) the next ticket and its counter;
+        ``for_graph``: the run is being captured in a CUDA graph."""
+        slot = (self.runs + 1) % self._slots
+        if for_graph:
+            if self.graph_runs == self._graph_slots:
+                raise InvalidArgument(
+                    f"this executor has given all its {self._graph_slots} meeting counters "
+                    "for runs captured in CUDA graphs; capture with another executor"
+                )
+            slot = self._slots + self.graph_runs
+            self.graph_runs += 1
         self.runs += 1
-        counter = self._base + 8 * (self.runs % self._slots)
+        counter = self._base + 8 * slot
         program[3] = self.runs & 0xFFFFFFFF
         program[4] = counter & 0xFFFFFFFF
         program[5] = counter >> 32
@@ -166,6 +181,8 @@ def _write_words(buffer: np.ndarray, words: Words) -> int:
 #: Counters of a StreamExecutor: more than launches in flight on different streams at
 #: once (launches on one stream run one after another).
 COUNTER_SLOTS = 4096
+#: Counters of a StreamExecutor for launches captured in CUDA graphs, one each for good.
+GRAPH_COUNTER_SLOTS = 65536
 
 
 @dataclass(frozen=True)
@@ -219,7 +236,7 @@ class StreamExecutor:
             self._failure_memory = cupy.cuda.alloc_pinned_memory(8)
         self._failure = np.frombuffer(self._failure_memory, dtype=np.uint32, count=2)
         self._failure[:] = 0  # code, ticket
-        self.meeting_points = MeetingPoints(self.device, COUNTER_SLOTS)
+        self.meeting_points = MeetingPoints(self.device, COUNTER_SLOTS, GRAPH_COUNTER_SLOTS)
         self._length = ctypes.c_uint32(0)
         self._failure_address = ctypes.c_uint64(int(self._failure_memory.ptr))
         self._kernels = tuple(self._kernel(capacity) for capacity in STREAM_CAPACITIES)
@@ -252,7 +269,7 @@ class StreamExecutor:
         with self._lock:
             program = kernel.program
             self._length.value = _write_words(program, words)
-            self.meeting_points.stamp(program)
+            self.meeting_points.stamp(program, torch.cuda.is_current_stream_capturing())
             try:
                 self._bind_thread()
                 with on_device(self.device_id):

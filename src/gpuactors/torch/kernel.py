@@ -15,9 +15,10 @@ from gpuactors.engine.ops import OpSpec, ScalarParam
 from gpuactors.torch import program as P
 
 #: Elements each thread carries through the instructions at once (their loads and
-#: math overlap; the instruction is decoded once for all of them). The GPU time of a
-#: small program is its instructions' latency one after another, which more elements
-#: lengthen: 2 was faster than 1 or 4 on an H200 for the sizes the scheduler takes.
+#: math overlap; the instruction is decoded once for all of them). A launch gives each
+#: thread one element up to 65,536 (``STREAM_SPREAD``), and 2 per thread let one pass
+#: cover the size threshold's 262,144 where 1 took four (the 57-op chain: 62.2 against
+#: 99.5 us on an H200); 4 lengthened every step at small sizes.
 ELEMENTS_PER_THREAD = 2
 #: Loads a thread of a reduction keeps in flight (a partial result each).
 ROW_LOADS = 8
@@ -208,8 +209,9 @@ auto div_floor = [&](float x, float y, bool y_imm, float p1) -> float {{
     return fl;
 }};
 
-// A register's values for a thread's kE elements, moved as one 16-byte piece.
-struct alignas(16) Vals {{
+// A register's values for a thread's kE elements, moved as one piece (aligned to its
+// own size: more would pad every register in local memory).
+struct alignas(sizeof(float) * kE) Vals {{
     float v[kE];
 }};
 
@@ -449,9 +451,9 @@ for (unsigned s = 0; s < stages; ++s) {{
                 unsigned long long* c = reinterpret_cast<unsigned long long*>(counter);
                 const unsigned long long mine = (unsigned long long)ticket << 32;
                 // The counter holds the ticket and the units counted so far. The first
-                // unit finds it free (0) and claims it; the others count on it with one
-                // atomic each: units retrying a compare-and-swap would queue behind
-                // each other, one round trip each.
+                // unit finds it free (0) and claims it; the others' claim fails once and
+                // they count with an atomic add: units retrying a compare-and-swap until
+                // it succeeds would queue behind each other, one round trip each.
                 unsigned long long seen = atomicCAS(c, 0ull, mine | 1ull);
                 unsigned counted = 1u;
                 if (seen != 0ull && (seen & ~0xffffffffull) == mine) {{

@@ -365,7 +365,8 @@ def _build(
     exprs, patched, word_patches = _patches(patches)
     compact, moved = P.without_skips(words.tolist())
     patched = np.asarray(moved, dtype=np.int64)[patched]
-    assert bool((patched >= 0).all()), "a patch in a dropped SKIP"  # dead stores are unpatched
+    if not bool((patched >= 0).all()):  # the stores of dead results are never patched
+        raise RuntimeError("a traced plan patches a word of a store it dropped")
     return _Plan(
         arg_positions=positions,
         words=np.asarray(compact, dtype=np.uint32),
