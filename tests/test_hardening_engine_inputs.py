@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from gpuactors.actors import ActorSystem
 from gpuactors.cuda import arrays as arrays_module
-from gpuactors.cuda import no_device_reason
+from gpuactors.cuda import cuda_device_count, no_device_reason
 from gpuactors.engine import Engine
 from gpuactors.engine import args as args_module
 from gpuactors.engine import optable as optable_module
@@ -36,7 +36,7 @@ from gpuactors.engine.codegen import (
 from gpuactors.engine.messages import MAX_TIMEOUT_S, Completion, ReplaceOp
 from gpuactors.engine.ops import BUILTIN_OPS, ArrayParam, OpSpec
 from gpuactors.engine.runtime import EngineConfig, PersistentThreadMode
-from gpuactors.errors import CompileError, InvalidArgument
+from gpuactors.errors import CompileError, InvalidArgument, NoCudaDevice
 from gpuactors.nvrtc import CompiledModule, KernelCompiler
 from gpuactors.nvrtc.handle import cubin_entries
 from gpuactors.worker import IsolationConfig
@@ -209,6 +209,13 @@ async def test_engine_start_options_are_checked_before_anything_starts(
     async with ActorSystem("start-options") as system:
         with pytest.raises(InvalidArgument, match=refused):
             await Engine.start(system, **options)
+
+
+async def test_an_engine_on_a_device_that_is_not_there_is_no_cuda_device() -> None:
+    missing = cuda_device_count()  # device 0 on a machine without a GPU
+    async with ActorSystem("missing-device") as system:
+        with pytest.raises(NoCudaDevice):
+            await Engine.start(system, device_id=missing)
 
 
 # ---------------------------------------------------------------- op bodies

@@ -28,7 +28,7 @@ import numpy as np
 import structlog
 
 from gpuactors.actors import Actor, Deferred, failed_reply, handles
-from gpuactors.cuda.current import on_device
+from gpuactors.cuda.device import probe_device
 from gpuactors.cuda.generation import GENERATIONS
 from gpuactors.cuda.polling import SLEEP_MIN_SECONDS, SPIN_PHASE_SECONDS, SPIN_SECONDS
 from gpuactors.engine import abi
@@ -66,7 +66,7 @@ from gpuactors.engine.submissions import Submit
 from gpuactors.engine.tasks import Batch, Task
 from gpuactors.errors import DeviceFault, EngineStopped, GpuActorsError, TaskTimeout
 from gpuactors.messages import Ack
-from gpuactors.nvrtc import KernelCompiler, arch_from_capability
+from gpuactors.nvrtc import KernelCompiler
 
 _EXIT_REASONS = {
     abi.EXIT_IDLE: "idle",
@@ -130,12 +130,8 @@ class PersistentEngineActor(Actor):
 
     # ---------------------------------------------------------------- lifecycle
     async def pre_start(self) -> None:
-        import cupy
-
         device_id = self._service.device_id
-        with on_device(device_id):  # (another device may be current)
-            capability = cupy.cuda.Device(device_id).compute_capability  # e.g. "90"
-        arch = arch_from_capability(int(capability[:-1]), int(capability[-1]))
+        arch = probe_device(device_id).arch  # NoCudaDevice where there is no such device
         image = await self._live_ops.first_image(arch)
         runtime = self._serve(EngineRuntime(image, self._config, device_id=device_id))
         self.log.info("engine started", mode=self._mode(), grid=runtime.grid, arch=arch)
