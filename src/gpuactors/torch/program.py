@@ -280,8 +280,7 @@ class PointwiseStage:
         head = self.code[position]
         if head & 0xFF == OP_SKIP:
             return
-        rank = (head >> 28) & 0xF if (head >> 24) & 0xF == MODE_STRIDED else 0
-        self.code[position] = OP_SKIP | (3 + 2 * rank) << 8
+        self.code[position] = skip_over(head)
 
     def alu(
         self,
@@ -385,6 +384,11 @@ def instruction_words(head: int) -> int:
     if op in (OP_LOAD, OP_STORE):
         return 3 + (2 * (head >> 28) if (head >> 24) & 0xF == MODE_STRIDED else 0)
     return ALU_WORDS
+
+
+def skip_over(head: int) -> int:
+    """The SKIP that steps over the instruction whose first word is ``head``."""
+    return OP_SKIP | instruction_words(head) << 8
 
 
 def without_skips(words: Sequence[int]) -> tuple[list[int], list[int]]:

@@ -259,8 +259,7 @@ class Capture:
             if isinstance(stage, P.ReduceStage):
                 reductions.append((at, head, role))
             else:
-                rank = (head >> 28) & 0xF if (head >> 24) & 0xF == P.MODE_STRIDED else 0
-                stores.append((at, head, P.OP_SKIP | (3 + 2 * rank) << 8, role))
+                stores.append((at, head, P.skip_over(head), role))
         ends = []
         for stages, length in self.cuts:
             index = stages - 1
