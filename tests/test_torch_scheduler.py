@@ -471,6 +471,78 @@ def test_traced_mode_keeps_in_place_updates_and_constants(sched: TorchScheduler)
         traced(rand(2, 6), rand(2, 6))
 
 
+def test_a_hot_loop_replays_one_bound_plan_on_new_tensors(sched: TorchScheduler) -> None:
+    def step(x: Any, m: Any) -> Any:
+        m.mul_(0.9).add_(x, alpha=0.1)
+        return (x * m).relu().sum(-1), x + 1
+
+    traced = trace(step, sched)
+    kept = []
+    with torch.no_grad():
+        for _ in range(5):
+            x, m = rand(3, 7), rand(3, 7)
+            m_eager = m.clone()
+            got = traced(x, m)
+            expected = step(x, m_eager)
+            assert_same(list(got), list(expected), "same shapes, new tensors")
+            torch.testing.assert_close(m, m_eager)
+            kept.append((got, expected))
+    # Every call's results are its own: no later call wrote into them.
+    for got, expected in kept:
+        assert_same(list(got), list(expected), "kept results")
+    assert traced.recordings == 1 and traced.bindings == 1 and traced.replays == 4
+
+
+def test_equal_shapes_with_other_strides_bind_their_own_plan(sched: TorchScheduler) -> None:
+    def fn(x: Any, y: Any) -> Any:
+        return torch.sigmoid(x) * y
+
+    traced = trace(fn, sched)
+    with torch.no_grad():
+        for wide, step in [(12, 2), (18, 3), (12, 2), (6, 1)]:
+            x, y = rand(8, wide)[:, ::step], rand(6)
+            torch.testing.assert_close(traced(x, y), fn(x, y))
+    # strided (8, 6) views of rows of 12 and 18, one plan; a contiguous one, another
+    assert traced.recordings == 2 and traced.bindings == 2 and traced.replays == 2
+
+
+def test_a_traced_function_keeps_a_bounded_number_of_bound_plans(
+    sched: TorchScheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # (the package's ``trace`` is the function: the module by its name)
+    monkeypatch.setattr(sys.modules["gpuactors.torch.trace"], "MAX_BOUND", 2)
+    traced = trace(lambda x: (x * 3).tanh(), sched)
+    with torch.no_grad():
+        for n in (5, 6, 7, 6, 5, 6):
+            x = rand(n)
+            torch.testing.assert_close(traced(x), (x * 3).tanh())
+    # 5 recorded; 6 and 7 bound; 6 kept; 5 bound (6 dropped); 6 bound again (7 dropped)
+    assert traced.recordings == 1 and traced.bindings == 4 and traced.replays == 5
+
+
+def test_a_slow_recording_is_not_split_by_the_timer() -> None:
+    # A first call slower than auto_flush_ms (a cold start, a GC pause) still records
+    # one whole program: were the timer to flush it midway, the signature would never
+    # replay.
+    scheduler = TorchScheduler(KeepsPrograms(), auto_flush_ms=1.0)
+
+    def slow(x: Any) -> Any:
+        y = x * 2
+        time.sleep(0.02)
+        return (y + 1).relu()
+
+    try:
+        traced = trace(slow, scheduler)
+        with torch.no_grad():
+            for _ in range(3):
+                x = rand(6)
+                torch.testing.assert_close(traced(x), slow(x))
+        assert traced.recordings == 1 and traced.replays == 2
+        assert scheduler.stats.flushes["timer"] == 0
+    finally:
+        scheduler.close()
+
+
 def test_untraceable_functions_still_run_correctly(sched: TorchScheduler) -> None:
     def with_view(x: Any) -> Any:
         return (x.t() * 2).relu()

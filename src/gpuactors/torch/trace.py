@@ -2,9 +2,11 @@
 
 ``f = trace(fn, scheduler)``; ``f(x, y)`` runs ``fn`` under the scheduler the first
 time it sees a *shape signature* and keeps the program it built as a template. Later
-calls with the same signature skip ``fn`` and every per-op step: they compute the
-sizes, strides and addresses of the new tensors, allocate the results, patch those
-numbers into a copy of the template (one NumPy assignment) and run it.
+calls with the same signature skip ``fn`` and every per-op step. The first call with
+new exact shapes *binds* the template to them (its sizes and strides patched in once);
+a call whose shapes are bound (a hot loop's) allocates the results, patches the
+addresses of its tensors into a copy of the bound words (one NumPy assignment) and
+runs it.
 
 The signature is what decides the program's structure, not the sizes: per tensor
 argument its dtype, device, rank and contiguity, which dims are 1, and which dims are
@@ -98,11 +100,10 @@ def signature(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
 
 
 @dataclass
-class _Call:
-    """What one call's patches are computed from."""
+class _Sizes:
+    """What a call's patched values are computed from, but for its results' addresses."""
 
     inputs: list[Tensor]
-    fresh: dict[int, Tensor]
     sizes: dict[tuple[int, int], int]
     constants: list[Tensor]
 
@@ -115,7 +116,7 @@ class _Call:
             return self.size(expr[1])
         if kind == "numel":
             return math.prod(self.size(s) for s in expr[1])
-        if kind == "ptr":
+        if kind == "ptr":  # an input's or a constant's: a result's is the call's own
             return int(self._tensor(expr[1], expr[2]).data_ptr())
         if kind == "stride":
             return int(self._tensor(expr[1], expr[2]).stride(expr[3]))
@@ -124,9 +125,7 @@ class _Call:
         return int(expr[1])  # "const"
 
     def _tensor(self, role: str, index: int) -> Tensor:
-        if role == "in":
-            return self.inputs[index]
-        return self.fresh[index] if role == "new" else self.constants[index]
+        return self.inputs[index] if role == "in" else self.constants[index]
 
 
 @dataclass
@@ -148,6 +147,26 @@ class _Plan:
     constants: list[Tensor]
 
 
+@dataclass
+class _Bound:
+    """A plan bound to one call's exact shapes and strides: every patched word but the
+    addresses of the inputs and results is written once, so a later call with the same
+    shapes (a hot loop's) allocates its results and writes their addresses, no more."""
+
+    plan: _Plan
+    words: np.ndarray
+    address_words: np.ndarray  # the words of the addresses patched per call: low ...
+    low_slots: list[int]  # ... halves, then high halves, of which address
+    high_slots: list[int]
+    # A call's tensors are its inputs, then the results it allocates; indices below
+    # are into that list.
+    addresses: list[int]  # the tensors whose addresses are patched
+    allocations: list[tuple[tuple[int, ...], torch.dtype]]  # (shape, dtype) per result
+    numel: int
+    units: int
+    returns: list[int]
+
+
 class TracedFunction:
     """``fn`` recorded per shape signature and replayed (see the module docstring)."""
 
@@ -155,10 +174,16 @@ class TracedFunction:
         self.fn = fn
         self.scheduler = scheduler
         self._plans: dict[tuple[Any, ...], _Plan | None] = {}  # None: not traceable
+        self._bound: dict[tuple[Any, ...], _Bound] = {}  # by exact_shapes
         self.recordings = 0
+        self.bindings = 0  # plans bound to a new set of exact shapes
         self.replays = 0
 
     def __call__(self, *args: Any) -> Any:
+        exact = exact_shapes(args)
+        bound = None if exact is None else self._bound.get(exact)
+        if bound is not None:
+            return self._run(bound, args)
         key = signature(args)
         if key is not None and key not in self._plans:
             return self._record(key, args)
@@ -167,7 +192,12 @@ class TracedFunction:
             inputs = [args[k] for k in plan.arg_positions]
             sizes = _sizes(inputs)
             if _fits(plan, inputs, sizes, self.scheduler.size_threshold):
-                return self._replay(plan, inputs, sizes)
+                bound = self._bind(plan, inputs, sizes)
+                if exact is not None:
+                    if len(self._bound) >= MAX_BOUND:
+                        del self._bound[next(iter(self._bound))]
+                    self._bound[exact] = bound
+                return self._run(bound, args)
         with self.scheduler:
             return self.fn(*args)
 
@@ -186,30 +216,87 @@ class TracedFunction:
         self._plans[key] = plan
         return result
 
-    def _replay(self, plan: _Plan, inputs: list[Tensor], sizes: dict[tuple[int, int], int]) -> Any:
-        call = _Call(inputs, {}, sizes, plan.constants)
-        device = self.scheduler.device
-        for j in plan.allocate:
-            shape, dtype = plan.fresh[j]
-            call.fresh[j] = torch.empty(
-                tuple(call.size(s) for s in shape), dtype=dtype, device=device
-            )
+    def _bind(self, plan: _Plan, inputs: list[Tensor], sizes: dict[tuple[int, int], int]) -> _Bound:
+        """``plan`` with every value of these shapes patched in, the addresses of the
+        inputs and results left for each call."""
+        self.bindings += 1
+        call = _Sizes(inputs, sizes, plan.constants)
         words = plan.words.copy()
-        values = [call.value(expr) for expr in plan.exprs]
-        words[plan.positions] = [(values[k] >> shift) & 0xFFFFFFFF for k, shift in plan.patches]
+        # A call's tensors: its inputs, then its results (the plan's fresh tensors).
+        tensor = {("in", k): k for k in range(len(inputs))}
+        tensor.update((("new", j), len(inputs) + i) for i, j in enumerate(plan.allocate))
+        addresses: dict[int, int] = {}  # tensor -> its slot
+        low: list[tuple[int, int]] = []  # (word, slot)
+        high: list[tuple[int, int]] = []
+        for position, (k, shift) in zip(plan.positions.tolist(), plan.patches, strict=True):
+            expr = plan.exprs[k]
+            if expr[0] == "ptr" and expr[1] != "const":
+                slot = addresses.setdefault(tensor[expr[1], expr[2]], len(addresses))
+                (high if shift else low).append((position, slot))
+            else:
+                words[position] = (call.value(expr) >> shift) & 0xFFFFFFFF
         numel = math.prod(call.size(s) for s in plan.first_space)
         spread = self.scheduler.executor.spread
         if plan.first_is_reduction:
             units = spread.reduction(numel // call.size(plan.first_space[-1]))
         else:
             units = spread.pointwise(numel)
+        return _Bound(
+            plan=plan,
+            words=words,
+            address_words=np.array([p for p, _ in low + high], dtype=np.int64),
+            low_slots=[slot for _, slot in low],
+            high_slots=[slot for _, slot in high],
+            addresses=list(addresses),
+            allocations=[
+                (tuple(call.size(s) for s in plan.fresh[j][0]), plan.fresh[j][1])
+                for j in plan.allocate
+            ],
+            numel=numel,
+            units=units,
+            returns=[tensor[role] for role in plan.returns[1]],
+        )
+
+    def _run(self, bound: _Bound, args: tuple[Any, ...]) -> Any:
+        """One call of a bound plan: its results allocated, the addresses patched."""
+        tensors = [args[k] for k in bound.plan.arg_positions]
+        device = self.scheduler.device
+        for shape, dtype in bound.allocations:
+            tensors.append(torch.empty(shape, dtype=dtype, device=device))
+        at = [tensors[i].data_ptr() for i in bound.addresses]
+        words = bound.words.copy()
+        words[bound.address_words] = [at[k] & 0xFFFFFFFF for k in bound.low_slots] + [
+            at[k] >> 32 for k in bound.high_slots
+        ]
         self.replays += 1
-        self.scheduler.run_program(words, numel, units, "replay")
-        kind, items = plan.returns
-        out = [call.inputs[i] if role == "in" else call.fresh[i] for role, i in items]
+        self.scheduler.run_program(words, bound.numel, bound.units, "replay")
+        out = [tensors[i] for i in bound.returns]
+        kind = bound.plan.returns[0]
         if kind == "tensor":
             return out[0]
         return tuple(out) if kind == "tuple" else out
+
+
+#: Bound plans a traced function keeps, one per exact set of shapes it was called with
+#: (the oldest goes first).
+MAX_BOUND = 64
+
+
+def exact_shapes(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """What a bound plan is kept by: the signature's inputs, exactly (every size and
+    stride), or None if an argument cannot be part of a key."""
+    key: list[Any] = [torch.is_grad_enabled()]
+    for arg in args:
+        if isinstance(arg, Tensor):
+            key.append((arg.shape, arg.stride(), arg.dtype, arg.device, arg.requires_grad))
+        else:
+            key.append(("value", type(arg), arg))
+    exact = tuple(key)
+    try:
+        hash(exact)
+    except TypeError:
+        return None
+    return exact
 
 
 def trace(fn: Callable[..., Any], scheduler: TorchScheduler) -> TracedFunction:
