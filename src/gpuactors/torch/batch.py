@@ -172,6 +172,9 @@ class Batch:
         self.tracer: Any = None
         #: Notes the ops of this batch, to replay them when the same ops come again.
         self.capture: Any = None
+        #: A trace records this batch: it is flushed when the recording ends, never by
+        #: the timer (a recording split by a flush could not be replayed).
+        self.traced = False
         self.first_seen = False  # the scheduler decided whether to capture
 
     # ----------------------------------------------------------------- checks

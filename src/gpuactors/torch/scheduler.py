@@ -15,7 +15,8 @@ and waited for) when:
   active, since printing turns dispatch modes off);
 * the context is left, ``flush()`` or ``await flush_async()`` is called;
 * the batch holds ``max_batch_ops`` ops, or its program is full;
-* the oldest op has waited ``auto_flush_ms`` (a timer thread; bounded latency).
+* the oldest op has waited ``auto_flush_ms`` (a timer thread; bounded latency), except
+  while :func:`~gpuactors.torch.trace` records the batch: the recording's end flushes it.
 """
 
 from __future__ import annotations
@@ -250,6 +251,7 @@ class TorchScheduler:
                 batch = self._batch
                 assert isinstance(batch, Batch)  # flushed just now: a new one
                 batch.tracer = tracer
+                batch.traced = True
                 batch.capture = None
                 fallbacks = self.stats.fallbacks
 
@@ -281,8 +283,9 @@ class TorchScheduler:
                 if delay > 0:
                     time.sleep(delay)
                     continue
+                recorded = isinstance(batch, Batch) and batch.traced
                 with self._lock:
-                    if self._batch is batch:
+                    if self._batch is batch and not recorded:
                         try:
                             self._flush_locked("timer")
                         except Exception as exc:  # the user's next flush raises it
