@@ -430,6 +430,37 @@ def test_traced_layer_norm_on_new_shapes_and_dtypes(sched: TorchScheduler) -> No
     assert traced.recordings == 3 and traced.replays == 6
 
 
+def test_traced_calls_on_two_streams_at_once_keep_their_own_scratch(
+    stream_executor: StreamExecutor,
+) -> None:
+    # The sum reads what the pointwise stage wrote into the stream's scratch: were the
+    # two streams' calls to share it, their sums would mix.
+    sched = TorchScheduler(stream_executor, auto_flush_ms=None)
+
+    def fn(x: Any) -> Any:
+        return torch.tanh(x * 2 + 1).sum(-1)
+
+    traced = trace(fn, sched)
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    inputs = [rand(64, 4000) for _ in range(2)]  # under the size threshold: taken
+    for stream in streams:
+        stream.wait_stream(torch.cuda.current_stream())
+    outs: list[list[Any]] = [[], []]
+    with torch.no_grad():
+        for _ in range(50):
+            for k in range(2):
+                with torch.cuda.stream(streams[k]):
+                    outs[k].append(traced(inputs[k] * (k + 1)))
+        torch.cuda.synchronize()
+        for k in range(2):
+            expected = fn(inputs[k] * (k + 1))
+            for out in outs[k]:
+                torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-2)
+    stream_executor.check()
+    assert traced.recordings == 1 and traced.replays == 99
+    sched.close()
+
+
 @pytest.mark.parametrize("n", [256, 65536])  # one unit; 256 units meeting on a counter
 def test_a_traced_call_captured_in_a_cuda_graph_replays_on_new_values(
     stream_executor: StreamExecutor, n: int

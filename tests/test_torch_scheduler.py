@@ -493,6 +493,22 @@ def test_a_hot_loop_replays_one_bound_plan_on_new_tensors(sched: TorchScheduler)
     assert traced.recordings == 1 and traced.bindings == 1 and traced.replays == 4
 
 
+def test_a_bound_plan_keeps_one_scratch_per_stream(sched: TorchScheduler) -> None:
+    # The sum reads what the pointwise stage wrote: a result no call returns, which a
+    # stream's calls share (off CUDA there is one "stream", None).
+    def fn(x: Any, y: Any) -> Any:
+        return (x * y).relu().sum(-1)
+
+    traced = trace(fn, sched)
+    with torch.no_grad():
+        for _ in range(4):
+            x, y = rand(5, 9), rand(5, 9)
+            torch.testing.assert_close(traced(x, y), fn(x, y))
+    (bound,) = traced._bound.values()
+    assert list(bound.scratch) == [None] and len(bound.scratch[None]) == 1
+    assert len(bound.allocations) == 1  # the sum, new for every call
+
+
 def test_equal_shapes_with_other_strides_bind_their_own_plan(sched: TorchScheduler) -> None:
     def fn(x: Any, y: Any) -> Any:
         return torch.sigmoid(x) * y

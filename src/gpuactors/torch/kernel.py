@@ -117,6 +117,7 @@ def _program_body(fetch: str) -> str:
 constexpr unsigned kMagic = {P.MAGIC}u;
 constexpr unsigned kMaxWords = {P.MAX_WORDS}u;
 constexpr int kRegs = {P.REGISTERS};
+static_assert((kRegs & (kRegs - 1)) == 0, "an operand index is masked to a register");
 constexpr int kE = {ELEMENTS_PER_THREAD};
 constexpr unsigned kRowLoads = {ROW_LOADS}u;
 constexpr int kMaxRank = {P.MAX_RANK};
@@ -126,7 +127,6 @@ constexpr unsigned kPointwise = {P.STAGE_POINTWISE}u, kReduce = {P.STAGE_REDUCE}
 constexpr unsigned kMean = {P.REDUCE_MEAN}u, kAmax = {P.REDUCE_AMAX}u;
 constexpr unsigned kP0 = {P.P0}u, kP1 = {P.P1}u;
 {_opcode_constants()}
-constexpr unsigned kFirstBinary = kOp_add;
 
 alignas(16) __shared__ unsigned gpt_prog[kMaxWords];
 __shared__ int gpt_go_on;
@@ -284,17 +284,21 @@ auto run_pointwise = [&](const unsigned* S, unsigned unit, unsigned units) {{
             const float p0 = __uint_as_float(code[pc + 1]);
             const float p1 = __uint_as_float(code[pc + 2]);
             const float p2 = __uint_as_float(code[pc + 3]);
+            // Both operands are read whatever the op and the operand's kind (a scalar's
+            // index reads a register, then replaced): no branch between decoding and the
+            // op's case. A unary op's second operand is never used.
             auto operand = [&](unsigned which) -> Vals {{
-                if (which < (unsigned)kRegs) return R[which];
-                Vals c;
-                const float p = which == kP0 ? p0 : (which == kP1 ? p1 : p2);
-                for (int e = 0; e < kE; ++e) c.v[e] = p;
-                return c;
+                Vals v = R[which & (unsigned)(kRegs - 1)];
+                if (which >= (unsigned)kRegs) {{
+                    const float p = which == kP0 ? p0 : (which == kP1 ? p1 : p2);
+                    for (int e = 0; e < kE; ++e) v.v[e] = p;
+                }}
+                return v;
             }};
             // The op is decoded once per instruction, not per element: each case runs its
             // math over the thread's elements.
             const Vals a = operand(ia);
-            const Vals b = (op >= kFirstBinary) ? operand(ib) : a;
+            const Vals b = operand(ib);
             Vals r;
             const bool y_imm = ib >= (unsigned)kRegs;
             switch (op) {{

@@ -230,12 +230,16 @@ class TorchScheduler:
             del self._plans[next(iter(self._plans))]
         self._plans[func] = [plan, *plans[: PLANS_PER_OP - 1]]
 
-    def run_program(self, words: np.ndarray, n: int, units: int, reason: str) -> None:
-        """Run a ready program (a traced one) after the open batch, as a flush does."""
+    def run_program(
+        self, words: np.ndarray, n: int, units: int, reason: str, stream: Any = None
+    ) -> None:
+        """Run a ready program (a traced one) after the open batch, as a flush does, on
+        ``stream`` (by default PyTorch's current stream)."""
         with self._lock:
             self._flush_locked(reason)
             words[6] = units
-            stream = self._current_stream()
+            if stream is None:
+                stream = self.current_stream()
             self.stats.batches += 1
             self.stats.flushes[reason] += 1
             self.executor.run(words, n, units, stream)
@@ -384,7 +388,7 @@ class TorchScheduler:
             if batch.ops >= self.max_batch_ops:
                 self._flush_locked("size")
 
-    def _current_stream(self) -> Any:
+    def current_stream(self) -> Any:
         """PyTorch's current stream on the scheduler's device (None off CUDA)."""
         if self._stream_device is None:
             return None
@@ -393,7 +397,7 @@ class TorchScheduler:
     def _started(self, batch: Batch | Replay) -> None:
         """The first op of ``batch`` was taken: its stream, and the timer's wake-up."""
         self.stats.ops += 1
-        batch.stream = self._current_stream()
+        batch.stream = self.current_stream()
         if self.auto_flush_s is not None:
             self._wake.set()
 

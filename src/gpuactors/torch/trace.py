@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -158,13 +158,18 @@ class _Bound:
     address_words: np.ndarray  # the words of the addresses patched per call: low ...
     low_slots: list[int]  # ... halves, then high halves, of which address
     high_slots: list[int]
-    # A call's tensors are its inputs, then the results it allocates; indices below
-    # are into that list.
+    # A call's tensors are its inputs, the results it returns (new for each call), then
+    # its scratch; indices below are into that list.
     addresses: list[int]  # the tensors whose addresses are patched
     allocations: list[tuple[tuple[int, ...], torch.dtype]]  # (shape, dtype) per result
+    scratch_shapes: list[tuple[tuple[int, ...], torch.dtype]]
     numel: int
     units: int
     returns: list[int]
+    #: Per stream (its handle; None off CUDA), the results that only the program reads
+    #: (a reduction's input, which the stage before it wrote): a stream runs its calls
+    #: one after another, so they can share them.
+    scratch: dict[int | None, list[Tensor]] = field(default_factory=dict)
 
 
 class TracedFunction:
@@ -222,9 +227,12 @@ class TracedFunction:
         self.bindings += 1
         call = _Sizes(inputs, sizes, plan.constants)
         words = plan.words.copy()
-        # A call's tensors: its inputs, then its results (the plan's fresh tensors).
+        # A call's tensors: its inputs, the results it returns, then its scratch.
+        returned = {index for role, index in plan.returns[1] if role == "new"}
+        results = [j for j in plan.allocate if j in returned]
+        scratch = [j for j in plan.allocate if j not in returned]
         tensor = {("in", k): k for k in range(len(inputs))}
-        tensor.update((("new", j), len(inputs) + i) for i, j in enumerate(plan.allocate))
+        tensor.update((("new", j), len(inputs) + i) for i, j in enumerate(results + scratch))
         addresses: dict[int, int] = {}  # tensor -> its slot
         low: list[tuple[int, int]] = []  # (word, slot)
         high: list[tuple[int, int]] = []
@@ -249,8 +257,10 @@ class TracedFunction:
             high_slots=[slot for _, slot in high],
             addresses=list(addresses),
             allocations=[
-                (tuple(call.size(s) for s in plan.fresh[j][0]), plan.fresh[j][1])
-                for j in plan.allocate
+                (tuple(call.size(s) for s in plan.fresh[j][0]), plan.fresh[j][1]) for j in results
+            ],
+            scratch_shapes=[
+                (tuple(call.size(s) for s in plan.fresh[j][0]), plan.fresh[j][1]) for j in scratch
             ],
             numel=numel,
             units=units,
@@ -259,22 +269,42 @@ class TracedFunction:
 
     def _run(self, bound: _Bound, args: tuple[Any, ...]) -> Any:
         """One call of a bound plan: its results allocated, the addresses patched."""
+        stream = self.scheduler.current_stream()
         tensors = [args[k] for k in bound.plan.arg_positions]
         device = self.scheduler.device
         for shape, dtype in bound.allocations:
             tensors.append(torch.empty(shape, dtype=dtype, device=device))
+        if bound.scratch_shapes:
+            tensors += self._scratch(bound, stream)
         at = [tensors[i].data_ptr() for i in bound.addresses]
         words = bound.words.copy()
         words[bound.address_words] = [at[k] & 0xFFFFFFFF for k in bound.low_slots] + [
             at[k] >> 32 for k in bound.high_slots
         ]
         self.replays += 1
-        self.scheduler.run_program(words, bound.numel, bound.units, "replay")
+        self.scheduler.run_program(words, bound.numel, bound.units, "replay", stream)
         out = [tensors[i] for i in bound.returns]
         kind = bound.plan.returns[0]
         if kind == "tensor":
             return out[0]
         return tuple(out) if kind == "tuple" else out
+
+    def _scratch(self, bound: _Bound, stream: Any) -> list[Tensor]:
+        """``bound``'s scratch for a call on ``stream``: the stream's own, kept from its
+        last call, except while a CUDA graph captures the call (the graph may replay
+        beside other calls: it gets scratch of its own from the graph's memory pool)."""
+        capturing = stream is not None and torch.cuda.is_current_stream_capturing()
+        key = None if stream is None else int(stream.cuda_stream)
+        kept = None if capturing else bound.scratch.get(key)
+        if kept is None:
+            device = self.scheduler.device
+            kept = [
+                torch.empty(shape, dtype=dtype, device=device)
+                for shape, dtype in bound.scratch_shapes
+            ]
+            if not capturing:
+                bound.scratch[key] = kept
+        return kept
 
 
 #: Bound plans a traced function keeps, one per exact set of shapes it was called with
