@@ -28,7 +28,7 @@ import numpy as np
 from gpuactors.actors import Deferred, failed_reply
 from gpuactors.cuda.generation import FIRST_GENERATION, GENERATIONS
 from gpuactors.cuda.polling import SPIN_SECONDS
-from gpuactors.engine import abi, streams
+from gpuactors.engine import streams
 from gpuactors.engine.args import check_count, encode_batch
 from gpuactors.engine.completions import Completions
 from gpuactors.engine.messages import (
@@ -140,16 +140,10 @@ class Intake:
         harvested = runtime.ring.wait_harvest(seq, SPIN_SECONDS)
         if harvested is not None:
             status, units, device_ns = harvested
-            if status == abi.STATUS_OK:  # Completions.outcome_of's first case, in line
-                completions.latencies.append(time.perf_counter() - accepted_at)
-                completions.processed += 1
-                fields = (seq, spec.name, spec.version, status, units, device_ns)
-                return Completion._make(fields)
             outcome = completions.outcome_of(
                 seq, spec, resolved.op_id, accepted_at, status, units, device_ns
             )
-            assert isinstance(outcome, GpuActorsError)
-            return failed_reply(outcome)
+            return failed_reply(outcome) if isinstance(outcome, GpuActorsError) else outcome
         # Still running: the poller answers. Its words are in the ring, only its
         # arguments must stay alive.
         future: asyncio.Future[Completion] = self._reply_future()  # the asker's own
