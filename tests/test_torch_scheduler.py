@@ -509,6 +509,27 @@ def test_a_bound_plan_keeps_one_scratch_per_stream(sched: TorchScheduler) -> Non
     assert len(bound.allocations) == 1  # the sum, new for every call
 
 
+def test_a_binding_keeps_scratch_for_a_bounded_number_of_streams(
+    sched: TorchScheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Stream:  # what the scratch is kept by: a stream's handle
+        def __init__(self, handle: int) -> None:
+            self.cuda_stream = handle
+
+    traced_module = sys.modules["gpuactors.torch.trace"]
+    monkeypatch.setattr(traced_module, "MAX_SCRATCH_STREAMS", 2)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    traced = trace(lambda x: (x * 2).sum(-1), sched)
+    with torch.no_grad():
+        x = rand(3, 4)
+        traced(x)
+        traced(x)
+        (bound,) = traced._bound.values()
+        for handle in (7, 8, 7, 9):
+            traced._scratch(bound, Stream(handle))
+    assert list(bound.scratch) == [8, 9]  # None, 7 dropped; 7 taken again, then dropped
+
+
 def test_equal_shapes_with_other_strides_bind_their_own_plan(sched: TorchScheduler) -> None:
     def fn(x: Any, y: Any) -> Any:
         return torch.sigmoid(x) * y

@@ -303,6 +303,10 @@ class TracedFunction:
                 for shape, dtype in bound.scratch_shapes
             ]
             if not capturing:
+                if len(bound.scratch) >= MAX_SCRATCH_STREAMS:
+                    # The oldest goes: memory a launch still uses returns to PyTorch's
+                    # allocator for that launch's stream only, after it.
+                    del bound.scratch[next(iter(bound.scratch))]
                 bound.scratch[key] = kept
         return kept
 
@@ -310,6 +314,8 @@ class TracedFunction:
 #: Bound plans a traced function keeps, one per exact set of shapes it was called with
 #: (the oldest goes first).
 MAX_BOUND = 64
+#: Streams a binding keeps scratch for (the oldest goes first).
+MAX_SCRATCH_STREAMS = 8
 
 
 def exact_shapes(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
