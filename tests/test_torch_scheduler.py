@@ -505,29 +505,99 @@ def test_a_bound_plan_keeps_one_scratch_per_stream(sched: TorchScheduler) -> Non
             x, y = rand(5, 9), rand(5, 9)
             torch.testing.assert_close(traced(x, y), fn(x, y))
     (bound,) = traced._bound.values()
-    assert list(bound.scratch) == [None] and len(bound.scratch[None]) == 1
+    assert list(traced._scratch_kept) == [(bound.serial, None)]
+    assert len(traced._scratch_kept[bound.serial, None]) == 1
     assert len(bound.allocations) == 1  # the sum, new for every call
 
 
-def test_a_binding_keeps_scratch_for_a_bounded_number_of_streams(
+class _Stream:
+    """What scratch is kept by: a stream's handle."""
+
+    def __init__(self, handle: int) -> None:
+        self.cuda_stream = handle
+
+
+def test_a_traced_function_keeps_a_bounded_number_of_scratch_sets(
     sched: TorchScheduler, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    class Stream:  # what the scratch is kept by: a stream's handle
-        def __init__(self, handle: int) -> None:
-            self.cuda_stream = handle
-
-    traced_module = sys.modules["gpuactors.torch.trace"]
-    monkeypatch.setattr(traced_module, "MAX_SCRATCH_STREAMS", 2)
+    monkeypatch.setattr(sys.modules["gpuactors.torch.trace"], "MAX_SCRATCH", 2)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     traced = trace(lambda x: (x * 2).sum(-1), sched)
     with torch.no_grad():
         x = rand(3, 4)
         traced(x)
         traced(x)
-        (bound,) = traced._bound.values()
-        for handle in (7, 8, 7, 9):
-            traced._scratch(bound, Stream(handle))
-    assert list(bound.scratch) == [8, 9]  # None, 7 dropped; 7 taken again, then dropped
+    (bound,) = traced._bound.values()
+    for handle in (7, 8, 7, 9):
+        traced._scratch(bound, _Stream(handle))
+    # None, then 7, were dropped; 7 was taken again and dropped again
+    assert list(traced._scratch_kept) == [(bound.serial, 8), (bound.serial, 9)]
+
+
+def test_a_call_captured_in_a_cuda_graph_gets_scratch_of_its_own(
+    sched: TorchScheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    traced = trace(lambda x: (x * 2).sum(-1), sched)
+    with torch.no_grad():
+        x = rand(3, 4)
+        traced(x)
+        traced(x)
+    (bound,) = traced._bound.values()
+    kept = dict(traced._scratch_kept)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    first, second = traced._scratch(bound, _Stream(7)), traced._scratch(bound, _Stream(7))
+    assert first[0] is not second[0]  # fresh each time: none is kept for a graph
+    assert traced._scratch_kept == kept
+
+
+def test_a_traced_call_reads_a_constant_where_its_memory_is_now(sched: TorchScheduler) -> None:
+    # ``p.data = ...`` (as module.to() or .half() do) moves a tensor the function
+    # reaches without taking it as an argument: a bound plan must not keep its old
+    # address.
+    c = torch.ones(6)
+
+    def fn(x: Any) -> Any:
+        return x * c + 1
+
+    traced = trace(fn, sched)
+    with torch.no_grad():
+        x = rand(6)
+        for _ in range(3):
+            torch.testing.assert_close(traced(x), fn(x))
+        c.data = torch.full((6,), 2.0)
+        torch.testing.assert_close(traced(x), x * 2 + 1)
+    assert traced.recordings == 1 and traced.bindings == 1
+
+
+def test_one_tensor_passed_twice_is_not_two_tensors(sched: TorchScheduler) -> None:
+    def fn(x: Any, y: Any) -> Any:
+        return x - y * 2
+
+    traced = trace(fn, sched)
+    with torch.no_grad():
+        x, a, b = rand(3), rand(3), rand(3)
+        torch.testing.assert_close(traced(x, x), fn(x, x))
+        torch.testing.assert_close(traced(a, b), fn(a, b))
+        torch.testing.assert_close(traced(b, b), fn(b, b))
+        torch.testing.assert_close(traced(b, a), fn(b, a))
+    assert traced.recordings == 2
+
+
+def test_a_recording_inside_an_open_context_is_flushed_by_the_timer() -> None:
+    scheduler = TorchScheduler(KeepsPrograms(), auto_flush_ms=1.0)
+    traced = trace(lambda x: x * 2, scheduler)
+    try:
+        with torch.no_grad(), scheduler:
+            x = rand(6)
+            y = traced(x)  # recorded in the outer context's batch, which stays open
+            z = y + 1
+            deadline = time.monotonic() + 5
+            while scheduler.stats.flushes["timer"] == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert scheduler.stats.flushes["timer"] >= 1
+            torch.testing.assert_close(z, x * 2 + 1)
+    finally:
+        scheduler.close()
 
 
 def test_equal_shapes_with_other_strides_bind_their_own_plan(sched: TorchScheduler) -> None:

@@ -248,7 +248,8 @@ class TorchScheduler:
     def recording(self, tracer: Any) -> Iterator[Callable[[], Batch | None]]:
         """Record what the block intercepts into a batch of its own, told to ``tracer``.
         Yields a function that gives that batch if the block's ops all went into it
-        (no flush, nothing left to PyTorch), else None. Flushed when the block ends."""
+        (no flush, nothing left to PyTorch), else None. Flushed when the block ends, unless
+        an outer context of the scheduler is still open."""
         with self:
             self.flush("trace")
             with self._lock:
@@ -268,6 +269,10 @@ class TorchScheduler:
                 yield whole
             finally:
                 batch.tracer = None
+                # Inside an outer context the batch stays open after the block: the
+                # timer bounds its wait again.
+                batch.traced = False
+                self._wake.set()
 
     def pending(self, t: Tensor) -> bool:
         """Whether ``t`` may read memory that the open batch writes."""

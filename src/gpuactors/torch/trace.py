@@ -9,13 +9,14 @@ addresses of its tensors into a copy of the bound words (one NumPy assignment) a
 runs it.
 
 The signature is what decides the program's structure, not the sizes: per tensor
-argument its dtype, device, rank and contiguity, which dims are 1, and which dims are
-equal to which others (so broadcasting works out the same), plus the other arguments
-themselves. New sizes within one signature reuse the template.
+argument its dtype, device, rank and contiguity, which dims are 1, which dims are
+equal to which others (so broadcasting works out the same) and whether it is the same
+tensor as an earlier argument, plus the other arguments themselves. New sizes within
+one signature reuse the template.
 
 What a trace cannot see, as with ``torch.jit.trace``: Python control flow that depends
 on sizes or values (the recorded branch is replayed), and tensors ``fn`` reaches
-other than its arguments, which are baked in by address (their contents are read at
+other than its arguments, which the trace keeps (their memory is read where it is at
 each run, but rebinding the name has no effect; a size they fix stays fixed). A call
 whose recording needed PyTorch for any op, or that returns anything but tensors, is
 not traceable: its signature runs ``fn`` under the scheduler every time (correct, not
@@ -25,8 +26,9 @@ faster).
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -83,13 +85,15 @@ def signature(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
     """The shape signature of a call (None if an argument cannot be part of a key)."""
     key: list[Any] = []
     sizes: dict[int, int] = {}
-    for arg in args:
+    first: dict[int, int] = {}  # a tensor -> the first argument it is (f(x, x) is not f(a, b))
+    for k, arg in enumerate(args):
         if isinstance(arg, Tensor):
             classes = tuple(
                 -1 if size == 1 else sizes.setdefault(size, len(sizes)) for size in arg.shape
             )
             grad = arg.requires_grad and torch.is_grad_enabled()
-            key.append((arg.dtype, arg.device, classes, arg.is_contiguous(), grad))
+            same = first.setdefault(id(arg), k)
+            key.append((arg.dtype, arg.device, classes, arg.is_contiguous(), grad, same))
         else:
             try:
                 hash(arg)
@@ -101,7 +105,7 @@ def signature(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
 
 @dataclass
 class _Sizes:
-    """What a call's patched values are computed from, but for its results' addresses."""
+    """What a call's patched values are computed from, but for the addresses."""
 
     inputs: list[Tensor]
     sizes: dict[tuple[int, int], int]
@@ -116,8 +120,6 @@ class _Sizes:
             return self.size(expr[1])
         if kind == "numel":
             return math.prod(self.size(s) for s in expr[1])
-        if kind == "ptr":  # an input's or a constant's: a result's is the call's own
-            return int(self._tensor(expr[1], expr[2]).data_ptr())
         if kind == "stride":
             return int(self._tensor(expr[1], expr[2]).stride(expr[3]))
         if kind == "inv":
@@ -158,18 +160,18 @@ class _Bound:
     address_words: np.ndarray  # the words of the addresses patched per call: low ...
     low_slots: list[int]  # ... halves, then high halves, of which address
     high_slots: list[int]
-    # A call's tensors are its inputs, the results it returns (new for each call), then
-    # its scratch; indices below are into that list.
+    # A call's tensors are its inputs, the results it returns (new for each call), its
+    # scratch, then the constants (an address is read per call: a constant's memory may
+    # move, as ``p.data = ...`` or ``module.to()`` do); indices below are into that list.
     addresses: list[int]  # the tensors whose addresses are patched
     allocations: list[tuple[tuple[int, ...], torch.dtype]]  # (shape, dtype) per result
+    #: The results that only the program reads (a reduction's input, which the stage
+    #: before it wrote): a stream runs its calls one after another, so they share them.
     scratch_shapes: list[tuple[tuple[int, ...], torch.dtype]]
     numel: int
     units: int
     returns: list[int]
-    #: Per stream (its handle; None off CUDA), the results that only the program reads
-    #: (a reduction's input, which the stage before it wrote): a stream runs its calls
-    #: one after another, so they can share them.
-    scratch: dict[int | None, list[Tensor]] = field(default_factory=dict)
+    serial: int  # which binding of its traced function (its scratch's key)
 
 
 class TracedFunction:
@@ -180,6 +182,9 @@ class TracedFunction:
         self.scheduler = scheduler
         self._plans: dict[tuple[Any, ...], _Plan | None] = {}  # None: not traceable
         self._bound: dict[tuple[Any, ...], _Bound] = {}  # by exact_shapes
+        #: Scratch by (binding, stream handle or None off CUDA), the oldest first.
+        self._scratch_kept: dict[tuple[int, int | None], list[Tensor]] = {}
+        self._lock = threading.Lock()  # (for what calls add: bindings, scratch)
         self.recordings = 0
         self.bindings = 0  # plans bound to a new set of exact shapes
         self.replays = 0
@@ -199,9 +204,8 @@ class TracedFunction:
             if _fits(plan, inputs, sizes, self.scheduler.size_threshold):
                 bound = self._bind(plan, inputs, sizes)
                 if exact is not None:
-                    if len(self._bound) >= MAX_BOUND:
-                        del self._bound[next(iter(self._bound))]
-                    self._bound[exact] = bound
+                    with self._lock:
+                        _keep(self._bound, exact, bound, MAX_BOUND)
                 return self._run(bound, args)
         with self.scheduler:
             return self.fn(*args)
@@ -224,7 +228,9 @@ class TracedFunction:
     def _bind(self, plan: _Plan, inputs: list[Tensor], sizes: dict[tuple[int, int], int]) -> _Bound:
         """``plan`` with every value of these shapes patched in, the addresses of the
         inputs and results left for each call."""
-        self.bindings += 1
+        with self._lock:
+            self.bindings += 1
+            serial = self.bindings
         call = _Sizes(inputs, sizes, plan.constants)
         words = plan.words.copy()
         # A call's tensors: its inputs, the results it returns, then its scratch.
@@ -233,12 +239,14 @@ class TracedFunction:
         scratch = [j for j in plan.allocate if j not in returned]
         tensor = {("in", k): k for k in range(len(inputs))}
         tensor.update((("new", j), len(inputs) + i) for i, j in enumerate(results + scratch))
+        at = len(inputs) + len(results) + len(scratch)
+        tensor.update((("const", c), at + c) for c in range(len(plan.constants)))
         addresses: dict[int, int] = {}  # tensor -> its slot
         low: list[tuple[int, int]] = []  # (word, slot)
         high: list[tuple[int, int]] = []
         for position, (k, shift) in zip(plan.positions.tolist(), plan.patches, strict=True):
             expr = plan.exprs[k]
-            if expr[0] == "ptr" and expr[1] != "const":
+            if expr[0] == "ptr":
                 slot = addresses.setdefault(tensor[expr[1], expr[2]], len(addresses))
                 (high if shift else low).append((position, slot))
             else:
@@ -265,6 +273,7 @@ class TracedFunction:
             numel=numel,
             units=units,
             returns=[tensor[role] for role in plan.returns[1]],
+            serial=serial,
         )
 
     def _run(self, bound: _Bound, args: tuple[Any, ...]) -> Any:
@@ -276,6 +285,7 @@ class TracedFunction:
             tensors.append(torch.empty(shape, dtype=dtype, device=device))
         if bound.scratch_shapes:
             tensors += self._scratch(bound, stream)
+        tensors += bound.plan.constants
         at = [tensors[i].data_ptr() for i in bound.addresses]
         words = bound.words.copy()
         words[bound.address_words] = [at[k] & 0xFFFFFFFF for k in bound.low_slots] + [
@@ -294,8 +304,8 @@ class TracedFunction:
         last call, except while a CUDA graph captures the call (the graph may replay
         beside other calls: it gets scratch of its own from the graph's memory pool)."""
         capturing = stream is not None and torch.cuda.is_current_stream_capturing()
-        key = None if stream is None else int(stream.cuda_stream)
-        kept = None if capturing else bound.scratch.get(key)
+        key = (bound.serial, None if stream is None else int(stream.cuda_stream))
+        kept = None if capturing else self._scratch_kept.get(key)
         if kept is None:
             device = self.scheduler.device
             kept = [
@@ -303,28 +313,37 @@ class TracedFunction:
                 for shape, dtype in bound.scratch_shapes
             ]
             if not capturing:
-                if len(bound.scratch) >= MAX_SCRATCH_STREAMS:
-                    # The oldest goes: memory a launch still uses returns to PyTorch's
-                    # allocator for that launch's stream only, after it.
-                    del bound.scratch[next(iter(bound.scratch))]
-                bound.scratch[key] = kept
+                # An older one dropped: memory a launch still uses returns to PyTorch's
+                # allocator for that launch's stream only, after it.
+                with self._lock:
+                    _keep(self._scratch_kept, key, kept, MAX_SCRATCH)
         return kept
 
 
+def _keep(kept: dict[Any, Any], key: Any, value: Any, most: int) -> None:
+    """``kept[key] = value``, dropping the oldest entries beyond ``most`` (lock held)."""
+    kept[key] = value
+    while len(kept) > most:
+        kept.pop(next(iter(kept)))
+
+
 #: Bound plans a traced function keeps, one per exact set of shapes it was called with
-#: (the oldest goes first).
+#: (the one bound first goes first).
 MAX_BOUND = 64
-#: Streams a binding keeps scratch for (the oldest goes first).
-MAX_SCRATCH_STREAMS = 8
+#: Scratch sets a traced function keeps, one per binding and stream (the oldest goes
+#: first): at most this many times the largest binding's scratch.
+MAX_SCRATCH = 16
 
 
 def exact_shapes(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
     """What a bound plan is kept by: the signature's inputs, exactly (every size and
     stride), or None if an argument cannot be part of a key."""
     key: list[Any] = [torch.is_grad_enabled()]
-    for arg in args:
+    first: dict[int, int] = {}  # a tensor -> the first argument it is
+    for k, arg in enumerate(args):
         if isinstance(arg, Tensor):
-            key.append((arg.shape, arg.stride(), arg.dtype, arg.device, arg.requires_grad))
+            same = first.setdefault(id(arg), k)
+            key.append((arg.shape, arg.stride(), arg.dtype, arg.device, arg.requires_grad, same))
         else:
             key.append(("value", type(arg), arg))
     exact = tuple(key)
