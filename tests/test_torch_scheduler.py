@@ -517,17 +517,23 @@ class _Stream:
         self.cuda_stream = handle
 
 
+def bound_with_scratch(sched: TorchScheduler) -> tuple[Any, Any]:
+    """A traced function with a reduction (so scratch) and its one binding."""
+    traced = trace(lambda x: (x * 2).sum(-1), sched)
+    with torch.no_grad():
+        x = rand(3, 4)
+        traced(x)  # recorded
+        traced(x)  # bound
+    (bound,) = traced._bound.values()
+    return traced, bound
+
+
 def test_a_traced_function_keeps_a_bounded_number_of_scratch_sets(
     sched: TorchScheduler, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(sys.modules["gpuactors.torch.trace"], "MAX_SCRATCH", 2)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    traced = trace(lambda x: (x * 2).sum(-1), sched)
-    with torch.no_grad():
-        x = rand(3, 4)
-        traced(x)
-        traced(x)
-    (bound,) = traced._bound.values()
+    traced, bound = bound_with_scratch(sched)
     for handle in (7, 8, 7, 9):
         traced._scratch(bound, _Stream(handle))
     # None, then 7, were dropped; 7 was taken again and dropped again
@@ -537,12 +543,7 @@ def test_a_traced_function_keeps_a_bounded_number_of_scratch_sets(
 def test_a_call_captured_in_a_cuda_graph_gets_scratch_of_its_own(
     sched: TorchScheduler, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    traced = trace(lambda x: (x * 2).sum(-1), sched)
-    with torch.no_grad():
-        x = rand(3, 4)
-        traced(x)
-        traced(x)
-    (bound,) = traced._bound.values()
+    traced, bound = bound_with_scratch(sched)
     kept = dict(traced._scratch_kept)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     first, second = traced._scratch(bound, _Stream(7)), traced._scratch(bound, _Stream(7))
