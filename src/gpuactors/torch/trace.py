@@ -124,7 +124,9 @@ class _Sizes:
             return int(self._tensor(expr[1], expr[2]).stride(expr[3]))
         if kind == "inv":
             return P.f32_bits(1.0 / self.size(expr[1]))
-        return int(expr[1])  # "const"
+        if kind == "const":
+            return int(expr[1])
+        raise ValueError(f"{expr!r} is patched per call")  # an address
 
     def _tensor(self, role: str, index: int) -> Tensor:
         return self.inputs[index] if role == "in" else self.constants[index]
@@ -152,8 +154,8 @@ class _Plan:
 @dataclass
 class _Bound:
     """A plan bound to one call's exact shapes and strides: every patched word but the
-    addresses of the inputs and results is written once, so a later call with the same
-    shapes (a hot loop's) allocates its results and writes their addresses, no more."""
+    addresses of its tensors is written once, so a later call with the same shapes (a
+    hot loop's) allocates its results and writes the addresses, no more."""
 
     plan: _Plan
     words: np.ndarray
@@ -226,14 +228,14 @@ class TracedFunction:
         return result
 
     def _bind(self, plan: _Plan, inputs: list[Tensor], sizes: dict[tuple[int, int], int]) -> _Bound:
-        """``plan`` with every value of these shapes patched in, the addresses of the
-        inputs and results left for each call."""
+        """``plan`` with every value of these shapes patched in, the addresses of its
+        tensors left for each call."""
         with self._lock:
             self.bindings += 1
             serial = self.bindings
         call = _Sizes(inputs, sizes, plan.constants)
         words = plan.words.copy()
-        # A call's tensors: its inputs, the results it returns, then its scratch.
+        # A call's tensors: its inputs, the results it returns, its scratch, the constants.
         returned = {index for role, index in plan.returns[1] if role == "new"}
         results = [j for j in plan.allocate if j in returned]
         scratch = [j for j in plan.allocate if j not in returned]
