@@ -482,7 +482,7 @@ def test_a_traced_call_captured_in_a_cuda_graph_replays_on_new_values(
             # The captured launch holds a counter of its own: launches after it, more
             # than the ordinary counters, cannot meet on it while the graph replays.
             assert stream_executor.meeting_points.graph_runs == captured_before + 1
-            other = rand(n)
+            other_x, other_y = rand(n), rand(n)
             side.wait_stream(torch.cuda.current_stream())
             for _ in range(3):  # each replay reads the inputs' new values
                 x.copy_(rand(n))
@@ -490,11 +490,11 @@ def test_a_traced_call_captured_in_a_cuda_graph_replays_on_new_values(
                 graph.replay()
                 for _ in range(COUNTER_SLOTS // 2):  # half a lap of tickets, on a side stream
                     with torch.cuda.stream(side):
-                        traced(other, other)
+                        traced(other_x, other_y)
                 torch.testing.assert_close(out, chain57(x, y), rtol=1e-4, atol=1e-2)
             torch.cuda.synchronize()
             torch.testing.assert_close(
-                traced(other, other), chain57(other, other), rtol=1e-4, atol=1e-2
+                traced(other_x, other_y), chain57(other_x, other_y), rtol=1e-4, atol=1e-2
             )
         stream_executor.check()
         assert traced.recordings == 1
