@@ -584,6 +584,44 @@ def test_one_tensor_passed_twice_is_not_two_tensors(sched: TorchScheduler) -> No
     assert traced.recordings == 2
 
 
+def test_an_in_place_update_of_an_argument_another_argument_views_runs_as_eager(
+    sched: TorchScheduler,
+) -> None:
+    # Recorded with two tensors apart, the program reuses y's loaded value after x's
+    # store; where y views x's memory, eager PyTorch sees the store.
+    def fn(x: Any, y: Any) -> Any:
+        z = y * 2
+        x.mul_(3)
+        return z + y
+
+    traced = trace(fn, sched)
+    with torch.no_grad():
+        a, b = rand(4), rand(4)
+        a_eager = a.clone()
+        torch.testing.assert_close(traced(a, b), fn(a_eager, b))
+        torch.testing.assert_close(a, a_eager)
+        for view in (lambda t: t[0:4], lambda t: t[1:5]):  # the same elements, or shifted
+            base = rand(5)
+            base_eager = base.clone()
+            got = traced(base[0:4], view(base))
+            torch.testing.assert_close(got, fn(base_eager[0:4], view(base_eager)))
+            torch.testing.assert_close(base, base_eager)
+        replays = traced.replays
+        torch.testing.assert_close(traced(a, b), fn(a.clone(), b))  # apart: replayed
+    assert traced.recordings == 1 and traced.replays == replays + 1
+
+
+def test_arguments_that_share_memory_replay_where_nothing_is_written(
+    sched: TorchScheduler,
+) -> None:
+    traced = trace(lambda x, y: (x + y).relu(), sched)
+    with torch.no_grad():
+        traced(rand(4), rand(4))
+        base = rand(5)
+        torch.testing.assert_close(traced(base[0:4], base[1:5]), (base[0:4] + base[1:5]).relu())
+    assert traced.recordings == 1 and traced.replays == 1
+
+
 def test_a_recording_inside_an_open_context_is_flushed_by_the_timer() -> None:
     scheduler = TorchScheduler(KeepsPrograms(), auto_flush_ms=1.0)
     traced = trace(lambda x: x * 2, scheduler)

@@ -148,6 +148,7 @@ class _Plan:
     first_space: tuple[Size, ...]
     first_is_reduction: bool
     guards: list[tuple[int, int, int]]  # input dims a constant fixes: (k, d, size)
+    written: list[int]  # the inputs the program stores into (in-place updates, out=)
     constants: list[Tensor]
 
 
@@ -194,23 +195,31 @@ class TracedFunction:
     def __call__(self, *args: Any) -> Any:
         exact = exact_shapes(args)
         bound = None if exact is None else self._bound.get(exact)
-        if bound is not None:
+        if bound is None:
+            key = signature(args)
+            if key is not None and key not in self._plans:
+                return self._record(key, args)
+            plan = None if key is None else self._plans[key]
+            bound = None if plan is None else self._bound_to(plan, exact, args)
+        if bound is not None and not _writes_shared_memory(bound.plan, args):
             return self._run(bound, args)
-        key = signature(args)
-        if key is not None and key not in self._plans:
-            return self._record(key, args)
-        plan = None if key is None else self._plans[key]
-        if plan is not None:
-            inputs = [args[k] for k in plan.arg_positions]
-            sizes = _sizes(inputs)
-            if _fits(plan, inputs, sizes, self.scheduler.size_threshold):
-                bound = self._bind(plan, inputs, sizes)
-                if exact is not None:
-                    with self._lock:
-                        _keep(self._bound, exact, bound, MAX_BOUND)
-                return self._run(bound, args)
         with self.scheduler:
             return self.fn(*args)
+
+    def _bound_to(
+        self, plan: _Plan, exact: tuple[Any, ...] | None, args: tuple[Any, ...]
+    ) -> _Bound | None:
+        """``plan`` bound to the shapes of ``args`` (kept by ``exact``), or None if
+        they do not fit it."""
+        inputs = [args[k] for k in plan.arg_positions]
+        sizes = _sizes(inputs)
+        if not _fits(plan, inputs, sizes, self.scheduler.size_threshold):
+            return None
+        bound = self._bind(plan, inputs, sizes)
+        if exact is not None:
+            with self._lock:
+                _keep(self._bound, exact, bound, MAX_BOUND)
+        return bound
 
     def _record(self, key: tuple[Any, ...], args: tuple[Any, ...]) -> Any:
         inputs = [a for a in args if isinstance(a, Tensor)]
@@ -390,6 +399,31 @@ def _fits(plan: _Plan, inputs: list[Tensor], sizes: dict[tuple[int, int], int], 
     )
 
 
+def _writes_shared_memory(plan: _Plan, args: tuple[Any, ...]) -> bool:
+    """Whether an input the program stores into shares memory with another tensor
+    argument (a view of it, say). The recording took them apart: a value it loaded
+    once may be used after the store that eager PyTorch would let it see."""
+    if not plan.written:
+        return False
+    inputs = [args[k] for k in plan.arg_positions]
+    for w in plan.written:
+        target = inputs[w]
+        start, end = _extent(target)
+        for other in inputs:
+            if other is not target:
+                other_start, other_end = _extent(other)
+                if other_start < end and start < other_end:
+                    return True
+    return False
+
+
+def _extent(t: Tensor) -> tuple[int, int]:
+    """The bytes ``t`` spans: from its first element to its last (strides are >= 0)."""
+    start = int(t.data_ptr())
+    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
+    return start, start + (last + 1) * t.element_size()
+
+
 def _returns(result: Any, tracer: _Tracer) -> tuple[str, list[tuple[str, int]]] | None:
     if isinstance(result, Tensor):
         kind, items = "tensor", [result]
@@ -467,6 +501,7 @@ def _build(
                 put(at + 4 + d, ("size", s))
         at += len(stage.words())
     allocate: set[int] = {index for role, index in returns[1] if role == "new"}
+    written: set[int] = set()
     for stage, position, role in tracer.notes:
         space = tuple(sym(s) for s in stage.space)
         at = offsets[id(stage)] + 4 + len(space) + position
@@ -475,6 +510,8 @@ def _build(
             continue  # the store of a result nobody reads
         if role[0] == "new":
             allocate.add(role[1])
+        if role[0] == "in" and head & 0xFF == P.OP_STORE:
+            written.add(role[1])
         put(at + 1, ("ptr", *role), wide=True)
         if (head >> 24) & 0xF == P.MODE_STRIDED and role[0] != "const":
             shape = shape_of(role)
@@ -488,6 +525,8 @@ def _build(
         if reduce_stage.rows == 0:
             continue  # its result died unread: it stays a reduction of no row
         allocate.update(index for role, index in (x_role, out_role) if role == "new")
+        if out_role[0] == "in":
+            written.add(out_role[1])
         shape = shape_of(x_role) if x_role[0] != "const" else tuple(x.shape)
         put(base + 2, ("numel", shape[:-1]), wide=True)
         put(base + 4, ("size", shape[-1]))
@@ -524,5 +563,6 @@ def _build(
         first_space=first_space,
         first_is_reduction=isinstance(first, P.ReduceStage),
         guards=guards,
+        written=sorted(written),
         constants=list(tracer.constants),
     )
