@@ -9,10 +9,12 @@ itself is checked by tests/test_torch_gpu.py on a GPU.
 from __future__ import annotations
 
 import asyncio
+import gc
 import subprocess
 import sys
 import threading
 import time
+import weakref
 from typing import Any
 
 import numpy as np
@@ -418,6 +420,25 @@ def test_nesting_and_one_thread_at_a_time(sched: TorchScheduler) -> None:
         thread.join()
         assert len(errors) == 1
     assert sched.stats.flushes["exit"] == 1 and y.shape == (3,)
+
+
+def test_a_result_a_view_was_taken_of_keeps_its_memory_until_its_store_ran(
+    sched: TorchScheduler,
+) -> None:
+    # A view makes the result's store required; were the batch not to hold the result,
+    # its memory would go back to the allocator while the store is still to run.
+    x, w = torch.arange(64, dtype=torch.float32), torch.ones(8)
+    with torch.no_grad(), sched:
+        y = x * 2
+        v = y[:8]
+        u = w + 1
+        memory = weakref.ref(y.untyped_storage())  # alive while any tensor uses it
+        del y, v
+        gc.collect()
+        assert memory() is not None
+        zeros = [torch.zeros(64) for _ in range(20)]  # one may get freed memory
+    assert all(bool((z == 0).all()) for z in zeros)
+    torch.testing.assert_close(u, w + 1)
 
 
 # -------------------------------------------------------------- traced mode

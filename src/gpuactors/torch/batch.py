@@ -101,6 +101,15 @@ class Value:
         self.pooled = False  # the batch's pool holds the tensor: dead once only it does
         self.store: tuple[P.PointwiseStage, int] | None = None  # where its store is
 
+    def require(self) -> None:
+        """Its store must run even if the tensor object dies (its memory is reachable
+        another way: a view, another object on the same memory). The batch then holds
+        the tensor, so that the memory stays allocated until the store has run."""
+        self.required = True
+        t = self.ref() if self.ref is not None else None
+        if t is not None:
+            self.strong, self.ref = t, None
+
     def dead(self) -> bool:
         """Whether nobody but the batch can reach the tensor any more."""
         if self.ref is None:
@@ -246,7 +255,7 @@ class Batch:
             elif value.stage is stage:
                 return None  # written in this stage, read through another mapping
             else:
-                value.required = True
+                value.require()
         key = (id(t), round_mode)
         reg = self.loads.get(key)
         if reg is not None:
@@ -257,7 +266,7 @@ class Batch:
             if written.stage is stage and written.layout != layout_of(t):
                 return None
             for other in written.values:
-                other.required = True
+                other.require()
         reg = self.register(stage)
         if reg is None:
             return None
@@ -380,7 +389,7 @@ class Batch:
             written.layout = layout_of(target)
         for other in written.values:  # other tensor objects on this memory: re-read it
             other.reg = -1
-            other.required = True
+            other.require()
         for key in self.load_bases.pop(address, ()):
             self.loads.pop(key, None)
             self.fast_loads.pop(key[0], None)
@@ -408,14 +417,14 @@ class Batch:
         address = storage_address(t)
         written = self.storages.get(address)
         if value is not None and value.holds(t):
-            value.required = True
+            value.require()
             if written is None:
                 written = self.storages[address] = Storage(value.stage, layout_of(t))
             if value not in written.values:
                 written.values.append(value)
         if written is not None:
             for other in written.values:
-                other.required = True
+                other.require()
 
     def pending(self, t: Tensor) -> bool:
         """Whether the batch writes memory ``t`` may read."""

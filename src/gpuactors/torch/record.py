@@ -299,11 +299,11 @@ def reduce(batch: Batch, op: int, x: Any, dims: Any, keepdim: Any) -> Tensor:
     out = torch.empty(shape[:-1] + ((1,) if keepdim else ()), dtype=x.dtype, device=batch.device)
     value = batch.values.get(id(x))
     if value is not None and value.holds(x):
-        value.required = True
+        value.require()
     written = batch.storages.get(storage_address(x))
     if written is not None:
         for other in written.values:
-            other.required = True
+            other.require()
     batch.keep.append(x)
     batch.close_stage()
     stage = P.ReduceStage(
