@@ -643,6 +643,89 @@ def test_arguments_that_share_memory_replay_where_nothing_is_written(
     assert traced.recordings == 1 and traced.replays == 1
 
 
+def test_a_traced_function_records_again_when_a_constant_changes_layout(
+    sched: TorchScheduler,
+) -> None:
+    # module.half() and p.data = ... give a parameter new memory of another dtype or
+    # strides: a plan recorded for the old layout would read it wrongly.
+    p = torch.tensor([1.0, 2.0, 3.0, 4.0])
+
+    def fn(x: Any) -> Any:
+        return x + p
+
+    traced = trace(fn, sched)
+    with torch.no_grad():
+        x = rand(4)
+        for _ in range(2):
+            torch.testing.assert_close(traced(x), fn(x))
+        p.data = p.data.half()
+        torch.testing.assert_close(traced(x), fn(x))
+        p.data = torch.arange(8.0)[::2]
+        torch.testing.assert_close(traced(x), fn(x))
+    assert traced.recordings == 3
+
+
+def test_an_argument_that_is_a_constant_written_in_place_runs_as_eager(
+    sched: TorchScheduler,
+) -> None:
+    w = torch.tensor([1.0, 2.0, 3.0])
+
+    def fn(x: Any) -> Any:
+        a = w + 1
+        x.mul_(2)
+        return a, w * 3  # eager sees the write when x is w
+
+    traced = trace(fn, sched)
+    with torch.no_grad():
+        traced(torch.ones(3))  # recorded with x apart from w
+        w_eager = w.clone()
+        got = traced(w)
+        a = w_eager + 1
+        w_eager.mul_(2)
+        assert_same(list(got), [a, w_eager * 3], "x is w")
+        torch.testing.assert_close(w, w_eager)
+
+
+def test_a_traced_in_place_write_into_an_expanded_argument_raises_as_eager(
+    sched: TorchScheduler,
+) -> None:
+    def fn(x: Any) -> Any:
+        return x.add_(1)
+
+    traced = trace(fn, sched)
+    with torch.no_grad():
+        traced(rand(4, 12)[:, ::2])  # recorded on a view whose elements are apart
+        with pytest.raises(RuntimeError, match="more than one element"):
+            traced(rand(1, 6).expand(4, 6))
+
+
+def test_a_traced_call_with_grad_enabled_keeps_a_constant_parameter_in_autograd(
+    sched: TorchScheduler,
+) -> None:
+    p = torch.nn.Parameter(torch.ones(4))
+    traced = trace(lambda x: (x * p).sum(-1), sched)
+    x = rand(2, 4)
+    with torch.no_grad():
+        traced(x)
+        traced(x)
+    out = traced(x)  # grad enabled: not the plan recorded without it
+    assert out.requires_grad
+    out.sum().backward()
+    torch.testing.assert_close(p.grad, x.sum(0))
+
+
+def test_negative_zero_is_not_zero(sched: TorchScheduler) -> None:
+    y = torch.tensor([1.0, -1.0, 2.0])
+    with torch.no_grad(), sched:
+        a, b = y * 0.0, y * -0.0
+    torch.testing.assert_close(1 / a, 1 / (y * 0.0))
+    torch.testing.assert_close(1 / b, 1 / (y * -0.0))
+    traced = trace(lambda x, s: x * s, sched)
+    with torch.no_grad():
+        torch.testing.assert_close(1 / traced(y, 0.0), 1 / (y * 0.0))
+        torch.testing.assert_close(1 / traced(y, -0.0), 1 / (y * -0.0))
+
+
 def test_a_recording_inside_an_open_context_is_flushed_by_the_timer() -> None:
     scheduler = TorchScheduler(KeepsPrograms(), auto_flush_ms=1.0)
     traced = trace(lambda x: x * 2, scheduler)

@@ -267,12 +267,13 @@ _BITS: dict[tuple[Any, int], int] = {}
 
 
 def _bits(value: Any, dtype: int) -> int:
-    """f32 bits of a Python scalar as ``dtype`` holds it; remembered (loops repeat them)."""
+    """f32 bits of a Python scalar as ``dtype`` holds it; remembered (loops repeat them),
+    but for zero, whose two signs are one key."""
     key = (value, dtype)
-    bits = _BITS.get(key)
+    bits = _BITS.get(key) if value != 0 else None
     if bits is None:
         bits = P.f32_bits(D.scalar_as(float(value), dtype))
-        if len(_BITS) < 4096:
+        if len(_BITS) < 4096 and value != 0:
             _BITS[key] = bits
     return bits
 

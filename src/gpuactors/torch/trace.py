@@ -83,7 +83,7 @@ class _Tracer:
 
 def signature(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
     """The shape signature of a call (None if an argument cannot be part of a key)."""
-    key: list[Any] = []
+    key: list[Any] = [torch.is_grad_enabled()]  # (a constant may need autograd)
     sizes: dict[int, int] = {}
     first: dict[int, int] = {}  # a tensor -> the first argument it is (f(x, x) is not f(a, b))
     for k, arg in enumerate(args):
@@ -99,7 +99,7 @@ def signature(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
                 hash(arg)
             except TypeError:
                 return None
-            key.append(("value", type(arg), arg))
+            key.append(_value_key(arg))
     return tuple(key)
 
 
@@ -148,7 +148,12 @@ class _Plan:
     first_space: tuple[Size, ...]
     first_is_reduction: bool
     guards: list[tuple[int, int, int]]  # input dims a constant fixes: (k, d, size)
-    written: list[int]  # the inputs the program stores into (in-place updates, out=)
+    #: The tensors the program stores into (in-place updates, out=): ("in", k) or
+    #: ("const", c).
+    written: list[tuple[str, int]]
+    #: Each constant's dtype, device, shape and strides at the recording: a call after
+    #: one changed (``module.half()``, ``p.data = ...``) records again.
+    constant_layouts: list[tuple[Any, ...]]
     constants: list[Tensor]
 
 
@@ -195,16 +200,28 @@ class TracedFunction:
     def __call__(self, *args: Any) -> Any:
         exact = exact_shapes(args)
         bound = None if exact is None else self._bound.get(exact)
+        if bound is not None and bound.plan.constants and _constants_changed(bound.plan):
+            self._forget()
+            bound = None
         if bound is None:
             key = signature(args)
+            plan = None if key is None else self._plans.get(key)
+            if plan is not None and plan.constants and _constants_changed(plan):
+                self._forget()
             if key is not None and key not in self._plans:
                 return self._record(key, args)
-            plan = None if key is None else self._plans[key]
             bound = None if plan is None else self._bound_to(plan, exact, args)
-        if bound is not None and not _writes_shared_memory(bound.plan, args):
+        if bound is not None and not _writes_overlapping_memory(bound.plan, args):
             return self._run(bound, args)
         with self.scheduler:
             return self.fn(*args)
+
+    def _forget(self) -> None:
+        """Drop every plan: a constant's layout changed, so each is recorded again."""
+        with self._lock:
+            self._plans.clear()
+            self._bound.clear()
+            self._scratch_kept.clear()
 
     def _bound_to(
         self, plan: _Plan, exact: tuple[Any, ...] | None, args: tuple[Any, ...]
@@ -346,6 +363,25 @@ MAX_BOUND = 64
 MAX_SCRATCH = 16
 
 
+def _value_key(arg: Any) -> tuple[Any, ...]:
+    """A non-tensor argument as part of a key: a float by its bits, as 0.0 and -0.0 (and
+    two NaNs) compare otherwise than they compute."""
+    if type(arg) is float:
+        return ("value", float, arg.hex())
+    return ("value", type(arg), arg)
+
+
+def _layout(t: Tensor) -> tuple[Any, ...]:
+    return (t.dtype, t.device, tuple(t.shape), t.stride())
+
+
+def _constants_changed(plan: _Plan) -> bool:
+    return any(
+        _layout(c) != layout
+        for c, layout in zip(plan.constants, plan.constant_layouts, strict=True)
+    )
+
+
 def exact_shapes(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
     """What a bound plan is kept by: the signature's inputs, exactly (every size and
     stride), or None if an argument cannot be part of a key."""
@@ -356,7 +392,7 @@ def exact_shapes(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
             same = first.setdefault(id(arg), k)
             key.append((arg.shape, arg.stride(), arg.dtype, arg.device, arg.requires_grad, same))
         else:
-            key.append(("value", type(arg), arg))
+            key.append(_value_key(arg))
     exact = tuple(key)
     try:
         hash(exact)
@@ -399,21 +435,29 @@ def _fits(plan: _Plan, inputs: list[Tensor], sizes: dict[tuple[int, int], int], 
     )
 
 
-def _writes_shared_memory(plan: _Plan, args: tuple[Any, ...]) -> bool:
-    """Whether an input the program stores into shares memory with another tensor
-    argument (a view of it, say). The recording took them apart: a value it loaded
-    once may be used after the store that eager PyTorch would let it see."""
+def _writes_overlapping_memory(plan: _Plan, args: tuple[Any, ...]) -> bool:
+    """Whether a tensor the program stores into shares memory with another tensor of
+    the call that the recording took apart from it (an argument that views it, a
+    constant, or the constant itself passed as an argument), or with itself (an
+    expanded view, which eager PyTorch refuses to write): a value loaded once may be
+    used after the store that eager PyTorch would let it see. One object in two roles
+    of the same kind was one at the recording too (the signature says so)."""
     if not plan.written:
         return False
     inputs = [args[k] for k in plan.arg_positions]
-    for w in plan.written:
-        target = inputs[w]
+    for role, index in plan.written:
+        target = inputs[index] if role == "in" else plan.constants[index]
+        if any(s > 1 and st == 0 for s, st in zip(target.shape, target.stride(), strict=True)):
+            return True
+        same_kind, other_kind = (
+            (inputs, plan.constants) if role == "in" else (plan.constants, inputs)
+        )
+        others = [t for t in same_kind if t is not target] + list(other_kind)
         start, end = _extent(target)
-        for other in inputs:
-            if other is not target:
-                other_start, other_end = _extent(other)
-                if other_start < end and start < other_end:
-                    return True
+        for other in others:
+            other_start, other_end = _extent(other)
+            if other_start < end and start < other_end:
+                return True
     return False
 
 
@@ -501,7 +545,7 @@ def _build(
                 put(at + 4 + d, ("size", s))
         at += len(stage.words())
     allocate: set[int] = {index for role, index in returns[1] if role == "new"}
-    written: set[int] = set()
+    written: set[tuple[str, int]] = set()
     for stage, position, role in tracer.notes:
         space = tuple(sym(s) for s in stage.space)
         at = offsets[id(stage)] + 4 + len(space) + position
@@ -510,8 +554,8 @@ def _build(
             continue  # the store of a result nobody reads
         if role[0] == "new":
             allocate.add(role[1])
-        if role[0] == "in" and head & 0xFF == P.OP_STORE:
-            written.add(role[1])
+        if role[0] != "new" and head & 0xFF == P.OP_STORE:
+            written.add(role)
         put(at + 1, ("ptr", *role), wide=True)
         if (head >> 24) & 0xF == P.MODE_STRIDED and role[0] != "const":
             shape = shape_of(role)
@@ -525,8 +569,8 @@ def _build(
         if reduce_stage.rows == 0:
             continue  # its result died unread: it stays a reduction of no row
         allocate.update(index for role, index in (x_role, out_role) if role == "new")
-        if out_role[0] == "in":
-            written.add(out_role[1])
+        if out_role[0] != "new":
+            written.add(out_role)
         shape = shape_of(x_role) if x_role[0] != "const" else tuple(x.shape)
         put(base + 2, ("numel", shape[:-1]), wide=True)
         put(base + 4, ("size", shape[-1]))
@@ -564,5 +608,6 @@ def _build(
         first_is_reduction=isinstance(first, P.ReduceStage),
         guards=guards,
         written=sorted(written),
+        constant_layouts=[_layout(c) for c in tracer.constants],
         constants=list(tracer.constants),
     )
