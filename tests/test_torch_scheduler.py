@@ -441,6 +441,27 @@ def test_a_result_a_view_was_taken_of_keeps_its_memory_until_its_store_ran(
     torch.testing.assert_close(u, w + 1)
 
 
+def test_what_eager_refuses_or_fills_with_nan_is_left_to_pytorch(sched: TorchScheduler) -> None:
+    x, y = rand(2, 3), rand(2, 3)
+    refused = [
+        lambda: x - True,
+        lambda: True - x,
+        lambda: torch.add(x, y, alpha=True),
+        lambda: torch.sub(x, y, alpha=True),
+    ]
+    with torch.no_grad():
+        for call in refused:
+            with pytest.raises(RuntimeError):
+                call()
+            with sched, pytest.raises(RuntimeError):
+                call()
+        nan = float("nan")
+        for low, high in ((nan, 1.0), (0.0, nan), (nan, nan)):
+            with sched:
+                got = x.clamp(low, high)
+            torch.testing.assert_close(got, x.clamp(low, high), equal_nan=True)
+
+
 # -------------------------------------------------------------- traced mode
 
 

@@ -185,6 +185,8 @@ def clamp(kind: str, mode: int) -> Handler:
             low, high = values
         if low is None and high is None:
             raise Decline  # PyTorch raises
+        if any(type(bound) is float and math.isnan(bound) for bound in (low, high)):
+            raise Decline  # PyTorch's NaN bound fills the result with NaN
         dtype = _dtype_of(args[0])
         return pointwise(
             batch,
@@ -255,6 +257,8 @@ def add(sign: float, reverse: bool, mode: int) -> Handler:
 
     def handle(batch: Batch, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor:
         other, alpha = _params(args, kwargs, (("other", None), ("alpha", 1)), 1)
+        if type(alpha) is bool or (sign < 0 and type(other) is bool):
+            raise Decline  # PyTorch refuses a bool alpha for numbers, and a bool subtracted
         alpha_bits = P.f32_bits(sign * _number(alpha))
         target = _target(args, kwargs, mode)
         if reverse:  # rsub: other - alpha * self
