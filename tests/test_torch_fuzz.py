@@ -4,9 +4,10 @@ Each case builds a few tensors and views of them (transposed, sliced, stepped,
 expanded, detached), runs a random program of ops over them eagerly, then under the
 scheduler in three ways: a context, a loop of contexts (whose later batches replay the
 first's program) and a traced function (recorded on copies that share no memory,
-then called on the case's own tensors). Every tensor the program touched, inputs included, must hold what eager
-PyTorch left in it. Ops eager refuses on a case's inputs are left out of it. CPU only:
-the NumPy interpreter runs the programs (tests/test_torch_gpu.py runs the CUDA one).
+then called on the case's own tensors). Every tensor the program touched, inputs
+included, must hold what eager PyTorch left in it. Ops eager refuses on a case's inputs
+are left out of it. CPU only: the NumPy interpreter runs the programs
+(tests/test_torch_gpu.py runs the CUDA one).
 """
 
 from __future__ import annotations
