@@ -230,16 +230,12 @@ class TorchScheduler:
             del self._plans[next(iter(self._plans))]
         self._plans[func] = [plan, *plans[: PLANS_PER_OP - 1]]
 
-    def run_program(
-        self, words: np.ndarray, n: int, units: int, reason: str, stream: Any = None
-    ) -> None:
+    def run_program(self, words: np.ndarray, n: int, units: int, reason: str, stream: Any) -> None:
         """Run a ready program (a traced one) after the open batch, as a flush does, on
-        ``stream`` (by default PyTorch's current stream)."""
+        ``stream`` (:meth:`current_stream`'s answer)."""
         with self._lock:
             self._flush_locked(reason)
             words[6] = units
-            if stream is None:
-                stream = self.current_stream()
             self.stats.batches += 1
             self.stats.flushes[reason] += 1
             self.executor.run(words, n, units, stream)

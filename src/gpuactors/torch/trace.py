@@ -447,7 +447,7 @@ def _writes_overlapping_memory(plan: _Plan, args: tuple[Any, ...]) -> bool:
     inputs = [args[k] for k in plan.arg_positions]
     for role, index in plan.written:
         target = inputs[index] if role == "in" else plan.constants[index]
-        if any(s > 1 and st == 0 for s, st in zip(target.shape, target.stride(), strict=True)):
+        if P.has_internal_overlap(target.shape, target.stride()):
             return True
         same_kind, other_kind = (
             (inputs, plan.constants) if role == "in" else (plan.constants, inputs)
