@@ -242,6 +242,73 @@ def test_item_and_print_see_the_pending_values(sched: TorchScheduler, capsys: An
     assert "tensor([ 4., -6.])" in capsys.readouterr().out
 
 
+def test_data_assigned_a_pending_result_keeps_its_values(sched: TorchScheduler) -> None:
+    # The textbook update of old code: `.data` is set to a result whose own object
+    # dies at once, and the next parameter's results must not take its memory.
+    params = [torch.nn.Parameter(rand(6)) for _ in range(3)]
+    for p in params:
+        p.grad = rand(6)
+    expected = [p.detach() - 0.1 * p.grad for p in params]
+    with torch.no_grad(), sched:
+        for p in params:
+            p.data = p.data - 0.1 * p.grad
+    for p, want in zip(params, expected, strict=True):
+        torch.testing.assert_close(p.detach(), want)
+    assert sched.stats.flushes["data"] == 3
+
+
+def test_data_assignment_then_reads_in_the_same_context(sched: TorchScheduler) -> None:
+    def clip_then_use(w: Any, x: Any) -> Any:
+        w.data = w.data.clamp(-0.5, 0.5)  # WGAN's weight clipping
+        return (w * x).sum(-1)
+
+    def swap_between_reads(x: Any) -> Any:
+        a = x * 2
+        x.data = torch.tensor([10.0, 20.0, 30.0])  # frees the memory `a` reads
+        return a, x * 3
+
+    w = torch.nn.Parameter(rand(8))
+    check(sched, clip_then_use, w.detach(), rand(8))
+    check(sched, swap_between_reads, torch.tensor([1.0, 2.0, 3.0]))
+
+
+def test_traced_function_that_assigns_data(sched: TorchScheduler) -> None:
+    def clip_then_use(w: Any, x: Any) -> Any:
+        w.data = w.data.clamp(-0.1, 0.1)
+        return (w * x).sum(-1)
+
+    traced = trace(clip_then_use, sched)
+    w, x = torch.nn.Parameter(rand(5)), rand(5)
+    w_eager = torch.nn.Parameter(w.detach().clone())
+    with torch.no_grad():
+        for _ in range(3):  # a recording cannot replay the assignment: run each time
+            torch.testing.assert_close(traced(w, x), clip_then_use(w_eager, x))
+            torch.testing.assert_close(w.detach(), w_eager.detach())
+
+
+def test_module_half_inside_the_context(sched: TorchScheduler) -> None:
+    # Module._apply casts each parameter and sets `.data` to the cast: layers of one
+    # shape would otherwise give one cast's memory to the next.
+    model = torch.nn.Sequential(*(torch.nn.Linear(4, 4) for _ in range(3)))
+    expected = [p.detach().half() for p in model.parameters()]
+    with torch.no_grad(), sched:
+        model.half()
+    for p, want in zip(model.parameters(), expected, strict=True):
+        assert p.dtype == torch.float16
+        torch.testing.assert_close(p.detach(), want)
+
+
+def test_data_assignment_is_watched_only_inside_a_context(sched: TorchScheduler) -> None:
+    assert "data" not in torch.Tensor.__dict__
+    t = torch.zeros(2)
+    with sched:
+        assert "data" in torch.Tensor.__dict__
+        t.data = torch.ones(2)  # nothing pending: no flush
+        assert torch.equal(t.data, torch.ones(2))
+    assert "data" not in torch.Tensor.__dict__ and not sched.stats.flushes["data"]
+    assert torch.Tensor.data.__get__(t, torch.Tensor) is not t  # PyTorch's own again
+
+
 def test_integer_and_bool_arithmetic_go_to_pytorch(sched: TorchScheduler) -> None:
     check(sched, lambda i: (torch.relu(i), i * 2, i.float() + 1), torch.arange(-3, 4), taken=False)
     check(sched, lambda m: m * 2.0, torch.tensor([True, False]), taken=False)

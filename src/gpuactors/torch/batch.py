@@ -433,6 +433,11 @@ class Batch:
             return True
         return storage_address(t) in self.storages
 
+    def touches(self, t: Tensor) -> bool:
+        """Whether the batch writes memory ``t`` may read, or reads ``t`` itself (whose
+        memory it takes as fixed until it has run)."""
+        return self.pending(t) or any(kept is t for kept in self.keep)
+
     # ----------------------------------------------------------------- finish
     def note_op(self) -> None:
         if self.ops == 0:

@@ -438,6 +438,10 @@ class Replay:
         address = int(t.data_ptr()) - int(t.storage_offset()) * int(t.element_size())
         return address in self.addresses
 
+    def touches(self, t: Tensor) -> bool:
+        """Whether this replay writes memory ``t`` may read, or reads ``t`` itself."""
+        return self.pending(t) or any(o is t for o in self.outside)
+
     def assemble(self) -> tuple[np.ndarray, int, int]:
         """The plan's program up to the last op followed, aimed at this replay's tensors."""
         plan = self.plan

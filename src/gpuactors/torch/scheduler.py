@@ -11,8 +11,8 @@ and waited for) when:
 
 * an op the scheduler does not take gets a tensor argument: .item(), .cpu(), .tolist()
   and any other op (views excepted: they read no data);
-* a pending tensor is printed (``Tensor.__repr__`` is wrapped while a context is
-  active, since printing turns dispatch modes off);
+* a pending tensor is printed, or ``t.data = v`` is set where the batch touches ``t``
+  or ``v`` (neither is an op: both are watched while a context is active);
 * the context is left, ``flush()`` or ``await flush_async()`` is called;
 * the batch holds ``max_batch_ops`` ops, or its program is full;
 * the oldest op has waited ``auto_flush_ms`` (a timer thread; bounded latency), except
@@ -139,7 +139,7 @@ class TorchScheduler:
         if self.auto_flush_s is not None and self._timer is None:
             self._timer = threading.Thread(target=self._timer_loop, daemon=True, name="torch-flush")
             self._timer.start()
-        _PRINTING.activate(self)
+        _HOOKS.activate(self)
         self._mode = _Mode(self)
         self._mode.__enter__()
         return self
@@ -155,7 +155,7 @@ class TorchScheduler:
             mode.__exit__(None, None, None)
             self.flush("exit")
         finally:
-            _PRINTING.deactivate(self)
+            _HOOKS.deactivate(self)
             with self._lock:
                 self._owner = None
 
@@ -274,6 +274,13 @@ class TorchScheduler:
         """Whether ``t`` may read memory that the open batch writes."""
         with self._lock:
             return bool(self._batch.ops) and self._batch.pending(t)
+
+    def flush_touching(self, reason: str, *tensors: Any) -> None:
+        """Flush the open batch if it reads or writes any of ``tensors``' memory."""
+        with self._lock:
+            batch = self._batch
+            if batch.ops and any(isinstance(t, Tensor) and batch.touches(t) for t in tensors):
+                self._flush_locked(reason)
 
     def _timer_loop(self) -> None:
         assert self.auto_flush_s is not None
@@ -439,45 +446,82 @@ def _tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
                     yield item
 
 
-class _PrintGuard:
-    """Printing a tensor turns dispatch modes off (``torch._tensor_str``), so while a
-    scheduler context is active ``Tensor.__repr__`` is wrapped to flush a batch that
-    the printed tensor may read first. Put back when the last context ends."""
+class _TensorHooks:
+    """What a dispatch mode does not see, watched while a scheduler context is active
+    (and put back when the last context ends):
+
+    * printing turns dispatch modes off (``torch._tensor_str``): ``Tensor.__repr__`` is
+      wrapped to flush a batch that the printed tensor may read first;
+    * ``t.data = v`` is no op: it points ``t`` at ``v``'s memory and may free ``t``'s.
+      A batch that cannot know it would take ``v``'s memory for dead once ``v`` is
+      (dropping its store, giving it to a later result) and keep reading ``t``'s old
+      memory, so ``Tensor.data`` gets a setter that flushes a batch touching either.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._active: list[TorchScheduler] = []
-        self._original: Any = None
+        self._repr: Any = None
+        self._own_data: Any = None  # Tensor's own ``data`` attribute, if it has one
 
     def activate(self, scheduler: TorchScheduler) -> None:
         with self._lock:
             if not self._active:
-                self._original = Tensor.__repr__
+                self._repr = Tensor.__repr__
+                self._own_data = Tensor.__dict__.get("data")
                 Tensor.__repr__ = _flushing_repr  # type: ignore[method-assign,unused-ignore]
+                Tensor.data = _WATCHED_DATA  # type: ignore[assignment,method-assign,unused-ignore]
             self._active.append(scheduler)
 
     def deactivate(self, scheduler: TorchScheduler) -> None:
         with self._lock:
             self._active.remove(scheduler)
             if not self._active:
-                Tensor.__repr__ = self._original  # type: ignore[method-assign,unused-ignore]
-                self._original = None
+                Tensor.__repr__ = self._repr  # type: ignore[method-assign,unused-ignore]
+                if self._own_data is None:
+                    del Tensor.data
+                else:
+                    Tensor.data = self._own_data  # type: ignore[method-assign,unused-ignore]
+                self._repr = self._own_data = None
+
+    def _schedulers(self) -> list[TorchScheduler]:
+        with self._lock:
+            return list(self._active)
 
     def flush_for(self, t: Tensor) -> Any:
+        """Flush what printing ``t`` may read; the original ``__repr__`` (None if the
+        hooks were removed meanwhile)."""
         with self._lock:
-            active = list(self._active)
-            original = self._original
+            active, original = list(self._active), self._repr
         for scheduler in active:
             if scheduler.pending(t):
                 scheduler.flush("print")
         return original
 
+    def before_data_set(self, target: Tensor, value: Any) -> None:
+        for scheduler in self._schedulers():
+            scheduler.flush_touching("data", target, value)
 
-_PRINTING = _PrintGuard()
+
+_HOOKS = _TensorHooks()
+#: ``Tensor.data`` as PyTorch defines it (on its C base class).
+_DATA: Any = Tensor.data
 
 
 def _flushing_repr(self: Tensor, *, tensor_contents: Any = None) -> str:
-    original = _PRINTING.flush_for(self)
-    if original is None:  # the guard was removed meanwhile
+    original = _HOOKS.flush_for(self)
+    if original is None:  # the hooks were removed meanwhile
         original = Tensor.__repr__
     return original(self, tensor_contents=tensor_contents)  # type: ignore[no-any-return]
+
+
+def _get_data(self: Tensor) -> Tensor:
+    return _DATA.__get__(self, type(self))  # type: ignore[no-any-return,unused-ignore]
+
+
+def _set_data(self: Tensor, value: Tensor) -> None:
+    _HOOKS.before_data_set(self, value)
+    _DATA.__set__(self, value)
+
+
+_WATCHED_DATA = property(_get_data, _set_data, doc=_DATA.__doc__)
