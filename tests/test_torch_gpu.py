@@ -241,6 +241,24 @@ def test_pending_values_read_by_ops_not_taken_item_cpu_tolist_print(
     assert sched.stats.flushes["fallback"] >= 3 and sched.stats.flushes["print"] == 1
 
 
+def test_pending_values_read_by_cupy_and_assigned_to_data(sched: TorchScheduler) -> None:
+    cupy = pytest.importorskip("cupy", reason="CuPy reads the tensors here")
+    x = torch.tensor([0.25, -1.0, 2.0], device=DEV)
+    p = torch.nn.Parameter(torch.ones(3, device=DEV))
+    with torch.no_grad(), sched:
+        y = x * 4 + 1
+        through_interface = cupy.asarray(y)  # __cuda_array_interface__
+        z = y * 2
+        through_dlpack = cupy.from_dlpack(z)
+        p.data = p.data - 0.5 * x  # the result's own object dies here
+        q = x * 100  # may not take that result's memory
+    assert cupy.asnumpy(through_interface).tolist() == [2.0, -3.0, 9.0]
+    assert cupy.asnumpy(through_dlpack).tolist() == [4.0, -6.0, 18.0]
+    assert p.detach().tolist() == [0.875, 1.5, 0.0] and q.tolist() == [25.0, -100.0, 200.0]
+    assert sched.stats.flushes["array interface"] >= 1 and sched.stats.flushes["dlpack"] >= 1
+    assert sched.stats.flushes["data"] == 1
+
+
 # ------------------------------------------------------------ fallback rules
 def test_every_fallback_rule(new_scheduler: Callable[..., TorchScheduler]) -> None:
     sched = new_scheduler(size_threshold=1000, auto_flush_ms=None)

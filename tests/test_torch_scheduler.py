@@ -309,6 +309,22 @@ def test_data_assignment_is_watched_only_inside_a_context(sched: TorchScheduler)
     assert torch.Tensor.data.__get__(t, torch.Tensor) is not t  # PyTorch's own again
 
 
+def test_dlpack_and_the_array_interface_see_the_pending_values(sched: TorchScheduler) -> None:
+    x = torch.tensor([0.25, -1.0])
+    dlpack, interface = torch.Tensor.__dlpack__, torch.Tensor.__dict__["__cuda_array_interface__"]
+    with torch.no_grad(), sched:
+        y = x * 4 + 1
+        assert np.from_dlpack(y).tolist() == [2.0, -3.0]  # torch's __dlpack__ flushes first
+        z = y * 2
+        # A CPU tensor has no array interface (PyTorch raises AttributeError): asking
+        # for it still flushes what the tensor may read.
+        assert getattr(z, "__cuda_array_interface__", None) is None
+        assert sched.stats.flushes == {"dlpack": 1, "array interface": 1}
+        assert torch.Tensor.__dlpack__ is not dlpack
+    assert torch.Tensor.__dlpack__ is dlpack  # PyTorch's own again
+    assert torch.Tensor.__dict__["__cuda_array_interface__"] is interface
+
+
 def test_integer_and_bool_arithmetic_go_to_pytorch(sched: TorchScheduler) -> None:
     check(sched, lambda i: (torch.relu(i), i * 2, i.float() + 1), torch.arange(-3, 4), taken=False)
     check(sched, lambda m: m * 2.0, torch.tensor([True, False]), taken=False)

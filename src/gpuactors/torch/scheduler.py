@@ -11,8 +11,9 @@ and waited for) when:
 
 * an op the scheduler does not take gets a tensor argument: .item(), .cpu(), .tolist()
   and any other op (views excepted: they read no data);
-* a pending tensor is printed, or ``t.data = v`` is set where the batch touches ``t``
-  or ``v`` (neither is an op: both are watched while a context is active);
+* a pending tensor is printed or read through ``__cuda_array_interface__`` or
+  ``__dlpack__``, or ``t.data = v`` is set where the batch touches ``t`` or ``v`` (none
+  of these is an op: they are watched while a context is active, see ``_TensorHooks``);
 * the context is left, ``flush()`` or ``await flush_async()`` is called;
 * the batch holds ``max_batch_ops`` ops, or its program is full;
 * the oldest op has waited ``auto_flush_ms`` (a timer thread; bounded latency), except
@@ -447,56 +448,54 @@ def _tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 
 class _TensorHooks:
-    """What a dispatch mode does not see, watched while a scheduler context is active
-    (and put back when the last context ends):
+    """What a dispatch mode does not see, watched while a scheduler context is active:
+    ``Tensor``'s attributes below are replaced when the first context is entered and put
+    back when the last one ends.
 
-    * printing turns dispatch modes off (``torch._tensor_str``): ``Tensor.__repr__`` is
-      wrapped to flush a batch that the printed tensor may read first;
+    * Printing turns dispatch modes off (``torch._tensor_str``): ``__repr__`` flushes a
+      batch the printed tensor may read first.
+    * Other libraries read a tensor's memory through ``__cuda_array_interface__`` and
+      ``__dlpack__`` (CuPy, an engine's ``Enqueue``), which are no ops: both flush a
+      batch the tensor may read first.
     * ``t.data = v`` is no op: it points ``t`` at ``v``'s memory and may free ``t``'s.
       A batch that cannot know it would take ``v``'s memory for dead once ``v`` is
       (dropping its store, giving it to a later result) and keep reading ``t``'s old
-      memory, so ``Tensor.data`` gets a setter that flushes a batch touching either.
+      memory, so ``data`` gets a setter that flushes a batch touching either.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._active: list[TorchScheduler] = []
-        self._repr: Any = None
-        self._own_data: Any = None  # Tensor's own ``data`` attribute, if it has one
+        self._originals: dict[str, Any] = {}  # Tensor's own attributes (None: inherited)
 
     def activate(self, scheduler: TorchScheduler) -> None:
         with self._lock:
             if not self._active:
-                self._repr = Tensor.__repr__
-                self._own_data = Tensor.__dict__.get("data")
-                Tensor.__repr__ = _flushing_repr  # type: ignore[method-assign,unused-ignore]
-                Tensor.data = _WATCHED_DATA  # type: ignore[assignment,method-assign,unused-ignore]
+                for name, replacement in _REPLACEMENTS.items():
+                    self._originals[name] = Tensor.__dict__.get(name)
+                    setattr(Tensor, name, replacement)
             self._active.append(scheduler)
 
     def deactivate(self, scheduler: TorchScheduler) -> None:
         with self._lock:
             self._active.remove(scheduler)
             if not self._active:
-                Tensor.__repr__ = self._repr  # type: ignore[method-assign,unused-ignore]
-                if self._own_data is None:
-                    del Tensor.data
-                else:
-                    Tensor.data = self._own_data  # type: ignore[method-assign,unused-ignore]
-                self._repr = self._own_data = None
+                for name, original in self._originals.items():
+                    if original is None:
+                        delattr(Tensor, name)
+                    else:
+                        setattr(Tensor, name, original)
+                self._originals.clear()
 
     def _schedulers(self) -> list[TorchScheduler]:
         with self._lock:
             return list(self._active)
 
-    def flush_for(self, t: Tensor) -> Any:
-        """Flush what printing ``t`` may read; the original ``__repr__`` (None if the
-        hooks were removed meanwhile)."""
-        with self._lock:
-            active, original = list(self._active), self._repr
-        for scheduler in active:
+    def flush_for(self, reason: str, t: Tensor) -> None:
+        """Flush every active scheduler's batch that ``t`` may read."""
+        for scheduler in self._schedulers():
             if scheduler.pending(t):
-                scheduler.flush("print")
-        return original
+                scheduler.flush(reason)
 
     def before_data_set(self, target: Tensor, value: Any) -> None:
         for scheduler in self._schedulers():
@@ -504,15 +503,27 @@ class _TensorHooks:
 
 
 _HOOKS = _TensorHooks()
-#: ``Tensor.data`` as PyTorch defines it (on its C base class).
+# PyTorch's own attributes, as the replacements call them (``data`` lives on its C base
+# class; the others on ``Tensor`` itself).
+_REPR: Any = Tensor.__repr__
+_DLPACK: Any = Tensor.__dlpack__
+_ARRAY_INTERFACE: Any = Tensor.__dict__["__cuda_array_interface__"]
 _DATA: Any = Tensor.data
 
 
 def _flushing_repr(self: Tensor, *, tensor_contents: Any = None) -> str:
-    original = _HOOKS.flush_for(self)
-    if original is None:  # the hooks were removed meanwhile
-        original = Tensor.__repr__
-    return original(self, tensor_contents=tensor_contents)  # type: ignore[no-any-return]
+    _HOOKS.flush_for("print", self)
+    return _REPR(self, tensor_contents=tensor_contents)  # type: ignore[no-any-return]
+
+
+def _flushing_dlpack(self: Tensor, *args: Any, **kwargs: Any) -> Any:
+    _HOOKS.flush_for("dlpack", self)
+    return _DLPACK(self, *args, **kwargs)
+
+
+def _flushing_array_interface(self: Tensor) -> Any:
+    _HOOKS.flush_for("array interface", self)
+    return _ARRAY_INTERFACE.__get__(self, type(self))
 
 
 def _get_data(self: Tensor) -> Tensor:
@@ -524,4 +535,9 @@ def _set_data(self: Tensor, value: Tensor) -> None:
     _DATA.__set__(self, value)
 
 
-_WATCHED_DATA = property(_get_data, _set_data, doc=_DATA.__doc__)
+_REPLACEMENTS: dict[str, Any] = {
+    "__repr__": _flushing_repr,
+    "__dlpack__": _flushing_dlpack,
+    "__cuda_array_interface__": property(_flushing_array_interface, doc=_ARRAY_INTERFACE.__doc__),
+    "data": property(_get_data, _set_data, doc=_DATA.__doc__),
+}
