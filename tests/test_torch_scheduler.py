@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import io
+import pickle
 import subprocess
 import sys
 import threading
@@ -325,6 +327,58 @@ def test_dlpack_and_the_array_interface_see_the_pending_values(sched: TorchSched
     assert torch.Tensor.__dict__["__cuda_array_interface__"] is interface
 
 
+def test_cpu_reads_and_kept_storage_see_the_pending_values(sched: TorchScheduler) -> None:
+    # On the CPU these read memory with no op; on CUDA each is a copy (an op) anyway.
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0])
+
+    def saved(t: Any) -> Any:
+        buffer = io.BytesIO()
+        torch.save(t, buffer)  # through untyped_storage()
+        buffer.seek(0)
+        return torch.load(buffer)
+
+    def storage_outlives_tensor() -> Any:
+        y = x * 2
+        storage = y.untyped_storage()
+        del y
+        _later = [x * 3, x * 4, x * 5]  # results of y's shape: none may take its memory
+        return torch.empty(0).set_(storage).clone()
+
+    with torch.no_grad(), sched:
+        assert (x * 2).tolist() == [2.0, 4.0, 6.0, 8.0]
+        assert (x * 3).numpy().tolist() == [3.0, 6.0, 9.0, 12.0]
+        assert np.asarray(x * 4).tolist() == [4.0, 8.0, 12.0, 16.0]
+        assert pickle.loads(pickle.dumps(x * 5)).tolist() == [5.0, 10.0, 15.0, 20.0]
+        assert saved(x * 6).tolist() == [6.0, 12.0, 18.0, 24.0]
+        assert storage_outlives_tensor().tolist() == [2.0, 4.0, 6.0, 8.0]
+    assert set(sched.stats.flushes) >= {"tolist", "numpy", "storage"}
+
+
+def test_two_schedulers_on_one_thread_keep_eager_order() -> None:
+    first, second = (TorchScheduler(KeepsPrograms(), auto_flush_ms=None) for _ in range(2))
+    x, zeros = torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.zeros(2, 4)
+    y = x.clone()
+    traced = trace(lambda t: torch.sigmoid(t) * 2, second)
+    with torch.no_grad():
+        for _ in range(2):  # recorded, then bound
+            traced(rand(4))
+        with first:
+            read = y * 2
+            with second:
+                y.add_(100)  # after `read`, as eager orders it
+                pending = x * 3
+            from_both = pending + zeros  # `first` reads `second`'s result
+            moved = x * 2
+            replayed = traced(moved)  # `second`'s program reads `first`'s result
+    torch.testing.assert_close(read, x * 2)
+    torch.testing.assert_close(y, x + 100)
+    torch.testing.assert_close(from_both, x * 3 + zeros)
+    torch.testing.assert_close(replayed, torch.sigmoid(x * 2) * 2)
+    assert first.stats.flushes["other scheduler"] >= 1
+    first.close()
+    second.close()
+
+
 def test_integer_and_bool_arithmetic_go_to_pytorch(sched: TorchScheduler) -> None:
     check(sched, lambda i: (torch.relu(i), i * 2, i.float() + 1), torch.arange(-3, 4), taken=False)
     check(sched, lambda m: m * 2.0, torch.tensor([True, False]), taken=False)
@@ -515,7 +569,9 @@ def test_a_result_a_view_was_taken_of_keeps_its_memory_until_its_store_ran(
         y = x * 2
         v = y[:8]
         u = w + 1
-        memory = weakref.ref(y.untyped_storage())  # alive while any tensor uses it
+        # PyTorch's own untyped_storage (the context's would flush): its weak reference
+        # is alive while any tensor uses the memory.
+        memory = weakref.ref(torch.Tensor.__base__.untyped_storage(y))
         del y, v
         gc.collect()
         assert memory() is not None
@@ -571,6 +627,43 @@ def test_traced_mode_rerecords_when_the_structure_changes(sched: TorchScheduler)
                 assert_same(list(traced(x, b)), list(norm(x, b)), f"{shape} {dtype}")
     # (rank 2, f32), (rank 2, f16), (rank 3 ...), and the size-1 dim makes a new signature
     assert traced.recordings == 6 and traced.replays == 4
+
+
+def test_traced_mode_records_per_shape_what_reads_sizes(sched: TorchScheduler) -> None:
+    # A number computed from a size (attention's d ** -0.5, a mean by hand) is part of
+    # the program: replayed at another size it would be the recorded one.
+    def scaled(x: Any) -> Any:
+        return x * x.shape[-1] ** -0.5
+
+    def by_hand(x: Any) -> Any:
+        return x.sum(-1) / x.size(-1) + len(x)
+
+    for fn in (scaled, by_hand):
+        traced = trace(fn, sched)
+        with torch.no_grad():
+            for width in (16, 64, 16, 64, 32):
+                x = rand(3, width)
+                torch.testing.assert_close(traced(x), fn(x), msg=f"{fn.__name__} {width}")
+        assert traced.recordings == 3 and traced.replays == 2, fn.__name__
+
+
+def test_traced_mode_takes_keyword_arguments(sched: TorchScheduler) -> None:
+    def scaled(x: Any, y: Any, scale: float = 2.0) -> Any:
+        return x * scale + y
+
+    def by_keyword_only(x: Any, *, scale: float) -> Any:
+        return x * scale
+
+    traced, keyword_only = trace(scaled, sched), trace(by_keyword_only, sched)
+    x, y = rand(5), rand(5)
+    with torch.no_grad():
+        for scale in (3.0, 3.0, 0.5):
+            torch.testing.assert_close(traced(x, y=y, scale=scale), scaled(x, y, scale))
+            torch.testing.assert_close(keyword_only(x, scale=scale), x * scale)
+        with pytest.raises(TypeError):  # as the function itself refuses it
+            traced(x, y, bad=1)
+    assert traced.recordings == 2 and traced.replays == 1  # one per scale
+    assert keyword_only.recordings == 0  # run under the scheduler each time
 
 
 def test_traced_mode_keeps_in_place_updates_and_constants(sched: TorchScheduler) -> None:

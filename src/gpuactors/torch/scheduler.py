@@ -15,6 +15,8 @@ and waited for) when:
   ``__dlpack__``, or ``t.data = v`` is set where the batch touches ``t`` or ``v`` (none
   of these is an op: they are watched while a context is active, see ``_TensorHooks``);
 * the context is left, ``flush()`` or ``await flush_async()`` is called;
+* another scheduler whose context this thread is in is about to start a batch or run
+  a traced function (its work may read what this one queued);
 * the batch holds ``max_batch_ops`` ops, or its program is full;
 * the oldest op has waited ``auto_flush_ms`` (a timer thread; bounded latency), except
   while :func:`~gpuactors.torch.trace` records the batch: the recording's end flushes it.
@@ -234,6 +236,8 @@ class TorchScheduler:
     def run_program(self, words: np.ndarray, n: int, units: int, reason: str, stream: Any) -> None:
         """Run a ready program (a traced one) after the open batch, as a flush does, on
         ``stream`` (:meth:`current_stream`'s answer)."""
+        if _HOOKS.others_active(self):
+            _HOOKS.flush_others(self)
         with self._lock:
             self._flush_locked(reason)
             words[6] = units
@@ -276,6 +280,10 @@ class TorchScheduler:
         with self._lock:
             return bool(self._batch.ops) and self._batch.pending(t)
 
+    def open_here(self) -> bool:
+        """Whether the calling thread is inside this scheduler's context."""
+        return self._owner == threading.get_ident()
+
     def flush_touching(self, reason: str, *tensors: Any) -> None:
         """Flush the open batch if it reads or writes any of ``tensors``' memory."""
         with self._lock:
@@ -312,6 +320,8 @@ class TorchScheduler:
         if types:  # a tensor subclass with its own dispatch: PyTorch's business
             return self._fallback(func, args, kwargs)
         plans = self._plans
+        if not self._batch.ops and _HOOKS.others_active(self) and (func in TABLE or func in plans):
+            _HOOKS.flush_others(self)  # a batch may start: what others queued runs first
         if plans and (type(self._batch) is Replay or (not self._batch.ops and func in plans)):
             with self._lock:
                 batch = self._batch
@@ -454,9 +464,11 @@ class _TensorHooks:
 
     * Printing turns dispatch modes off (``torch._tensor_str``): ``__repr__`` flushes a
       batch the printed tensor may read first.
-    * Other libraries read a tensor's memory through ``__cuda_array_interface__`` and
-      ``__dlpack__`` (CuPy, an engine's ``Enqueue``), which are no ops: both flush a
-      batch the tensor may read first.
+    * Other code reaches a tensor's memory with no op: other libraries through
+      ``__cuda_array_interface__`` and ``__dlpack__`` (CuPy, an engine's ``Enqueue``),
+      storage-level code through ``untyped_storage()`` (``torch.save``, sharing), and on
+      the CPU ``numpy()`` and ``tolist()``. Each flushes a batch that reads or writes
+      the tensor's memory first (the reader may also write it).
     * ``t.data = v`` is no op: it points ``t`` at ``v``'s memory and may free ``t``'s.
       A batch that cannot know it would take ``v``'s memory for dead once ``v`` is
       (dropping its store, giving it to a later result) and keep reading ``t``'s old
@@ -491,23 +503,35 @@ class _TensorHooks:
         with self._lock:
             return list(self._active)
 
-    def flush_for(self, reason: str, t: Tensor) -> None:
-        """Flush every active scheduler's batch that ``t`` may read."""
+    def flush_for(self, reason: str, *tensors: Any) -> None:
+        """Flush every active scheduler's batch that reads or writes ``tensors``' memory."""
         for scheduler in self._schedulers():
-            if scheduler.pending(t):
-                scheduler.flush(reason)
+            scheduler.flush_touching(reason, *tensors)
 
-    def before_data_set(self, target: Tensor, value: Any) -> None:
-        for scheduler in self._schedulers():
-            scheduler.flush_touching("data", target, value)
+    def others_active(self, scheduler: TorchScheduler) -> bool:
+        """Whether a scheduler other than ``scheduler`` is in a context (on any thread)."""
+        active = self._active
+        return len(active) > 1 or (len(active) == 1 and active[0] is not scheduler)
+
+    def flush_others(self, scheduler: TorchScheduler) -> None:
+        """Flush the batches of the other schedulers whose context this thread is in:
+        ``scheduler`` is about to queue or run work that may read or write what they
+        queued (nested contexts of two schedulers, or one scheduler's traced function
+        called inside another's context)."""
+        for other in self._schedulers():
+            if other is not scheduler and other.open_here():
+                other.flush("other scheduler")
 
 
 _HOOKS = _TensorHooks()
-# PyTorch's own attributes, as the replacements call them (``data`` lives on its C base
-# class; the others on ``Tensor`` itself).
+# PyTorch's own attributes, as the replacements call them (``data``, ``untyped_storage``,
+# ``numpy`` and ``tolist`` live on its C base class; the others on ``Tensor`` itself).
 _REPR: Any = Tensor.__repr__
 _DLPACK: Any = Tensor.__dlpack__
 _ARRAY_INTERFACE: Any = Tensor.__dict__["__cuda_array_interface__"]
+_STORAGE: Any = Tensor.untyped_storage
+_NUMPY: Any = Tensor.numpy
+_TOLIST: Any = Tensor.tolist
 _DATA: Any = Tensor.data
 
 
@@ -516,14 +540,21 @@ def _flushing_repr(self: Tensor, *, tensor_contents: Any = None) -> str:
     return _REPR(self, tensor_contents=tensor_contents)  # type: ignore[no-any-return]
 
 
-def _flushing_dlpack(self: Tensor, *args: Any, **kwargs: Any) -> Any:
-    _HOOKS.flush_for("dlpack", self)
-    return _DLPACK(self, *args, **kwargs)
-
-
 def _flushing_array_interface(self: Tensor) -> Any:
     _HOOKS.flush_for("array interface", self)
     return _ARRAY_INTERFACE.__get__(self, type(self))
+
+
+def _flushing(reason: str, original: Any) -> Callable[..., Any]:
+    """``original`` (a method of ``Tensor``), after a flush of what its tensor touches."""
+
+    def method(self: Tensor, *args: Any, **kwargs: Any) -> Any:
+        _HOOKS.flush_for(reason, self)
+        return original(self, *args, **kwargs)
+
+    method.__name__ = original.__name__
+    method.__doc__ = original.__doc__
+    return method
 
 
 def _get_data(self: Tensor) -> Tensor:
@@ -531,13 +562,16 @@ def _get_data(self: Tensor) -> Tensor:
 
 
 def _set_data(self: Tensor, value: Tensor) -> None:
-    _HOOKS.before_data_set(self, value)
+    _HOOKS.flush_for("data", self, value)
     _DATA.__set__(self, value)
 
 
 _REPLACEMENTS: dict[str, Any] = {
     "__repr__": _flushing_repr,
-    "__dlpack__": _flushing_dlpack,
+    "__dlpack__": _flushing("dlpack", _DLPACK),
     "__cuda_array_interface__": property(_flushing_array_interface, doc=_ARRAY_INTERFACE.__doc__),
+    "untyped_storage": _flushing("storage", _STORAGE),
+    "numpy": _flushing("numpy", _NUMPY),
+    "tolist": _flushing("tolist", _TOLIST),
     "data": property(_get_data, _set_data, doc=_DATA.__doc__),
 }

@@ -14,8 +14,13 @@ equal to which others (so broadcasting works out the same) and whether it is the
 tensor as an earlier argument, plus the other arguments themselves. New sizes within
 one signature reuse the template.
 
+A recording that read a tensor's sizes (``x.shape``, ``x.size()``, ``x.numel()``,
+``len(x)``, ``x.stride()``) may have computed a number from them (``x * d ** -0.5``),
+which its program holds: such a recording is kept for its exact shapes only, and each
+new set of shapes is recorded again.
+
 What a trace cannot see, as with ``torch.jit.trace``: Python control flow that depends
-on sizes or values (the recorded branch is replayed), and tensors ``fn`` reaches
+on values (the recorded branch is replayed), and tensors ``fn`` reaches
 other than its arguments, which the trace keeps (their memory is read where it is at
 each run, but rebinding the name has no effect; a size they fix stays fixed). A call
 whose recording needed PyTorch for any op, or that returns anything but tensors, is
@@ -25,6 +30,7 @@ faster).
 
 from __future__ import annotations
 
+import inspect
 import math
 import threading
 from collections.abc import Callable, Sequence
@@ -34,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
+from torch.overrides import TorchFunctionMode
 
 from gpuactors.torch import program as P
 from gpuactors.torch.batch import Batch, UnitSpread
@@ -182,13 +189,46 @@ class _Bound:
     serial: int  # which binding of its traced function (its scratch's key)
 
 
+class _SizeReads(TorchFunctionMode):  # type: ignore[misc,unused-ignore]
+    """Notes whether the code it watches read a tensor's sizes. (A torch function mode
+    sees these reads, which are no ops; it is active only while a function records.)"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = False
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func in _SIZE_READS:
+            self.seen = True
+        return func(*args, **(kwargs or {}))
+
+
+#: What reads a tensor's sizes (its rank and contiguity are part of the signature).
+_SIZE_READS = {
+    Tensor.shape.__get__,
+    Tensor.size,
+    Tensor.numel,
+    torch.numel,
+    Tensor.__len__,
+    Tensor.stride,
+}
+
+
 class TracedFunction:
     """``fn`` recorded per shape signature and replayed (see the module docstring)."""
 
     def __init__(self, fn: Callable[..., Any], scheduler: TorchScheduler) -> None:
         self.fn = fn
         self.scheduler = scheduler
-        self._plans: dict[tuple[Any, ...], _Plan | None] = {}  # None: not traceable
+        try:  # (to call with keyword arguments)
+            self._parameters: inspect.Signature | None = inspect.signature(fn)
+        except (TypeError, ValueError):
+            self._parameters = None
+        #: By signature, or (signature, exact shapes) for those in ``_per_shape``; None:
+        #: not traceable.
+        self._plans: dict[tuple[Any, ...], _Plan | None] = {}
+        #: Signatures whose recording read sizes: recorded per set of exact shapes.
+        self._per_shape: set[tuple[Any, ...]] = set()
         self._bound: dict[tuple[Any, ...], _Bound] = {}  # by exact_shapes
         #: Scratch by (binding, stream handle or None off CUDA), the oldest first.
         self._scratch_kept: dict[tuple[int, int | None], list[Tensor]] = {}
@@ -197,7 +237,13 @@ class TracedFunction:
         self.bindings = 0  # plans bound to a new set of exact shapes
         self.replays = 0
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs:
+            positional = self._positional(args, kwargs)
+            if positional is None:  # keyword-only parameters (or a call fn refuses)
+                with self.scheduler:
+                    return self.fn(*args, **kwargs)
+            args = positional
         exact = exact_shapes(args)
         bound = None if exact is None else self._bound.get(exact)
         if bound is not None and bound.plan.constants and _constants_changed(bound.plan):
@@ -205,21 +251,36 @@ class TracedFunction:
             bound = None
         if bound is None:
             key = signature(args)
+            per_shape = key is not None and key in self._per_shape
+            if per_shape:
+                key = (key, exact)
             plan = None if key is None else self._plans.get(key)
             if plan is not None and plan.constants and _constants_changed(plan):
                 self._forget()
             if key is not None and key not in self._plans:
-                return self._record(key, args)
+                return self._record(key, args, per_shape)
             bound = None if plan is None else self._bound_to(plan, exact, args)
         if bound is not None and not _writes_overlapping_memory(bound.plan, args):
             return self._run(bound, args)
         with self.scheduler:
             return self.fn(*args)
 
+    def _positional(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+        """The call's arguments as ``fn``'s positional ones, or None where it takes some
+        by keyword only (or they do not fit it: ``fn`` then raises as it would)."""
+        if self._parameters is None:
+            return None
+        try:
+            call = self._parameters.bind(*args, **kwargs)
+        except TypeError:
+            return None
+        return None if call.kwargs else call.args
+
     def _forget(self) -> None:
         """Drop every plan: a constant's layout changed, so each is recorded again."""
         with self._lock:
             self._plans.clear()
+            self._per_shape.clear()
             self._bound.clear()
             self._scratch_kept.clear()
 
@@ -238,19 +299,26 @@ class TracedFunction:
                 _keep(self._bound, exact, bound, MAX_BOUND)
         return bound
 
-    def _record(self, key: tuple[Any, ...], args: tuple[Any, ...]) -> Any:
+    def _record(self, key: tuple[Any, ...], args: tuple[Any, ...], per_shape: bool) -> Any:
+        """Run ``fn`` under the scheduler, keeping its program under ``key`` (a signature,
+        or with ``per_shape`` a signature and exact shapes) if it can be replayed."""
         inputs = [a for a in args if isinstance(a, Tensor)]
         positions = [k for k, a in enumerate(args) if isinstance(a, Tensor)]
         tracer = _Tracer(inputs)
         self.recordings += 1
         with self.scheduler.recording(tracer) as whole:
-            result = self.fn(*args)
+            with _SizeReads() as reads:
+                result = self.fn(*args)
             batch = whole()
             plan = None
             if batch is not None:
                 spread = self.scheduler.executor.spread
                 plan = _build(batch, tracer, result, inputs, positions, spread)
-        self._plans[key] = plan
+        with self._lock:
+            if plan is not None and reads.seen and not per_shape:
+                self._per_shape.add(key)
+                key = (key, exact_shapes(args))
+            _keep(self._plans, key, plan, MAX_PLANS)
         return result
 
     def _bind(self, plan: _Plan, inputs: list[Tensor], sizes: dict[tuple[int, int], int]) -> _Bound:
@@ -358,6 +426,8 @@ def _keep(kept: dict[Any, Any], key: Any, value: Any, most: int) -> None:
 #: Bound plans a traced function keeps, one per exact set of shapes it was called with
 #: (the one bound first goes first).
 MAX_BOUND = 64
+#: Recordings a traced function keeps (the oldest goes first).
+MAX_PLANS = 64
 #: Scratch sets a traced function keeps, one per binding and stream (the oldest goes
 #: first): at most this many times the largest binding's scratch.
 MAX_SCRATCH = 16
