@@ -354,6 +354,24 @@ def test_cpu_reads_and_kept_storage_see_the_pending_values(sched: TorchScheduler
     assert set(sched.stats.flushes) >= {"tolist", "numpy", "storage"}
 
 
+def test_a_reused_result_carries_nothing_of_the_dead_one(sched: TorchScheduler) -> None:
+    # A result nobody holds any more is handed out again as a later result of its
+    # shape: not if its holder made it need autograd, or inference mode made it.
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    with torch.no_grad(), sched:
+        with torch.inference_mode():
+            inside = torch.sigmoid(x * 2)
+        outside = x * 3
+        outside.add_(1)  # an inference tensor would refuse this outside the mode
+        a = x * 2
+        a.requires_grad_()
+        del a
+        later = [x + 1, x * 3]
+    assert inside.is_inference() and not outside.is_inference()
+    assert not any(t.requires_grad for t in later)
+    torch.testing.assert_close(outside, x * 3 + 1)
+
+
 def test_two_schedulers_on_one_thread_keep_eager_order() -> None:
     first, second = (TorchScheduler(KeepsPrograms(), auto_flush_ms=None) for _ in range(2))
     x, zeros = torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.zeros(2, 4)

@@ -52,10 +52,19 @@ def _refs_of_first(items: list[Any]) -> int:
 
 
 def first_unreferenced(items: list[Any]) -> Any:
+    """The first of the pool's ``items`` that only the pool holds and that carries no
+    state a new tensor would not have, or None."""
     for item in items:
-        if sys.getrefcount(item) <= _POOL_FREE:
+        if sys.getrefcount(item) <= _POOL_FREE and reusable(item):
             return item
     return None
+
+
+def reusable(t: Tensor) -> bool:
+    """Whether a result nobody holds may be handed out again as a new result: not if
+    its holder made it need autograd, or it was made on the other side of inference
+    mode (an inference tensor refuses in-place updates outside it)."""
+    return not t.requires_grad and t.is_inference() == torch.is_inference_mode_enabled()
 
 
 def _refs_through_weakref(ref: Any) -> int:

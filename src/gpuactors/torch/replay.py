@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from gpuactors.torch import program as P
-from gpuactors.torch.batch import Batch, Value
+from gpuactors.torch.batch import Batch, Value, reusable
 
 #: Plain argument types a plan compares by value (and type).
 _PLAIN = (bool, int, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout)
@@ -379,6 +379,7 @@ class Replay:
         if (
             slot_tensor[slot] is not None
             and sys.getrefcount(slot_tensor[slot]) == _HELD_ONCE + self.slot_uses[slot]
+            and reusable(slot_tensor[slot])
         ):
             self.slot_uses[slot] += 1
         else:
