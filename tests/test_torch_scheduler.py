@@ -372,6 +372,48 @@ def test_a_reused_result_carries_nothing_of_the_dead_one(sched: TorchScheduler) 
     torch.testing.assert_close(outside, x * 3 + 1)
 
 
+def test_results_are_laid_out_as_eager_lays_them_out(sched: TorchScheduler) -> None:
+    # Strides matter to what comes after (view, is_contiguous): PyTorch's elementwise
+    # results follow all their operands' layout, where's condition first.
+    xt, c, row, wide, column = rand(3, 4).t(), rand(4, 3), rand(3), rand(8, 6), rand(4, 1)
+    cond = rand(4, 3) > 0
+    every = {
+        "transposed, scalar": lambda: xt * 2,
+        "scalar first (rsub)": lambda: 1 - xt,
+        "0-dim first": lambda: torch.tensor(2.0) * xt,
+        "broadcast row first": lambda: row * xt,
+        "contiguous first": lambda: c + xt,
+        "transposed first": lambda: xt + c,
+        "where": lambda: torch.where(cond, xt, c),
+        "where, transposed condition": lambda: torch.where(cond.t().contiguous().t(), c, xt),
+        "clamp by tensors": lambda: torch.clamp(xt, c, c + 1),
+        "unary": lambda: torch.sigmoid(xt),
+        "cast": lambda: xt.half(),
+        "clone": lambda: xt.clone(),
+        "contiguous clone": lambda: xt.clone(memory_format=torch.contiguous_format),
+        "a scalar base": lambda: 2**xt,
+        "sliced": lambda: wide[::2, ::2] * 3,
+        "expanded": lambda: column.expand(4, 3) + xt,
+    }
+    for what, op in every.items():
+        with torch.no_grad():
+            expected = op()
+            with sched:
+                got = op()
+        assert got.stride() == expected.stride(), what
+        torch.testing.assert_close(got, expected, msg=what)
+
+
+def test_a_reused_result_has_the_layout_a_new_one_would(sched: TorchScheduler) -> None:
+    xt, c = rand(3, 4).t(), rand(4, 3)
+    with torch.no_grad(), sched:
+        a = c * 2
+        _k = c + 1
+        del a  # a contiguous result of xt's shape nobody holds
+        got = xt * 2
+    assert got.stride() == (xt * 2).stride() == (1, 4)
+
+
 def test_two_schedulers_on_one_thread_keep_eager_order() -> None:
     first, second = (TorchScheduler(KeepsPrograms(), auto_flush_ms=None) for _ in range(2))
     x, zeros = torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.zeros(2, 4)

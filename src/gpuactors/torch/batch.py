@@ -24,6 +24,7 @@ from __future__ import annotations
 import sys
 import time
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,7 @@ from torch import Tensor
 
 from gpuactors.torch import dtypes as D
 from gpuactors.torch import program as P
+from gpuactors.torch.layout import result_strides
 
 CODES: dict[torch.dtype, int] = {
     torch.float32: D.F32,
@@ -91,7 +93,17 @@ class Decline(Exception):
 class Value:
     """Where the current value of one tensor object lives (see the module docstring)."""
 
-    __slots__ = ("dtype", "pooled", "ref", "reg", "required", "stage", "store", "strong")
+    __slots__ = (
+        "contiguous",
+        "dtype",
+        "pooled",
+        "ref",
+        "reg",
+        "required",
+        "stage",
+        "store",
+        "strong",
+    )
 
     def __init__(
         self,
@@ -100,8 +112,10 @@ class Value:
         reg: int,
         dtype: int,
         strong: bool,
+        contiguous: bool = True,
     ) -> None:
         self.ref: weakref.ref[Tensor] | None = None if strong else weakref.ref(tensor)
+        self.contiguous = contiguous  # (an op on it is laid out as PyTorch would: see usual)
         self.strong: Tensor | None = tensor if strong else None
         self.stage = stage
         self.reg = reg
@@ -285,7 +299,7 @@ class Batch:
         stage.load(descriptor, reg, round_mode)
         self.owners[reg] = _PIN
         self.loads[key] = reg
-        if round_mode == D.ROUND_NONE and t.shape == stage.space:
+        if round_mode == D.ROUND_NONE and t.shape == stage.space and t.is_contiguous():
             self.fast_loads[id(t)] = (reg, CODES[t.dtype])
         self.load_bases.setdefault(address, []).append(key)
         self.reads.setdefault(address, set()).add(layout_of(t))
@@ -309,9 +323,10 @@ class Batch:
 
     def fresh_result(self, out: Tensor, stage: P.PointwiseStage, reg: int, dtype: int) -> None:
         """Store register ``reg`` into the new tensor ``out`` (skipped if it dies unread)."""
-        value = Value(out, stage, reg, dtype, strong=False)
+        contiguous = out.is_contiguous()
+        value = Value(out, stage, reg, dtype, strong=False, contiguous=contiguous)
         value.pooled = out is self.just_pooled
-        if out.is_contiguous():
+        if contiguous:
             lo = out.data_ptr()
             position = len(stage.code)
             stage.code += (
@@ -331,10 +346,18 @@ class Batch:
             self.tracer.fresh(out)
             self.tracer.note(stage, position, out)
 
-    def new_output(self, like: Any, space: tuple[int, ...], dtype: int, contiguous: bool) -> Tensor:
-        """A tensor for a fresh result over ``space``: one of this batch's earlier results
-        that nobody holds any more (its store is dropped, its register freed), or a new
-        one (like ``like``'s layout when it has the result's shape, as PyTorch does)."""
+    def new_output(
+        self, operands: Sequence[Any], space: tuple[int, ...], dtype: int, contiguous: bool
+    ) -> Tensor:
+        """A tensor for a fresh result over ``space``, laid out as PyTorch lays out the
+        result of an op on ``operands`` (in its order; or ``contiguous``): if that is
+        contiguous, one of this batch's earlier results that nobody holds any more (its
+        store is dropped, its register freed) or a new one kept for reuse."""
+        torch_dtype = TORCH_DTYPES[dtype]
+        strides = None if contiguous else result_strides(space, operands)
+        if strides is not None:
+            self.just_pooled = None
+            return torch.empty_strided(space, strides, dtype=torch_dtype, device=self.device)
         key = (space, dtype)
         pooled = self.pool.get(key)
         if pooled:
@@ -343,18 +366,13 @@ class Batch:
                 self.recycle(free)
                 self.just_pooled = free
                 return free  # type: ignore[no-any-return,unused-ignore]
-        torch_dtype = TORCH_DTYPES[dtype]
-        if isinstance(like, Tensor) and like.shape == space and not contiguous:
-            out = torch.empty_like(like, dtype=torch_dtype)
-        else:
-            out = torch.empty(space, dtype=torch_dtype, device=self.device)
+        out = torch.empty(space, dtype=torch_dtype, device=self.device)
         self.just_pooled = None
-        if out.is_contiguous():
-            if pooled is None:
-                pooled = self.pool[key] = []
-            if len(pooled) < POOL_PER_KEY:
-                pooled.append(out)
-                self.just_pooled = out
+        if pooled is None:
+            pooled = self.pool[key] = []
+        if len(pooled) < POOL_PER_KEY:
+            pooled.append(out)
+            self.just_pooled = out
         return out
 
     def recycle(self, t: Tensor) -> None:

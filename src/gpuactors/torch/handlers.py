@@ -244,8 +244,10 @@ def rpow_scalar(mode: int) -> Handler:
             raise Decline
         _params(args, kwargs, (("exponent", None),), 1)
         base = _bits(args[0])
+        target = _target(args, kwargs, mode)
+        # PyTorch gives this op a contiguous result whatever the exponents' layout.
         return pointwise(
-            batch, _OP["rpow_scalar"], args[1], p0=base, target=_target(args, kwargs, mode)
+            batch, _OP["rpow_scalar"], args[1], p0=base, target=target, contiguous=target is None
         )
 
     return handle

@@ -123,7 +123,8 @@ def pointwise(
             numel *= size
         if numel > batch.size_limit:
             raise Decline
-        out = batch.new_output(a, tuple(shape), out_dtype, contiguous)
+        operands = (c, a, b) if op == _NEEDS_C[0] else (a, b, c)  # (where's condition first)
+        out = batch.new_output(operands, tuple(shape), out_dtype, contiguous)
 
     # Operand codes and immediates: a scalar ``a`` travels in p1, a scalar ``b`` in p2.
     as_common = rule == COMPARE or op == _NEEDS_C[0]
@@ -185,7 +186,13 @@ def usual(batch: Batch, op: int, a: Any, b: Any, p0: int, p1: int, rule: int) ->
         if found is None:
             return None
         a_reg, dtype = found
-    elif value.stage is stage and value.reg >= 0 and value.ref is not None and value.ref() is a:
+    elif (
+        value.stage is stage
+        and value.reg >= 0
+        and value.contiguous
+        and value.ref is not None
+        and value.ref() is a
+    ):
         a_reg, dtype = value.reg, value.dtype
     else:
         return None
@@ -206,6 +213,7 @@ def usual(batch: Batch, op: int, a: Any, b: Any, p0: int, p1: int, rule: int) ->
             value.stage is stage
             and value.reg >= 0
             and value.dtype == dtype
+            and value.contiguous
             and value.ref is not None
             and value.ref() is b
         ):
@@ -232,29 +240,21 @@ def usual(batch: Batch, op: int, a: Any, b: Any, p0: int, p1: int, rule: int) ->
         if out is not None:
             batch.recycle(out)
             batch.just_pooled = out
-    if out is None:
-        out = batch.new_output(a, stage.space, out_dtype, False)
-        contiguous = out.is_contiguous()
-    else:
-        contiguous = True  # the pool holds contiguous tensors only
+    if out is None:  # (the operands are contiguous: so is the result)
+        out = batch.new_output((), stage.space, out_dtype, True)
     code = stage.code
     position = len(code) + P.ALU_WORDS
     ptr = out.data_ptr()
-    if contiguous:
-        code += (
-            op | (dst | D.ROUND_OF[out_dtype] << 6) << 8 | a_reg << 16 | b_code << 24,
-            p0,
-            p1,
-            p2,
-            P.OP_STORE | dst << 8 | out_dtype << 16 | P.MODE_CONTIG << 24,
-            ptr & 0xFFFFFFFF,
-            ptr >> 32,
-        )
-        batch.record_fresh(out, stage, dst, out_dtype, position)
-    else:
-        head = op | (dst | D.ROUND_OF[out_dtype] << 6) << 8 | a_reg << 16 | b_code << 24
-        code += (head, p0, p1, p2)
-        batch.fresh_result(out, stage, dst, out_dtype)
+    code += (
+        op | (dst | D.ROUND_OF[out_dtype] << 6) << 8 | a_reg << 16 | b_code << 24,
+        p0,
+        p1,
+        p2,
+        P.OP_STORE | dst << 8 | out_dtype << 16 | P.MODE_CONTIG << 24,
+        ptr & 0xFFFFFFFF,
+        ptr >> 32,
+    )
+    batch.record_fresh(out, stage, dst, out_dtype, position)
     if batch.ops:
         batch.ops += 1
     else:
