@@ -414,6 +414,37 @@ def test_a_reused_result_has_the_layout_a_new_one_would(sched: TorchScheduler) -
     assert got.stride() == (xt * 2).stride() == (1, 4)
 
 
+def test_a_write_through_numpy_to_memory_a_view_reads_flushes_first(
+    sched: TorchScheduler,
+) -> None:
+    x = torch.zeros(8)
+    view = x[2:]  # made before the batch: the batch reads x's memory through it
+    with torch.no_grad(), sched:
+        y = view + 1
+        x.numpy()[2] = 100.0
+    assert y[0].item() == 1.0 and sched.stats.flushes["numpy"] == 1
+
+
+def test_the_hooks_wait_for_no_flush_of_a_batch_they_do_not_touch() -> None:
+    # A flush holds the scheduler's lock while its executor runs, which on an engine
+    # waits for another thread's event loop; that loop may print or list any tensor.
+    unrelated = torch.arange(3.0)
+    finished = threading.Event()
+
+    class WaitsForAnotherThread(KeepsPrograms):
+        def run(self, words: Any, n: int, units: int, stream: Any) -> None:
+            other = threading.Thread(target=lambda: (unrelated.tolist(), finished.set()))
+            other.start()
+            assert finished.wait(5), "the other thread blocked in a Tensor hook"
+            super().run(words, n, units, stream)
+
+    scheduler = TorchScheduler(WaitsForAnotherThread(), auto_flush_ms=None)
+    with torch.no_grad(), scheduler:
+        y = torch.ones(4) + 1
+    assert y.tolist() == [2.0, 2.0, 2.0, 2.0]
+    scheduler.close()
+
+
 def test_two_schedulers_on_one_thread_keep_eager_order() -> None:
     first, second = (TorchScheduler(KeepsPrograms(), auto_flush_ms=None) for _ in range(2))
     x, zeros = torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.zeros(2, 4)
@@ -698,7 +729,10 @@ def test_traced_mode_records_per_shape_what_reads_sizes(sched: TorchScheduler) -
     def by_hand(x: Any) -> Any:
         return x.sum(-1) / x.size(-1) + len(x)
 
-    for fn in (scaled, by_hand):
+    def by_bytes(x: Any) -> Any:
+        return x * (4.0 / x.nbytes)
+
+    for fn in (scaled, by_hand, by_bytes):
         traced = trace(fn, sched)
         with torch.no_grad():
             for width in (16, 64, 16, 64, 32):
@@ -724,6 +758,16 @@ def test_traced_mode_takes_keyword_arguments(sched: TorchScheduler) -> None:
             traced(x, y, bad=1)
     assert traced.recordings == 2 and traced.replays == 1  # one per scale
     assert keyword_only.recordings == 0  # run under the scheduler each time
+
+    class Scaled(torch.nn.Module):
+        def forward(self, x: Any, scale: float = 2.0) -> Any:
+            return x * scale
+
+    module = trace(Scaled(), sched)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(module(x, scale=3.0), x * 3.0)
+    assert module.recordings == 1 and module.replays == 2
 
 
 def test_traced_mode_keeps_in_place_updates_and_constants(sched: TorchScheduler) -> None:

@@ -64,9 +64,9 @@ def first_unreferenced(items: list[Any]) -> Any:
 
 def reusable(t: Tensor) -> bool:
     """Whether a result nobody holds may be handed out again as a new result: not if
-    its holder made it need autograd, or it was made on the other side of inference
-    mode (an inference tensor refuses in-place updates outside it)."""
-    return not t.requires_grad and t.is_inference() == torch.is_inference_mode_enabled()
+    its holder made it need autograd. (A result made in inference mode is never kept
+    for reuse: an inference tensor refuses in-place updates outside it.)"""
+    return not t.requires_grad
 
 
 def _refs_through_weakref(ref: Any) -> int:
@@ -368,6 +368,8 @@ class Batch:
                 return free  # type: ignore[no-any-return,unused-ignore]
         out = torch.empty(space, dtype=torch_dtype, device=self.device)
         self.just_pooled = None
+        if torch.is_inference_mode_enabled():
+            return out
         if pooled is None:
             pooled = self.pool[key] = []
         if len(pooled) < POOL_PER_KEY:
@@ -461,9 +463,12 @@ class Batch:
         return storage_address(t) in self.storages
 
     def touches(self, t: Tensor) -> bool:
-        """Whether the batch writes memory ``t`` may read, or reads ``t`` itself (whose
-        memory it takes as fixed until it has run)."""
-        return self.pending(t) or any(kept is t for kept in self.keep)
+        """Whether the batch writes memory ``t`` may read, or reads ``t``'s memory (which
+        it takes as fixed until it has run) through any tensor."""
+        if self.pending(t):
+            return True
+        address = storage_address(t)
+        return any(storage_address(kept) == address for kept in self.keep)
 
     # ----------------------------------------------------------------- finish
     def note_op(self) -> None:

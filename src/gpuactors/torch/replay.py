@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from gpuactors.torch import program as P
-from gpuactors.torch.batch import Batch, Value, reusable
+from gpuactors.torch.batch import Batch, Value, reusable, storage_address
 
 #: Plain argument types a plan compares by value (and type).
 _PLAIN = (bool, int, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout)
@@ -336,6 +336,7 @@ class Replay:
         self.slot_tensor: list[Tensor | None] = [None] * slots
         self.slot_address = [0] * slots
         self.slot_uses = [0] * slots  # entries of ``results`` holding the slot's tensor
+        self.slot_reusable = [True] * slots  # (not made in inference mode: see reusable)
         #: Tensors a slot held before its current one, and their entries of ``results``.
         self.retired: list[Tensor] = []
         self.retired_uses: list[int] = []
@@ -379,6 +380,7 @@ class Replay:
         if (
             slot_tensor[slot] is not None
             and sys.getrefcount(slot_tensor[slot]) == _HELD_ONCE + self.slot_uses[slot]
+            and self.slot_reusable[slot]
             and reusable(slot_tensor[slot])
         ):
             self.slot_uses[slot] += 1
@@ -388,6 +390,7 @@ class Replay:
                 self.retired_uses.append(self.slot_uses[slot])
             shape, strides, dtype, device = self.plan.layouts[slot]
             fresh = torch.empty_strided(shape, strides, dtype=dtype, device=device)
+            self.slot_reusable[slot] = not torch.is_inference_mode_enabled()
             slot_tensor[slot] = fresh
             self.slot_uses[slot] = 1
             self.slot_address[slot] = fresh.data_ptr()
@@ -436,12 +439,14 @@ class Replay:
         """Whether ``t`` may read memory this replay writes."""
         if any(r is t for r in self.results):
             return True
-        address = int(t.data_ptr()) - int(t.storage_offset()) * int(t.element_size())
-        return address in self.addresses
+        return storage_address(t) in self.addresses
 
     def touches(self, t: Tensor) -> bool:
-        """Whether this replay writes memory ``t`` may read, or reads ``t`` itself."""
-        return self.pending(t) or any(o is t for o in self.outside)
+        """Whether this replay writes memory ``t`` may read, or reads ``t``'s memory."""
+        if self.pending(t):
+            return True
+        address = storage_address(t)
+        return any(storage_address(o) == address for o in self.outside)
 
     def assemble(self) -> tuple[np.ndarray, int, int]:
         """The plan's program up to the last op followed, aimed at this replay's tensors."""

@@ -285,11 +285,21 @@ class TorchScheduler:
         return self._owner == threading.get_ident()
 
     def flush_touching(self, reason: str, *tensors: Any) -> None:
-        """Flush the open batch if it reads or writes any of ``tensors``' memory."""
+        """Flush the open batch if it reads or writes any of ``tensors``' memory.
+
+        Asked from any thread, for any tensor, while a context is active: the lock is
+        taken only for a batch that touches one. A flush in progress holds the lock
+        while its executor runs (on an engine, on another thread's event loop, where
+        code may ask this too), but it has swapped in a new batch first."""
+        if not self._touches_any(self._batch, tensors):
+            return
         with self._lock:
-            batch = self._batch
-            if batch.ops and any(isinstance(t, Tensor) and batch.touches(t) for t in tensors):
+            if self._touches_any(self._batch, tensors):
                 self._flush_locked(reason)
+
+    @staticmethod
+    def _touches_any(batch: Batch | Replay, tensors: tuple[Any, ...]) -> bool:
+        return bool(batch.ops) and any(isinstance(t, Tensor) and batch.touches(t) for t in tensors)
 
     def _timer_loop(self) -> None:
         assert self.auto_flush_s is not None
@@ -499,6 +509,10 @@ class _TensorHooks:
                         setattr(Tensor, name, original)
                 self._originals.clear()
 
+    def saved(self, name: str) -> Any:
+        """``Tensor``'s own attribute ``name`` from before the hooks (None: it had none)."""
+        return self._originals.get(name)
+
     def _schedulers(self) -> list[TorchScheduler]:
         with self._lock:
             return list(self._active)
@@ -524,54 +538,66 @@ class _TensorHooks:
 
 
 _HOOKS = _TensorHooks()
-# PyTorch's own attributes, as the replacements call them (``data``, ``untyped_storage``,
-# ``numpy`` and ``tolist`` live on its C base class; the others on ``Tensor`` itself).
-_REPR: Any = Tensor.__repr__
-_DLPACK: Any = Tensor.__dlpack__
-_ARRAY_INTERFACE: Any = Tensor.__dict__["__cuda_array_interface__"]
-_STORAGE: Any = Tensor.untyped_storage
-_NUMPY: Any = Tensor.numpy
-_TOLIST: Any = Tensor.tolist
-_DATA: Any = Tensor.data
+#: PyTorch's own attributes, as the replacements call them where ``Tensor`` had none of
+#: its own when they went in (``data``, ``untyped_storage``, ``numpy`` and ``tolist``
+#: live on its C base class). Where it had one (``__repr__`` and the two interfaces, or
+#: another library's patch), the replacements call that.
+_PYTORCH: dict[str, Any] = {
+    "__repr__": Tensor.__repr__,
+    "__dlpack__": Tensor.__dlpack__,
+    "__cuda_array_interface__": Tensor.__dict__["__cuda_array_interface__"],
+    "untyped_storage": Tensor.untyped_storage,
+    "numpy": Tensor.numpy,
+    "tolist": Tensor.tolist,
+    "data": Tensor.data,
+}
+
+
+def _original(name: str) -> Any:
+    """What ``Tensor.<name>`` was before the hooks went in."""
+    saved = _HOOKS.saved(name)
+    return _PYTORCH[name] if saved is None else saved
 
 
 def _flushing_repr(self: Tensor, *, tensor_contents: Any = None) -> str:
     _HOOKS.flush_for("print", self)
-    return _REPR(self, tensor_contents=tensor_contents)  # type: ignore[no-any-return]
+    return _original("__repr__")(self, tensor_contents=tensor_contents)  # type: ignore[no-any-return]
 
 
 def _flushing_array_interface(self: Tensor) -> Any:
     _HOOKS.flush_for("array interface", self)
-    return _ARRAY_INTERFACE.__get__(self, type(self))
+    return _original("__cuda_array_interface__").__get__(self, type(self))
 
 
-def _flushing(reason: str, original: Any) -> Callable[..., Any]:
-    """``original`` (a method of ``Tensor``), after a flush of what its tensor touches."""
+def _flushing(reason: str, name: str) -> Callable[..., Any]:
+    """``Tensor.<name>`` (a method), after a flush of what its tensor touches."""
 
     def method(self: Tensor, *args: Any, **kwargs: Any) -> Any:
         _HOOKS.flush_for(reason, self)
-        return original(self, *args, **kwargs)
+        return _original(name)(self, *args, **kwargs)
 
-    method.__name__ = original.__name__
-    method.__doc__ = original.__doc__
+    method.__name__ = name
+    method.__doc__ = _PYTORCH[name].__doc__
     return method
 
 
 def _get_data(self: Tensor) -> Tensor:
-    return _DATA.__get__(self, type(self))  # type: ignore[no-any-return,unused-ignore]
+    return _original("data").__get__(self, type(self))  # type: ignore[no-any-return,unused-ignore]
 
 
 def _set_data(self: Tensor, value: Tensor) -> None:
     _HOOKS.flush_for("data", self, value)
-    _DATA.__set__(self, value)
+    _original("data").__set__(self, value)
 
 
 _REPLACEMENTS: dict[str, Any] = {
     "__repr__": _flushing_repr,
-    "__dlpack__": _flushing("dlpack", _DLPACK),
-    "__cuda_array_interface__": property(_flushing_array_interface, doc=_ARRAY_INTERFACE.__doc__),
-    "untyped_storage": _flushing("storage", _STORAGE),
-    "numpy": _flushing("numpy", _NUMPY),
-    "tolist": _flushing("tolist", _TOLIST),
-    "data": property(_get_data, _set_data, doc=_DATA.__doc__),
+    "__dlpack__": _flushing("dlpack", "__dlpack__"),
+    "__cuda_array_interface__": property(
+        _flushing_array_interface, doc=_PYTORCH["__cuda_array_interface__"].__doc__
+    ),
+    "untyped_storage": _flushing("storage", "untyped_storage"),
+    "numpy": _flushing("numpy", "numpy"),
+    "tolist": _flushing("tolist", "tolist"),
+    "data": property(_get_data, _set_data, doc=_PYTORCH["data"].__doc__),
 }

@@ -206,6 +206,7 @@ class _SizeReads(TorchFunctionMode):  # type: ignore[misc,unused-ignore]
 #: What reads a tensor's sizes (its rank and contiguity are part of the signature).
 _SIZE_READS = {
     Tensor.shape.__get__,
+    Tensor.nbytes.__get__,
     Tensor.size,
     Tensor.numel,
     torch.numel,
@@ -220,8 +221,9 @@ class TracedFunction:
     def __init__(self, fn: Callable[..., Any], scheduler: TorchScheduler) -> None:
         self.fn = fn
         self.scheduler = scheduler
-        try:  # (to call with keyword arguments)
-            self._parameters: inspect.Signature | None = inspect.signature(fn)
+        try:  # (to call with keyword arguments; a module's are its forward's)
+            forward = fn.forward if isinstance(fn, torch.nn.Module) else fn
+            self._parameters: inspect.Signature | None = inspect.signature(forward)
         except (TypeError, ValueError):
             self._parameters = None
         #: By signature, or (signature, exact shapes) for those in ``_per_shape``; None:
