@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -108,16 +109,30 @@ class Case:
         return ran
 
 
-def assert_same_tensors(expected: list[Any], got: list[Any], what: str) -> None:
-    assert len(expected) == len(got), what
-    for k, (e, g) in enumerate(zip(expected, got, strict=True)):
+def assert_same_tensors(expected: Eager, got: list[Any], what: str) -> None:
+    """Equal values, dtypes, shapes and strides (those of dims longer than 1)."""
+    assert len(expected.values) == len(got), what
+    for k, (e, g) in enumerate(zip(expected.values, got, strict=True)):
         assert (e.dtype, e.shape) == (g.dtype, g.shape), f"{what}: tensor {k}"
+        assert expected.strides[k] == long_strides(g), f"{what}: tensor {k}: {g.stride()}"
         torch.testing.assert_close(
             g.float(), e.float(), rtol=3e-2, atol=3e-2, equal_nan=True, msg=f"{what}: tensor {k}"
         )
 
 
-def eager_cases(first: int, count: int = 50) -> Iterator[tuple[Case, list[bool], list[Any]]]:
+def long_strides(t: Any) -> tuple[int, ...]:
+    return tuple(stride for stride, size in zip(t.stride(), t.shape, strict=True) if size != 1)
+
+
+@dataclass
+class Eager:
+    """What every tensor of a case holds after eager PyTorch ran it, and its strides."""
+
+    values: list[Any]
+    strides: list[tuple[int, ...]]
+
+
+def eager_cases(first: int, count: int = 50) -> Iterator[tuple[Case, list[bool], Eager]]:
     """Cases ``first`` .. ``first + count - 1``, each with the ops eager PyTorch runs on
     it and what every tensor then holds."""
     for seed in range(first, first + count):
@@ -125,7 +140,7 @@ def eager_cases(first: int, count: int = 50) -> Iterator[tuple[Case, list[bool],
         kept = case.run(case.inputs())
         tensors = case.inputs()
         case.run(tensors, kept)
-        yield case, kept, [t.clone() for t in tensors]
+        yield case, kept, Eager([t.clone() for t in tensors], [long_strides(t) for t in tensors])
 
 
 def as_function(case: Case, kept: list[bool]) -> Callable[..., tuple[Any, ...]]:
