@@ -314,6 +314,7 @@ def test_data_assignment_is_watched_only_inside_a_context(sched: TorchScheduler)
 def test_dlpack_and_the_array_interface_see_the_pending_values(sched: TorchScheduler) -> None:
     x = torch.tensor([0.25, -1.0])
     dlpack, interface = torch.Tensor.__dlpack__, torch.Tensor.__dict__["__cuda_array_interface__"]
+    from_data = torch.tensor
     with torch.no_grad(), sched:
         y = x * 4 + 1
         assert np.from_dlpack(y).tolist() == [2.0, -3.0]  # torch's __dlpack__ flushes first
@@ -325,6 +326,7 @@ def test_dlpack_and_the_array_interface_see_the_pending_values(sched: TorchSched
         assert torch.Tensor.__dlpack__ is not dlpack
     assert torch.Tensor.__dlpack__ is dlpack  # PyTorch's own again
     assert torch.Tensor.__dict__["__cuda_array_interface__"] is interface
+    assert torch.tensor is from_data
 
 
 def test_cpu_reads_and_kept_storage_see_the_pending_values(sched: TorchScheduler) -> None:
@@ -443,6 +445,23 @@ def test_the_hooks_wait_for_no_flush_of_a_batch_they_do_not_touch() -> None:
         y = torch.ones(4) + 1
     assert y.tolist() == [2.0, 2.0, 2.0, 2.0]
     scheduler.close()
+
+
+def test_tensors_built_from_lists_of_pending_results(sched: TorchScheduler) -> None:
+    # PyTorch reads each tensor of a list in C++, with dispatch modes set aside.
+    x = rand(4, 3)
+    means = torch.sigmoid(x * 2).mean(-1)
+    with torch.no_grad(), sched:
+        pending = torch.sigmoid(x * 2).mean(-1)
+        losses = torch.tensor([(pending * 2).sum(-1), pending.amax(-1)])
+        pair = torch.as_tensor([pending[0], pending[1]])
+        nested = torch.asarray([[pending[2]], [pending[3]]])
+        new = x.new_tensor([pending[1], 0.5])
+    torch.testing.assert_close(losses, torch.stack([(means * 2).sum(-1), means.amax(-1)]))
+    torch.testing.assert_close(pair, means[:2])
+    torch.testing.assert_close(nested, means[2:].reshape(2, 1))
+    torch.testing.assert_close(new, torch.stack([means[1], torch.tensor(0.5)]))
+    assert sched.stats.flushes["tensor from data"] >= 1
 
 
 def test_two_schedulers_on_one_thread_keep_eager_order() -> None:
@@ -768,6 +787,30 @@ def test_traced_mode_takes_keyword_arguments(sched: TorchScheduler) -> None:
         for _ in range(3):
             torch.testing.assert_close(module(x, scale=3.0), x * 3.0)
     assert module.recordings == 1 and module.replays == 2
+
+
+def test_traced_results_follow_the_inputs_dim_order(sched: TorchScheduler) -> None:
+    traced = trace(lambda t: torch.sigmoid(t) * 2, sched)
+    with torch.no_grad():
+        for t in (rand(6, 8)[:4, :3], rand(3, 4).t(), rand(8, 6)[:4, :3]):
+            got, expected = traced(t), torch.sigmoid(t) * 2
+            assert got.stride() == expected.stride()
+            torch.testing.assert_close(got, expected)
+
+
+def test_traced_mode_records_again_when_a_constant_starts_needing_autograd(
+    sched: TorchScheduler,
+) -> None:
+    scale = torch.nn.Parameter(rand(4, 3), requires_grad=False)  # a frozen layer
+    traced = trace(lambda t: torch.tanh(t * scale) + 1, sched)
+    x = rand(4, 3)
+    for _ in range(2):
+        traced(x)  # recorded, then replayed
+    scale.requires_grad_(True)  # unfrozen
+    traced(x).sum().backward()
+    expected = (1 - torch.tanh(x * scale.detach()) ** 2) * x
+    assert scale.grad is not None
+    torch.testing.assert_close(scale.grad, expected)
 
 
 def test_traced_mode_keeps_in_place_updates_and_constants(sched: TorchScheduler) -> None:

@@ -469,8 +469,8 @@ def _tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 class _TensorHooks:
     """What a dispatch mode does not see, watched while a scheduler context is active:
-    ``Tensor``'s attributes below are replaced when the first context is entered and put
-    back when the last one ends.
+    ``Tensor``'s attributes and ``torch``'s functions below are replaced when the first
+    context is entered and put back when the last one ends.
 
     * Printing turns dispatch modes off (``torch._tensor_str``): ``__repr__`` flushes a
       batch the printed tensor may read first.
@@ -483,35 +483,39 @@ class _TensorHooks:
       A batch that cannot know it would take ``v``'s memory for dead once ``v`` is
       (dropping its store, giving it to a later result) and keep reading ``t``'s old
       memory, so ``data`` gets a setter that flushes a batch touching either.
+    * ``torch.tensor([a, b])`` (and ``as_tensor``, ``asarray``, ``new_tensor``) reads
+      each tensor of a list in C++ with dispatch modes set aside: those functions
+      flush what the tensors in their data touch first.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._active: list[TorchScheduler] = []
-        self._originals: dict[str, Any] = {}  # Tensor's own attributes (None: inherited)
+        #: (owner, name) -> the owner's own attribute before the hooks (None: inherited)
+        self._originals: dict[tuple[Any, str], Any] = {}
 
     def activate(self, scheduler: TorchScheduler) -> None:
         with self._lock:
             if not self._active:
-                for name, replacement in _REPLACEMENTS.items():
-                    self._originals[name] = Tensor.__dict__.get(name)
-                    setattr(Tensor, name, replacement)
+                for (owner, name), replacement in _REPLACEMENTS.items():
+                    self._originals[owner, name] = vars(owner).get(name)
+                    setattr(owner, name, replacement)
             self._active.append(scheduler)
 
     def deactivate(self, scheduler: TorchScheduler) -> None:
         with self._lock:
             self._active.remove(scheduler)
             if not self._active:
-                for name, original in self._originals.items():
+                for (owner, name), original in self._originals.items():
                     if original is None:
-                        delattr(Tensor, name)
+                        delattr(owner, name)
                     else:
-                        setattr(Tensor, name, original)
+                        setattr(owner, name, original)
                 self._originals.clear()
 
-    def saved(self, name: str) -> Any:
-        """``Tensor``'s own attribute ``name`` from before the hooks (None: it had none)."""
-        return self._originals.get(name)
+    def saved(self, owner: Any, name: str) -> Any:
+        """``owner``'s own attribute ``name`` from before the hooks (None: it had none)."""
+        return self._originals.get((owner, name))
 
     def _schedulers(self) -> list[TorchScheduler]:
         with self._lock:
@@ -538,35 +542,40 @@ class _TensorHooks:
 
 
 _HOOKS = _TensorHooks()
-#: PyTorch's own attributes, as the replacements call them where ``Tensor`` had none of
-#: its own when they went in (``data``, ``untyped_storage``, ``numpy`` and ``tolist``
-#: live on its C base class). Where it had one (``__repr__`` and the two interfaces, or
-#: another library's patch), the replacements call that.
-_PYTORCH: dict[str, Any] = {
-    "__repr__": Tensor.__repr__,
-    "__dlpack__": Tensor.__dlpack__,
-    "__cuda_array_interface__": Tensor.__dict__["__cuda_array_interface__"],
-    "untyped_storage": Tensor.untyped_storage,
-    "numpy": Tensor.numpy,
-    "tolist": Tensor.tolist,
-    "data": Tensor.data,
+#: PyTorch's own attributes, as the replacements call them where their owner had none
+#: of its own when they went in (``data``, ``untyped_storage``, ``numpy``, ``tolist``
+#: and ``new_tensor`` live on ``Tensor``'s C base class). Where it had one (``__repr__``,
+#: the two interfaces and ``torch``'s functions, or another library's patch of them),
+#: the replacements call that.
+_PYTORCH: dict[tuple[Any, str], Any] = {
+    (Tensor, "__repr__"): Tensor.__repr__,
+    (Tensor, "__dlpack__"): Tensor.__dlpack__,
+    (Tensor, "__cuda_array_interface__"): Tensor.__dict__["__cuda_array_interface__"],
+    (Tensor, "untyped_storage"): Tensor.untyped_storage,
+    (Tensor, "numpy"): Tensor.numpy,
+    (Tensor, "tolist"): Tensor.tolist,
+    (Tensor, "data"): Tensor.data,
+    (Tensor, "new_tensor"): Tensor.new_tensor,
+    (torch, "tensor"): torch.tensor,
+    (torch, "as_tensor"): torch.as_tensor,
+    (torch, "asarray"): torch.asarray,
 }
 
 
-def _original(name: str) -> Any:
-    """What ``Tensor.<name>`` was before the hooks went in."""
-    saved = _HOOKS.saved(name)
-    return _PYTORCH[name] if saved is None else saved
+def _original(owner: Any, name: str) -> Any:
+    """What ``owner.<name>`` was before the hooks went in."""
+    saved = _HOOKS.saved(owner, name)
+    return _PYTORCH[owner, name] if saved is None else saved
 
 
 def _flushing_repr(self: Tensor, *, tensor_contents: Any = None) -> str:
     _HOOKS.flush_for("print", self)
-    return _original("__repr__")(self, tensor_contents=tensor_contents)  # type: ignore[no-any-return]
+    return _original(Tensor, "__repr__")(self, tensor_contents=tensor_contents)  # type: ignore[no-any-return]
 
 
 def _flushing_array_interface(self: Tensor) -> Any:
     _HOOKS.flush_for("array interface", self)
-    return _original("__cuda_array_interface__").__get__(self, type(self))
+    return _original(Tensor, "__cuda_array_interface__").__get__(self, type(self))
 
 
 def _flushing(reason: str, name: str) -> Callable[..., Any]:
@@ -574,30 +583,64 @@ def _flushing(reason: str, name: str) -> Callable[..., Any]:
 
     def method(self: Tensor, *args: Any, **kwargs: Any) -> Any:
         _HOOKS.flush_for(reason, self)
-        return _original(name)(self, *args, **kwargs)
+        return _original(Tensor, name)(self, *args, **kwargs)
 
     method.__name__ = name
-    method.__doc__ = _PYTORCH[name].__doc__
+    method.__doc__ = _PYTORCH[Tensor, name].__doc__
     return method
 
 
+def _from_data(owner: Any, name: str) -> Callable[..., Any]:
+    """``owner.<name>`` (its first argument is data to copy, ``new_tensor``'s the second),
+    after a flush of what the tensors in that data touch."""
+    at = 1 if owner is Tensor else 0
+
+    def function(*args: Any, **kwargs: Any) -> Any:
+        data = args[at] if len(args) > at else kwargs.get("data", kwargs.get("obj"))
+        if type(data) in _CONTAINERS:
+            _HOOKS.flush_for("tensor from data", *_tensors_in(data))
+        return _original(owner, name)(*args, **kwargs)
+
+    function.__name__ = name
+    function.__doc__ = _PYTORCH[owner, name].__doc__
+    return function
+
+
+def _tensors_in(data: Any) -> list[Tensor]:
+    """The tensors in nested lists and tuples (numbers are skipped at once)."""
+    found: list[Tensor] = []
+    for item in data:
+        kind = type(item)
+        if kind is float or kind is int or kind is bool:
+            continue
+        if isinstance(item, Tensor):
+            found.append(item)
+        elif kind in _CONTAINERS:
+            found += _tensors_in(item)
+    return found
+
+
 def _get_data(self: Tensor) -> Tensor:
-    return _original("data").__get__(self, type(self))  # type: ignore[no-any-return,unused-ignore]
+    return _original(Tensor, "data").__get__(self, type(self))  # type: ignore[no-any-return,unused-ignore]
 
 
 def _set_data(self: Tensor, value: Tensor) -> None:
     _HOOKS.flush_for("data", self, value)
-    _original("data").__set__(self, value)
+    _original(Tensor, "data").__set__(self, value)
 
 
-_REPLACEMENTS: dict[str, Any] = {
-    "__repr__": _flushing_repr,
-    "__dlpack__": _flushing("dlpack", "__dlpack__"),
-    "__cuda_array_interface__": property(
-        _flushing_array_interface, doc=_PYTORCH["__cuda_array_interface__"].__doc__
+_REPLACEMENTS: dict[tuple[Any, str], Any] = {
+    (Tensor, "__repr__"): _flushing_repr,
+    (Tensor, "__dlpack__"): _flushing("dlpack", "__dlpack__"),
+    (Tensor, "__cuda_array_interface__"): property(
+        _flushing_array_interface, doc=_PYTORCH[Tensor, "__cuda_array_interface__"].__doc__
     ),
-    "untyped_storage": _flushing("storage", "untyped_storage"),
-    "numpy": _flushing("numpy", "numpy"),
-    "tolist": _flushing("tolist", "tolist"),
-    "data": property(_get_data, _set_data, doc=_PYTORCH["data"].__doc__),
+    (Tensor, "untyped_storage"): _flushing("storage", "untyped_storage"),
+    (Tensor, "numpy"): _flushing("numpy", "numpy"),
+    (Tensor, "tolist"): _flushing("tolist", "tolist"),
+    (Tensor, "data"): property(_get_data, _set_data, doc=_PYTORCH[Tensor, "data"].__doc__),
+    (Tensor, "new_tensor"): _from_data(Tensor, "new_tensor"),
+    (torch, "tensor"): _from_data(torch, "tensor"),
+    (torch, "as_tensor"): _from_data(torch, "as_tensor"),
+    (torch, "asarray"): _from_data(torch, "asarray"),
 }

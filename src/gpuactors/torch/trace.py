@@ -9,7 +9,7 @@ addresses of its tensors into a copy of the bound words (one NumPy assignment) a
 runs it.
 
 The signature is what decides the program's structure, not the sizes: per tensor
-argument its dtype, device, rank and contiguity, which dims are 1, which dims are
+argument its dtype, device, rank and dim order, which dims are 1, which dims are
 equal to which others (so broadcasting works out the same) and whether it is the same
 tensor as an earlier argument, plus the other arguments themselves. New sizes within
 one signature reuse the template.
@@ -100,7 +100,7 @@ def signature(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
             )
             grad = arg.requires_grad and torch.is_grad_enabled()
             same = first.setdefault(id(arg), k)
-            key.append((arg.dtype, arg.device, classes, arg.is_contiguous(), grad, same))
+            key.append((arg.dtype, arg.device, classes, _dim_order(arg), grad, same))
         else:
             try:
                 hash(arg)
@@ -203,7 +203,7 @@ class _SizeReads(TorchFunctionMode):  # type: ignore[misc,unused-ignore]
         return func(*args, **(kwargs or {}))
 
 
-#: What reads a tensor's sizes (its rank and contiguity are part of the signature).
+#: What reads a tensor's sizes (its rank and dim order are part of the signature).
 _SIZE_READS = {
     Tensor.shape.__get__,
     Tensor.nbytes.__get__,
@@ -443,8 +443,18 @@ def _value_key(arg: Any) -> tuple[Any, ...]:
     return ("value", type(arg), arg)
 
 
+def _dim_order(t: Tensor) -> tuple[int, ...] | None:
+    """None for a contiguous tensor, else its dims from the slowest in memory: what
+    decides how PyTorch lays out a result of it (a transposed input, a transposed
+    result), which a replay's results must follow."""
+    if t.is_contiguous():
+        return None
+    strides = t.stride()
+    return tuple(sorted(range(t.dim()), key=lambda d: -strides[d]))
+
+
 def _layout(t: Tensor) -> tuple[Any, ...]:
-    return (t.dtype, t.device, tuple(t.shape), t.stride())
+    return (t.dtype, t.device, tuple(t.shape), t.stride(), t.requires_grad)
 
 
 def _constants_changed(plan: _Plan) -> bool:
