@@ -427,6 +427,30 @@ def test_a_write_through_numpy_to_memory_a_view_reads_flushes_first(
     assert y[0].item() == 1.0 and sched.stats.flushes["numpy"] == 1
 
 
+def test_a_hook_waits_for_a_flush_in_progress_of_a_batch_it_touches() -> None:
+    # Another thread's flush (the timer's) has swapped its batch out before it runs it:
+    # a read of that batch's result must still wait until it has run.
+    release, running = threading.Event(), threading.Event()
+
+    class Slow(KeepsPrograms):
+        def run(self, words: Any, n: int, units: int, stream: Any) -> None:
+            running.set()
+            assert release.wait(5)
+            super().run(words, n, units, stream)
+
+    scheduler = TorchScheduler(Slow(), auto_flush_ms=None)
+    x = torch.tensor([1.0, 2.0])
+    with torch.no_grad(), scheduler:
+        y = x * 3
+        flusher = threading.Thread(target=scheduler.flush)
+        flusher.start()
+        assert running.wait(5)
+        threading.Timer(0.2, release.set).start()
+        assert y.tolist() == [3.0, 6.0]  # waits for the flush, which runs the batch
+    flusher.join()
+    scheduler.close()
+
+
 def test_the_hooks_wait_for_no_flush_of_a_batch_they_do_not_touch() -> None:
     # A flush holds the scheduler's lock while its executor runs, which on an engine
     # waits for another thread's event loop; that loop may print or list any tensor.

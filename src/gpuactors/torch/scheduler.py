@@ -119,6 +119,7 @@ class TorchScheduler:
         self._last_first: Any = None  # the first op of the last batch recorded
         self._lock = threading.Lock()  # the batch; held while a flush runs it
         self._batch: Batch | Replay = self._new_batch()
+        self._in_flight: Batch | Replay | None = None  # the batch a flush is running
         self._owner: int | None = None  # the thread inside the context
         self._depth = 0
         self._mode: _Mode | None = None
@@ -206,22 +207,26 @@ class TorchScheduler:
             if isinstance(batch, Replay):
                 self._batch = self._new_batch()
             return
+        self._in_flight = batch  # (before the swap: flush_touching sees it throughout)
         self._batch = self._new_batch()
-        words: Words
-        if isinstance(batch, Replay):  # spread as its recording was
-            words, n, units = batch.assemble()
-            self.stats.replayed += 1
-        else:
-            words, n, units = batch.assemble(self.executor.spread)
-            if batch.capture is not None:
-                self._keep_plan(batch.capture.plan(batch, words, n))
-        self.stats.batches += 1
-        self.stats.flushes[reason] += 1
-        # ``batch`` holds every tensor the program reads or writes in place until the
-        # executor returns: an engine's has run the program by then, and memory a
-        # stream launch still uses goes back to PyTorch's allocator, which gives it
-        # out again on that stream only, after the launch.
-        self.executor.run(words, n, units, batch.stream)
+        try:
+            words: Words
+            if isinstance(batch, Replay):  # spread as its recording was
+                words, n, units = batch.assemble()
+                self.stats.replayed += 1
+            else:
+                words, n, units = batch.assemble(self.executor.spread)
+                if batch.capture is not None:
+                    self._keep_plan(batch.capture.plan(batch, words, n))
+            self.stats.batches += 1
+            self.stats.flushes[reason] += 1
+            # ``batch`` holds every tensor the program reads or writes in place until
+            # the executor returns: an engine's has run the program by then, and memory
+            # a stream launch still uses goes back to PyTorch's allocator, which gives
+            # it out again on that stream only, after the launch.
+            self.executor.run(words, n, units, batch.stream)
+        finally:
+            self._in_flight = None
         del batch
 
     def _keep_plan(self, plan: Plan | None) -> None:
@@ -288,18 +293,23 @@ class TorchScheduler:
         """Flush the open batch if it reads or writes any of ``tensors``' memory.
 
         Asked from any thread, for any tensor, while a context is active: the lock is
-        taken only for a batch that touches one. A flush in progress holds the lock
-        while its executor runs (on an engine, on another thread's event loop, where
-        code may ask this too), but it has swapped in a new batch first."""
-        if not self._touches_any(self._batch, tensors):
+        taken only where the open batch, or one being flushed, touches one of them. A
+        flush holds the lock while its executor runs (on an engine, waiting for another
+        thread's event loop, where code may ask this for tensors of its own); a tensor
+        its batch touches must wait for it to be launched, as an op would."""
+        if not (
+            self._touches_any(self._batch, tensors) or self._touches_any(self._in_flight, tensors)
+        ):
             return
         with self._lock:
             if self._touches_any(self._batch, tensors):
                 self._flush_locked(reason)
 
     @staticmethod
-    def _touches_any(batch: Batch | Replay, tensors: tuple[Any, ...]) -> bool:
-        return bool(batch.ops) and any(isinstance(t, Tensor) and batch.touches(t) for t in tensors)
+    def _touches_any(batch: Batch | Replay | None, tensors: tuple[Any, ...]) -> bool:
+        if batch is None or not batch.ops:
+            return False
+        return any(isinstance(t, Tensor) and batch.touches(t) for t in tensors)
 
     def _timer_loop(self) -> None:
         assert self.auto_flush_s is not None
