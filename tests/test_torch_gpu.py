@@ -238,7 +238,7 @@ def test_pending_values_read_by_ops_not_taken_item_cpu_tolist_print(
         print(u)
     assert "tensor([ 50., -50., 190.], device='cuda:0')" in capsys.readouterr().out
     assert z.tolist() == [2.0, -1.0, 8.0]
-    flushes = sched.stats.flushes  # (tolist flushes before it copies: see _TensorHooks)
+    flushes = sched.stats.flushes  # (tolist flushes before it copies: see torch/hooks.py)
     assert flushes["fallback"] >= 2 and flushes["tolist"] == 1 and flushes["print"] == 1
 
 

@@ -1,0 +1,201 @@
+"""What a dispatch mode does not see: ways to reach a tensor's memory that are no op.
+
+A scheduler's ``TorchDispatchMode`` sees every aten op, and flushes its batch before an
+op that may read what the batch writes. Some reads and writes never pass through it
+(see :class:`TensorHooks`); while any scheduler context is active, the ``Tensor``
+attributes and ``torch`` functions that make them are replaced by ones that flush the
+batches they touch first, and put back when the last context ends.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from gpuactors.torch.scheduler import TorchScheduler
+
+_CONTAINERS = (list, tuple)
+
+
+class TensorHooks:
+    """What a dispatch mode does not see, watched while a scheduler context is active:
+    ``Tensor``'s attributes and ``torch``'s functions below are replaced when the first
+    context is entered and put back when the last one ends.
+
+    * Printing turns dispatch modes off (``torch._tensor_str``): ``__repr__`` flushes a
+      batch the printed tensor may read first.
+    * Other code reaches a tensor's memory with no op: other libraries through
+      ``__cuda_array_interface__`` and ``__dlpack__`` (CuPy, an engine's ``Enqueue``),
+      storage-level code through ``untyped_storage()`` (``torch.save``, sharing), and on
+      the CPU ``numpy()`` and ``tolist()``. Each flushes a batch that reads or writes
+      the tensor's memory first (the reader may also write it).
+    * ``t.data = v`` is no op: it points ``t`` at ``v``'s memory and may free ``t``'s.
+      A batch that cannot know it would take ``v``'s memory for dead once ``v`` is
+      (dropping its store, giving it to a later result) and keep reading ``t``'s old
+      memory, so ``data`` gets a setter that flushes a batch touching either.
+    * ``torch.tensor([a, b])`` (and ``as_tensor``, ``asarray``, ``new_tensor``) reads
+      each tensor of a list in C++ with dispatch modes set aside: those functions
+      flush what the tensors in their data touch first.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._active: list[TorchScheduler] = []
+        #: (owner, name) -> the owner's own attribute before the hooks (None: inherited)
+        self._originals: dict[tuple[Any, str], Any] = {}
+
+    def activate(self, scheduler: TorchScheduler) -> None:
+        with self._lock:
+            if not self._active:
+                for (owner, name), replacement in _REPLACEMENTS.items():
+                    self._originals[owner, name] = vars(owner).get(name)
+                    setattr(owner, name, replacement)
+            self._active.append(scheduler)
+
+    def deactivate(self, scheduler: TorchScheduler) -> None:
+        with self._lock:
+            self._active.remove(scheduler)
+            if not self._active:
+                for (owner, name), original in self._originals.items():
+                    if original is None:
+                        delattr(owner, name)
+                    else:
+                        setattr(owner, name, original)
+                self._originals.clear()
+
+    def saved(self, owner: Any, name: str) -> Any:
+        """``owner``'s own attribute ``name`` from before the hooks (None: it had none)."""
+        return self._originals.get((owner, name))
+
+    def _schedulers(self) -> list[TorchScheduler]:
+        with self._lock:
+            return list(self._active)
+
+    def flush_for(self, reason: str, *tensors: Any) -> None:
+        """Flush every active scheduler's batch that reads or writes ``tensors``' memory."""
+        for scheduler in self._schedulers():
+            scheduler.flush_touching(reason, *tensors)
+
+    def others_active(self, scheduler: TorchScheduler) -> bool:
+        """Whether a scheduler other than ``scheduler`` is in a context (on any thread)."""
+        active = self._active
+        return len(active) > 1 or (len(active) == 1 and active[0] is not scheduler)
+
+    def flush_others(self, scheduler: TorchScheduler) -> None:
+        """Flush the batches of the other schedulers whose context this thread is in:
+        ``scheduler`` is about to queue or run work that may read or write what they
+        queued (nested contexts of two schedulers, or one scheduler's traced function
+        called inside another's context)."""
+        for other in self._schedulers():
+            if other is not scheduler and other.open_here():
+                other.flush("other scheduler")
+
+
+HOOKS = TensorHooks()
+#: PyTorch's own attributes, as the replacements call them where their owner had none
+#: of its own when they went in (``data``, ``untyped_storage``, ``numpy``, ``tolist``
+#: and ``new_tensor`` live on ``Tensor``'s C base class). Where it had one (``__repr__``,
+#: the two interfaces and ``torch``'s functions, or another library's patch of them),
+#: the replacements call that.
+_PYTORCH: dict[tuple[Any, str], Any] = {
+    (Tensor, "__repr__"): Tensor.__repr__,
+    (Tensor, "__dlpack__"): Tensor.__dlpack__,
+    (Tensor, "__cuda_array_interface__"): Tensor.__dict__["__cuda_array_interface__"],
+    (Tensor, "untyped_storage"): Tensor.untyped_storage,
+    (Tensor, "numpy"): Tensor.numpy,
+    (Tensor, "tolist"): Tensor.tolist,
+    (Tensor, "data"): Tensor.data,
+    (Tensor, "new_tensor"): Tensor.new_tensor,
+    (torch, "tensor"): torch.tensor,
+    (torch, "as_tensor"): torch.as_tensor,
+    (torch, "asarray"): torch.asarray,
+}
+
+
+def _original(owner: Any, name: str) -> Any:
+    """What ``owner.<name>`` was before the hooks went in."""
+    saved = HOOKS.saved(owner, name)
+    return _PYTORCH[owner, name] if saved is None else saved
+
+
+def _flushing_repr(self: Tensor, *, tensor_contents: Any = None) -> str:
+    HOOKS.flush_for("print", self)
+    return _original(Tensor, "__repr__")(self, tensor_contents=tensor_contents)  # type: ignore[no-any-return]
+
+
+def _flushing_array_interface(self: Tensor) -> Any:
+    HOOKS.flush_for("array interface", self)
+    return _original(Tensor, "__cuda_array_interface__").__get__(self, type(self))
+
+
+def _flushing(reason: str, name: str) -> Callable[..., Any]:
+    """``Tensor.<name>`` (a method), after a flush of what its tensor touches."""
+
+    def method(self: Tensor, *args: Any, **kwargs: Any) -> Any:
+        HOOKS.flush_for(reason, self)
+        return _original(Tensor, name)(self, *args, **kwargs)
+
+    method.__name__ = name
+    method.__doc__ = _PYTORCH[Tensor, name].__doc__
+    return method
+
+
+def _from_data(owner: Any, name: str) -> Callable[..., Any]:
+    """``owner.<name>`` (its first argument is data to copy, ``new_tensor``'s the second),
+    after a flush of what the tensors in that data touch."""
+    at = 1 if owner is Tensor else 0
+
+    def function(*args: Any, **kwargs: Any) -> Any:
+        data = args[at] if len(args) > at else kwargs.get("data", kwargs.get("obj"))
+        if type(data) in _CONTAINERS:
+            HOOKS.flush_for("tensor from data", *_tensors_in(data))
+        return _original(owner, name)(*args, **kwargs)
+
+    function.__name__ = name
+    function.__doc__ = _PYTORCH[owner, name].__doc__
+    return function
+
+
+def _tensors_in(data: Any) -> list[Tensor]:
+    """The tensors in nested lists and tuples (numbers are skipped at once)."""
+    found: list[Tensor] = []
+    for item in data:
+        kind = type(item)
+        if kind is float or kind is int or kind is bool:
+            continue
+        if isinstance(item, Tensor):
+            found.append(item)
+        elif kind in _CONTAINERS:
+            found += _tensors_in(item)
+    return found
+
+
+def _get_data(self: Tensor) -> Tensor:
+    return _original(Tensor, "data").__get__(self, type(self))  # type: ignore[no-any-return,unused-ignore]
+
+
+def _set_data(self: Tensor, value: Tensor) -> None:
+    HOOKS.flush_for("data", self, value)
+    _original(Tensor, "data").__set__(self, value)
+
+
+_REPLACEMENTS: dict[tuple[Any, str], Any] = {
+    (Tensor, "__repr__"): _flushing_repr,
+    (Tensor, "__dlpack__"): _flushing("dlpack", "__dlpack__"),
+    (Tensor, "__cuda_array_interface__"): property(
+        _flushing_array_interface, doc=_PYTORCH[Tensor, "__cuda_array_interface__"].__doc__
+    ),
+    (Tensor, "untyped_storage"): _flushing("storage", "untyped_storage"),
+    (Tensor, "numpy"): _flushing("numpy", "numpy"),
+    (Tensor, "tolist"): _flushing("tolist", "tolist"),
+    (Tensor, "data"): property(_get_data, _set_data, doc=_PYTORCH[Tensor, "data"].__doc__),
+    (Tensor, "new_tensor"): _from_data(Tensor, "new_tensor"),
+    (torch, "tensor"): _from_data(torch, "tensor"),
+    (torch, "as_tensor"): _from_data(torch, "as_tensor"),
+    (torch, "asarray"): _from_data(torch, "asarray"),
+}
