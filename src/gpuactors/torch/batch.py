@@ -353,11 +353,12 @@ class Batch:
         result of an op on ``operands`` (in its order; or ``contiguous``): if that is
         contiguous, one of this batch's earlier results that nobody holds any more (its
         store is dropped, its register freed) or a new one kept for reuse."""
-        torch_dtype = TORCH_DTYPES[dtype]
         strides = None if contiguous else result_strides(space, operands)
         if strides is not None:
             self.just_pooled = None
-            return torch.empty_strided(space, strides, dtype=torch_dtype, device=self.device)
+            return torch.empty_strided(
+                space, strides, dtype=TORCH_DTYPES[dtype], device=self.device
+            )
         key = (space, dtype)
         pooled = self.pool.get(key)
         if pooled:
@@ -366,7 +367,7 @@ class Batch:
                 self.recycle(free)
                 self.just_pooled = free
                 return free  # type: ignore[no-any-return,unused-ignore]
-        out = torch.empty(space, dtype=torch_dtype, device=self.device)
+        out = torch.empty(space, dtype=TORCH_DTYPES[dtype], device=self.device)
         self.just_pooled = None
         if torch.is_inference_mode_enabled():
             return out

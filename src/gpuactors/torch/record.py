@@ -20,7 +20,6 @@ from gpuactors.torch.batch import (
     Batch,
     Decline,
     Value,
-    first_unreferenced,
     storage_address,
 )
 
@@ -232,16 +231,8 @@ def usual(batch: Batch, op: int, a: Any, b: Any, p0: int, p1: int, rule: int) ->
     dst = free.pop() if free else batch.register(stage)
     if dst is None:
         return None
-    # The result's tensor: one of this batch's results nobody holds any more, else new.
-    out = None
-    pooled = batch.pool.get((stage.space, out_dtype))
-    if pooled:
-        out = first_unreferenced(pooled)
-        if out is not None:
-            batch.recycle(out)
-            batch.just_pooled = out
-    if out is None:  # (the operands are contiguous: so is the result)
-        out = batch.new_output((), stage.space, out_dtype, True)
+    # The operands are contiguous, so is the result: a pooled one, else new.
+    out = batch.new_output((), stage.space, out_dtype, True)
     code = stage.code
     position = len(code) + P.ALU_WORDS
     ptr = out.data_ptr()

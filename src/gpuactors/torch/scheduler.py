@@ -281,11 +281,6 @@ class TorchScheduler:
                 batch.traced = False
                 self._wake.set()
 
-    def pending(self, t: Tensor) -> bool:
-        """Whether ``t`` may read memory that the open batch writes."""
-        with self._lock:
-            return bool(self._batch.ops) and self._batch.pending(t)
-
     def open_here(self) -> bool:
         """Whether the calling thread is inside this scheduler's context."""
         return self._owner == threading.get_ident()

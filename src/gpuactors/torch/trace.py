@@ -15,7 +15,7 @@ tensor as an earlier argument, plus the other arguments themselves. New sizes wi
 one signature reuse the template.
 
 A recording that read a tensor's sizes (``x.shape``, ``x.size()``, ``x.numel()``,
-``len(x)``, ``x.stride()``) may have computed a number from them (``x * d ** -0.5``),
+``len(x)``, ``x.stride()``, ``x.nbytes``) may have computed a number from them (``x * d ** -0.5``),
 which its program holds: such a recording is kept for its exact shapes only, and each
 new set of shapes is recorded again.
 
