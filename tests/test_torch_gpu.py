@@ -174,12 +174,12 @@ def test_random_programs_match_eager(sched: TorchScheduler, chunk: int) -> None:
 def test_a_replayed_chain_matches_eager(sched: TorchScheduler, n: int) -> None:
     """A loop's batches after the first follow its plan (one unit, many units)."""
     with torch.no_grad():
-        for k in range(6):
+        for k in range(8):  # from the fifth on, calls are answered above the dispatcher
             x, y = rand(n), rand(n)
             with sched:
                 got = chain57(x, y)
             torch.testing.assert_close(got, chain57(x, y), rtol=1e-4, atol=1e-2, msg=str(k))
-    assert sched.stats.replayed == 4  # the second batch notes the plan
+    assert sched.stats.replayed == 6  # the second batch notes the plan
 
 
 @pytest.mark.parametrize("chunk", range(2))
@@ -188,11 +188,35 @@ def test_random_programs_replayed_match_eager(sched: TorchScheduler, chunk: int)
         case = random_case(20_000 + seed, DEV)
         with torch.no_grad():
             expected = case.run(case.inputs())
-            for k in range(4):  # recorded, noted, then replayed where it can be
+            # recorded, noted, then replayed where it can be: through the dispatcher,
+            # then (the calls learnt) above it
+            for k in range(6):
                 with sched:
                     got = case.run(case.inputs())
                 assert_same(got, expected, f"{case.description} (run {k})", case.dtype)
-    assert sched.stats.replayed > 30
+    assert sched.stats.replayed > 60
+
+
+def test_autocast_in_a_replaying_loop_matches_eager(sched: TorchScheduler) -> None:
+    """A float16 loop replays (its calls answered above the dispatcher), then runs under
+    autocast, whose float32 list (exp, softplus) changes what the same calls do."""
+
+    def fn(x: Any, y: Any) -> Any:
+        return F.softplus(torch.exp(torch.relu(x + y) * 0.5)) - y
+
+    x, y = rand(4096).half(), rand(4096).half()
+    with torch.no_grad():
+        for _ in range(6):
+            with sched:
+                got = fn(x, y)
+            torch.testing.assert_close(got, fn(x, y), rtol=2e-3, atol=2e-3)
+        for _ in range(3):
+            with torch.autocast("cuda", dtype=torch.float16):
+                with sched:
+                    got = fn(x, y)
+                expected = fn(x, y)
+            assert got.dtype == expected.dtype == torch.float32
+            torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
 
 def test_a_replay_held_results_and_a_read_midway(sched: TorchScheduler) -> None:

@@ -9,7 +9,8 @@ runs the same chain). Every baseline runs in this process on this GPU. Per n in 
 and 65,536: eager, CUDA graph replay, torch.compile (steady, and its first call including
 the compile), the scheduler context (its batches replayed, as a loop's are, and recorded
 op by op with replay off) and traced mode, each the median of repeated call +
-synchronize; then in CUDA graphs: a traced call captured in one, eager's graph, and
+synchronize (eager and the default scheduler context, the target's pair, in ten
+alternating blocks, so that both meet the machine's same slow spells); then in CUDA graphs: a traced call captured in one, eager's graph, and
 torch.compile's ``mode="reduce-overhead"``. The scheduler's figures are measured
 twice: with its batches launched on PyTorch's stream (``stream_scheduler``, the default
 way; the targets are checked on it) and run as tasks of an engine (``LocalEngine``).
@@ -84,6 +85,24 @@ def median_us(fn: Callable[[], Any], reps: int, warmup: int = 20) -> float:
     return statistics.median(times) * 1e6
 
 
+def interleaved_us(fns: tuple[Callable[[], Any], ...], reps: int, blocks: int = 10) -> list[float]:
+    """The median time of each of ``fns`` (call + synchronize), measured in alternating
+    blocks: on a machine whose speed swings, each meets the same spells as the others."""
+    for fn in fns:
+        for _ in range(20):
+            fn()
+    torch.cuda.synchronize()
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(blocks):
+        for fn, taken in zip(fns, times, strict=True):
+            for _ in range(max(1, reps // blocks)):
+                start = time.perf_counter()
+                fn()
+                torch.cuda.synchronize()
+                taken.append(time.perf_counter() - start)
+    return [statistics.median(taken) * 1e6 for taken in times]
+
+
 class NoRun:
     """An executor that runs nothing: what recording a batch costs, without the engine."""
 
@@ -143,12 +162,19 @@ def ours(n: int, executors: dict[str, Any], reps: int) -> dict[str, float]:
     x = torch.randn(n, device="cuda")
     y = torch.randn(n, device="cuda")
     expected = chain(x, y)
-    row = {"eager_us": median_us(lambda: chain(x, y), reps)}
+    row: dict[str, float] = {}
     for prefix, kind in EXECUTORS:
         for key, replay in (("scheduler", True), ("recorded", False)):
             sched = TorchScheduler(executors[kind], replay=replay)
-            torch.testing.assert_close(in_context(sched)(x, y), expected, rtol=1e-4, atol=1e-2)
-            row[f"{prefix}{key}_us"] = context_us(sched, x, y, reps)
+            scheduled = in_context(sched)
+            torch.testing.assert_close(scheduled(x, y), expected, rtol=1e-4, atol=1e-2)
+            if not row:  # the target's pair: eager and the default scheduler, side by side
+                row["eager_us"], row["scheduler_us"] = interleaved_us(
+                    (lambda: chain(x, y), lambda: scheduled(x, y)),  # noqa: B023
+                    reps,
+                )
+            else:
+                row[f"{prefix}{key}_us"] = context_us(sched, x, y, reps)
             if replay:
                 traced = trace(chain, sched)
                 torch.testing.assert_close(traced(x, y), expected, rtol=1e-4, atol=1e-2)

@@ -291,10 +291,19 @@ class Plan:
         numel: int,
     ) -> None:
         self.steps = steps
+        #: Per op: the call above the dispatcher that made it (Replay.learn_call), False
+        #: where none did alone, None where not known yet.
+        self.calls: list[Step | bool | None] = [None] * len(steps)
         self.required = [step.required for step in steps]  # per op, as a list (the flush)
         self.metas = metas
         self.layouts = layouts
         self.slots = len(layouts)
+        #: Whether a tensor of the plan is float16 or bfloat16: autocast may then change
+        #: what a call does (its float32 list computes those in float32), which the
+        #: dispatcher's ops would show and a call taken whole would not.
+        self.reduced = any(meta[0] in _REDUCED for meta in metas) or any(
+            layout[2] in _REDUCED for layout in layouts
+        )
         self.words = np.asarray(words, dtype=np.uint32)
         self.units = int(words[6])
         # Each address is two words (low, high): both are gathered in one step from the
@@ -323,8 +332,10 @@ class Replay:
     def __init__(self, plan: Plan, device: torch.device) -> None:
         self.plan = plan
         self.steps = plan.steps
+        self.calls = plan.calls
         self.count = len(plan.steps)
         self.device = device
+        self.device_type = device.type
         self.ops = 0
         self.started = 0.0
         self.stream: Any = None
@@ -342,12 +353,25 @@ class Replay:
         self.retired_uses: list[int] = []
         self.capture = None
 
-    def follow(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
-        """The result of the plan's next op if this is it, else None (nothing changed)."""
+    def follow(
+        self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], call: bool = False
+    ) -> Tensor | None:
+        """The result of the plan's next op if this is it, else None (nothing changed).
+
+        ``call``: ``func`` is a call above the dispatcher (:mod:`.front`), to be compared
+        with the call learnt for the next op (:meth:`learn_call`). Such a call gets None
+        also where its result needs a new tensor: allocating there would reach the
+        scheduler's own dispatch mode, so the call goes on to the dispatcher instead."""
         j = self.ops
         if j >= self.count:
             return None
-        step = self.steps[j]
+        if call:
+            learnt = self.calls[j]
+            if not learnt or (self.plan.reduced and torch.is_autocast_enabled(self.device_type)):
+                return None
+            step: Step = learnt  # type: ignore[assignment]
+        else:
+            step = self.steps[j]
         if func is not step.func or len(args) != step.arity:
             return None
         results = self.results
@@ -371,8 +395,6 @@ class Replay:
         if (kwargs or step.kwargs) and not self._kwargs_match(kwargs, step.kwargs):
             del outside[seen:]
             return None
-        if len(outside) > seen:
-            self.outside_addresses += [t.data_ptr() for t in outside[seen:]]
         # The result: the slot's tensor if only this replay holds it (the recording
         # reused its result there too), else a new one laid out as the recording's.
         slot = step.slot
@@ -384,6 +406,9 @@ class Replay:
             and reusable(slot_tensor[slot])
         ):
             self.slot_uses[slot] += 1
+        elif call:
+            del outside[seen:]
+            return None
         else:
             if slot_tensor[slot] is not None:  # its entries of ``results`` are final now
                 self.retired.append(slot_tensor[slot])
@@ -394,6 +419,8 @@ class Replay:
             slot_tensor[slot] = fresh
             self.slot_uses[slot] = 1
             self.slot_address[slot] = fresh.data_ptr()
+        if len(outside) > seen:
+            self.outside_addresses += [t.data_ptr() for t in outside[seen:]]
         out = slot_tensor[slot]
         results.append(out)  # type: ignore[arg-type,unused-ignore]
         self.addresses.append(self.slot_address[slot])
@@ -401,6 +428,47 @@ class Replay:
             self.started = time.perf_counter()
         self.ops = j + 1
         return out
+
+    def call_unknown(self) -> bool:
+        """Whether the call that makes the plan's next op is still to be learnt."""
+        return self.ops < self.count and self.calls[self.ops] is None
+
+    def learn_call(
+        self, j: int, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
+    ) -> None:
+        """The call ``func(*args, **kwargs)`` has just run and returned ``out``: if it made
+        op ``j`` of the plan and nothing else, on exactly op ``j``'s tensors, note it,
+        so that a later replay answers the call itself (its other arguments are then
+        compared as op ``j``'s are). Else no call is noted for op ``j``."""
+        learnt: Step | bool = False
+        if self.ops == j + 1 and self.results[j] is out:
+            step = self.steps[j]
+            try:
+                specs = tuple([self._known(arg, j) for arg in args])
+                named = tuple([(name, self._known(kwargs[name], j)) for name in sorted(kwargs)])
+            except Unreplayable:
+                specs = None
+            if specs is not None:
+                mine = {s for s in (*specs, *(s for _, s in named)) if type(s) is int}
+                theirs = {k for _, k in step.results} | {-k - 1 for _, k in step.outside}
+                theirs |= {s for _, s in step.kwargs if type(s) is int}
+                if mine == theirs:
+                    learnt = Step(func, specs, named, step.slot)
+        self.calls[j] = learnt
+
+    def _known(self, value: Any, j: int) -> Any:
+        """How a plan's step holds ``value``, an argument of op ``j``'s call: a result of
+        an earlier op (the latest: a result object is reused once dead), an outside
+        tensor the replay has seen, or a plain value."""
+        if not isinstance(value, Tensor):
+            return plain_spec(value)
+        for k in reversed(range(j)):
+            if self.results[k] is value:
+                return k
+        for k, t in enumerate(self.outside):
+            if t is value:
+                return -k - 1
+        raise Unreplayable
 
     def _kwargs_match(self, kwargs: dict[str, Any], specs: tuple[tuple[str, Any], ...]) -> bool:
         if tuple(sorted(kwargs)) != tuple(name for name, _ in specs):
@@ -518,6 +586,9 @@ def _plain_matches(value: Any, spec: Any) -> bool:
     except Unreplayable:
         return False
 
+
+#: Float dtypes autocast computes some ops of in float32.
+_REDUCED = (torch.float16, torch.bfloat16)
 
 #: Plain kinds whose spec is ``(kind, value)`` with the value itself.
 _SCALAR_KINDS = (int, bool, str, type(None))

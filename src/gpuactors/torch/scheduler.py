@@ -42,6 +42,7 @@ from gpuactors.errors import InvalidArgument
 from gpuactors.torch import program as P
 from gpuactors.torch.batch import Batch, Decline
 from gpuactors.torch.executors import Executor, Words
+from gpuactors.torch.front import FrontMode
 from gpuactors.torch.handlers import TABLE, USUAL
 from gpuactors.torch.hooks import HOOKS
 from gpuactors.torch.record import usual
@@ -124,6 +125,8 @@ class TorchScheduler:
         self._owner: int | None = None  # the thread inside the context
         self._depth = 0
         self._mode: _Mode | None = None
+        self._front: FrontMode | None = None
+        self._replaying = False  # the last batch begun follows a plan
         self._wake = threading.Event()
         self._closed = False
         self._timer: threading.Thread | None = None
@@ -147,6 +150,9 @@ class TorchScheduler:
         HOOKS.activate(self)
         self._mode = _Mode(self)
         self._mode.__enter__()
+        if self._replaying:  # (a mode pushed later could not be popped in order)
+            self._front = FrontMode(self)
+            self._front.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -155,8 +161,11 @@ class TorchScheduler:
             if self._depth > 0:
                 return
         mode, self._mode = self._mode, None
+        front, self._front = self._front, None
         try:
             assert mode is not None
+            if front is not None:
+                front.__exit__(None, None, None)
             mode.__exit__(None, None, None)
             self.flush("exit")
         finally:
@@ -329,6 +338,43 @@ class TorchScheduler:
                             self._timer_error = exc
                 break
 
+    # ------------------------------------------------ above the dispatcher
+    def front_call(
+        self, func: Any, types: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """A call seen by :class:`~.front.FrontMode`: the open replay's next op if this
+        call made it in an earlier replay; else the call runs, through the dispatcher
+        (and this scheduler's dispatch mode).
+
+        Every call goes on while the lock is held (the scheduler's own calls, from a
+        hook; or a flush on another thread, which the dispatch mode waits for), while
+        another scheduler is active (whose dispatch mode may come first), and where the
+        layers above the Python dispatch key have work: a tensor subclass, or autograd
+        to record."""
+        batch = self._batch
+        if (
+            type(batch) is not Replay
+            or self._lock.locked()
+            or HOOKS.active_count > 1
+            or (types and not _plain_types(types))
+            or (torch.is_grad_enabled() and _needs_grad(args, kwargs))
+        ):
+            return func(*args, **kwargs)
+        with self._lock:
+            out = batch.follow(func, args, kwargs, call=True) if self._batch is batch else None
+            if out is not None:
+                self.stats.ops += 1
+                if batch.ops >= self.max_batch_ops:
+                    self._flush_locked("size")
+                return out
+            learn = self._batch is batch and batch.call_unknown()
+            j, fallbacks = batch.ops, self.stats.fallbacks
+        out = func(*args, **kwargs)
+        if learn and self._batch is batch and self.stats.fallbacks == fallbacks:
+            with self._lock:
+                batch.learn_call(j, func, args, kwargs, out)
+        return out
+
     # --------------------------------------------------------------- dispatch
     def _dispatch(
         self, func: Any, types: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -432,6 +478,7 @@ class TorchScheduler:
     def _started(self, batch: Batch | Replay) -> None:
         """The first op of ``batch`` was taken: its stream, and the timer's wake-up."""
         self.stats.ops += 1
+        self._replaying = type(batch) is Replay
         batch.stream = self.current_stream()
         if self.auto_flush_s is not None:
             self._wake.set()
@@ -461,6 +508,14 @@ class TorchScheduler:
 # dispatcher hands over the very objects the tables hold (TABLE is asked on a miss).
 _USUAL_BY_ID = {id(func): entry for func, entry in USUAL.items()}
 _TABLE_BY_ID = {id(func): handler for func, handler in TABLE.items()}
+
+
+def _plain_types(types: Any) -> bool:
+    return all(kind is Tensor for kind in types)
+
+
+def _needs_grad(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    return any(t.requires_grad for t in _tensors(args, kwargs))
 
 
 def _tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
