@@ -238,3 +238,33 @@ def test_traced_mode_records_even_where_a_plan_would_replay(sched: TorchSchedule
             x, y = rand(n), rand(n)
             torch.testing.assert_close(traced(x, y), chain57(x, y), rtol=1e-4, atol=1e-4)
     assert traced.recordings == 1 and traced.replays == 2
+
+
+def test_a_plan_of_a_batch_cut_short_gives_way_to_the_whole_batch(sched: TorchScheduler) -> None:
+    # The batch noted for a plan was cut after `head` (as the timer cuts a slow call):
+    # its plan covers `head` only, and a later one `tail`. Once the loop's batches run whole,
+    # the plan that ends early is dropped and the whole batch is recorded and replayed.
+    def head(x: Any, y: Any) -> Any:
+        return torch.relu(x + y) * 2
+
+    def tail(a: Any, y: Any) -> Any:
+        return torch.tanh(torch.sigmoid(a) - y).sum(-1)
+
+    x, y = rand(64), rand(64)
+    with torch.no_grad():
+        for cut in (False, True):  # the second batch that begins alike is noted, cut
+            with sched:
+                a = head(x, y)
+                if cut:
+                    sched.flush("cut")
+                tail(a, y)
+        for _ in range(8):
+            with sched:
+                got = tail(head(x, y), y)
+            torch.testing.assert_close(got, tail(head(x, y), y))
+        ended, replayed = sched.stats.flushes["replay ended"], sched.stats.replayed
+        for _ in range(3):
+            with sched:
+                got = tail(head(x, y), y)
+    torch.testing.assert_close(got, tail(head(x, y), y))
+    assert sched.stats.flushes["replay ended"] == ended and sched.stats.replayed == replayed + 3

@@ -4,20 +4,22 @@ Run on a GPU machine:  CUDA_MODULE_LOADING=EAGER python -m gpuactors.benchmarks.
 [--quick] [--json PATH] [--strict] [--profile]
 
 The workload is GPUOS's use case: a chain of 57 tiny kernels on float32 vectors (14
-pointwise ops x 4 rounds, then a last-dim sum; the probe shared/tools/probe_torch_tinyops.py
-runs the same chain). Every baseline runs in this process on this GPU. Per n in 256, 4,096
-and 65,536: eager, CUDA graph replay, torch.compile (steady, and its first call including
-the compile), the scheduler context (its batches replayed, as a loop's are, and recorded
-op by op with replay off) and traced mode, each the median of repeated call +
-synchronize (eager and the default scheduler context, the target's pair, in ten
-alternating blocks, so that both meet the machine's same slow spells); then in CUDA graphs: a traced call captured in one, eager's graph, and
-torch.compile's ``mode="reduce-overhead"``. The scheduler's figures are measured
-twice: with its batches launched on PyTorch's stream (``stream_scheduler``, the default
-way; the targets are checked on it) and run as tasks of an engine (``LocalEngine``).
-What recording alone costs is measured with an executor that runs nothing. Every
-scheduler is built with the default options, its auto-flush timer included, as users
-get it. Then 20 new shapes in a row (n = 1000 + 37 k, inputs made in the loop), total time per
-mode. ``--profile`` prints where the scheduler's Python time goes (cProfile, n = 4,096).
+pointwise ops x 4 rounds, then a last-dim sum; the probe
+shared/tools/probe_torch_tinyops.py runs the same chain). Every baseline runs in this
+process on this GPU. Per n in 256, 4,096 and 65,536: eager, CUDA graph replay,
+torch.compile (steady, and its first call including the compile), the scheduler context
+(its batches replayed, as a loop's are, and recorded op by op with replay off) and
+traced mode, each the median of repeated call + synchronize (eager and the default
+scheduler context, the target's pair, in ten alternating blocks, so that both meet the
+machine's same slow spells); then in CUDA graphs: a traced call captured in one, eager's
+graph, and torch.compile's ``mode="reduce-overhead"``. The scheduler's figures are
+measured twice: with its batches launched on PyTorch's stream (``stream_scheduler``, the
+default way; the targets are checked on it) and run as tasks of an engine
+(``LocalEngine``). What recording alone costs is measured with an executor that runs
+nothing. Every scheduler is built with the default options, its auto-flush timer
+included, as users get it. Then 20 new shapes in a row (n = 1000 + 37 k, inputs made in
+the loop), total time per mode. ``--profile`` prints where the scheduler's Python time
+goes (cProfile, n = 4,096).
 
 Targets (issue 23): the scheduler context >= 1.5x faster than eager for n <= 4,096;
 traced mode <= 1.0x torch.compile's steady time; 20 new shapes >= 10x faster than

@@ -294,6 +294,8 @@ class Plan:
         #: Per op: the call above the dispatcher that made it (Replay.learn_call), False
         #: where none did alone, None where not known yet.
         self.calls: list[Step | bool | None] = [None] * len(steps)
+        #: Replays that met an op the plan did not expect since one followed it whole.
+        self.ended_early = 0
         self.required = [step.required for step in steps]  # per op, as a list (the flush)
         self.metas = metas
         self.layouts = layouts

@@ -224,6 +224,8 @@ class TorchScheduler:
             if isinstance(batch, Replay):  # spread as its recording was
                 words, n, units = batch.assemble()
                 self.stats.replayed += 1
+                if batch.ops == batch.count and reason != "replay ended":
+                    batch.plan.ended_early = 0  # the batch was the plan, no more
             else:
                 words, n, units = batch.assemble(self.executor.spread)
                 if batch.capture is not None:
@@ -247,6 +249,21 @@ class TorchScheduler:
         if len(self._plans) >= MAX_PLANS:
             del self._plans[next(iter(self._plans))]
         self._plans[func] = [plan, *plans[: PLANS_PER_OP - 1]]
+
+    def _ended_early(self, plan: Plan) -> None:
+        """A replay of ``plan`` met an op it did not expect (or one more op after its
+        last). Twice in a row, with no replay between that was the plan exactly, the
+        plan is dropped: it was likely recorded from a batch cut short (by the timer, in
+        a slow first call), and while it replays, the batches that begin as it does are
+        never recorded whole."""
+        plan.ended_early += 1
+        if plan.ended_early >= 2:
+            func = plan.steps[0].func
+            kept = [p for p in self._plans.get(func, ()) if p is not plan]
+            if kept:
+                self._plans[func] = kept
+            else:
+                self._plans.pop(func, None)
 
     def run_program(self, words: np.ndarray, n: int, units: int, reason: str, stream: Any) -> None:
         """Run a ready program (a traced one) after the open batch, as a flush does, on
@@ -443,6 +460,7 @@ class TorchScheduler:
         if isinstance(batch, Replay):  # it did not expect this op
             if func in TABLE:
                 self._flush_locked("replay ended")
+                self._ended_early(batch.plan)
             return None
         if batch.ops or batch.tracer is not None:  # a trace records this batch: no replay
             return None
