@@ -7,6 +7,7 @@ stays eager PyTorch's. On the CPU: the NumPy interpreter runs the programs."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -278,3 +279,30 @@ def test_a_full_batch_is_flushed_when_calls_are_answered(answered: list[int]) ->
     assert sched.stats.replayed == WARM + 1 and sched.stats.flushes["size"] == WARM + 3
     assert len(answered) >= 3 * 40
     sched.close()
+
+
+def test_a_scheduler_in_another_thread_does_not_stop_the_calls_here(
+    sched: TorchScheduler, answered: list[int]
+) -> None:
+    other = TorchScheduler(KeepsPrograms(), auto_flush_ms=None)
+    inside, leave = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with other:
+            inside.set()
+            leave.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert inside.wait(10)
+        x, y = rand(100), rand(100)
+        for _ in range(WARM + 2):
+            torch.testing.assert_close(
+                scheduled(sched, chain57, x, y), chain57(x, y), rtol=1e-4, atol=1e-4
+            )
+    finally:
+        leave.set()
+        holder.join(10)
+    assert len(answered) >= 40
+    other.close()

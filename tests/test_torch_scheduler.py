@@ -9,6 +9,7 @@ itself is checked by tests/test_torch_gpu.py on a GPU.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import gc
 import io
 import pickle
@@ -627,10 +628,12 @@ async def test_flush_async_does_not_block_the_loop() -> None:
         return rand(5) * 3
 
     ticking = asyncio.get_running_loop().create_task(ticker())
-    with torch.no_grad():
-        y = await asyncio.to_thread(record)  # a context left open in a worker thread
-    await sched.flush_async()
-    ticking.cancel()
+    loop = asyncio.get_running_loop()
+    with torch.no_grad(), concurrent.futures.ThreadPoolExecutor(1) as worker:
+        y = await loop.run_in_executor(worker, record)  # a context left open there
+        await sched.flush_async()
+        ticking.cancel()
+        await loop.run_in_executor(worker, sched.__exit__, None, None, None)
     assert sched.stats.flushes["async"] == 1 and ticks > 0
     assert y.shape == (5,)
 

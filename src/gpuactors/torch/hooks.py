@@ -46,8 +46,9 @@ class TensorHooks:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._active: list[TorchScheduler] = []
-        #: How many scheduler contexts are active (on any thread): read per call by
-        #: a replay taking calls whole, which must step aside for another scheduler.
+        #: How many schedulers are in a context (on any thread): read per call by a
+        #: replay taking calls whole, which steps aside for another scheduler whose
+        #: context this thread is in.
         self.active_count = 0
         #: (owner, name) -> the owner's own attribute before the hooks (None: inherited)
         self._originals: dict[tuple[Any, str], Any] = {}
@@ -90,6 +91,10 @@ class TensorHooks:
         """Whether a scheduler other than ``scheduler`` is in a context (on any thread)."""
         active = self._active
         return len(active) > 1 or (len(active) == 1 and active[0] is not scheduler)
+
+    def others_open_here(self, scheduler: TorchScheduler) -> bool:
+        """Whether this thread is inside the context of a scheduler besides ``scheduler``."""
+        return any(other is not scheduler and other.open_here() for other in self._schedulers())
 
     def flush_others(self, scheduler: TorchScheduler) -> None:
         """Flush the batches of the other schedulers whose context this thread is in:

@@ -365,14 +365,14 @@ class TorchScheduler:
 
         Every call goes on while the lock is held (the scheduler's own calls, from a
         hook; or a flush on another thread, which the dispatch mode waits for), while
-        another scheduler is active (whose dispatch mode may come first), and where the
-        layers above the Python dispatch key have work: a tensor subclass, or autograd
-        to record."""
+        this thread is in another scheduler's context too (whose dispatch mode may come
+        first), and where the layers above the Python dispatch key have work: a tensor
+        subclass, or autograd to record."""
         batch = self._batch
         if (
             type(batch) is not Replay
             or self._lock.locked()
-            or HOOKS.active_count > 1
+            or (HOOKS.active_count > 1 and HOOKS.others_open_here(self))
             or (types and not _plain_types(types))
             or (torch.is_grad_enabled() and _needs_grad(args, kwargs))
         ):
