@@ -230,7 +230,9 @@ class StreamExecutor:
         self.spread = STREAM_SPREAD
         self._current_context = cupy.cuda.driver.ctxGetCurrent
         self._set_device = cupy.cuda.runtime.setDevice
-        self._bind_thread()
+        # Not ``_bind_thread()`` here: the creating thread (the user's, often still
+        # without a CUDA context) keeps its own current device; ``on_device`` gives
+        # it back after each step.
         self._module = _interpreter_module(device_id, arch)
         with on_device(device_id):
             self._failure_memory = cupy.cuda.alloc_pinned_memory(8)
