@@ -431,6 +431,18 @@ class Replay:
         self.ops = j + 1
         return out
 
+    def make_slots(self) -> None:
+        """Make every result slot's first tensor now, in the dispatch mode (where it is
+        set aside): a call answered above the dispatcher cannot allocate one, so each
+        slot's first use would otherwise send its call on through the dispatcher."""
+        inference = torch.is_inference_mode_enabled()
+        for slot, (shape, strides, dtype, device) in enumerate(self.plan.layouts):
+            if self.slot_tensor[slot] is None:
+                fresh = torch.empty_strided(shape, strides, dtype=dtype, device=device)
+                self.slot_tensor[slot] = fresh
+                self.slot_address[slot] = fresh.data_ptr()
+                self.slot_reusable[slot] = not inference
+
     def call_unknown(self) -> bool:
         """Whether the call that makes the plan's next op is still to be learnt."""
         return self.ops < self.count and self.calls[self.ops] is None

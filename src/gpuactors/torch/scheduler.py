@@ -470,6 +470,8 @@ class TorchScheduler:
             if out is not None:
                 self._batch = replay
                 self._started(replay)
+                if self._front is not None:
+                    replay.make_slots()
                 return out
         return None
 
