@@ -306,3 +306,27 @@ def test_a_scheduler_in_another_thread_does_not_stop_the_calls_here(
         holder.join(10)
     assert len(answered) >= 40
     other.close()
+
+
+def test_a_learnt_call_given_vmap_s_batched_tensor_goes_on(
+    sched: TorchScheduler, answered: list[int]
+) -> None:
+    # Above the dispatcher a call may get vmap's batched wrapper where the plan had a
+    # plain tensor of the same shape: only the dispatcher unwraps it.
+    y, z, xs = rand(8), rand(8), rand(4, 8)
+
+    def g(t: Any) -> Any:
+        return torch.sigmoid(t) * 2.0 - 1.0
+
+    def body(vmapped: bool) -> Any:
+        a = y * 3.0
+        return a, torch.vmap(g)(xs) if vmapped else g(z)
+
+    with torch.no_grad():
+        for k in range(WARM + 3):
+            vmapped = k == WARM + 2
+            with sched:
+                got = body(vmapped)
+            for g_, e_ in zip(got, body(vmapped), strict=True):
+                torch.testing.assert_close(g_, e_)
+    assert answered

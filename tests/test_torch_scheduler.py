@@ -1300,3 +1300,31 @@ def test_a_timer_flush_that_fails_is_raised_by_the_next_flush_and_the_timer_goes
                 time.sleep(0.005)
         assert sched.stats.flushes["timer"] == 2 and z.tolist() == [5.0] * 4
     sched.close()
+
+
+def test_sparse_and_nested_tensors_are_left_to_pytorch(sched: TorchScheduler) -> None:
+    # The program reads strided memory: ops on other layouts run as PyTorch runs them,
+    # first in a batch or in a replay that met them where a plan had a strided tensor.
+    sparse = (torch.rand(8) - 0.5).relu().to_sparse()
+    nested = torch.nested.nested_tensor([torch.rand(8), torch.rand(3)])
+    y = rand(8)
+    with torch.no_grad():
+        for k in range(6):
+            t = sparse if k == 4 else nested if k == 5 else rand(8)
+            with sched:
+                a = y * 3.0
+                b = t * 2.0
+                c = torch.relu(a) + y.sparse_mask(sparse) if k == 4 else a
+            torch.testing.assert_close(a, y * 3.0)
+            expected = t * 2.0
+            if k == 4:
+                torch.testing.assert_close(b.to_dense(), expected.to_dense())
+                torch.testing.assert_close(
+                    c.to_dense(), (torch.relu(y * 3.0) + y.sparse_mask(sparse)).to_dense()
+                )
+            elif k == 5:
+                for got, want in zip(b.unbind(), expected.unbind(), strict=True):
+                    torch.testing.assert_close(got, want)
+            else:
+                torch.testing.assert_close(b, expected)
+    assert sched.stats.replayed >= 1

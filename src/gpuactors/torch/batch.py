@@ -211,10 +211,13 @@ class Batch:
 
     # ----------------------------------------------------------------- checks
     def check(self, t: Tensor) -> int:
-        """The dtype code of a tensor the program may take, else Decline."""
+        """The dtype code of a tensor the program may take, else Decline (a sparse or
+        nested tensor too: the program reads strided memory)."""
         code = CODES.get(t.dtype)
         if (
             code is None
+            or t.layout is not torch.strided
+            or t.is_nested
             or not (t.is_cuda if self.cuda else t.is_cpu)
             or t.get_device() != self.device_index
             or not 0 < t.numel() <= self.size_limit

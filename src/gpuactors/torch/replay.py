@@ -65,7 +65,10 @@ def plain_spec(value: Any) -> Any:
 
 
 def tensor_meta(t: Tensor) -> tuple[Any, ...]:
-    """What decides how an outside tensor is read: the program keeps only its address."""
+    """What decides how an outside tensor is read: the program keeps only its address.
+    Unreplayable for a sparse or nested tensor (no sizes and strides to compare)."""
+    if t.layout is not torch.strided or t.is_nested:
+        raise Unreplayable
     return (t.dtype, tuple(t.shape), t.stride(), t.device, t.requires_grad)
 
 
@@ -362,8 +365,11 @@ class Replay:
 
         ``call``: ``func`` is a call above the dispatcher (:mod:`.front`), to be compared
         with the call learnt for the next op (:meth:`learn_call`). Such a call gets None
-        also where its result needs a new tensor: allocating there would reach the
-        scheduler's own dispatch mode, so the call goes on to the dispatcher instead."""
+        also where its result needs a new tensor (allocating there would reach the
+        scheduler's own dispatch mode), and where it brings an outside tensor the replay
+        has not seen: above the dispatcher a tensor may be a wrapper (vmap's, a sparse
+        or nested layout) that only the dispatcher unwraps or refuses, so the dispatch
+        mode meets each outside tensor first."""
         j = self.ops
         if j >= self.count:
             return None
@@ -386,7 +392,7 @@ class Replay:
             if k < len(outside):
                 if outside[k] is args[position]:
                     continue
-            elif self._new_outside(args[position], k):
+            elif not call and self._new_outside(args[position], k):
                 continue
             del outside[seen:]  # outside tensors this op added: forgotten
             return None
@@ -394,7 +400,7 @@ class Replay:
             if not _plain_matches(args[position], spec):
                 del outside[seen:]
                 return None
-        if (kwargs or step.kwargs) and not self._kwargs_match(kwargs, step.kwargs):
+        if (kwargs or step.kwargs) and not self._kwargs_match(kwargs, step.kwargs, call):
             del outside[seen:]
             return None
         # The result: the slot's tensor if only this replay holds it (the recording
@@ -484,7 +490,9 @@ class Replay:
                 return -k - 1
         raise Unreplayable
 
-    def _kwargs_match(self, kwargs: dict[str, Any], specs: tuple[tuple[str, Any], ...]) -> bool:
+    def _kwargs_match(
+        self, kwargs: dict[str, Any], specs: tuple[tuple[str, Any], ...], call: bool
+    ) -> bool:
         if tuple(sorted(kwargs)) != tuple(name for name, _ in specs):
             return False
         for name, spec in specs:
@@ -498,16 +506,19 @@ class Replay:
             elif -spec - 1 < len(self.outside):
                 if self.outside[-spec - 1] is not value:
                     return False
-            elif not self._new_outside(value, -spec - 1):
+            elif call or not self._new_outside(value, -spec - 1):
                 return False
         return True
 
     def _new_outside(self, value: Any, k: int) -> bool:
         """Whether ``value`` can be the plan's outside tensor ``k``, seen for the first
-        time (then it is noted as that)."""
+        time (then it is noted as that). Not a sparse or nested tensor: a plan's tensors
+        are strided (their sizes, strides and address are read here)."""
         if (
             k != len(self.outside)
             or not isinstance(value, Tensor)
+            or value.layout is not torch.strided
+            or value.is_nested
             or any(t is value for t in self.results)
             or any(t is value for t in self.outside)
             or tensor_meta(value) != self.plan.metas[k]
