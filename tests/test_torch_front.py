@@ -330,3 +330,50 @@ def test_a_learnt_call_given_vmap_s_batched_tensor_goes_on(
             for g_, e_ in zip(got, body(vmapped), strict=True):
                 torch.testing.assert_close(g_, e_)
     assert answered
+
+
+def test_jit_trace_inside_a_replaying_context_records_every_op(
+    sched: TorchScheduler, answered: list[int]
+) -> None:
+    # The tracer is a layer above the dispatch mode: calls it must see go on to it.
+    y, z = rand(8), rand(8)
+
+    def g(t: Any) -> Any:
+        return torch.sigmoid(t) * 2.0 - 1.0
+
+    with torch.no_grad():
+        for k in range(WARM + 3):
+            with sched:
+                y * 3.0
+                if k < WARM + 2:
+                    g(z)
+                else:
+                    traced = torch.jit.trace(g, (z,), check_trace=False)
+    assert answered
+    w = rand(8)
+    torch.testing.assert_close(traced(w), g(w))
+
+
+def test_a_function_mode_entered_before_the_context_sees_every_call(
+    sched: TorchScheduler, answered: list[int]
+) -> None:
+    class Doubling(TorchFunctionMode):  # type: ignore[misc,unused-ignore]
+        def __torch_function__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            out = func(*args, **(kwargs or {}))
+            return out * 2 if func is torch.sigmoid else out
+
+    def fn(x: Any, y: Any) -> Any:
+        return torch.sigmoid(torch.relu(x + y)) - y
+
+    x, y = rand(16), rand(16)
+    with torch.no_grad():
+        for _ in range(WARM + 1):
+            scheduled(sched, fn, x, y)
+        with Doubling():
+            for _ in range(2):
+                with sched:
+                    got = fn(x, y)
+        expected = torch.sigmoid(torch.relu(x + y)) * 2 - y
+    torch.testing.assert_close(got, expected)

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
+from torch.overrides import has_torch_function
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpuactors.errors import InvalidArgument
@@ -49,6 +50,8 @@ from gpuactors.torch.record import usual
 from gpuactors.torch.replay import MAX_PLANS, PLANS_PER_OP, Capture, Plan, Replay, first_op
 
 _CONTAINERS = (list, tuple)
+#: A plain tensor: ``has_torch_function`` of it says whether a function mode is active.
+_PLAIN_TENSOR = torch.empty(0)
 
 
 @dataclass
@@ -150,7 +153,10 @@ class TorchScheduler:
         HOOKS.activate(self)
         self._mode = _Mode(self)
         self._mode.__enter__()
-        if self._replaying:  # (a mode pushed later could not be popped in order)
+        # Pushed only here (a mode pushed midway could not be popped in order), and not
+        # over another function mode (``torch.device(...)`` as a context, a user's): that
+        # one would miss the calls answered above it.
+        if self._replaying and not has_torch_function((_PLAIN_TENSOR,)):
             self._front = FrontMode(self)
             self._front.__enter__()
         return self
@@ -367,7 +373,7 @@ class TorchScheduler:
         hook; or a flush on another thread, which the dispatch mode waits for), while
         this thread is in another scheduler's context too (whose dispatch mode may come
         first), and where the layers above the Python dispatch key have work: a tensor
-        subclass, or autograd to record."""
+        subclass, autograd to record, or ``torch.jit.trace`` recording the ops."""
         batch = self._batch
         if (
             type(batch) is not Replay
@@ -375,6 +381,7 @@ class TorchScheduler:
             or (HOOKS.active_count > 1 and HOOKS.others_open_here(self))
             or (types and not _plain_types(types))
             or (torch.is_grad_enabled() and _needs_grad(args, kwargs))
+            or torch.jit.is_tracing()
         ):
             return func(*args, **kwargs)
         with self._lock:
