@@ -74,17 +74,9 @@ def unavailable() -> str | None:
     return None
 
 
-def median_us(fn: Callable[[], Any], reps: int, warmup: int = 20) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
+def median_us(fn: Callable[[], Any], reps: int) -> float:
+    """The median time of ``fn`` (call + synchronize), after a warm-up."""
+    return interleaved_us((fn,), reps, blocks=1)[0]
 
 
 def interleaved_us(fns: tuple[Callable[[], Any], ...], reps: int, blocks: int = 10) -> list[float]:

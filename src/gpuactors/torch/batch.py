@@ -62,6 +62,12 @@ def first_unreferenced(items: list[Any]) -> Any:
     return None
 
 
+def strided(t: Tensor) -> bool:
+    """Whether ``t`` lies in memory as sizes and strides say (not sparse, not nested):
+    the only layout a program reads."""
+    return t.layout is torch.strided and not t.is_nested
+
+
 def reusable(t: Tensor) -> bool:
     """Whether a result nobody holds may be handed out again as a new result: not if
     its holder made it need autograd. (A result made in inference mode is never kept
@@ -211,13 +217,11 @@ class Batch:
 
     # ----------------------------------------------------------------- checks
     def check(self, t: Tensor) -> int:
-        """The dtype code of a tensor the program may take, else Decline (a sparse or
-        nested tensor too: the program reads strided memory)."""
+        """The dtype code of a tensor the program may take, else Decline."""
         code = CODES.get(t.dtype)
         if (
             code is None
-            or t.layout is not torch.strided
-            or t.is_nested
+            or not strided(t)
             or not (t.is_cuda if self.cuda else t.is_cpu)
             or t.get_device() != self.device_index
             or not 0 < t.numel() <= self.size_limit

@@ -46,10 +46,6 @@ class TensorHooks:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._active: list[TorchScheduler] = []
-        #: How many schedulers are in a context (on any thread): read per call by a
-        #: replay taking calls whole, which steps aside for another scheduler whose
-        #: context this thread is in.
-        self.active_count = 0
         #: (owner, name) -> the owner's own attribute before the hooks (None: inherited)
         self._originals: dict[tuple[Any, str], Any] = {}
 
@@ -60,12 +56,10 @@ class TensorHooks:
                     self._originals[owner, name] = vars(owner).get(name)
                     setattr(owner, name, replacement)
             self._active.append(scheduler)
-            self.active_count = len(self._active)
 
     def deactivate(self, scheduler: TorchScheduler) -> None:
         with self._lock:
             self._active.remove(scheduler)
-            self.active_count = len(self._active)
             if not self._active:
                 for (owner, name), original in self._originals.items():
                     if original is None:

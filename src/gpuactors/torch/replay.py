@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from gpuactors.torch import program as P
-from gpuactors.torch.batch import Batch, Value, reusable, storage_address
+from gpuactors.torch.batch import Batch, Value, reusable, storage_address, strided
 
 #: Plain argument types a plan compares by value (and type).
 _PLAIN = (bool, int, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout)
@@ -67,7 +67,7 @@ def plain_spec(value: Any) -> Any:
 def tensor_meta(t: Tensor) -> tuple[Any, ...]:
     """What decides how an outside tensor is read: the program keeps only its address.
     Unreplayable for a sparse or nested tensor (no sizes and strides to compare)."""
-    if t.layout is not torch.strided or t.is_nested:
+    if not strided(t):
         raise Unreplayable
     return (t.dtype, tuple(t.shape), t.stride(), t.device, t.requires_grad)
 
@@ -421,12 +421,8 @@ class Replay:
             if slot_tensor[slot] is not None:  # its entries of ``results`` are final now
                 self.retired.append(slot_tensor[slot])
                 self.retired_uses.append(self.slot_uses[slot])
-            shape, strides, dtype, device = self.plan.layouts[slot]
-            fresh = torch.empty_strided(shape, strides, dtype=dtype, device=device)
-            self.slot_reusable[slot] = not torch.is_inference_mode_enabled()
-            slot_tensor[slot] = fresh
+            self._new_slot_tensor(slot, torch.is_inference_mode_enabled())
             self.slot_uses[slot] = 1
-            self.slot_address[slot] = fresh.data_ptr()
         if len(outside) > seen:
             self.outside_addresses += [t.data_ptr() for t in outside[seen:]]
         out = slot_tensor[slot]
@@ -442,12 +438,18 @@ class Replay:
         set aside): a call answered above the dispatcher cannot allocate one, so each
         slot's first use would otherwise send its call on through the dispatcher."""
         inference = torch.is_inference_mode_enabled()
-        for slot, (shape, strides, dtype, device) in enumerate(self.plan.layouts):
+        for slot in range(self.plan.slots):
             if self.slot_tensor[slot] is None:
-                fresh = torch.empty_strided(shape, strides, dtype=dtype, device=device)
-                self.slot_tensor[slot] = fresh
-                self.slot_address[slot] = fresh.data_ptr()
-                self.slot_reusable[slot] = not inference
+                self._new_slot_tensor(slot, inference)
+
+    def _new_slot_tensor(self, slot: int, inference: bool) -> None:
+        """A new tensor for ``slot``, laid out as the recording's (one made in inference
+        mode is never reused: see ``reusable``)."""
+        shape, strides, dtype, device = self.plan.layouts[slot]
+        fresh = torch.empty_strided(shape, strides, dtype=dtype, device=device)
+        self.slot_tensor[slot] = fresh
+        self.slot_address[slot] = fresh.data_ptr()
+        self.slot_reusable[slot] = not inference
 
     def call_unknown(self) -> bool:
         """Whether the call that makes the plan's next op is still to be learnt."""
@@ -517,8 +519,7 @@ class Replay:
         if (
             k != len(self.outside)
             or not isinstance(value, Tensor)
-            or value.layout is not torch.strided
-            or value.is_nested
+            or not strided(value)
             or any(t is value for t in self.results)
             or any(t is value for t in self.outside)
             or tensor_meta(value) != self.plan.metas[k]

@@ -378,7 +378,7 @@ class TorchScheduler:
         if (
             type(batch) is not Replay
             or self._lock.locked()
-            or (HOOKS.active_count > 1 and HOOKS.others_open_here(self))
+            or (HOOKS.others_active(self) and HOOKS.others_open_here(self))
             or (types and not _plain_types(types))
             or (torch.is_grad_enabled() and _needs_grad(args, kwargs))
             or torch.jit.is_tracing()
