@@ -56,6 +56,16 @@ def sched() -> Any:
     scheduler.close()
 
 
+def hooks_taken_out() -> None:
+    """Wait for the Tensor hooks to come out (LINGER_S after the last context ended)."""
+    from gpuactors.torch.hooks import HOOKS
+
+    deadline = time.monotonic() + 10
+    while HOOKS.installed() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not HOOKS.installed()
+
+
 def both(sched: TorchScheduler, fn: Any, *inputs: Any) -> tuple[Any, Any]:
     """``fn`` under the scheduler and eagerly, each on its own copies of the inputs."""
     mine = [t.clone() if isinstance(t, torch.Tensor) else t for t in inputs]
@@ -302,17 +312,22 @@ def test_module_half_inside_the_context(sched: TorchScheduler) -> None:
 
 
 def test_data_assignment_is_watched_only_inside_a_context(sched: TorchScheduler) -> None:
+    hooks_taken_out()
     assert "data" not in torch.Tensor.__dict__
     t = torch.zeros(2)
     with sched:
         assert "data" in torch.Tensor.__dict__
         t.data = torch.ones(2)  # nothing pending: no flush
         assert torch.equal(t.data, torch.ones(2))
-    assert "data" not in torch.Tensor.__dict__ and not sched.stats.flushes["data"]
+    t.data = torch.zeros(2)  # outside: the hook, still in for a while, flushes nothing
+    assert not sched.stats.flushes["data"]
+    hooks_taken_out()
+    assert "data" not in torch.Tensor.__dict__
     assert torch.Tensor.data.__get__(t, torch.Tensor) is not t  # PyTorch's own again
 
 
 def test_dlpack_and_the_array_interface_see_the_pending_values(sched: TorchScheduler) -> None:
+    hooks_taken_out()
     x = torch.tensor([0.25, -1.0])
     dlpack, interface = torch.Tensor.__dlpack__, torch.Tensor.__dict__["__cuda_array_interface__"]
     from_data = torch.tensor
@@ -325,6 +340,7 @@ def test_dlpack_and_the_array_interface_see_the_pending_values(sched: TorchSched
         assert getattr(z, "__cuda_array_interface__", None) is None
         assert sched.stats.flushes == {"dlpack": 1, "array interface": 1}
         assert torch.Tensor.__dlpack__ is not dlpack
+    hooks_taken_out()
     assert torch.Tensor.__dlpack__ is dlpack  # PyTorch's own again
     assert torch.Tensor.__dict__["__cuda_array_interface__"] is interface
     assert torch.tensor is from_data
@@ -470,6 +486,49 @@ def test_the_hooks_wait_for_no_flush_of_a_batch_they_do_not_touch() -> None:
         y = torch.ones(4) + 1
     assert y.tolist() == [2.0, 2.0, 2.0, 2.0]
     scheduler.close()
+
+
+def test_the_hooks_stay_in_between_contexts_and_come_out_once_idle(
+    sched: TorchScheduler,
+) -> None:
+    """Putting the hooks in and out changes ``Tensor`` (emptying its attribute caches):
+    contexts entered one after another keep them; LINGER_S after the last, they go."""
+    from gpuactors.torch import hooks
+
+    hooks_taken_out()
+    original = vars(torch.Tensor)["__repr__"]
+    for _ in range(3):
+        with torch.no_grad(), sched:
+            y = torch.ones(2) * 3
+        replacement = vars(torch.Tensor)["__repr__"]
+        assert replacement is not original and hooks.HOOKS.installed()
+        # Between contexts they do what PyTorch's own would, flushing nothing.
+        assert repr(y) == "tensor([3., 3.])" and y.tolist() == [3.0, 3.0]
+    assert sum(sched.stats.flushes.values()) == sched.stats.flushes["exit"] == 3
+    hooks_taken_out()
+    assert vars(torch.Tensor)["__repr__"] is original
+    assert "numpy" not in vars(torch.Tensor) and torch.tensor is hooks._PYTORCH[torch, "tensor"]
+
+
+def test_a_forked_child_takes_out_the_hooks_the_parent_left_in() -> None:
+    """The child has no thread of its parent's, the one that takes the hooks out too."""
+    code = (
+        "import os, time, sys\n"
+        f"sys.path[:0] = {sys.path!r}\n"
+        "import torch\n"
+        "from gpuactors.torch import TorchScheduler, ReferenceExecutor\n"
+        "from gpuactors.torch.hooks import HOOKS\n"
+        "s = TorchScheduler(ReferenceExecutor(), auto_flush_ms=None)\n"
+        "with s: pass\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    time.sleep(1.0)\n"
+        "    os._exit(0 if not HOOKS.installed() and 'numpy' not in vars(torch.Tensor) else 1)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "sys.exit(os.waitstatus_to_exitcode(status))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], timeout=120)
+    assert done.returncode == 0
 
 
 def test_tensors_built_from_lists_of_pending_results(sched: TorchScheduler) -> None:

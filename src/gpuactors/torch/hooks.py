@@ -4,12 +4,14 @@ A scheduler's ``TorchDispatchMode`` sees every aten op, and flushes its batch be
 op that may read what the batch writes. Some reads and writes never pass through it
 (see :class:`TensorHooks`); while any scheduler context is active, the ``Tensor``
 attributes and ``torch`` functions that make them are replaced by ones that flush the
-batches they touch first, and put back when the last context ends.
+batches they touch first, and put back :data:`LINGER_S` after the last context ends.
 """
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +22,11 @@ if TYPE_CHECKING:
     from gpuactors.torch.scheduler import TorchScheduler
 
 _CONTAINERS = (list, tuple)
+#: How long the hooks stay in after the last context ends, doing nothing but call
+#: PyTorch's own attribute. Each replacement and each restoration changes the
+#: ``Tensor`` type, which empties every cache of its attributes (the interpreter's
+#: and PyTorch's), so a loop that enters a context per call would pay both per call.
+LINGER_S = 0.1
 
 
 class TensorHooks:
@@ -41,6 +48,10 @@ class TensorHooks:
     * ``torch.tensor([a, b])`` (and ``as_tensor``, ``asarray``, ``new_tensor``) reads
       each tensor of a list in C++ with dispatch modes set aside: those functions
       flush what the tensors in their data touch first.
+
+    The replacements go in when the first context is entered and come out
+    :data:`LINGER_S` after the last one ended (a thread of this object's takes them
+    out), so that contexts entered one after another keep them.
     """
 
     def __init__(self) -> None:
@@ -48,25 +59,69 @@ class TensorHooks:
         self._active: list[TorchScheduler] = []
         #: (owner, name) -> the owner's own attribute before the hooks (None: inherited)
         self._originals: dict[tuple[Any, str], Any] = {}
+        self._installed = False
+        self._last_left = 0.0  # when the last context ended (time.monotonic)
+        self._remover: threading.Thread | None = None
 
     def activate(self, scheduler: TorchScheduler) -> None:
         with self._lock:
-            if not self._active:
+            if not self._installed:
                 for (owner, name), replacement in _REPLACEMENTS.items():
                     self._originals[owner, name] = vars(owner).get(name)
                     setattr(owner, name, replacement)
+                self._installed = True
             self._active.append(scheduler)
 
     def deactivate(self, scheduler: TorchScheduler) -> None:
         with self._lock:
             self._active.remove(scheduler)
-            if not self._active:
-                for (owner, name), original in self._originals.items():
-                    if original is None:
-                        delattr(owner, name)
-                    else:
-                        setattr(owner, name, original)
-                self._originals.clear()
+            if self._active:
+                return
+            self._last_left = time.monotonic()
+            self._remove_later()
+
+    def _remove_later(self) -> None:
+        """(Lock held.) Have a thread take the replacements out once idle."""
+        if self._remover is None:
+            self._remover = threading.Thread(
+                target=self._remove_when_idle, daemon=True, name="torch-hooks"
+            )
+            self._remover.start()
+
+    def after_fork_in_child(self) -> None:
+        """A forked child has none of the parent's threads, and may have been forked
+        while one of them held the lock."""
+        self._lock = threading.Lock()
+        self._remover = None
+        if self._installed and not self._active:
+            with self._lock:
+                self._remove_later()
+
+    def installed(self) -> bool:
+        """Whether the replacements are in (while a context is active, and shortly after)."""
+        return self._installed
+
+    def _remove_when_idle(self) -> None:
+        """Take the replacements out once no context has been active for LINGER_S."""
+        while True:
+            with self._lock:
+                wait = LINGER_S
+                if not self._active:
+                    wait = self._last_left + LINGER_S - time.monotonic()
+                    if wait <= 0:
+                        self._remove()
+                        self._remover = None
+                        return
+            time.sleep(wait)
+
+    def _remove(self) -> None:
+        for (owner, name), original in self._originals.items():
+            if original is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
+        self._originals.clear()
+        self._installed = False
 
     def saved(self, owner: Any, name: str) -> Any:
         """``owner``'s own attribute ``name`` from before the hooks (None: it had none)."""
@@ -101,6 +156,7 @@ class TensorHooks:
 
 
 HOOKS = TensorHooks()
+os.register_at_fork(after_in_child=HOOKS.after_fork_in_child)
 #: PyTorch's own attributes, as the replacements call them where their owner had none
 #: of its own when they went in (``data``, ``untyped_storage``, ``numpy``, ``tolist``
 #: and ``new_tensor`` live on ``Tensor``'s C base class). Where it had one (``__repr__``,

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -43,6 +42,7 @@ from gpuactors.errors import InvalidArgument
 from gpuactors.torch import program as P
 from gpuactors.torch.batch import Batch, Decline
 from gpuactors.torch.executors import Executor, Words
+from gpuactors.torch.flush_timer import FlushTimer
 from gpuactors.torch.front import FrontMode
 from gpuactors.torch.handlers import TABLE, USUAL
 from gpuactors.torch.hooks import HOOKS
@@ -130,9 +130,12 @@ class TorchScheduler:
         self._mode: _Mode | None = None
         self._front: FrontMode | None = None
         self._replaying = False  # the last batch begun follows a plan
-        self._wake = threading.Event()
         self._closed = False
-        self._timer: threading.Thread | None = None
+        self._timer = (
+            None
+            if self.auto_flush_s is None
+            else FlushTimer(self.auto_flush_s, lambda: self._batch, self._flush_overdue)
+        )
         self._timer_error: Exception | None = None  # a timer flush's failure, unreported
 
     # --------------------------------------------------------------- context
@@ -147,8 +150,7 @@ class TorchScheduler:
             self._depth += 1
             if self._depth > 1:
                 return self
-        if self.auto_flush_s is not None and self._timer is None:
-            self._timer = threading.Thread(target=self._timer_loop, daemon=True, name="torch-flush")
+        if self._timer is not None:
             self._timer.start()
         HOOKS.activate(self)
         self._mode = _Mode(self)
@@ -183,9 +185,8 @@ class TorchScheduler:
         """Flush and stop the timer thread; the scheduler takes no more contexts."""
         self.flush("close")
         self._closed = True
-        self._wake.set()
         if self._timer is not None:
-            self._timer.join(timeout=5)
+            self._timer.stop()
 
     # ---------------------------------------------------------------- flushes
     def flush(self, reason: str = "explicit") -> None:
@@ -215,7 +216,9 @@ class TorchScheduler:
         self._last_first = first
 
     def _flush_locked(self, reason: str) -> None:
-        if self._timer_error is not None and threading.current_thread() is not self._timer:
+        if self._timer_error is not None and not (
+            self._timer is not None and self._timer.is_timer_thread()
+        ):
             error, self._timer_error = self._timer_error, None
             raise error
         batch = self._batch
@@ -311,7 +314,8 @@ class TorchScheduler:
                 # Inside an outer context the batch stays open after the block: the
                 # timer bounds its wait again.
                 batch.traced = False
-                self._wake.set()
+                if self._timer is not None:
+                    self._timer.wake()
 
     def open_here(self) -> bool:
         """Whether the calling thread is inside this scheduler's context."""
@@ -339,27 +343,15 @@ class TorchScheduler:
             return False
         return any(isinstance(t, Tensor) and batch.touches(t) for t in tensors)
 
-    def _timer_loop(self) -> None:
-        assert self.auto_flush_s is not None
-        while True:
-            self._wake.wait()
-            self._wake.clear()
-            if self._closed:
-                return
-            batch = self._batch
-            while batch.ops:
-                delay = batch.started + self.auto_flush_s - time.perf_counter()
-                if delay > 0:
-                    time.sleep(delay)
-                    continue
-                recorded = isinstance(batch, Batch) and batch.traced
-                with self._lock:
-                    if self._batch is batch and not recorded:
-                        try:
-                            self._flush_locked("timer")
-                        except Exception as exc:  # the user's next flush raises it
-                            self._timer_error = exc
-                break
+    def _flush_overdue(self, batch: Batch | Replay) -> None:
+        """The timer's flush of ``batch``, if it is still the open one (a failure is
+        raised by the user's next flush)."""
+        with self._lock:
+            if self._batch is batch and not batch.traced:
+                try:
+                    self._flush_locked("timer")
+                except Exception as exc:
+                    self._timer_error = exc
 
     # ------------------------------------------------ above the dispatcher
     def front_call(
@@ -507,8 +499,8 @@ class TorchScheduler:
         self.stats.ops += 1
         self._replaying = type(batch) is Replay
         batch.stream = self.current_stream()
-        if self.auto_flush_s is not None:
-            self._wake.set()
+        if self._timer is not None:
+            self._timer.batch_began()
 
     def _fallback(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self.stats.fallbacks += 1
@@ -537,12 +529,24 @@ _USUAL_BY_ID = {id(func): entry for func, entry in USUAL.items()}
 _TABLE_BY_ID = {id(func): handler for func, handler in TABLE.items()}
 
 
-def _plain_types(types: Any) -> bool:
-    return all(kind is Tensor for kind in types)
+def _plain_types(types: tuple[type, ...]) -> bool:
+    """Whether every overloaded type is ``Tensor`` itself (no subclass): asked for every
+    call above the dispatcher, so in one C call rather than a loop."""
+    return types.count(Tensor) == len(types)
 
 
 def _needs_grad(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    return any(t.requires_grad for t in _tensors(args, kwargs))
+    """Whether a tensor argument, or one in a list argument, requires grad (asked for
+    every call above the dispatcher while grad mode is on: a loop, not a generator)."""
+    for value in (*args, *kwargs.values()) if kwargs else args:
+        if isinstance(value, Tensor):
+            if value.requires_grad:
+                return True
+        elif isinstance(value, _CONTAINERS) and any(
+            isinstance(item, Tensor) and item.requires_grad for item in value
+        ):
+            return True
+    return False
 
 
 def _tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
