@@ -326,6 +326,23 @@ class Plan:
         #: Per op: (stages, words up to its end, its stage's start, that stage's words).
         self.ends = ends
         self.numel = numel
+        self._whole = self._program_until(len(steps) - 1)
+
+    def program_until(self, last: int) -> np.ndarray:
+        """A new copy of the program cut after op ``last`` (the whole one is kept made)."""
+        if last == len(self.steps) - 1:
+            return self._whole.copy()
+        return self._program_until(last)
+
+    def _program_until(self, last: int) -> np.ndarray:
+        stages, end, stage_start, stage_words = self.ends[last]
+        words = self.words[: end + (-end % 4)].copy()
+        words[end:] = 0
+        words[1] = len(words)
+        words[2] = stages
+        if stage_start >= 0:
+            words[stage_start + 1] = stage_words
+        return words
 
 
 class Replay:
@@ -357,6 +374,7 @@ class Replay:
         self.retired: list[Tensor] = []
         self.retired_uses: list[int] = []
         self.capture = None
+        self.traced = False  # (a trace records batches, never replays)
 
     def follow(
         self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], call: bool = False
@@ -546,17 +564,13 @@ class Replay:
         """The plan's program up to the last op followed, aimed at this replay's tensors."""
         plan = self.plan
         last = self.ops - 1
-        stages, end, stage_start, stage_words = plan.ends[last]
-        words = plan.words[: end + (-end % 4)].copy()
-        words[end:] = 0
-        words[1] = len(words)
-        words[2] = stages
-        if stage_start >= 0:
-            words[stage_start + 1] = stage_words
+        words = plan.program_until(last)
         count = len(plan.steps)
-        table = np.zeros(count + len(self.outside_addresses), dtype="<u8")
-        table[: self.ops] = self.addresses
-        table[count:] = self.outside_addresses
+        # The address table: the results of ops 0 .. count - 1, then the outside tensors.
+        addresses = self.addresses
+        if self.ops < count:
+            addresses = addresses + [0] * (count - self.ops)
+        table = np.array(addresses + self.outside_addresses, dtype="<u8")
         at, halves = plan.pointer_words, plan.pointer_halves
         stores, heads, skips, ops = (
             plan.store_words,
@@ -565,6 +579,7 @@ class Replay:
             plan.store_ops,
         )
         if self.ops < count:  # a cut program: only what lies before its end
+            end = plan.ends[last][1]
             inside = at < end  # an address lies wholly before the end, or after it
             at, halves = at[inside], halves[inside]
             inside = ops <= last
