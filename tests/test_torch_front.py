@@ -75,6 +75,92 @@ def test_a_replaying_loop_answers_its_calls_above_the_dispatcher(
     assert len(answered) >= 3 * 40
 
 
+def replaying_loop(sched: TorchScheduler) -> tuple[Any, Any]:
+    """A loop's calls on the same two tensors, until they replay above the dispatcher."""
+    x, y = rand(300), rand(300)
+    for _ in range(WARM + 1):
+        scheduled(sched, chain57, x, y)
+    return x, y
+
+
+def test_a_loop_on_the_same_tensors_answers_its_first_call_too(
+    sched: TorchScheduler, answered: list[int]
+) -> None:
+    """The first call of a context begins the replay made when the last context ended
+    (its result tensors made there), if it brings the objects that replay met."""
+    x, y = replaying_loop(sched)
+    answered.clear()
+    for k in range(3):
+        got = scheduled(sched, chain57, x, y)
+        torch.testing.assert_close(got, chain57(x, y), rtol=1e-4, atol=1e-4, msg=f"call {k}")
+        assert len(answered) == 57 * (k + 1)
+    assert sched.stats.ops == 57 * (WARM + 4)
+
+
+def test_an_input_changed_between_calls_is_read_afresh(
+    sched: TorchScheduler, answered: list[int]
+) -> None:
+    x, y = replaying_loop(sched)
+    answered.clear()
+    x.mul_(-1)  # the same object and layout, other values
+    torch.testing.assert_close(scheduled(sched, chain57, x, y), chain57(x, y), rtol=1e-4, atol=1e-4)
+    assert len(answered) == 57
+    x.data = rand(300)  # other memory under the same object
+    torch.testing.assert_close(scheduled(sched, chain57, x, y), chain57(x, y), rtol=1e-4, atol=1e-4)
+    assert len(answered) == 2 * 57
+    x.data = rand(2, 300)  # another shape: the dispatch mode decides again
+    torch.testing.assert_close(scheduled(sched, chain57, x, y), chain57(x, y), rtol=1e-4, atol=1e-4)
+    assert len(answered) == 2 * 57
+
+
+def test_a_first_call_in_another_inference_mode_goes_through_the_dispatcher(
+    sched: TorchScheduler, answered: list[int]
+) -> None:
+    x, y = replaying_loop(sched)
+    answered.clear()
+    with torch.inference_mode():
+        got = scheduled(sched, chain57, x, y)
+        expected = chain57(x, y)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    assert got.is_inference() and expected.is_inference()
+    # The replay made at the last exit holds tensors made outside inference mode: not
+    # used. (Inside it, a result tensor is never reused, so no call is answered here.)
+    assert not answered
+    with pytest.raises(RuntimeError, match="Inplace update to inference tensor"):
+        got.add_(1)
+
+
+def test_vmap_over_a_loop_that_replays_from_its_first_call(sched: TorchScheduler) -> None:
+    x, _ = replaying_loop(sched)
+    ys = rand(3, 300)
+    with torch.no_grad(), sched:
+        got = torch.vmap(lambda b: chain57(x, b))(ys)
+    torch.testing.assert_close(got, torch.vmap(lambda b: chain57(x, b))(ys), rtol=1e-4, atol=1e-4)
+
+
+def test_a_trace_after_a_replaying_loop_records_its_program(sched: TorchScheduler) -> None:
+    # The trace's first call looks like the loop's: it must not begin the loop's replay.
+    from gpuactors.torch import trace
+
+    x, y = replaying_loop(sched)
+    traced = trace(chain57, sched)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(traced(x, y), chain57(x, y), rtol=1e-4, atol=1e-4)
+    assert traced.recordings == 1 and traced.replays == 2
+
+
+def test_closing_lets_go_of_the_prepared_replay(sched: TorchScheduler) -> None:
+    import weakref
+
+    replaying_loop(sched)
+    assert sched._prepared is not None
+    slots = [weakref.ref(t) for t in sched._prepared.slot_tensor if t is not None]
+    assert slots
+    sched.close()
+    assert all(ref() is None for ref in slots)
+
+
 def fn_of_many_forms(x: Any, y: Any, s: Any, dim: int) -> Any:
     a = 2.0 - x * s  # reflected and tensor-scalar forms
     b = torch.add(a, y, alpha=0.5)  # a keyword argument

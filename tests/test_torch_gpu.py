@@ -182,6 +182,28 @@ def test_a_replayed_chain_matches_eager(sched: TorchScheduler, n: int) -> None:
     assert sched.stats.replayed == 6  # the second batch notes the plan
 
 
+def test_a_loop_on_the_same_tensors_across_streams_matches_eager(sched: TorchScheduler) -> None:
+    """From the sixth call on, a context's first call begins the replay made when the
+    last context ended (its result tensors made there, on that stream); a call on
+    another stream, or the first back on the old one, goes through the dispatcher."""
+    x, y, a = rand(4096), rand(4096), rand(1024, 1024)
+    main, other = torch.cuda.current_stream(), torch.cuda.Stream()
+    with torch.no_grad():
+        for k in range(12):
+            stream = other if k in (8, 9) else main
+            stream.wait_stream(other if stream is main else main)
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    a = a @ a * 1e-3  # slow work queued on the stream ...
+                x.add_(a[0, 0] * 0)  # ... that the input waits for (adding zero)
+                with sched:
+                    got = chain57(x, y)
+                expected = chain57(x, y)
+                torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-2, msg=str(k))
+    torch.cuda.synchronize()
+    assert sched.stats.replayed == 10
+
+
 @pytest.mark.parametrize("chunk", range(2))
 def test_random_programs_replayed_match_eager(sched: TorchScheduler, chunk: int) -> None:
     for seed in range(chunk * 200, chunk * 200 + 200):

@@ -299,6 +299,9 @@ class Plan:
         self.calls: list[Step | bool | None] = [None] * len(steps)
         #: Replays that met an op the plan did not expect since one followed it whole.
         self.ended_early = 0
+        #: The outside tensors of its last replay, weakly: objects the dispatch mode
+        #: took as plain strided tensors (see Replay.follow's ``call``).
+        self.last_outside: list[weakref.ref[Tensor]] = []
         self.required = [step.required for step in steps]  # per op, as a list (the flush)
         self.metas = metas
         self.layouts = layouts
@@ -375,6 +378,7 @@ class Replay:
         self.retired_uses: list[int] = []
         self.capture = None
         self.traced = False  # (a trace records batches, never replays)
+        self.inference = False  # make_slots ran in inference mode
 
     def follow(
         self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], call: bool = False
@@ -384,10 +388,11 @@ class Replay:
         ``call``: ``func`` is a call above the dispatcher (:mod:`.front`), to be compared
         with the call learnt for the next op (:meth:`learn_call`). Such a call gets None
         also where its result needs a new tensor (allocating there would reach the
-        scheduler's own dispatch mode), and where it brings an outside tensor the replay
-        has not seen: above the dispatcher a tensor may be a wrapper (vmap's, a sparse
-        or nested layout) that only the dispatcher unwraps or refuses, so the dispatch
-        mode meets each outside tensor first."""
+        scheduler's own dispatch mode), and where it brings an outside tensor that the
+        dispatch mode has not met as that tensor, in this replay or the plan's last one:
+        above the dispatcher a tensor may be a wrapper (vmap's, a sparse or nested
+        layout) that only the dispatcher unwraps or refuses, and a wrapper is never the
+        object the dispatch mode met."""
         j = self.ops
         if j >= self.count:
             return None
@@ -410,7 +415,9 @@ class Replay:
             if k < len(outside):
                 if outside[k] is args[position]:
                     continue
-            elif not call and self._new_outside(args[position], k):
+            elif (not call or self._met_before(args[position], k)) and self._new_outside(
+                args[position], k
+            ):
                 continue
             del outside[seen:]  # outside tensors this op added: forgotten
             return None
@@ -455,7 +462,7 @@ class Replay:
         """Make every result slot's first tensor now, in the dispatch mode (where it is
         set aside): a call answered above the dispatcher cannot allocate one, so each
         slot's first use would otherwise send its call on through the dispatcher."""
-        inference = torch.is_inference_mode_enabled()
+        inference = self.inference = torch.is_inference_mode_enabled()
         for slot in range(self.plan.slots):
             if self.slot_tensor[slot] is None:
                 self._new_slot_tensor(slot, inference)
@@ -469,9 +476,10 @@ class Replay:
         self.slot_address[slot] = fresh.data_ptr()
         self.slot_reusable[slot] = not inference
 
-    def call_unknown(self) -> bool:
-        """Whether the call that makes the plan's next op is still to be learnt."""
-        return self.ops < self.count and self.calls[self.ops] is None
+    def call_to_learn(self, j: int) -> bool:
+        """Whether op ``j`` is the last op followed and the call that makes it is still
+        to be learnt."""
+        return self.ops == j + 1 and self.calls[j] is None
 
     def learn_call(
         self, j: int, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
@@ -526,9 +534,21 @@ class Replay:
             elif -spec - 1 < len(self.outside):
                 if self.outside[-spec - 1] is not value:
                     return False
-            elif call or not self._new_outside(value, -spec - 1):
+            elif (call and not self._met_before(value, -spec - 1)) or not self._new_outside(
+                value, -spec - 1
+            ):
                 return False
         return True
+
+    def _met_before(self, value: Any, k: int) -> bool:
+        """Whether ``value`` is the object the plan's last replay took as outside tensor
+        ``k`` (a weak reference: a dead one's id may be reused)."""
+        last = self.plan.last_outside
+        return k < len(last) and last[k]() is value
+
+    def remember_outside(self) -> None:
+        """Note this replay's outside tensors in its plan, for the next replay."""
+        self.plan.last_outside = [weakref.ref(t) for t in self.outside]
 
     def _new_outside(self, value: Any, k: int) -> bool:
         """Whether ``value`` can be the plan's outside tensor ``k``, seen for the first

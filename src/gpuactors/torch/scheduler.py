@@ -47,7 +47,15 @@ from gpuactors.torch.front import FrontMode
 from gpuactors.torch.handlers import TABLE, USUAL
 from gpuactors.torch.hooks import HOOKS
 from gpuactors.torch.record import usual
-from gpuactors.torch.replay import MAX_PLANS, PLANS_PER_OP, Capture, Plan, Replay, first_op
+from gpuactors.torch.replay import (
+    MAX_PLANS,
+    PLANS_PER_OP,
+    Capture,
+    Plan,
+    Replay,
+    Step,
+    first_op,
+)
 
 _CONTAINERS = (list, tuple)
 #: A plain tensor: ``has_torch_function`` of it says whether a function mode is active.
@@ -130,6 +138,11 @@ class TorchScheduler:
         self._mode: _Mode | None = None
         self._front: FrontMode | None = None
         self._replaying = False  # the last batch begun follows a plan
+        self._last_plan: Plan | None = None  # the plan the last batch flushed followed
+        #: The next replay of the plan the last context ended with, its result slots
+        #: made at that exit (no mode of ours was active): the next context's first call
+        #: may begin it above the dispatcher (:meth:`_begin_prepared`).
+        self._prepared: Replay | None = None
         self._closed = False
         self._timer = (
             None
@@ -176,14 +189,34 @@ class TorchScheduler:
                 front.__exit__(None, None, None)
             mode.__exit__(None, None, None)
             self.flush("exit")
+            self._prepare_next()
         finally:
             HOOKS.deactivate(self)
             with self._lock:
                 self._owner = None
 
+    def _prepare_next(self) -> None:
+        """After an exit's flush: if that batch followed a plan whose first call is
+        known, make the plan's next replay and its result slots now, where allocating
+        reaches PyTorch directly. (Its slots are the memory the scheduler holds between
+        contexts: one batch's results, each at most ``size_threshold`` elements.)"""
+        with self._lock:
+            plan = self._last_plan
+            self._prepared = None
+            if plan is None or not self._kept(plan) or not isinstance(plan.calls[0], Step):
+                return
+            replay = Replay(plan, self.device)
+            replay.make_slots()
+            replay.stream = self.current_stream()
+            self._prepared = replay
+
+    def _kept(self, plan: Plan) -> bool:
+        return any(p is plan for p in self._plans.get(plan.steps[0].func, ()))
+
     def close(self) -> None:
         """Flush and stop the timer thread; the scheduler takes no more contexts."""
         self.flush("close")
+        self._prepared = None
         self._closed = True
         if self._timer is not None:
             self._timer.stop()
@@ -228,10 +261,13 @@ class TorchScheduler:
             return
         self._in_flight = batch  # (before the swap: flush_touching sees it throughout)
         self._batch = self._new_batch()
+        self._last_plan = None
         try:
             words: Words
             if isinstance(batch, Replay):  # spread as its recording was
                 words, n, units = batch.assemble()
+                batch.remember_outside()
+                self._last_plan = batch.plan
                 self.stats.replayed += 1
                 if batch.ops == batch.count and reason != "replay ended":
                     batch.plan.ended_early = 0  # the batch was the plan, no more
@@ -368,7 +404,7 @@ class TorchScheduler:
         subclass, autograd to record, or ``torch.jit.trace`` recording the ops."""
         batch = self._batch
         if (
-            type(batch) is not Replay
+            (type(batch) is not Replay and batch.ops)
             or self._lock.locked()
             or (HOOKS.others_active(self) and HOOKS.others_open_here(self))
             or (types and not _plain_types(types))
@@ -377,18 +413,57 @@ class TorchScheduler:
         ):
             return func(*args, **kwargs)
         with self._lock:
-            out = batch.follow(func, args, kwargs, call=True) if self._batch is batch else None
-            if out is not None:
-                self.stats.ops += 1
-                if batch.ops >= self.max_batch_ops:
-                    self._flush_locked("size")
-                return out
-            learn = self._batch is batch and batch.call_unknown()
+            if self._batch is not batch:
+                pass
+            elif isinstance(batch, Replay):
+                out = batch.follow(func, args, kwargs, call=True)
+                if out is not None:
+                    self.stats.ops += 1
+                    if batch.ops >= self.max_batch_ops:
+                        self._flush_locked("size")
+                    return out
+            else:
+                out = self._begin_prepared(batch, func, args, kwargs)
+                if out is not None:
+                    return out
             j, fallbacks = batch.ops, self.stats.fallbacks
         out = func(*args, **kwargs)
-        if learn and self._batch is batch and self.stats.fallbacks == fallbacks:
+        # The call made the next op of a replay (this one, or one it began) and nothing
+        # else: note it, so that the next replay answers it here.
+        after = self._batch
+        if (
+            type(after) is Replay
+            and (after is batch or j == 0)
+            and after.call_to_learn(j)
+            and self.stats.fallbacks == fallbacks
+        ):
             with self._lock:
-                batch.learn_call(j, func, args, kwargs, out)
+                if self._batch is after:
+                    after.learn_call(j, func, args, kwargs, out)
+        return out
+
+    def _begin_prepared(
+        self, batch: Batch, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """(Lock held; ``batch``, the open one, is empty.) The first op of the prepared
+        replay if this call makes it, on the same stream and in the same inference mode,
+        and no trace records the batch; else None."""
+        replay = self._prepared
+        if (
+            replay is None
+            or batch.tracer is not None
+            or not self._kept(replay.plan)
+            or replay.inference != torch.is_inference_mode_enabled()
+            or replay.stream != self.current_stream()
+        ):
+            return None
+        out = replay.follow(func, args, kwargs, call=True)
+        if out is not None:
+            self._prepared = None
+            self._batch = replay
+            self._started(replay)
+            if replay.ops >= self.max_batch_ops:
+                self._flush_locked("size")
         return out
 
     # --------------------------------------------------------------- dispatch
