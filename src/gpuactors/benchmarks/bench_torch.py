@@ -167,6 +167,14 @@ def ours(n: int, executors: dict[str, Any], reps: int) -> dict[str, float]:
                     (lambda: chain(x, y), lambda: scheduled(x, y)),  # noqa: B023
                     reps,
                 )
+                # The same pair where each call brings other tensors than the last (a
+                # model's new input): a context's first call then goes to the dispatcher.
+                pairs = [(torch.randn_like(x), torch.randn_like(y)) for _ in range(4)]
+                theirs, mine = itertools.cycle(pairs), itertools.cycle(pairs)
+                row["eager_new_inputs_us"], row["scheduler_new_inputs_us"] = interleaved_us(
+                    (lambda: chain(*next(theirs)), lambda: scheduled(*next(mine))),  # noqa: B023
+                    reps,
+                )
             else:
                 row[f"{prefix}{key}_us"] = context_us(sched, x, y, reps)
             if replay:
@@ -295,6 +303,11 @@ def record(rows: list[dict[str, float]], shapes: dict[str, float], results: Scri
             flush=True,
         )
         print(
+            f"          new inputs each call: eager {row['eager_new_inputs_us']:7.1f} us |"
+            f" scheduler {row['scheduler_new_inputs_us']:7.1f} us"
+            f" ({row['eager_new_inputs_us'] / row['scheduler_new_inputs_us']:.2f}x eager)"
+        )
+        print(
             f"          on an engine: scheduler {row['engine_scheduler_us']:7.1f} us"
             f" ({row['eager_us'] / row['engine_scheduler_us']:.2f}x eager; recorded op by op"
             f" {row['engine_recorded_us']:.1f} us) | traced {row['engine_traced_us']:6.1f} us"
@@ -329,6 +342,14 @@ def record(rows: list[dict[str, float]], shapes: dict[str, float], results: Scri
                 unit="us",
                 higher_is_better=False,
             )
+        results.compare(
+            f"scheduler context, new inputs each call, n={n}",
+            row["scheduler_new_inputs_us"],
+            baseline_label="eager, new inputs each call",
+            baseline_value=row["eager_new_inputs_us"],
+            unit="us",
+            higher_is_better=False,
+        )
         for name in (
             "graph_us",
             "traced_graph_us",
