@@ -97,6 +97,27 @@ def test_a_loop_on_the_same_tensors_answers_its_first_call_too(
     assert sched.stats.ops == 57 * (WARM + 4)
 
 
+def test_results_held_across_calls_are_never_written_again(
+    sched: TorchScheduler, answered: list[int]
+) -> None:
+    """The next replay takes the last one's result tensors that nobody holds (its
+    intermediates); one a caller still holds is never written again."""
+    x, y = replaying_loop(sched)
+    kept = [scheduled(sched, lambda a, b: (torch.relu(a + b), chain57(a, b)), x, y)]
+    for _ in range(4):
+        kept.append(scheduled(sched, lambda a, b: (torch.relu(a + b), chain57(a, b)), x, y))
+        kept.append(scheduled(sched, chain57, x, y))
+    assert answered
+    expected_first, expected = torch.relu(x + y), chain57(x, y)
+    for got in kept:
+        if isinstance(got, tuple):
+            torch.testing.assert_close(got[0], expected_first)
+            got = got[1]
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    pointers = [t.data_ptr() for got in kept for t in (got if isinstance(got, tuple) else (got,))]
+    assert len(set(pointers)) == len(pointers)
+
+
 def test_an_input_changed_between_calls_is_read_afresh(
     sched: TorchScheduler, answered: list[int]
 ) -> None:

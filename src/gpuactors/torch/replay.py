@@ -458,14 +458,37 @@ class Replay:
         self.ops = j + 1
         return out
 
-    def make_slots(self) -> None:
-        """Make every result slot's first tensor now, in the dispatch mode (where it is
-        set aside): a call answered above the dispatcher cannot allocate one, so each
-        slot's first use would otherwise send its call on through the dispatcher."""
+    def make_slots(self, spare: list[Tensor | None] | None = None) -> None:
+        """Make every result slot's first tensor now, where allocating reaches PyTorch
+        directly (in the dispatch mode, or after a context's exit): a call answered
+        above the dispatcher cannot allocate one, so each slot's first use would
+        otherwise send its call on through the dispatcher. ``spare``: per slot, a tensor
+        of the plan's last replay that nobody holds any more (:meth:`spare_slots`),
+        taken instead of a new one outside inference mode."""
         inference = self.inference = torch.is_inference_mode_enabled()
         for slot in range(self.plan.slots):
-            if self.slot_tensor[slot] is None:
+            if self.slot_tensor[slot] is not None:
+                continue
+            if spare is not None and spare[slot] is not None and not inference:
+                self.slot_tensor[slot] = spare[slot]
+                self.slot_address[slot] = spare[slot].data_ptr()  # type: ignore[union-attr]
+            else:
                 self._new_slot_tensor(slot, inference)
+
+    def spare_slots(self) -> list[Tensor | None]:
+        """After this replay ran (its program launched, on its stream, or run): per slot,
+        its tensor if only this replay holds it, which the plan's next replay on the same
+        stream may write again (the stream orders its program after this one)."""
+        refs = sys.getrefcount
+        slot_tensor, slot_uses, reusable_ = self.slot_tensor, self.slot_uses, self.slot_reusable
+        return [
+            slot_tensor[slot]
+            if slot_tensor[slot] is not None
+            and reusable_[slot]
+            and refs(slot_tensor[slot]) == _HELD_ONCE + slot_uses[slot]
+            else None
+            for slot in range(len(slot_tensor))
+        ]
 
     def _new_slot_tensor(self, slot: int, inference: bool) -> None:
         """A new tensor for ``slot``, laid out as the recording's (one made in inference

@@ -139,6 +139,10 @@ class TorchScheduler:
         self._front: FrontMode | None = None
         self._replaying = False  # the last batch begun follows a plan
         self._last_plan: Plan | None = None  # the plan the last batch flushed followed
+        #: Per slot of _last_plan: its last replay's tensor if nobody else held it, and
+        #: the stream that replay ran on (only a replay on that stream may take them).
+        self._spare: list[Tensor | None] | None = None
+        self._spare_stream: Any = None
         #: The next replay of the plan the last context ended with, its result slots
         #: made at that exit (no mode of ours was active): the next context's first call
         #: may begin it above the dispatcher (:meth:`_begin_prepared`).
@@ -205,9 +209,10 @@ class TorchScheduler:
             self._prepared = None
             if plan is None or not self._kept(plan) or not isinstance(plan.calls[0], Step):
                 return
+            spare, self._spare = self._spare, None
             replay = Replay(plan, self.device)
-            replay.make_slots()
             replay.stream = self.current_stream()
+            replay.make_slots(spare if replay.stream == self._spare_stream else None)
             self._prepared = replay
 
     def _kept(self, plan: Plan) -> bool:
@@ -216,7 +221,7 @@ class TorchScheduler:
     def close(self) -> None:
         """Flush and stop the timer thread; the scheduler takes no more contexts."""
         self.flush("close")
-        self._prepared = None
+        self._prepared = self._spare = None
         self._closed = True
         if self._timer is not None:
             self._timer.stop()
@@ -261,7 +266,7 @@ class TorchScheduler:
             return
         self._in_flight = batch  # (before the swap: flush_touching sees it throughout)
         self._batch = self._new_batch()
-        self._last_plan = None
+        self._last_plan = self._spare = None
         try:
             words: Words
             if isinstance(batch, Replay):  # spread as its recording was
@@ -282,6 +287,9 @@ class TorchScheduler:
             # a stream launch still uses goes back to PyTorch's allocator, which gives
             # it out again on that stream only, after the launch.
             self.executor.run(words, n, units, batch.stream)
+            if isinstance(batch, Replay):
+                self._spare = batch.spare_slots()
+                self._spare_stream = batch.stream
         finally:
             self._in_flight = None
         del batch
