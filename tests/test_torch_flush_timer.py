@@ -119,3 +119,29 @@ def test_stop_ends_the_thread_and_flushes_nothing_more() -> None:
     s.begin()
     time.sleep(0.1)
     assert s.flushed == []
+
+
+def test_a_stop_that_comes_as_the_timer_goes_idle_is_not_lost() -> None:
+    """stop() between the loop's look at ``_stopped`` and its sleep on the event: the
+    look after going idle sees it (the thread had slept for good, close() 5 s)."""
+    looks = 0
+    stopper: list[threading.Thread] = []
+    timer: FlushTimer
+
+    def open_batch() -> FakeBatch:
+        nonlocal looks
+        looks += 1
+        if looks == 1:  # past the loop's check: stop() comes now, and sets the event
+            thread = threading.Thread(target=timer.stop)
+            thread.start()
+            stopper.append(thread)
+            wait_for(timer._wake.is_set)
+        return FakeBatch()
+
+    timer = FlushTimer(0.002, open_batch, lambda batch: None)
+    timer.start()
+    wait_for(lambda: stopper)
+    started = time.monotonic()
+    stopper[0].join()
+    assert time.monotonic() - started < 2
+    assert timer._thread is not None and not timer._thread.is_alive()

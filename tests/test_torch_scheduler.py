@@ -510,6 +510,37 @@ def test_the_hooks_stay_in_between_contexts_and_come_out_once_idle(
     assert "numpy" not in vars(torch.Tensor) and torch.tensor is hooks._PYTORCH[torch, "tensor"]
 
 
+@pytest.mark.parametrize("chains", [False, True], ids=["replaces", "calls the hook back"])
+def test_a_patch_made_while_the_hooks_linger_is_wrapped_and_then_kept(
+    sched: TorchScheduler, chains: bool
+) -> None:
+    """A library patching ``Tensor.__repr__`` between contexts (lovely-tensors does) goes
+    under the hooks at the next context, and stays once they are out. One that keeps the
+    hook it replaced and calls it back does not loop."""
+    hooks_taken_out()
+    pytorch_repr = torch.Tensor.__repr__
+    with torch.no_grad(), sched:
+        torch.ones(2) + 1
+    replaced = torch.Tensor.__repr__
+
+    def patched(self: Any, *, tensor_contents: Any = None) -> str:
+        if chains:
+            return "my" + replaced(self, tensor_contents=tensor_contents)
+        return "my" + torch._tensor_str._str(self, tensor_contents=tensor_contents)
+
+    torch.Tensor.__repr__ = patched  # type: ignore[method-assign,assignment]
+    try:
+        with torch.no_grad(), sched:
+            pending = torch.full((4,), 7.0) * 3
+            shown = repr(pending)  # flushes first
+        assert shown == "mytensor([21., 21., 21., 21.])"
+        hooks_taken_out()
+        assert vars(torch.Tensor)["__repr__"] is patched
+        assert repr(torch.ones(1)) == "mytensor([1.])"
+    finally:
+        torch.Tensor.__repr__ = pytorch_repr  # type: ignore[method-assign]
+
+
 def test_a_forked_child_takes_out_the_hooks_the_parent_left_in() -> None:
     """The child has no thread of its parent's, the one that takes the hooks out too."""
     code = (

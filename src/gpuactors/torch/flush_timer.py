@@ -85,9 +85,9 @@ class FlushTimer:
                 continue
             self._wake.clear()
             self._idle = True
-            # Looked at again after _idle is set: a batch begun before it was set is
-            # seen here, one begun after sets _wake.
-            if self._begun == seen and not self._watched(self._open_batch()):
+            # Looked at again after _idle is set: a batch begun (or a stop) before it
+            # was set is seen here, one after sets _wake.
+            if not self._stopped and self._begun == seen and not self._watched(self._open_batch()):
                 self._wake.wait()
             self._idle = False
 

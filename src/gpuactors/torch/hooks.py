@@ -65,11 +65,14 @@ class TensorHooks:
 
     def activate(self, scheduler: TorchScheduler) -> None:
         with self._lock:
-            if not self._installed:
-                for (owner, name), replacement in _REPLACEMENTS.items():
-                    self._originals[owner, name] = vars(owner).get(name)
+            for (owner, name), replacement in _REPLACEMENTS.items():
+                current = vars(owner).get(name)
+                if not self._installed or current is not replacement:
+                    # Not in yet, or another patch went over it since (a library's,
+                    # made while the hooks were in): that one is the original now.
+                    self._originals[owner, name] = current
                     setattr(owner, name, replacement)
-                self._installed = True
+            self._installed = True
             self._active.append(scheduler)
 
     def deactivate(self, scheduler: TorchScheduler) -> None:
@@ -115,7 +118,11 @@ class TensorHooks:
             time.sleep(wait)
 
     def _remove(self) -> None:
+        """Put the originals back where the replacements still are (a patch made over
+        one since stays)."""
         for (owner, name), original in self._originals.items():
+            if vars(owner).get(name) is not _REPLACEMENTS[owner, name]:
+                continue
             if original is None:
                 delattr(owner, name)
             else:
@@ -177,20 +184,39 @@ _PYTORCH: dict[tuple[Any, str], Any] = {
 }
 
 
-def _original(owner: Any, name: str) -> Any:
-    """What ``owner.<name>`` was before the hooks went in."""
+#: Per thread, the (owner, name) pairs whose original is being called.
+_CALLING = threading.local()
+
+
+def _through_original(owner: Any, name: str, use: Callable[[Any], Any]) -> Any:
+    """``use(original)``, ``original`` being what ``owner.<name>`` was before the hooks
+    went in. Asked again from inside that call (a patch made over the hooks that calls
+    them back, having kept them as its own original), ``use`` gets PyTorch's own: the
+    two never call each other forever."""
+    key = (owner, name)
+    calling: set[tuple[Any, str]] = _CALLING.__dict__.setdefault("keys", set())
+    if key in calling:
+        return use(_PYTORCH[key])
     saved = HOOKS.saved(owner, name)
-    return _PYTORCH[owner, name] if saved is None else saved
+    calling.add(key)
+    try:
+        return use(_PYTORCH[key] if saved is None else saved)
+    finally:
+        calling.discard(key)
 
 
 def _flushing_repr(self: Tensor, *, tensor_contents: Any = None) -> str:
     HOOKS.flush_for("print", self)
-    return _original(Tensor, "__repr__")(self, tensor_contents=tensor_contents)  # type: ignore[no-any-return]
+    return _through_original(  # type: ignore[no-any-return]
+        Tensor, "__repr__", lambda f: f(self, tensor_contents=tensor_contents)
+    )
 
 
 def _flushing_array_interface(self: Tensor) -> Any:
     HOOKS.flush_for("array interface", self)
-    return _original(Tensor, "__cuda_array_interface__").__get__(self, type(self))
+    return _through_original(
+        Tensor, "__cuda_array_interface__", lambda p: p.__get__(self, type(self))
+    )
 
 
 def _flushing(reason: str, name: str) -> Callable[..., Any]:
@@ -198,7 +224,7 @@ def _flushing(reason: str, name: str) -> Callable[..., Any]:
 
     def method(self: Tensor, *args: Any, **kwargs: Any) -> Any:
         HOOKS.flush_for(reason, self)
-        return _original(Tensor, name)(self, *args, **kwargs)
+        return _through_original(Tensor, name, lambda f: f(self, *args, **kwargs))
 
     method.__name__ = name
     method.__doc__ = _PYTORCH[Tensor, name].__doc__
@@ -214,7 +240,7 @@ def _from_data(owner: Any, name: str) -> Callable[..., Any]:
         data = args[at] if len(args) > at else kwargs.get("data", kwargs.get("obj"))
         if type(data) in _CONTAINERS:
             HOOKS.flush_for("tensor from data", *_tensors_in(data))
-        return _original(owner, name)(*args, **kwargs)
+        return _through_original(owner, name, lambda f: f(*args, **kwargs))
 
     function.__name__ = name
     function.__doc__ = _PYTORCH[owner, name].__doc__
@@ -236,12 +262,12 @@ def _tensors_in(data: Any) -> list[Tensor]:
 
 
 def _get_data(self: Tensor) -> Tensor:
-    return _original(Tensor, "data").__get__(self, type(self))  # type: ignore[no-any-return,unused-ignore]
+    return _through_original(Tensor, "data", lambda p: p.__get__(self, type(self)))  # type: ignore[no-any-return,unused-ignore]
 
 
 def _set_data(self: Tensor, value: Tensor) -> None:
     HOOKS.flush_for("data", self, value)
-    _original(Tensor, "data").__set__(self, value)
+    _through_original(Tensor, "data", lambda p: p.__set__(self, value))
 
 
 _REPLACEMENTS: dict[tuple[Any, str], Any] = {
