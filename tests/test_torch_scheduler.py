@@ -1392,6 +1392,42 @@ def test_a_timer_flush_that_fails_is_raised_by_the_next_flush_and_the_timer_goes
     sched.close()
 
 
+def test_max_batch_ops_counts_a_batch_s_first_op_too() -> None:
+    sched = TorchScheduler(KeepsPrograms(), auto_flush_ms=None, max_batch_ops=1)
+    x = rand(16)
+    with torch.no_grad():
+        for k in range(5):  # three ops a call, each a batch of its own
+            with sched:
+                got = torch.relu(x * 2.0) + 1.0
+            torch.testing.assert_close(got, torch.relu(x * 2.0) + 1.0, msg=f"call {k}")
+    assert sched.stats.batches == sched.stats.ops == 15
+    assert sched.stats.flushes["size"] == 15
+    sched.close()
+
+
+def test_a_tensor_whose_negation_is_pending_is_left_to_pytorch(sched: TorchScheduler) -> None:
+    """``_neg_view()`` sets a bit PyTorch applies when it reads: the memory holds the
+    values unnegated, so a program must not read it. First in a batch, then as the
+    input of a replaying loop (the same object, re-pointed with ``.data =``)."""
+
+    def f(a: Any, b: Any) -> Any:
+        return torch.tanh(a * b + 0.5) - b
+
+    y, x = rand(8), rand(8)
+    negated = rand(8)._neg_view()
+    with torch.no_grad():
+        with sched:
+            got = f(negated, y)
+        torch.testing.assert_close(got, f(negated, y))
+        for k in range(8):
+            if k == 6:
+                x.data = rand(8)._neg_view()
+            with sched:
+                got = f(x, y)
+            torch.testing.assert_close(got, f(x, y), msg=f"call {k}")
+    assert x.is_neg() and sched.stats.replayed > 0
+
+
 def test_sparse_and_nested_tensors_are_left_to_pytorch(sched: TorchScheduler) -> None:
     # The program reads strided memory: ops on other layouts run as PyTorch runs them,
     # first in a batch or in a replay that met them where a plan had a strided tensor.

@@ -63,9 +63,10 @@ def first_unreferenced(items: list[Any]) -> Any:
 
 
 def strided(t: Tensor) -> bool:
-    """Whether ``t`` lies in memory as sizes and strides say (not sparse, not nested):
-    the only layout a program reads."""
-    return t.layout is torch.strided and not t.is_nested
+    """Whether ``t``'s values lie in memory as its sizes and strides say: not sparse, not
+    nested, no lazy negation (``_neg_view``, which PyTorch applies when it reads): the
+    only layout a program reads."""
+    return t.layout is torch.strided and not t.is_nested and not t.is_neg()
 
 
 def reusable(t: Tensor) -> bool:

@@ -552,7 +552,9 @@ class TorchScheduler:
             if out is not None:
                 self._batch = replay
                 self._started(replay)
-                if self._front is not None:
+                if replay.ops >= self.max_batch_ops:
+                    self._flush_locked("size")
+                elif self._front is not None:
                     replay.make_slots()
                 return out
         return None
@@ -568,8 +570,8 @@ class TorchScheduler:
             self._started(batch)
         else:
             self.stats.ops += 1
-            if batch.ops >= self.max_batch_ops:
-                self._flush_locked("size")
+        if batch.ops >= self.max_batch_ops:
+            self._flush_locked("size")
 
     def current_stream(self) -> Any:
         """PyTorch's current stream on the scheduler's device (None off CUDA)."""
