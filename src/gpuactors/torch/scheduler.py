@@ -402,8 +402,9 @@ class TorchScheduler:
         self, func: Any, types: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         """A call seen by :class:`~.front.FrontMode`: the open replay's next op if this
-        call made it in an earlier replay; else the call runs, through the dispatcher
-        (and this scheduler's dispatch mode).
+        call made it in an earlier replay, or, where no batch is open, the first op of
+        the replay prepared at the last exit; else the call runs, through the dispatcher
+        (and this scheduler's dispatch mode), and is learnt if it made a replay's op.
 
         Every call goes on while the lock is held (the scheduler's own calls, from a
         hook; or a flush on another thread, which the dispatch mode waits for), while
@@ -422,7 +423,7 @@ class TorchScheduler:
             return func(*args, **kwargs)
         with self._lock:
             if self._batch is not batch:
-                pass
+                pass  # flushed meanwhile (by the timer): the call goes on
             elif isinstance(batch, Replay):
                 out = batch.follow(func, args, kwargs, call=True)
                 if out is not None:
