@@ -66,7 +66,8 @@ def plain_spec(value: Any) -> Any:
 
 def tensor_meta(t: Tensor) -> tuple[Any, ...]:
     """What decides how an outside tensor is read: the program keeps only its address.
-    Unreplayable for a sparse or nested tensor (no sizes and strides to compare)."""
+    Unreplayable for a tensor a program cannot read (sparse, nested, lazily negated:
+    see ``strided``)."""
     if not strided(t):
         raise Unreplayable
     return (t.dtype, tuple(t.shape), t.stride(), t.device, t.requires_grad)
@@ -479,16 +480,19 @@ class Replay:
         """After this replay ran (its program launched, on its stream, or run): per slot,
         its tensor if only this replay holds it, which the plan's next replay on the same
         stream may write again (the stream orders its program after this one)."""
-        refs = sys.getrefcount
-        slot_tensor, slot_uses, reusable_ = self.slot_tensor, self.slot_uses, self.slot_reusable
+        slot_tensor, reusable_ = self.slot_tensor, self.slot_reusable
         return [
             slot_tensor[slot]
-            if slot_tensor[slot] is not None
-            and reusable_[slot]
-            and refs(slot_tensor[slot]) == _HELD_ONCE + slot_uses[slot]
+            if slot_tensor[slot] is not None and reusable_[slot] and not self._held_elsewhere(slot)
             else None
             for slot in range(len(slot_tensor))
         ]
+
+    def _held_elsewhere(self, slot: int) -> bool:
+        """Whether somebody besides this replay holds ``slot``'s tensor: the replay holds
+        it in ``slot_tensor`` and in its entries of ``results``. (``follow`` asks the
+        same inline, for every op.)"""
+        return sys.getrefcount(self.slot_tensor[slot]) > _HELD_ONCE + self.slot_uses[slot]
 
     def _new_slot_tensor(self, slot: int, inference: bool) -> None:
         """A new tensor for ``slot``, laid out as the recording's (one made in inference
@@ -575,8 +579,8 @@ class Replay:
 
     def _new_outside(self, value: Any, k: int) -> bool:
         """Whether ``value`` can be the plan's outside tensor ``k``, seen for the first
-        time (then it is noted as that). Not a sparse or nested tensor: a plan's tensors
-        are strided (their sizes, strides and address are read here)."""
+        time (then it is noted as that). Only a tensor a program can read (``strided``):
+        its sizes, strides and address are read here."""
         if (
             k != len(self.outside)
             or not isinstance(value, Tensor)
@@ -640,17 +644,16 @@ class Replay:
         """Per op followed: whether its result must be stored (a later stage reads it,
         or somebody besides this replay holds the tensor). Asked once per tensor object:
         the slots' tensors, and those they held before."""
-        refs = sys.getrefcount
-        # Each object is held by its list here and its entries of ``results``.
-        slot_tensor, slot_uses = self.slot_tensor, self.slot_uses
+        slot_tensor = self.slot_tensor
         elsewhere = {
-            id(slot_tensor[slot]): refs(slot_tensor[slot]) > _HELD_ONCE + slot_uses[slot]
+            id(slot_tensor[slot]): self._held_elsewhere(slot)
             for slot in range(len(slot_tensor))
             if slot_tensor[slot] is not None
         }
+        # Each earlier tensor is held by ``retired`` and its entries of ``results``.
         retired, retired_uses = self.retired, self.retired_uses
         for i in range(len(retired)):
-            elsewhere[id(retired[i])] = refs(retired[i]) > _HELD_ONCE + retired_uses[i]
+            elsewhere[id(retired[i])] = sys.getrefcount(retired[i]) > _HELD_ONCE + retired_uses[i]
         required = self.plan.required
         return [required[j] or elsewhere[id(t)] for j, t in enumerate(self.results)]
 
