@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed (the torch
 from torch.overrides import TorchFunctionMode  # noqa: E402
 
 from gpuactors.torch import ReferenceExecutor, TorchScheduler  # noqa: E402
-from gpuactors.torch.replay import Replay  # noqa: E402
+from gpuactors.torch.front import FrontMode  # noqa: E402
 from torch_cases import KeepsPrograms, assert_same, chain57, random_case  # noqa: E402
 
 #: Batches before the calls are answered: recorded, noted as a plan, replayed through
@@ -39,17 +39,19 @@ def sched() -> Any:
 
 @pytest.fixture
 def answered(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts the calls a replay answered above the dispatcher (one entry per call)."""
+    """Counts the calls a replay answered above the dispatcher (one entry per call), of
+    every scheduler: each front mode's call, told by its scheduler's ``answered`` count
+    (the scheduler may be compiled, so its own methods cannot be wrapped)."""
     counts: list[int] = []
-    follow = Replay.follow
+    torch_function = FrontMode.__torch_function__
 
-    def counting(self: Replay, func: Any, args: Any, kwargs: Any, call: bool = False) -> Any:
-        out = follow(self, func, args, kwargs, call)
-        if call and out is not None:
-            counts.append(1)
+    def counting(self: FrontMode, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        before = self.scheduler.stats.answered
+        out = torch_function(self, func, types, args, kwargs)
+        counts.extend([1] * (self.scheduler.stats.answered - before))
         return out
 
-    monkeypatch.setattr(Replay, "follow", counting)
+    monkeypatch.setattr(FrontMode, "__torch_function__", counting)
     return counts
 
 

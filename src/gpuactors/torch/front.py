@@ -1,15 +1,21 @@
-"""FrontMode: a replayed op taken above PyTorch's dispatcher, where it costs least.
+"""The scheduler's two PyTorch modes: each hands what it sees to its scheduler.
 
-A ``TorchDispatchMode`` sees an op after PyTorch's argument parsing, its dispatcher and
-the Python dispatch key's own machinery: on the development machine that path costs
-about as much as eager's whole CPU op, before the scheduler does anything. A
-``TorchFunctionMode`` sees the call (``torch.relu(x)``, ``x + y``) before any of that.
+* :class:`DispatchMode`, a ``TorchDispatchMode``, sees every aten op after PyTorch's
+  argument parsing and dispatcher: the scheduler records it, follows a plan with it or
+  leaves it to PyTorch (:meth:`~.TorchScheduler.dispatch`).
+* :class:`FrontMode`, a ``TorchFunctionMode``, sees the call (``torch.relu(x)``,
+  ``x + y``) before any of that. On the development machine the path down to the
+  dispatch mode costs about as much as eager's whole CPU op, before the scheduler does
+  anything. So while a batch follows a plan (:mod:`.replay`), a call the recording saw
+  make exactly one op, on the same tensors, is answered here: the plan compares the
+  call's arguments as it would the op's, and the dispatcher never runs. Everything else
+  (a recording, an op the plan does not expect, autograd, autocast, a tensor subclass)
+  goes on to the dispatcher as if this mode were not there
+  (:meth:`~.TorchScheduler.front_call`).
 
-So while a batch follows a plan (:mod:`.replay`), a call the recording saw make exactly
-one op, on the same tensors, is answered here: the plan compares the call's arguments
-as it would the op's, and the dispatcher never runs. Everything else (a recording, an
-op the plan does not expect, autograd, autocast, a tensor subclass) goes on to the
-dispatcher as if this mode were not there, where the scheduler's dispatch mode decides.
+They live here, apart from the scheduler, because they subclass PyTorch's classes:
+the scheduler's module may be compiled (``setup.py``), and a compiled class cannot
+derive from an interpreted one.
 """
 
 from __future__ import annotations
@@ -17,9 +23,27 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 if TYPE_CHECKING:
     from gpuactors.torch.scheduler import TorchScheduler
+
+
+class DispatchMode(TorchDispatchMode):  # type: ignore[misc,unused-ignore]
+    """Hands every aten op to its scheduler's :meth:`~.TorchScheduler.dispatch`."""
+
+    def __init__(self, scheduler: TorchScheduler) -> None:
+        super().__init__()
+        self.scheduler = scheduler
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        return self.scheduler.dispatch(func, types, args, {} if kwargs is None else kwargs)
 
 
 class FrontMode(TorchFunctionMode):  # type: ignore[misc,unused-ignore]

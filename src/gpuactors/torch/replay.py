@@ -85,14 +85,15 @@ def first_op(func: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
         return None
 
 
-def _refs_held_once() -> int:
-    items = [object()]
-    return sys.getrefcount(items[0])
+def refs_in_list(items: list[Any], index: int) -> int:
+    """``sys.getrefcount(items[index])``, always asked through this function: the count
+    of an object only a list holds (``_HELD_ONCE``) is measured through it too, so both
+    include the same temporaries, interpreted or compiled (``setup.py``)."""
+    return sys.getrefcount(items[index])
 
 
-#: What ``sys.getrefcount(items[k])`` reports for an object that only the list holds
-#: (measured in the form the replay asks it in).
-_HELD_ONCE = _refs_held_once()
+#: What :func:`refs_in_list` reports for an object that only the list holds.
+_HELD_ONCE = refs_in_list([object()], 0)
 
 
 class Step:
@@ -435,7 +436,7 @@ class Replay:
         slot_tensor = self.slot_tensor
         if (
             slot_tensor[slot] is not None
-            and sys.getrefcount(slot_tensor[slot]) == _HELD_ONCE + self.slot_uses[slot]
+            and refs_in_list(slot_tensor, slot) == _HELD_ONCE + self.slot_uses[slot]
             and self.slot_reusable[slot]
             and reusable(slot_tensor[slot])
         ):
@@ -492,7 +493,7 @@ class Replay:
         """Whether somebody besides this replay holds ``slot``'s tensor: the replay holds
         it in ``slot_tensor`` and in its entries of ``results``. (``follow`` asks the
         same inline, for every op.)"""
-        return sys.getrefcount(self.slot_tensor[slot]) > _HELD_ONCE + self.slot_uses[slot]
+        return refs_in_list(self.slot_tensor, slot) > _HELD_ONCE + self.slot_uses[slot]
 
     def _new_slot_tensor(self, slot: int, inference: bool) -> None:
         """A new tensor for ``slot``, laid out as the recording's (one made in inference
@@ -524,7 +525,7 @@ class Replay:
             except Unreplayable:
                 specs = None
             if specs is not None:
-                mine = {s for s in (*specs, *(s for _, s in named)) if type(s) is int}
+                mine = {s for s in (*specs, *[s for _, s in named]) if type(s) is int}
                 theirs = {k for _, k in step.results} | {-k - 1 for _, k in step.outside}
                 theirs |= {s for _, s in step.kwargs if type(s) is int}
                 if mine == theirs:
@@ -653,7 +654,7 @@ class Replay:
         # Each earlier tensor is held by ``retired`` and its entries of ``results``.
         retired, retired_uses = self.retired, self.retired_uses
         for i in range(len(retired)):
-            elsewhere[id(retired[i])] = sys.getrefcount(retired[i]) > _HELD_ONCE + retired_uses[i]
+            elsewhere[id(retired[i])] = refs_in_list(retired, i) > _HELD_ONCE + retired_uses[i]
         required = self.plan.required
         return [required[j] or elsewhere[id(t)] for j, t in enumerate(self.results)]
 

@@ -36,14 +36,13 @@ import numpy as np
 import torch
 from torch import Tensor
 from torch.overrides import has_torch_function
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpuactors.errors import InvalidArgument
 from gpuactors.torch import program as P
 from gpuactors.torch.batch import Batch, Decline
 from gpuactors.torch.executors import Executor, Words
 from gpuactors.torch.flush_timer import FlushTimer
-from gpuactors.torch.front import FrontMode
+from gpuactors.torch.front import DispatchMode, FrontMode
 from gpuactors.torch.handlers import TABLE, USUAL
 from gpuactors.torch.hooks import HOOKS
 from gpuactors.torch.record import usual
@@ -72,22 +71,8 @@ class SchedulerStats:
     declined: int = 0
     batches: int = 0
     replayed: int = 0  # batches that followed the plan of an earlier one
+    answered: int = 0  # ops whose call a replay answered above the dispatcher (.front)
     flushes: Counter[str] = field(default_factory=Counter)
-
-
-class _Mode(TorchDispatchMode):  # type: ignore[misc,unused-ignore]
-    def __init__(self, scheduler: TorchScheduler) -> None:
-        super().__init__()
-        self.scheduler = scheduler
-
-    def __torch_dispatch__(
-        self,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        return self.scheduler._dispatch(func, types, args, {} if kwargs is None else kwargs)
 
 
 class TorchScheduler:
@@ -135,7 +120,7 @@ class TorchScheduler:
         self._in_flight: Batch | Replay | None = None  # the batch a flush is running
         self._owner: int | None = None  # the thread inside the context
         self._depth = 0
-        self._mode: _Mode | None = None
+        self._mode: DispatchMode | None = None
         self._front: FrontMode | None = None
         self._replaying = False  # the last batch begun follows a plan
         self._last_plan: Plan | None = None  # the plan the last batch flushed followed
@@ -170,7 +155,7 @@ class TorchScheduler:
         if self._timer is not None:
             self._timer.start()
         HOOKS.activate(self)
-        self._mode = _Mode(self)
+        self._mode = DispatchMode(self)
         self._mode.__enter__()
         # Pushed only here (a mode pushed midway could not be popped in order), and not
         # over another function mode (``torch.device(...)`` as a context, a user's): that
@@ -428,6 +413,7 @@ class TorchScheduler:
                 out = batch.follow(func, args, kwargs, call=True)
                 if out is not None:
                     self.stats.ops += 1
+                    self.stats.answered += 1
                     if batch.ops >= self.max_batch_ops:
                         self._flush_locked("size")
                     return out
@@ -468,6 +454,7 @@ class TorchScheduler:
             return None
         out = replay.follow(func, args, kwargs, call=True)
         if out is not None:
+            self.stats.answered += 1
             self._prepared = None
             self._batch = replay
             self._started(replay)
@@ -476,9 +463,7 @@ class TorchScheduler:
         return out
 
     # --------------------------------------------------------------- dispatch
-    def _dispatch(
-        self, func: Any, types: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Any:
+    def dispatch(self, func: Any, types: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if types:  # a tensor subclass with its own dispatch: PyTorch's business
             return self._fallback(func, args, kwargs)
         plans = self._plans
