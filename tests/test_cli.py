@@ -16,6 +16,7 @@ import subprocess
 import sys
 import types
 from collections.abc import Callable, Iterator, Mapping
+from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +24,12 @@ import pytest
 import structlog
 
 import gpuactors
-from gpuactors import cli, doctor
+from gpuactors import cli, compiled, doctor
 from gpuactors.doctor import Check, DeviceInfo, Facts, Verdict
 from gpuactors.logs import LOGGER_NAME
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src"
 HAS_DEVICE = doctor.cuda_device_count() > 0
 needs_no_device = pytest.mark.skipif(HAS_DEVICE, reason="this machine has a CUDA device")
 
@@ -466,10 +468,59 @@ def test_checks_from_facts_order_and_failed_flag() -> None:
         "device 0",
         "kernel cache",
         "CUDA_MODULE_LOADING",
+        "compiled",
     ]
     assert not doctor.Report(base_facts(), checks).failed
     failing = doctor.checks_from_facts(base_facts(nvrtc_version=None))
     assert doctor.Report(base_facts(), failing).failed
+
+
+def test_the_compiled_check_says_whether_the_hot_path_is_compiled() -> None:
+    every = compiled.HOT_MODULES
+    full = doctor.check_compiled(base_facts(compiled_modules=every))
+    assert full.verdict is Verdict.OK and all(m in full.detail for m in every)
+    partial = doctor.check_compiled(base_facts(compiled_modules=every[:1]))
+    assert partial.verdict is Verdict.WARN and "GPUACTORS_COMPILE=1" in partial.hint
+    none = doctor.check_compiled(base_facts())
+    assert none.verdict is Verdict.INFO and "GPUACTORS_COMPILE=1" in none.hint
+
+
+def test_compiled_modules_are_those_with_an_extension_beside_their_source(
+    tmp_path: Path,
+) -> None:
+    first, second = compiled.HOT_MODULES
+    for module in (first, second):
+        source = tmp_path / compiled.module_source(module).removeprefix("src/")
+        source.parent.mkdir(parents=True, exist_ok=True)
+        source.write_text("")
+    assert compiled.compiled_modules(tmp_path) == ()
+    *package, name = second.split(".")
+    tmp_path.joinpath(*package, name + EXTENSION_SUFFIXES[0]).write_bytes(b"")
+    assert compiled.compiled_modules(tmp_path) == (second,)
+
+
+def test_setup_py_compiles_the_hot_modules_only_when_asked(tmp_path: Path) -> None:
+    """GPUACTORS_COMPILE: unset or 0 builds pure Python; 1 asks for mypyc (a build's
+    requirements, as setuptools asks them, then name it); anything else is refused."""
+    asked = subprocess.run(
+        [sys.executable, "setup.py", "-q", "egg_info", "--egg-base", str(tmp_path)],
+        cwd=ROOT,
+        env={**os.environ, "GPUACTORS_COMPILE": "maybe"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert asked.returncode != 0 and "GPUACTORS_COMPILE='maybe'" in asked.stderr
+    for value in ("", "0"):
+        plain = subprocess.run(
+            [sys.executable, "setup.py", "-q", "egg_info", "--egg-base", str(tmp_path)],
+            cwd=ROOT,
+            env={**os.environ, "GPUACTORS_COMPILE": value},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert plain.returncode == 0, plain.stderr
 
 
 # -------------------------------------------------------------- probes/helpers
@@ -542,7 +593,7 @@ def test_render_text_aligns_and_wraps() -> None:
     text = cli.render_text(report, columns=80)
     lines = text.splitlines()
     assert lines[0] == "gpuactors doctor"
-    assert lines[-1] == "summary: 6 OK, 2 WARN, 0 FAIL, 2 INFO"
+    assert lines[-1] == "summary: 6 OK, 2 WARN, 0 FAIL, 3 INFO"
     assert all(len(line) <= 80 for line in lines)
     assert "  WARN  CUDA_MODULE_LOADING  not set" in text
     assert "-> with lazy loading" in text

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import platformdirs
 
 import gpuactors
+from gpuactors import compiled
 
 CACHE_DIR_ENV = "GPUACTORS_CACHE_DIR"
 MODULE_LOADING_ENV = "CUDA_MODULE_LOADING"
@@ -98,6 +99,7 @@ class Facts:
     cache_bytes: int = 0
     cache_error: str | None = None
     cuda_module_loading: str | None = None
+    compiled_modules: tuple[str, ...] = ()  # the hot modules compiled here (.compiled)
 
 
 @dataclass(frozen=True)
@@ -427,6 +429,7 @@ def gather_facts(environ: Mapping[str, str] | None = None) -> Facts:
         cache_bytes=size,
         cache_error=cache_error,
         cuda_module_loading=env.get(MODULE_LOADING_ENV),
+        compiled_modules=compiled.compiled_modules(),
     )
 
 
@@ -611,6 +614,26 @@ def check_module_loading(f: Facts) -> Check:
     )
 
 
+def check_compiled(f: Facts) -> Check:
+    """Whether the per-op hot path runs compiled (a build with GPUACTORS_COMPILE=1)."""
+    found = f.compiled_modules
+    if len(found) == len(compiled.HOT_MODULES):
+        return Check("compiled", Verdict.OK, f"mypyc: {', '.join(found)}")
+    if found:
+        return Check(
+            "compiled",
+            Verdict.WARN,
+            f"only {', '.join(found)} of {len(compiled.HOT_MODULES)} hot modules",
+            "a partial build: rebuild with GPUACTORS_COMPILE=1, or remove the extensions",
+        )
+    return Check(
+        "compiled",
+        Verdict.INFO,
+        "no: the hot path runs as Python",
+        "a build with GPUACTORS_COMPILE=1 compiles it (docs/architecture.md)",
+    )
+
+
 def checks_from_facts(f: Facts) -> list[Check]:
     """The report's lines, in display order. Pure: no probing happens here."""
     return [
@@ -623,6 +646,7 @@ def checks_from_facts(f: Facts) -> list[Check]:
         *check_devices(f),
         check_cache(f),
         check_module_loading(f),
+        check_compiled(f),
     ]
 
 

@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpuactors.benchmarks.results import ScriptResults, add_result_options, run_measurement
+from gpuactors.compiled import compiled_modules
 
 SIZES = (256, 4096, 65536)
 OPS = 57
@@ -406,7 +407,12 @@ def measure(args: argparse.Namespace, results: ScriptResults) -> None:
 
     reps = 50 if args.quick else 200
     results.device = torch.cuda.get_device_name()
-    print(f"device: {results.device}, torch {torch.__version__}", flush=True)
+    hot = compiled_modules()
+    print(
+        f"device: {results.device}, torch {torch.__version__}; hot path: "
+        + (f"compiled ({', '.join(hot)})" if hot else "Python (not compiled)"),
+        flush=True,
+    )
     with torch.no_grad(), LocalEngine() as engine:
         executors = {"stream": StreamExecutor(), "engine": EngineExecutor(engine)}
         if args.profile:
