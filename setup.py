@@ -1,10 +1,15 @@
 """The build: pyproject.toml holds everything, except the compiled hot path.
 
-With ``GPUACTORS_COMPILE=1`` in the environment, mypyc compiles the modules that
-``gpuactors.compiled.HOT_MODULES`` lists, from the same typed ``.py`` files, into C
-extensions that the wheel ships beside them; Python imports an extension before a
-``.py`` of the same name. Without it (the default, and what an editable install of a
-clone wants) the wheel is pure Python. ``gpuactors doctor`` says which a process runs.
+mypyc compiles the modules that ``gpuactors.compiled.HOT_MODULES`` lists, from the same
+typed ``.py`` files, into C extensions that the wheel ships beside them; Python imports
+an extension before a ``.py`` of the same name. ``GPUACTORS_COMPILE`` decides:
+
+* unset: a wheel is compiled; an editable install is not (its ``.py`` files must stay
+  the ones that run, or an edit would have no effect until the next build);
+* ``1``: compiled, editable installs included; ``0``: pure Python (no C compiler needed)
+  (``gpuactors.compiled.compile_wanted``).
+
+``gpuactors doctor`` says which a process runs.
 """
 
 from __future__ import annotations
@@ -19,37 +24,21 @@ from setuptools import setup
 # library), so that `gpuactors doctor` can say which of them run compiled.
 _compiled = runpy.run_path("src/gpuactors/compiled.py")
 COMPILED = [_compiled["module_source"](module) for module in _compiled["HOT_MODULES"]]
-#: What a compiling build needs besides setuptools: mypy, whose mypyc compiles, and the
-#: libraries whose types the compiled modules' imports reach (mypy checks the package
-#: before mypyc compiles it; torch, cupy, cuda and ray are Any to it: pyproject.toml).
-COMPILE_REQUIRES = ["mypy>=1.11", "numpy", "pydantic", "structlog", "platformdirs", "types-tqdm"]
-
-
-def compile_requested() -> bool:
-    value = os.environ.get("GPUACTORS_COMPILE", "").strip().lower()
-    if value in ("", "0", "false", "no"):
-        return False
-    if value in ("1", "true", "yes"):
-        return True
-    raise SystemExit(f"GPUACTORS_COMPILE={value!r}: use 1 to compile, 0 or unset not to")
 
 
 def main() -> None:
-    if not compile_requested():
+    if not _compiled["compile_wanted"](sys.argv[1:], os.environ):
         setup()
         return
     try:
         from mypyc.build import mypycify
     except ImportError:
-        # setuptools asks a build's requirements by running ``setup.py egg_info``; an
-        # isolated build (pip's default) then installs mypy and runs this again.
-        if "egg_info" not in sys.argv[1:]:
-            raise SystemExit(
-                "GPUACTORS_COMPILE=1 needs mypyc in the build environment: install "
-                f"{' '.join(COMPILE_REQUIRES)} there, or build with isolation (pip's default)"
-            ) from None
-        setup(setup_requires=COMPILE_REQUIRES)
-        return
+        raise SystemExit(
+            "gpuactors compiles its hot path with mypyc, which this build environment "
+            "lacks: build with isolation (pip's default; pyproject.toml's build "
+            "requirements have it), install them here, or set GPUACTORS_COMPILE=0 for a "
+            "pure-Python build"
+        ) from None
     # One shared library inside the package (not a top-level module named by a hash).
     setup(ext_modules=mypycify(COMPILED, opt_level="3", group_name=_compiled["LIBRARY"]))
 

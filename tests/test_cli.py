@@ -480,7 +480,7 @@ def test_the_compiled_check_says_whether_the_hot_path_is_compiled() -> None:
     full = doctor.check_compiled(base_facts(compiled_modules=every))
     assert full.verdict is Verdict.OK and all(m in full.detail for m in every)
     partial = doctor.check_compiled(base_facts(compiled_modules=every[:1]))
-    assert partial.verdict is Verdict.WARN and "GPUACTORS_COMPILE=1" in partial.hint
+    assert partial.verdict is Verdict.WARN and "rebuild" in partial.hint
     none = doctor.check_compiled(base_facts())
     assert none.verdict is Verdict.INFO and "GPUACTORS_COMPILE=1" in none.hint
 
@@ -499,28 +499,16 @@ def test_compiled_modules_are_those_with_an_extension_beside_their_source(
     assert compiled.compiled_modules(tmp_path) == (second,)
 
 
-def test_setup_py_compiles_the_hot_modules_only_when_asked(tmp_path: Path) -> None:
-    """GPUACTORS_COMPILE: unset or 0 builds pure Python; 1 asks for mypyc (a build's
-    requirements, as setuptools asks them, then name it); anything else is refused."""
-    asked = subprocess.run(
-        [sys.executable, "setup.py", "-q", "egg_info", "--egg-base", str(tmp_path)],
-        cwd=ROOT,
-        env={**os.environ, "GPUACTORS_COMPILE": "maybe"},
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert asked.returncode != 0 and "GPUACTORS_COMPILE='maybe'" in asked.stderr
-    for value in ("", "0"):
-        plain = subprocess.run(
-            [sys.executable, "setup.py", "-q", "egg_info", "--egg-base", str(tmp_path)],
-            cwd=ROOT,
-            env={**os.environ, "GPUACTORS_COMPILE": value},
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        assert plain.returncode == 0, plain.stderr
+def test_a_wheel_is_compiled_unless_asked_not_to_and_an_editable_install_only_if_asked() -> None:
+    wheel, editable = ["bdist_wheel", "--dist-dir", "x"], ["editable_wheel"]
+    assert compiled.compile_wanted(wheel, {})
+    assert not compiled.compile_wanted(editable, {})
+    assert compiled.compile_wanted(editable, {"GPUACTORS_COMPILE": "1"})
+    assert not compiled.compile_wanted(wheel, {"GPUACTORS_COMPILE": "0"})
+    for describing in (["egg_info"], ["sdist"], []):  # nothing built: nothing compiled
+        assert not compiled.compile_wanted(describing, {"GPUACTORS_COMPILE": "1"})
+    with pytest.raises(SystemExit, match="GPUACTORS_COMPILE='maybe'"):
+        compiled.compile_wanted(wheel, {"GPUACTORS_COMPILE": "maybe"})
 
 
 # -------------------------------------------------------------- probes/helpers

@@ -1,13 +1,14 @@
-"""Which modules may run compiled, and which do in this installation.
+"""Which modules may run compiled, when a build compiles them, and which do here.
 
-``setup.py`` compiles :data:`HOT_MODULES` with mypyc when a build asks for it
-(``GPUACTORS_COMPILE=1``); the same ``.py`` files run interpreted otherwise. This module
-imports nothing of gpuactors, so that ``setup.py`` can read the list before anything is
-installed, and so that asking costs no import of PyTorch.
+``setup.py`` compiles :data:`HOT_MODULES` with mypyc where :func:`compile_wanted` says
+so; the same ``.py`` files run interpreted otherwise. This module imports nothing of
+gpuactors, so that ``setup.py`` can read it before anything is installed, and so that
+asking costs no import of PyTorch.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
@@ -16,7 +17,27 @@ from pathlib import Path
 HOT_MODULES = ("gpuactors.torch.replay", "gpuactors.torch.scheduler")
 LIBRARY = "gpuactors._compiled"
 
+#: The environment variable that decides (see :func:`compile_wanted`).
+COMPILE_ENV = "GPUACTORS_COMPILE"
+#: The setup.py commands that build the package's files. The others (egg_info and sdist
+#: among them) only describe or pack the sources: mypyc's work would be wasted there.
+BUILDING = frozenset({"bdist_wheel", "build", "build_ext", "install", "editable_wheel", "develop"})
+
 _PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+
+
+def compile_wanted(commands: Sequence[str], environ: Mapping[str, str]) -> bool:
+    """Whether setup.py, run with ``commands``, compiles :data:`HOT_MODULES`.
+    ``GPUACTORS_COMPILE`` unset: a wheel yes, an editable install no (its ``.py`` files
+    must stay the ones that run); ``1``: yes; ``0``: no. Anything else is refused."""
+    value = environ.get(COMPILE_ENV, "").strip().lower()
+    if value in ("0", "false", "no"):
+        return False
+    if value not in ("", "1", "true", "yes"):
+        raise SystemExit(f"{COMPILE_ENV}={value!r}: use 1 to compile, 0 not to")
+    if not BUILDING.intersection(commands):
+        return False
+    return bool(value) or "editable_wheel" not in commands
 
 
 def module_source(module: str) -> str:

@@ -615,7 +615,7 @@ def check_module_loading(f: Facts) -> Check:
 
 
 def check_compiled(f: Facts) -> Check:
-    """Whether the per-op hot path runs compiled (a build with GPUACTORS_COMPILE=1)."""
+    """Whether the per-op hot path runs compiled (setup.py: a wheel is, by default)."""
     found = f.compiled_modules
     if len(found) == len(compiled.HOT_MODULES):
         return Check("compiled", Verdict.OK, f"mypyc: {', '.join(found)}")
@@ -624,13 +624,14 @@ def check_compiled(f: Facts) -> Check:
             "compiled",
             Verdict.WARN,
             f"only {', '.join(found)} of {len(compiled.HOT_MODULES)} hot modules",
-            "a partial build: rebuild with GPUACTORS_COMPILE=1, or remove the extensions",
+            "a partial build: rebuild, or remove the extensions",
         )
     return Check(
         "compiled",
         Verdict.INFO,
         "no: the hot path runs as Python",
-        "a build with GPUACTORS_COMPILE=1 compiles it (docs/architecture.md)",
+        "an editable install or GPUACTORS_COMPILE=0; a wheel is compiled, an editable "
+        "install with GPUACTORS_COMPILE=1 (docs/architecture.md)",
     )
 
 
