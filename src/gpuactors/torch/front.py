@@ -1,4 +1,4 @@
-"""The scheduler's two PyTorch modes: each hands what it sees to its scheduler.
+"""The PyTorch modes of the scheduler and of a traced function's recording.
 
 * :class:`DispatchMode`, a ``TorchDispatchMode``, sees every aten op after PyTorch's
   argument parsing and dispatcher: the scheduler records it, follows a plan with it or
@@ -13,15 +13,19 @@
   goes on to the dispatcher as if this mode were not there
   (:meth:`~.TorchScheduler.front_call`).
 
-They live here, apart from the scheduler, because they subclass PyTorch's classes:
-the scheduler's module may be compiled (``setup.py``), and a compiled class cannot
-derive from an interpreted one.
+* :class:`SizeReads` notes whether a recording read a tensor's sizes (:mod:`.trace`).
+
+They live here, apart from the modules that use them, because they subclass PyTorch's
+classes: those modules are compiled (``setup.py``), and a compiled class cannot derive
+from an interpreted one.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import torch
+from torch import Tensor
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -61,3 +65,29 @@ class FrontMode(TorchFunctionMode):  # type: ignore[misc,unused-ignore]
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         return self.scheduler.front_call(func, types, args, {} if kwargs is None else kwargs)
+
+
+class SizeReads(TorchFunctionMode):  # type: ignore[misc,unused-ignore]
+    """Notes whether the code it watches read a tensor's sizes (a traced function's
+    recording: :mod:`.trace`). A function mode sees these reads, which are no ops."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = False
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func in _SIZE_READS:
+            self.seen = True
+        return func(*args, **(kwargs or {}))
+
+
+#: What reads a tensor's sizes (its rank and dim order are part of the signature).
+_SIZE_READS = {
+    Tensor.shape.__get__,
+    Tensor.nbytes.__get__,
+    Tensor.size,
+    Tensor.numel,
+    torch.numel,
+    Tensor.__len__,
+    Tensor.stride,
+}

@@ -40,10 +40,10 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
-from torch.overrides import TorchFunctionMode
 
 from gpuactors.torch import program as P
 from gpuactors.torch.batch import Batch, UnitSpread
+from gpuactors.torch.front import SizeReads
 from gpuactors.torch.scheduler import TorchScheduler
 
 #: A size of the recording: an input dim ``(k, d)`` or a constant.
@@ -189,32 +189,6 @@ class _Bound:
     serial: int  # which binding of its traced function (its scratch's key)
 
 
-class _SizeReads(TorchFunctionMode):  # type: ignore[misc,unused-ignore]
-    """Notes whether the code it watches read a tensor's sizes. (A torch function mode
-    sees these reads, which are no ops; it is active only while a function records.)"""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen = False
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if func in _SIZE_READS:
-            self.seen = True
-        return func(*args, **(kwargs or {}))
-
-
-#: What reads a tensor's sizes (its rank and dim order are part of the signature).
-_SIZE_READS = {
-    Tensor.shape.__get__,
-    Tensor.nbytes.__get__,
-    Tensor.size,
-    Tensor.numel,
-    torch.numel,
-    Tensor.__len__,
-    Tensor.stride,
-}
-
-
 class TracedFunction:
     """``fn`` recorded per shape signature and replayed (see the module docstring)."""
 
@@ -309,7 +283,7 @@ class TracedFunction:
         tracer = _Tracer(inputs)
         self.recordings += 1
         with self.scheduler.recording(tracer) as whole:
-            with _SizeReads() as reads:
+            with SizeReads() as reads:
                 result = self.fn(*args)
             batch = whole()
             plan = None
