@@ -505,8 +505,11 @@ def test_a_wheel_is_compiled_unless_asked_not_to_and_an_editable_install_only_if
     assert not compiled.compile_wanted(editable, {})
     assert compiled.compile_wanted(editable, {"GPUACTORS_COMPILE": "1"})
     assert not compiled.compile_wanted(wheel, {"GPUACTORS_COMPILE": "0"})
-    for describing in (["egg_info"], ["sdist"], []):  # nothing built: nothing compiled
+    # Nothing built (or, for develop, handed over to pip's editable_wheel): no mypyc.
+    for describing in (["egg_info"], ["sdist"], ["develop"], []):
         assert not compiled.compile_wanted(describing, {"GPUACTORS_COMPILE": "1"})
+    assert compiled.compile_asked({}) is None  # the default: setup.py falls back, warned
+    assert compiled.compile_asked({"GPUACTORS_COMPILE": "yes"}) is True
     with pytest.raises(SystemExit, match="GPUACTORS_COMPILE='maybe'"):
         compiled.compile_wanted(wheel, {"GPUACTORS_COMPILE": "maybe"})
 

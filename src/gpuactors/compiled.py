@@ -19,25 +19,35 @@ LIBRARY = "gpuactors._compiled"
 
 #: The environment variable that decides (see :func:`compile_wanted`).
 COMPILE_ENV = "GPUACTORS_COMPILE"
-#: The setup.py commands that build the package's files. The others (egg_info and sdist
-#: among them) only describe or pack the sources: mypyc's work would be wasted there.
-BUILDING = frozenset({"bdist_wheel", "build", "build_ext", "install", "editable_wheel", "develop"})
+#: The setup.py commands that build the package's files. The others only describe or
+#: pack the sources (egg_info, sdist), or hand over to pip (develop, whose editable
+#: install runs editable_wheel): mypyc's work would be wasted there.
+BUILDING = frozenset({"bdist_wheel", "build", "build_ext", "install", "editable_wheel"})
 
 _PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 
 
-def compile_wanted(commands: Sequence[str], environ: Mapping[str, str]) -> bool:
-    """Whether setup.py, run with ``commands``, compiles :data:`HOT_MODULES`.
-    ``GPUACTORS_COMPILE`` unset: a wheel yes, an editable install no (its ``.py`` files
-    must stay the ones that run); ``1``: yes; ``0``: no. Anything else is refused."""
+def compile_asked(environ: Mapping[str, str]) -> bool | None:
+    """``GPUACTORS_COMPILE``: True for 1, False for 0, None where unset (the default).
+    Anything else is refused."""
     value = environ.get(COMPILE_ENV, "").strip().lower()
     if value in ("0", "false", "no"):
         return False
-    if value not in ("", "1", "true", "yes"):
+    if value in ("1", "true", "yes"):
+        return True
+    if value:
         raise SystemExit(f"{COMPILE_ENV}={value!r}: use 1 to compile, 0 not to")
-    if not BUILDING.intersection(commands):
+    return None
+
+
+def compile_wanted(commands: Sequence[str], environ: Mapping[str, str]) -> bool:
+    """Whether setup.py, run with ``commands``, compiles :data:`HOT_MODULES`: by
+    default a wheel yes, an editable install no (its ``.py`` files must stay the ones
+    that run); always with ``GPUACTORS_COMPILE=1``, never with ``0``."""
+    asked = compile_asked(environ)
+    if asked is False or not BUILDING.intersection(commands):
         return False
-    return bool(value) or "editable_wheel" not in commands
+    return asked is True or "editable_wheel" not in commands
 
 
 def module_source(module: str) -> str:
