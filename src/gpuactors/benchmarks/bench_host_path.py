@@ -14,7 +14,11 @@ Measured, in interleaved rounds so that each meets the same machine:
   a resolved future and one loop turn (a future set by ``call_soon``);
 * many concurrent clients (1,000 by default), tasks/s: the same three calls,
   against Python's floor: as many coroutines awaiting bare futures that one task
-  resolves in bulk, once per loop turn.
+  resolves in bulk, once per loop turn;
+* batches: ``await ref.ask(EnqueueBatch(...))`` of 1, 100 and 10,000 tasks (a new
+  message per call, default arguments), the host's time per batch with the stand-in
+  device's taken out, against one client's ``engine.enqueue`` measured the same way:
+  what a batch's fixed cost is, and how many single tasks a batch costs.
 
 The stand-in device finishes every task the moment it is kicked, so the engine's
 in-line path (publish, spin, answer) never misses its spin here: at many clients
@@ -54,7 +58,7 @@ from gpuactors.engine import streams
 from gpuactors.engine.client import Engine
 from gpuactors.engine.gc_tuning import tune_gc
 from gpuactors.engine.host_runtime import CupyLikeArray, HostEngine, HostRuntime, cupy_like_arrays
-from gpuactors.engine.messages import Completion, Enqueue
+from gpuactors.engine.messages import Completion, Enqueue, EnqueueBatch
 from gpuactors.engine.runtime import EngineConfig
 
 N = 1024  # elements per task (bench_engine's axpy)
@@ -190,6 +194,37 @@ async def bulk_futures_rate(clients: int, per_client: int) -> tuple[float, float
     return rate, (time.process_time() - cpu) * 1e6 / (clients * per_client)
 
 
+# ------------------------------------------------------------------------ batches
+BATCH_SIZES = (1, 100, 10_000)
+
+
+def batch_call(engine: Engine, size: int) -> Call:
+    """An ``EnqueueBatch`` of ``size`` axpy tasks over arrays of its own, a new message
+    per call (default arguments)."""
+    y, x = CupyLikeArray("float32", size * N, ptr=1 << 40), CupyLikeArray("float32", size * N)
+    offsets = np.arange(size) * N
+
+    def enqueue_batch() -> Awaitable[Any]:
+        message = EnqueueBatch(
+            op="axpy", args=(y, x, 1.0), n=N, offsets={"y": offsets, "x": offsets}
+        )
+        return engine.ref.ask(message)
+
+    return enqueue_batch
+
+
+async def host_times(call: Call, runtime: HostRuntime, count: int) -> list[float]:
+    """``count`` sequential calls' times in microseconds, each less the time the
+    stand-in device spent in it (a GPU does that work off the host)."""
+    clock = time.perf_counter
+    samples = []
+    for _ in range(count):
+        device_before, start = runtime.device_seconds, clock()
+        await call()
+        samples.append(clock() - start - (runtime.device_seconds - device_before))
+    return [sample * 1e6 for sample in samples]
+
+
 # ---------------------------------------------------------------------- collector
 class Collections:
     """Counts the cyclic GC's collections by generation, and the CPU time they take."""
@@ -234,6 +269,9 @@ class Figures:
         many = ("floor_bulk_futures", *CALL_NAMES)
         self.rates: dict[str, list[float]] = {name: [] for name in many}
         self.many_cpu: dict[str, list[float]] = {name: [] for name in many}
+        #: Host us per call, the stand-in device's time taken out: one client's
+        #: enqueue_default (key 0), and a batch of each size (its size).
+        self.host_us: dict[int, list[float]] = {size: [] for size in (0, *BATCH_SIZES)}
 
     def add_single(self, name: str, measured: tuple[list[float], float]) -> None:
         self.latencies[name] += measured[0]
@@ -253,6 +291,9 @@ async def run(args: argparse.Namespace, profiler: cProfile.Profile | None) -> di
         await path.engine.stats()  # started
         one = path.calls(0)
         many = [path.calls(k) for k in range(clients)]
+        batches = {size: batch_call(path.engine, size) for size in BATCH_SIZES}
+        for call in batches.values():
+            await call()
         for name in CALL_NAMES:  # warm up every path (first calls build caches)
             await latencies(one[name], 50)
             await clients_rate([calls[name] for calls in many], 2)
@@ -272,6 +313,10 @@ async def run(args: argparse.Namespace, profiler: cProfile.Profile | None) -> di
                 figures.add_single("floor_loop_turn", await latencies(one_loop_turn, single))
                 for name in order:
                     figures.add_single(name, await latencies(one[name], single))
+                host = figures.host_us
+                host[0] += await host_times(one["enqueue_default"], path.runtime, single // 10)
+                for size, call in batches.items():
+                    host[size] += await host_times(call, path.runtime, max(3, 3000 // size))
         tasks = path.runtime.finished - finished_before
         device_s = path.runtime.device_seconds - device_before
         if profiler is not None:  # one more round, profiled (its times are not figures)
@@ -298,7 +343,12 @@ async def run(args: argparse.Namespace, profiler: cProfile.Profile | None) -> di
         **summary(figures),
         "device_stand_in_us_per_task": 1e6 * device_s / max(1, tasks),
         "tasks_finished": tasks,
-        "tasks_expected": args.rounds * (clients * per_client + single) * len(CALL_NAMES),
+        "tasks_expected": args.rounds
+        * (
+            (clients * per_client + single) * len(CALL_NAMES)
+            + single // 10
+            + sum(size * max(3, 3000 // size) for size in BATCH_SIZES)
+        ),
         "engine_processed": processed,
     }
 
@@ -335,7 +385,23 @@ def summary(figures: Figures) -> dict[str, Any]:
         )
         ratios[f"{name}_p50_vs_loop_turn"] = single[name]["p50_us"] / turn["p50_us"]
         ratios[f"{name}_p50_vs_await_done"] = single[name]["p50_us"] / done["p50_us"]
-    return {"single": single, "concurrent": concurrent, "ratios": ratios}
+    one_task = statistics.median(figures.host_us[0])
+    batches = {
+        size: {
+            "host_us": statistics.median(figures.host_us[size]),
+            "host_us_per_task": statistics.median(figures.host_us[size]) / size,
+            "vs_single_enqueues": statistics.median(figures.host_us[size]) / (size * one_task),
+            "samples": len(figures.host_us[size]),
+        }
+        for size in BATCH_SIZES
+    }
+    return {
+        "single": single,
+        "concurrent": concurrent,
+        "ratios": ratios,
+        "one_enqueue_host_us": one_task,
+        "batches": batches,
+    }
 
 
 def report(result: dict[str, Any]) -> None:
@@ -369,6 +435,16 @@ def report(result: dict[str, Any]) -> None:
                 f"{ratios[f'{name}_cpu_vs_bulk_futures']:.1f}x its cpu"
             )
         print(line)
+    print(
+        "batches, one client (host us per call, the stand-in device's time taken out; "
+        f"one engine.enqueue: {result['one_enqueue_host_us']:.2f} us):"
+    )
+    for size, figures in result["batches"].items():
+        print(
+            f"  EnqueueBatch of {size:>6,} {figures['host_us']:9.1f} us  "
+            f"{figures['host_us_per_task']:7.3f} us/task  "
+            f"{figures['vs_single_enqueues']:6.3f}x as many single enqueues"
+        )
     gc_report = result["gc"]
     per_1000 = ", ".join(f"{c:.2f}" for c in gc_report["collections_per_1000_tasks"])
     print(
@@ -455,6 +531,15 @@ def record(result: dict[str, Any], results: ScriptResults) -> None:
                 unit="tasks/s",
                 higher_is_better=True,
             )
+    for size, figures in result["batches"].items():
+        results.compare(
+            f"1 client: EnqueueBatch of {size:,}",
+            figures["host_us"],
+            baseline_label=f"1 client: {size:,} x enqueue_default",
+            baseline_value=size * result["one_enqueue_host_us"],
+            unit="us",
+            higher_is_better=False,
+        )
     gc_report = result["gc"]
     for generation, count in enumerate(gc_report["collections_per_1000_tasks"]):
         results.figure(f"gc: generation {generation} collections", count, "per 1,000 tasks")

@@ -37,7 +37,6 @@ from gpuactors.engine.intake import Intake
 from gpuactors.engine.live_ops import LiveOps, reply_when, wait_until
 from gpuactors.engine.messages import (
     AliasOp,
-    BatchCompletion,
     Completion,
     Drain,
     Drained,
@@ -177,8 +176,8 @@ class PersistentEngineActor(Actor):
         self._intake.submit(msg)
 
     @handles(EnqueueBatch)
-    def enqueue_batch(self, msg: EnqueueBatch) -> Deferred[BatchCompletion]:
-        return self._intake.enqueue_batch(msg)
+    def enqueue_batch(self, msg: EnqueueBatch) -> None:
+        self._intake.enqueue_batch(msg)
 
     @handles(Drain)
     def drain(self, _msg: Drain) -> Deferred[Drained]:

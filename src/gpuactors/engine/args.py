@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuactors.cuda.arrays import check_device, cupy_ndarray, describe_array
+from gpuactors.cuda.arrays import DeviceArrayInfo, check_device, cupy_ndarray, describe_array
 from gpuactors.engine.messages import MAX_BATCH_TASKS, EnqueueBatch
 from gpuactors.engine.ops import ArrayParam, OpSpec, ScalarParam
 from gpuactors.engine.ring import RecordColumns
@@ -79,6 +79,14 @@ def _scalar_bits(param: ScalarParam, value: Any, where: str) -> int:
 
 
 def _array_ptr(param: ArrayParam, value: Any, n: int, device_id: int, where: str) -> int:
+    return _checked_array(param, value, n, device_id, where).ptr
+
+
+def _checked_array(
+    param: ArrayParam, value: Any, n: int, device_id: int, where: str
+) -> DeviceArrayInfo:
+    """What the op needs of array argument ``value`` for ``n`` elements, or
+    InvalidArgument."""
     info = describe_array(value, where)
     if info.dtype != np.dtype(param.dtype):
         raise InvalidArgument(f"{where} must have dtype {param.dtype}, got {info.dtype}")
@@ -90,7 +98,7 @@ def _array_ptr(param: ArrayParam, value: Any, n: int, device_id: int, where: str
     if info.readonly and param.direction != "in":
         raise InvalidArgument(f"{where} is read-only but the op writes it ({param.direction})")
     check_device(info, device_id, where)
-    return info.ptr
+    return info
 
 
 class ArgEncoder:
@@ -222,40 +230,44 @@ def encode_batch(
     count = _task_count(msg)
     if msg.blocks > 1 and not op.multi_block:
         raise InvalidArgument(f"op {op.name!r} runs on one block per task (multi_block=False)")
+    n: np.ndarray | int  # one count for every task is kept as one int
     if _is_count(msg.n):
-        if not 0 <= int(msg.n) < MAX_ELEMENTS:
+        n = int(msg.n)
+        if not 0 <= n < MAX_ELEMENTS:
             raise InvalidArgument(f"n must be in [0, 2**62), got {msg.n!r}")
-        n = np.full(count, int(msg.n), dtype=np.int64)
     else:
         n = _int_array(msg.n, "n", count)
     columns: list[np.ndarray | int] = []
     for param, value in zip(op.params, msg.args, strict=True):
         where = f"argument {param.name!r} of op {op.name!r}"
         if isinstance(param, ArrayParam):
-            ptr = _array_ptr(param, value, 0, device_id, where)
-            size = describe_array(value, where).size
-            offsets = (
-                _int_array(msg.offsets[param.name], f"offsets[{param.name!r}]", count)
-                if param.name in msg.offsets
-                else np.zeros(count, dtype=np.int64)
-            )
-            ends = offsets + (n if param.length == "n" else int(param.length))
-            too_far = np.flatnonzero(ends > size)
-            if too_far.size:
-                task = int(too_far[0])
-                raise InvalidArgument(
-                    f"{where}: task {task} needs elements up to {int(ends[task])}, "
-                    f"the array has {size}"
-                )
-            itemsize = np.dtype(param.dtype).itemsize
+            info = _checked_array(param, value, 0, device_id, where)
+            length = n if param.length == "n" else int(param.length)
             if param.name in msg.offsets:
-                columns.append(np.uint64(ptr) + offsets.astype(np.uint64) * np.uint64(itemsize))
+                offsets = _int_array(msg.offsets[param.name], f"offsets[{param.name!r}]", count)
+                ends = offsets + length
             else:
-                columns.append(ptr)
+                offsets, ends = None, length
+            if int(np.max(ends)) > info.size:  # the first task past the end, for the error
+                task = int(np.flatnonzero(np.broadcast_to(ends, (count,)) > info.size)[0])
+                end = int(np.broadcast_to(ends, (count,))[task])
+                raise InvalidArgument(
+                    f"{where}: task {task} needs elements up to {end}, the array has {info.size}"
+                )
+            if offsets is None:
+                columns.append(info.ptr)
+            else:
+                itemsize = np.uint64(np.dtype(param.dtype).itemsize)
+                columns.append(np.uint64(info.ptr) + offsets.astype(np.uint64) * itemsize)
         elif param.name in msg.scalars:
             columns.append(_scalar_column(param, msg.scalars[param.name], where))
         else:
             columns.append(_scalar_bits(param, value, where))
     return RecordColumns(
-        op=op_id, blocks=msg.blocks, n=n, args=tuple(columns), deadline_ns=deadline_ns
+        op=op_id,
+        blocks=msg.blocks,
+        count=count,
+        n=n,
+        args=tuple(columns),
+        deadline_ns=deadline_ns,
     )

@@ -32,7 +32,6 @@ from gpuactors.engine import streams
 from gpuactors.engine.args import check_count, encode_batch
 from gpuactors.engine.completions import Completions
 from gpuactors.engine.messages import (
-    BatchCompletion,
     Completion,
     Enqueue,
     EnqueueBatch,
@@ -367,15 +366,15 @@ class Intake:
         return True
 
     # ---------------------------------------------------------------- batches
-    def enqueue_batch(self, msg: EnqueueBatch) -> Deferred[BatchCompletion]:
-        """Accept an EnqueueBatch into the backlog: the poller publishes it in parts
-        (and owns every CUDA call that may fail)."""
-        future: asyncio.Future[BatchCompletion] = asyncio.get_running_loop().create_future()
+    def enqueue_batch(self, msg: EnqueueBatch) -> None:
+        """Accept an EnqueueBatch into the backlog; the harvest settles the asker's own
+        reply future. Its first part is published here when nothing is queued ahead
+        of it; the poller publishes the rest as room appears."""
         service = self._service
+        service.check_serving()
+        resolved = self._ops.resolve(msg.op)
+        op = resolved.spec
         try:
-            service.check_serving()
-            resolved = self._ops.resolve(msg.op)
-            op = resolved.spec
             records = encode_batch(
                 op, resolved.op_id, msg, service.device_id, service.deadline_ns(msg.timeout)
             )
@@ -384,12 +383,12 @@ class Intake:
                 if msg.after == "current_stream"
                 else None
             )
-        except GpuActorsError as exc:
-            return failed_reply(exc)
+        except GpuActorsError:
+            raise  # the asker's error (the runtime's rule), as is
         except Exception as exc:  # the caller's arguments, not the actor's failure
-            return failed_reply(unreadable(msg.op, exc))
+            raise unreadable(msg.op, exc) from exc
         batch = Batch(
-            future,
+            self._reply_future(),  # the asker's own
             op,
             records,
             msg.per_task,
@@ -399,8 +398,9 @@ class Intake:
             ready_event,
         )
         self.backlog.append(batch)
+        if len(self.backlog) == 1 and not self.staged:  # nothing ahead of it: publish now
+            self.flush_backlog()  # (not a loop turn later, from the poller)
         self._wake.set()
-        return Deferred(future)
 
     # -------------------------------------------------------------- publishing
     def queue_behind(self) -> bool:

@@ -67,25 +67,27 @@ class CompletionView:
 class RecordColumns:
     """Many tasks of one op as columns (what an EnqueueBatch becomes).
 
-    ``args`` has one entry per argument slot used: a uint64 column (one word per
-    task) or a single word shared by every task.
+    ``n`` and each of ``args`` (one entry per argument slot used) is a column, one
+    value per task (int64 for ``n``, uint64 words for ``args``), or one int shared by
+    every task: shared values are written once per publish, not once per task.
     """
 
     op: int
     blocks: int
-    n: np.ndarray  # int64, one per task
+    count: int
+    n: np.ndarray | int
     args: tuple[np.ndarray | int, ...]
     deadline_ns: int = 0  # one %globaltimer deadline for every task; 0 = none
 
     def __len__(self) -> int:
-        return len(self.n)
+        return self.count
 
     def write(self, words: np.ndarray, tag: int, start: int, stop: int) -> None:
         """Write the wire words (everything but ``seq``) of tasks ``start..stop-1``."""
-        args = [column if isinstance(column, int) else column[start:stop] for column in self.args]
-        wire.encode_rows(
-            words, tag, self.op, self.blocks, self.n[start:stop], self.deadline_ns, args
+        n, *args = (
+            value if isinstance(value, int) else value[start:stop] for value in (self.n, *self.args)
         )
+        wire.encode_rows(words, tag, self.op, self.blocks, n, self.deadline_ns, args)
 
 
 def _write_batch(batch: np.ndarray) -> Callable[[np.ndarray, int, int, int], None]:

@@ -13,8 +13,9 @@ travel in words 14 and 15, and deadlines in units of 1024 ns (rounded up, so a t
 never expires early).
 
 :func:`pack_record` writes one record: its payloads with one ``struct`` call, then
-its tag bytes; :func:`encode_rows` writes many, vectorised, each word whole (payload
-and tag in one store); :func:`decode` and :func:`is_whole` mirror the device for tests
+its tag bytes; :func:`encode_rows` writes many, vectorised: the words every task
+shares in one store per record, then each per-task column, payload and tag in one
+store; :func:`decode` and :func:`is_whole` mirror the device for tests
 and the CPU consumer.
 """
 
@@ -107,21 +108,17 @@ def pack_record(
 
 
 _U64 = np.uint64
+#: The tag byte of a word the producer has yet to write this lap: no lap's tag is 0,
+#: so a record holding one is never taken for whole.
+_UNWRITTEN = 0
 
 
-def _tagged_into(column: np.ndarray, value: int | np.ndarray, t: np.uint64) -> int | np.ndarray:
-    """Store ``value``'s low 56 bits (one per row, or one for all) into ``column`` with
-    tag ``t``; returns its top byte (or bytes, one per row). The usual column, every
-    value under 2**56, is one pass."""
-    if isinstance(value, (int, np.integer)):
-        column[...] = _U64(int(value) & PAYLOAD_MASK) | t
-        return int(value) >> WIRE_TAG_SHIFT
-    array = np.asarray(value).astype(_U64, copy=False)
-    if array.size and int(array.max()) >> WIRE_TAG_SHIFT:  # a wide column: split it
-        column[...] = (array & _U64(PAYLOAD_MASK)) | t
-        return array >> _U64(WIRE_TAG_SHIFT)
-    np.bitwise_or(array, t, out=column)
-    return 0
+def _split_top(values: np.ndarray) -> tuple[np.ndarray, np.ndarray | int]:
+    """``values`` (uint64) as their low 56 bits and their top bytes (0 when every
+    value is under 2**56, the usual column: then no copy)."""
+    if values.size and int(values.max()) >> WIRE_TAG_SHIFT:
+        return values & _U64(PAYLOAD_MASK), values >> _U64(WIRE_TAG_SHIFT)
+    return values, 0
 
 
 def encode_rows(
@@ -135,31 +132,52 @@ def encode_rows(
 ) -> None:
     """Write the 15 wire words of ``len(words)`` records (``words``: a (rows, 15) uint64
     view of the ring), vectorised. Each value is one per row or one for all; ``args``
-    covers the first ``len(args)`` argument slots, the rest are zero. Every element is
-    stored as one whole word, payload and tag together. The usual batch (values under
-    2**56) costs one pass per column; a column with a top byte set is split."""
-    t = _U64(tag << WIRE_TAG_SHIFT)
+    covers the first ``len(args)`` argument slots, the rest are zero.
+
+    Most words of a batch are the same in every row (the op, the deadline, shared
+    arguments, the unused slots): one row holding them is stored into every record
+    at once, and only the columns that differ between tasks are then stored one by
+    one. Until its column is stored, such a word holds tag 0 in that row, which no lap
+    uses, so a record is never whole before every word holds its final value (the
+    rule the device relies on, abi.md); each final store is payload and tag together.
+    """
+    t = tag << WIRE_TAG_SHIFT
+    shared = [t] * WIRE_WORDS
+    columns: dict[int, np.ndarray] = {}  # word index -> payloads, one per row
+
+    def put(index: int, value: int | np.ndarray) -> int | np.ndarray:
+        """Word ``index``'s payload (``value``'s low 56 bits); returns its top byte(s)."""
+        if isinstance(value, (int, np.integer)):
+            shared[index] = (int(value) & PAYLOAD_MASK) | t
+            return int(value) >> WIRE_TAG_SHIFT
+        payload, top = _split_top(np.asarray(value).astype(_U64, copy=False))
+        columns[index] = payload
+        shared[index] = _UNWRITTEN
+        return top
+
     if isinstance(op, (int, np.integer)) and isinstance(blocks, (int, np.integer)):
-        words[:, 0] = _U64(int(op) | min(int(blocks), MAX_BLOCKS) << 32) | t
+        put(0, int(op) | min(int(blocks), MAX_BLOCKS) << 32)
     else:
         blocks_column = np.minimum(np.asarray(blocks, dtype=_U64), _U64(MAX_BLOCKS))
-        words[:, 0] = np.asarray(op, dtype=_U64) | (blocks_column << _U64(32)) | t
+        put(0, np.asarray(op, dtype=_U64) | (blocks_column << _U64(32)))
     if isinstance(deadline_ns, (int, np.integer)):
-        words[:, 2] = _U64((int(deadline_ns) + _DEADLINE_ROUND) >> DEADLINE_SHIFT) | t
+        put(2, (int(deadline_ns) + _DEADLINE_ROUND) >> DEADLINE_SHIFT)
     else:
         deadline = np.asarray(deadline_ns, dtype=_U64)
-        words[:, 2] = ((deadline + _U64(_DEADLINE_ROUND)) >> _U64(DEADLINE_SHIFT)) | t
-    words[:, 3 + len(args) : 13] = t
+        put(2, (deadline + _U64(_DEADLINE_ROUND)) >> _U64(DEADLINE_SHIFT))
     high: list[int | np.ndarray] = [0, 0]
     for index, value in enumerate([*args, n]):
         is_n = index == len(args)
-        top = _tagged_into(words[:, 1 if is_n else WIRE_FIRST_ARG - 1 + index], value, t)
+        top = put(1 if is_n else WIRE_FIRST_ARG - 1 + index, value)
         if isinstance(top, int) and top == 0:
             continue
         word, shift = _TOP_BYTES[MAX_ARGS if is_n else index]
         high[word] = high[word] | (np.asarray(top, dtype=_U64) << _U64(shift))
-    words[:, 13] = np.asarray(high[0], dtype=_U64) | t
-    words[:, 14] = np.asarray(high[1], dtype=_U64) | t
+    put(13, high[0])
+    put(14, high[1])
+    words[...] = np.array(shared, dtype=_U64)
+    for index, payload in columns.items():
+        np.bitwise_or(payload, _U64(t), out=words[:, index])
 
 
 def is_whole(words: Sequence[int] | np.ndarray, position: int, shift: int) -> bool:
