@@ -32,6 +32,7 @@ def test_a_tiny_run_writes_every_figure(
     threshold = gc.get_threshold()
     out = tmp_path / "host_path.json"
     tiny = ["--clients", "40", "--per-client", "3", "--single", "60", "--rounds", "2"]
+    tiny += ["--batch-sizes", "1,100"]  # per round: 6 batches of one task, 3 of 100
     profile = ["--profile", str(tmp_path / "stats.prof")] if gc_mode == "default" else []
     assert load("bench_host_path").main([*tiny, *profile, "--gc", gc_mode, "--json", str(out)]) == 0
     assert gc.get_threshold() == threshold and gc.get_freeze_count() == 0  # all put back
@@ -41,7 +42,8 @@ def test_a_tiny_run_writes_every_figure(
     assert results.script == "bench_host_path" and f"gc {gc_mode}" in (results.device or "")
     figures = {figure.name: figure.value for figure in results.figures}
     # Every task sent in the measured rounds reached the ring and finished there.
-    assert figures["tasks_finished"] == figures["tasks_expected"] == 2 * (40 * 3 + 60) * 3
+    per_round = (40 * 3 + 60) * 3 + 60 // 10 + 6 * 1 + 3 * 100  # the last: one enqueue, batches
+    assert figures["tasks_finished"] == figures["tasks_expected"] == 2 * per_round
     assert figures["engine_processed"] >= figures["tasks_finished"]
     latencies = {latency.label: latency for latency in results.latencies}
     singles = {"floor_await_done", "floor_loop_turn", *CALLS}
@@ -51,10 +53,16 @@ def test_a_tiny_run_writes_every_figure(
         assert 0 < latency.p50_us <= latency.p99_us and latency.baseline == name.startswith("floor")
         assert figures[f"1 client: {name} cpu"] > 0
     comparisons = {comparison.label: comparison for comparison in results.comparisons}
-    assert set(comparisons) == {f"40 clients: {name}" for name in CALLS}
-    for comparison in comparisons.values():
+    batches = {f"1 client: EnqueueBatch of {size}": size for size in (1, 100)}
+    assert set(comparisons) == {f"40 clients: {name}" for name in CALLS} | set(batches)
+    for label, comparison in comparisons.items():
         assert comparison.value > 0 and comparison.baseline_value > 0
-        assert comparison.unit == "tasks/s" and comparison.higher_is_better
+        if label in batches:  # host us per batch against as many single enqueues
+            assert comparison.unit == "us" and not comparison.higher_is_better
+            assert comparison.baseline_label == f"1 client: {batches[label]} x enqueue_default"
+        else:
+            assert comparison.unit == "tasks/s" and comparison.higher_is_better
+    assert "EnqueueBatch of    100" in printed
     for name in ("floor_bulk_futures", *CALLS):
         assert figures[f"40 clients: {name} cpu"] > 0
     shares = {name: value for name, value in figures.items() if name.startswith("profile: ")}

@@ -198,6 +198,12 @@ async def bulk_futures_rate(clients: int, per_client: int) -> tuple[float, float
 BATCH_SIZES = (1, 100, 10_000)
 
 
+def batches_per_round(size: int, single: int) -> int:
+    """How many batches of ``size`` tasks a round sends: a tenth of a round's single
+    tasks in all, and at least 3."""
+    return max(3, single // (10 * size))
+
+
 def batch_call(engine: Engine, size: int) -> Call:
     """An ``EnqueueBatch`` of ``size`` axpy tasks over arrays of its own, a new message
     per call (default arguments)."""
@@ -260,9 +266,9 @@ def apply_gc(mode: str) -> None:
 # ------------------------------------------------------------------------- a run
 class Figures:
     """What the rounds measured, by call name: latencies (us) and CPU us per call for
-    one client; tasks/s and CPU us per task for many."""
+    one client; tasks/s and CPU us per task for many; host us per batch, by size."""
 
-    def __init__(self) -> None:
+    def __init__(self, batch_sizes: tuple[int, ...]) -> None:
         singles = ("floor_await_done", "floor_loop_turn", *CALL_NAMES)
         self.latencies: dict[str, list[float]] = {name: [] for name in singles}
         self.single_cpu: dict[str, list[float]] = {name: [] for name in singles}
@@ -271,7 +277,7 @@ class Figures:
         self.many_cpu: dict[str, list[float]] = {name: [] for name in many}
         #: Host us per call, the stand-in device's time taken out: one client's
         #: enqueue_default (key 0), and a batch of each size (its size).
-        self.host_us: dict[int, list[float]] = {size: [] for size in (0, *BATCH_SIZES)}
+        self.host_us: dict[int, list[float]] = {size: [] for size in (0, *batch_sizes)}
 
     def add_single(self, name: str, measured: tuple[list[float], float]) -> None:
         self.latencies[name] += measured[0]
@@ -284,14 +290,14 @@ class Figures:
 
 async def run(args: argparse.Namespace, profiler: cProfile.Profile | None) -> dict[str, Any]:
     clients, per_client, single = args.clients, args.per_client, args.single
-    figures = Figures()
+    figures = Figures(args.batch_sizes)
     collections = Collections()
     async with ActorSystem("bench-host-path") as system:
         path = HostPath(system, clients)
         await path.engine.stats()  # started
         one = path.calls(0)
         many = [path.calls(k) for k in range(clients)]
-        batches = {size: batch_call(path.engine, size) for size in BATCH_SIZES}
+        batches = {size: batch_call(path.engine, size) for size in args.batch_sizes}
         for call in batches.values():
             await call()
         for name in CALL_NAMES:  # warm up every path (first calls build caches)
@@ -316,7 +322,8 @@ async def run(args: argparse.Namespace, profiler: cProfile.Profile | None) -> di
                 host = figures.host_us
                 host[0] += await host_times(one["enqueue_default"], path.runtime, single // 10)
                 for size, call in batches.items():
-                    host[size] += await host_times(call, path.runtime, max(3, 3000 // size))
+                    count = batches_per_round(size, single)
+                    host[size] += await host_times(call, path.runtime, count)
         tasks = path.runtime.finished - finished_before
         device_s = path.runtime.device_seconds - device_before
         if profiler is not None:  # one more round, profiled (its times are not figures)
@@ -347,7 +354,7 @@ async def run(args: argparse.Namespace, profiler: cProfile.Profile | None) -> di
         * (
             (clients * per_client + single) * len(CALL_NAMES)
             + single // 10
-            + sum(size * max(3, 3000 // size) for size in BATCH_SIZES)
+            + sum(size * batches_per_round(size, single) for size in args.batch_sizes)
         ),
         "engine_processed": processed,
     }
@@ -393,7 +400,8 @@ def summary(figures: Figures) -> dict[str, Any]:
             "vs_single_enqueues": statistics.median(figures.host_us[size]) / (size * one_task),
             "samples": len(figures.host_us[size]),
         }
-        for size in BATCH_SIZES
+        for size in figures.host_us
+        if size
     }
     return {
         "single": single,
@@ -589,6 +597,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-client", type=int, default=20, help="tasks per client per round")
     parser.add_argument("--single", type=int, default=3000, help="one-client tasks per round")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--batch-sizes",
+        type=lambda text: tuple(int(size) for size in text.split(",")),
+        default=BATCH_SIZES,
+        help="tasks per EnqueueBatch, comma-separated (default: 1,100,10000)",
+    )
     parser.add_argument("--gc", choices=("default", "freeze", "threshold"), default="default")
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
     parser.add_argument(
