@@ -76,6 +76,13 @@ def test_a_tiny_run_writes_every_figure(
     assert figures["stand-in device"] > 0
 
 
+@pytest.mark.parametrize("sizes", ["0", "1,1", "x", "1,-5", str(2**31 + 1)])
+def test_bad_batch_sizes_are_refused(sizes: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        load("bench_host_path").main(["--batch-sizes", sizes])
+    assert "--batch-sizes" in capsys.readouterr().err
+
+
 def test_without_uvloop_it_says_so_and_measures_nothing(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

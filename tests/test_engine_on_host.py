@@ -214,6 +214,92 @@ async def test_a_batch_waiting_for_its_inputs_past_its_deadline_times_out(
         await asyncio.wait_for(ref.ask(message), 2)
 
 
+async def test_a_batch_whose_asker_left_after_it_began_still_runs_whole(
+    system: ActorSystem,
+) -> None:
+    """The batch's future is its asker's: an asker that times out while the batch is
+    part-published settles it, and the rest must still be published (its records are
+    one range; the ring would never see the batch finish otherwise)."""
+    runtime = HostRuntime(capacity=64, auto=False)
+    ref, engine = await start(system, runtime)
+    message = EnqueueBatch(
+        op="fill", args=(CupyLikeArray("float32", 1 << 20), 1.0), n=8, count=200, after="none"
+    )
+    with pytest.raises(AskTimeout):
+        await ref.ask(message, timeout=0.05)  # 64 records are in the ring, 136 wait
+    assert runtime.ring.published == 64
+    for _ in range(10):  # the device finishes whatever is published
+        runtime.finish()
+        await loop_turns_until(lambda: not engine._completions.pending, 100)
+        await asyncio.sleep(0.005)
+    assert runtime.ring.published == 200 and runtime.finished == 200
+    assert not engine._completions.batches and not engine._intake.backlog
+
+
+async def test_a_batch_whose_asker_left_before_it_began_is_never_published(
+    system: ActorSystem,
+) -> None:
+    runtime = HostRuntime(capacity=64, auto=False)
+    ref, engine = await start(system, runtime)
+    ahead = EnqueueBatch(
+        op="fill", args=(CupyLikeArray("float32", 1 << 20), 1.0), n=8, count=64, after="none"
+    )
+    first = asyncio.ensure_future(ref.ask(ahead))
+    await loop_turns_until(lambda: runtime.ring.published == 64)  # the ring is full
+    behind = fill(args=(CupyLikeArray("float32", 1 << 20), 2.0))
+    with pytest.raises(AskTimeout):  # waits behind the first, in the backlog
+        await ref.ask(EnqueueBatch(**{**ahead.model_dump(), "count": 8}), timeout=0.05)
+    runtime.finish()
+    assert isinstance(await asyncio.wait_for(first, 2), BatchCompletion)
+    last = asyncio.ensure_future(ref.ask(behind))
+    await loop_turns_until(lambda: runtime.ring.published == 65)
+    runtime.finish()
+    assert isinstance(await asyncio.wait_for(last, 2), Completion)
+    assert runtime.ring.published == 65  # the batch that never began was dropped
+    assert not engine._intake.backlog and not engine._completions.batches
+
+
+async def test_a_batch_is_harvested_once_its_oldest_record_has_finished(
+    system: ActorSystem,
+) -> None:
+    """Later records that finish first are read with the oldest one, not before."""
+    runtime = HostRuntime(capacity=64, auto=False)
+    ref, engine = await start(system, runtime)
+    message = EnqueueBatch(
+        op="fill", args=(CupyLikeArray("float32", 1 << 20), 1.0), n=8, count=5, after="none"
+    )
+    reply = asyncio.ensure_future(ref.ask(message))
+    await loop_turns_until(lambda: runtime.ring.published == 5)
+    taken = runtime.consumer.take()
+    assert [seq for seq, _record in taken] == [1, 2, 3, 4, 5]
+    for seq, _record in taken[1:]:
+        runtime.consumer.complete(seq)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    (batch,) = engine._completions.batches
+    assert batch.finished == 0 and not reply.done()
+    runtime.consumer.complete(1)
+    done = await asyncio.wait_for(reply, 2)
+    assert isinstance(done, BatchCompletion) and done.count == 5 and done.failed == 0
+    assert runtime.ring.free_count() == 64  # every slot handed back
+
+
+async def test_a_batch_waiting_for_the_callers_stream_is_published_by_the_poller(
+    system: ActorSystem, stream: Stream
+) -> None:
+    """Its handler does not query the event (a failing query is the poller's: a fault)."""
+    runtime = HostRuntime()
+    ref, engine = await start(system, runtime)
+    stream.busy = True
+    message = EnqueueBatch(op="fill", args=(CupyLikeArray("float32", 1 << 20), 1.0), n=8, count=3)
+    reply = asyncio.ensure_future(ref.ask(message))
+    await loop_turns_until(lambda: bool(stream.events))
+    assert runtime.ring.published == 0 and len(engine._intake.backlog) == 1
+    stream.events[0].done = True
+    assert isinstance(await asyncio.wait_for(reply, 2), BatchCompletion)
+    assert runtime.ring.published == 3
+
+
 class HostTensor:
     """A CPU tensor seen through DLPack only (CuPy's from_dlpack refuses it)."""
 

@@ -91,6 +91,43 @@ def test_scalar_columns_are_shared_by_every_row() -> None:
         assert row.tolist() == packed(5, 7, 1, index + 1, 0, [2**63 + 9, index])
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    position=st.integers(0, 2**40),
+    rows=st.integers(1, 6),
+    shared=st.lists(U64, min_size=MAX_ARGS + 1, max_size=MAX_ARGS + 1),
+    per_task=st.lists(st.booleans(), min_size=MAX_ARGS + 1, max_size=MAX_ARGS + 1),
+    arity=st.integers(0, MAX_ARGS),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_a_batchs_first_store_never_makes_a_record_whole(
+    position: int, rows: int, shared: list[int], per_task: list[bool], arity: int, seed: int
+) -> None:
+    """The row stored into every record first holds, in each word, the word's final
+    value or tag 0: any mix of first-store and final words that the device may read
+    is whole only when every word that has a column is final."""
+    rng = np.random.default_rng(seed)
+    values: list[int | np.ndarray] = [
+        rng.integers(0, 2**64, rows, dtype=np.uint64, endpoint=False) if varies else value
+        for value, varies in zip(shared, per_task, strict=True)
+    ]
+    args, n = values[:arity], values[MAX_ARGS] % 2**62
+    tag = wire.wire_tag(position, SHIFT)
+    first, columns = wire.record_words(tag, 3, 1, n, 0, args)
+    words = np.zeros((rows, WIRE_WORDS), dtype=np.uint64)
+    wire.encode_rows(words, tag, 3, 1, n, 0, args)
+    for row in words:
+        assert wire.is_whole(row, position, SHIFT)
+        for index in range(WIRE_WORDS):
+            assert first[index] == row[index] or (index in columns and first[index] >> 56 == 0)
+        for mask in range(1 << min(len(columns), 8)):  # which column words are still first
+            mixed = row.copy()
+            for bit, index in enumerate(sorted(columns)[:8]):
+                if mask >> bit & 1:
+                    mixed[index] = first[index]
+            assert wire.is_whole(mixed, position, SHIFT) == (mask == 0)
+
+
 def test_tags_differ_from_the_previous_lap_and_from_zeroed_memory() -> None:
     for capacity in (64, 1024, 2**20):
         shift = wire.lap_shift(capacity)

@@ -58,7 +58,7 @@ from gpuactors.engine import streams
 from gpuactors.engine.client import Engine
 from gpuactors.engine.gc_tuning import tune_gc
 from gpuactors.engine.host_runtime import CupyLikeArray, HostEngine, HostRuntime, cupy_like_arrays
-from gpuactors.engine.messages import Completion, Enqueue, EnqueueBatch
+from gpuactors.engine.messages import MAX_BATCH_TASKS, Completion, Enqueue, EnqueueBatch
 from gpuactors.engine.runtime import EngineConfig
 
 N = 1024  # elements per task (bench_engine's axpy)
@@ -202,6 +202,19 @@ def batches_per_round(size: int, single: int) -> int:
     """How many batches of ``size`` tasks a round sends: a tenth of a round's single
     tasks in all, and at least 3."""
     return max(3, single // (10 * size))
+
+
+def batch_sizes(text: str) -> tuple[int, ...]:
+    """``--batch-sizes``: distinct task counts an EnqueueBatch may have, comma-separated."""
+    try:
+        sizes = tuple(int(size) for size in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of task counts: {text!r}") from None
+    if len(set(sizes)) != len(sizes) or not all(1 <= size <= MAX_BATCH_TASKS for size in sizes):
+        raise argparse.ArgumentTypeError(
+            f"batch sizes must be distinct counts from 1 to {MAX_BATCH_TASKS:,}: {text!r}"
+        )
+    return sizes
 
 
 def batch_call(engine: Engine, size: int) -> Call:
@@ -599,7 +612,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument(
         "--batch-sizes",
-        type=lambda text: tuple(int(size) for size in text.split(",")),
+        type=batch_sizes,
         default=BATCH_SIZES,
         help="tasks per EnqueueBatch, comma-separated (default: 1,100,10000)",
     )

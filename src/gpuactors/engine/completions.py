@@ -125,10 +125,11 @@ class Completions:
         """Read each batch's finished window (at most ``BATCH_STEP`` records a round);
         reply for each batch whose every record finished. How many records finished.
 
-        The window is read only once the batch's oldest open record has finished: a
-        slot is handed back in ring order anyway, and the poller calls this every
-        round while a batch runs, when one marker read usually says there is nothing
-        new (the window read is a dozen NumPy passes)."""
+        The window is read only once the batch's oldest open record has finished: the
+        producer reuses slots in ring order, so a slot freed behind an unfinished one
+        waits anyway, and the poller calls this every round while a batch runs, when
+        one marker read usually says there is nothing new (the window read is a dozen
+        NumPy passes)."""
         progressed = 0
         for batch in list(self.batches):
             count = min(batch.published - batch.low, BATCH_STEP)

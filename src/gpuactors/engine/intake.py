@@ -9,8 +9,10 @@ against its op and encoded to record words, then goes one of three ways:
 * staged: on a busy engine every task accepted in one loop turn is published
   together (one vectorised store, one kick);
 * the backlog (FIFO): tasks and batches that wait for their inputs (a CuPy event)
-  or for room in the ring; the poller publishes them (:meth:`Intake.flush_backlog`)
-  and fails those whose deadline passes while they wait.
+  or for room in the ring, and every batch; the poller publishes them
+  (:meth:`Intake.flush_backlog`) and fails those whose deadline passes while they
+  wait. A batch with nothing ahead of it and no stream to wait for has its first
+  part published by its handler.
 
 What is published is handed to :class:`~gpuactors.engine.completions.Completions`.
 """
@@ -368,8 +370,10 @@ class Intake:
     # ---------------------------------------------------------------- batches
     def enqueue_batch(self, msg: EnqueueBatch) -> None:
         """Accept an EnqueueBatch into the backlog; the harvest settles the asker's own
-        reply future. Its first part is published here when nothing is queued ahead
-        of it; the poller publishes the rest as room appears."""
+        reply future. Its first part is published here when nothing is queued ahead of
+        it and it waits for no stream (the poller owns the event queries, whose CUDA
+        errors are faults); the poller publishes the rest as room appears. An asker
+        that goes away before the batch began takes it away; once begun, it runs."""
         service = self._service
         service.check_serving()
         resolved = self._ops.resolve(msg.op)
@@ -398,8 +402,8 @@ class Intake:
             ready_event,
         )
         self.backlog.append(batch)
-        if len(self.backlog) == 1 and not self.staged:  # nothing ahead of it: publish now
-            self.flush_backlog()  # (not a loop turn later, from the poller)
+        if len(self.backlog) == 1 and not self.staged and ready_event is None:
+            self.flush_backlog()  # nothing ahead of it: publish now, not a loop turn later
         self._wake.set()
 
     # -------------------------------------------------------------- publishing
@@ -467,7 +471,10 @@ class Intake:
         backlog = self.backlog
         while backlog:
             item = backlog[0]
-            if item.future.done():  # failed already (e.g. a forced shutdown): never publish it
+            if item.future.done() and not (isinstance(item, Batch) and item.published):
+                # Failed already (e.g. a forced shutdown), or its asker went away before
+                # it began: never publish it. A batch already begun goes on: its records
+                # are one range, and its slots come back only as they finish.
                 backlog.popleft()
                 continue
             if item.ready_event is not None:

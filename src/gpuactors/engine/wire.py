@@ -121,29 +121,22 @@ def _split_top(values: np.ndarray) -> tuple[np.ndarray, np.ndarray | int]:
     return values, 0
 
 
-def encode_rows(
-    words: np.ndarray,
+def record_words(
     tag: int,
     op: int | np.ndarray,
     blocks: int | np.ndarray,
     n: int | np.ndarray,
     deadline_ns: int | np.ndarray,
     args: Sequence[int | np.ndarray],
-) -> None:
-    """Write the 15 wire words of ``len(words)`` records (``words``: a (rows, 15) uint64
-    view of the ring), vectorised. Each value is one per row or one for all; ``args``
-    covers the first ``len(args)`` argument slots, the rest are zero.
-
-    Most words of a batch are the same in every row (the op, the deadline, shared
-    arguments, the unused slots): one row holding them is stored into every record
-    at once, and only the columns that differ between tasks are then stored one by
-    one. Until its column is stored, such a word holds tag 0 in that row, which no lap
-    uses, so a record is never whole before every word holds its final value (the
-    rule the device relies on, abi.md); each final store is payload and tag together.
-    """
+) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+    """The 15 wire words of many records as one row of what they share and a payload
+    column (one value per record) for each word that differs between them. Each value
+    is one per record or one for all; ``args`` covers the first ``len(args)`` argument
+    slots, the rest are zero. In the row, a word that has a column holds tag 0, which
+    no lap uses: a record holding it is never whole."""
     t = tag << WIRE_TAG_SHIFT
     shared = [t] * WIRE_WORDS
-    columns: dict[int, np.ndarray] = {}  # word index -> payloads, one per row
+    columns: dict[int, np.ndarray] = {}  # word index -> payloads, one per record
 
     def put(index: int, value: int | np.ndarray) -> int | np.ndarray:
         """Word ``index``'s payload (``value``'s low 56 bits); returns its top byte(s)."""
@@ -175,9 +168,38 @@ def encode_rows(
         high[word] = high[word] | (np.asarray(top, dtype=_U64) << _U64(shift))
     put(13, high[0])
     put(14, high[1])
-    words[...] = np.array(shared, dtype=_U64)
+    return np.array(shared, dtype=_U64), columns
+
+
+def encode_rows(
+    words: np.ndarray,
+    tag: int,
+    op: int | np.ndarray,
+    blocks: int | np.ndarray,
+    n: int | np.ndarray,
+    deadline_ns: int | np.ndarray,
+    args: Sequence[int | np.ndarray],
+) -> None:
+    """Write the 15 wire words of ``len(words)`` records (``words``: a (rows, 15) uint64
+    view of the ring), vectorised (the values as :func:`record_words` takes them).
+
+    Where most words are the same in every record (a batch: the op, the deadline,
+    shared arguments, the unused slots), the row of them is stored into every record
+    at once, then each column that differs; until its column is stored such a word
+    holds tag 0, so a record is never whole before every word holds its final value
+    (the rule the device relies on, abi.md). Where most words differ (tasks staged
+    from many clients), each word is stored once, column by column. Every final
+    store is payload and tag together."""
+    shared, columns = record_words(tag, op, blocks, n, deadline_ns, args)
+    if 2 * len(columns) < WIRE_WORDS:
+        words[...] = shared
+    else:
+        for index in range(WIRE_WORDS):
+            if index not in columns:
+                words[:, index] = shared[index]
+    t = _U64(tag << WIRE_TAG_SHIFT)
     for index, payload in columns.items():
-        np.bitwise_or(payload, _U64(t), out=words[:, index])
+        np.bitwise_or(payload, t, out=words[:, index])
 
 
 def is_whole(words: Sequence[int] | np.ndarray, position: int, shift: int) -> bool:
