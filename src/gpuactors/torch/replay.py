@@ -96,6 +96,12 @@ def refs_in_list(items: list[Any], index: int) -> int:
 _HELD_ONCE = refs_in_list([object()], 0)
 
 
+def held_elsewhere(items: list[Any], index: int, uses: int) -> bool:
+    """Whether anybody holds ``items[index]`` besides ``items`` and the ``uses`` other
+    references a replay keeps to it (its entries of ``results``)."""
+    return refs_in_list(items, index) > _HELD_ONCE + uses
+
+
 class Step:
     """One op of a plan: the overload, its arguments' specs and its result's slot."""
 
@@ -493,7 +499,7 @@ class Replay:
         """Whether somebody besides this replay holds ``slot``'s tensor: the replay holds
         it in ``slot_tensor`` and in its entries of ``results``. (``follow`` asks the
         same inline, for every op.)"""
-        return refs_in_list(self.slot_tensor, slot) > _HELD_ONCE + self.slot_uses[slot]
+        return held_elsewhere(self.slot_tensor, slot, self.slot_uses[slot])
 
     def _new_slot_tensor(self, slot: int, inference: bool) -> None:
         """A new tensor for ``slot``, laid out as the recording's (one made in inference
@@ -654,7 +660,7 @@ class Replay:
         # Each earlier tensor is held by ``retired`` and its entries of ``results``.
         retired, retired_uses = self.retired, self.retired_uses
         for i in range(len(retired)):
-            elsewhere[id(retired[i])] = refs_in_list(retired, i) > _HELD_ONCE + retired_uses[i]
+            elsewhere[id(retired[i])] = held_elsewhere(retired, i, retired_uses[i])
         required = self.plan.required
         return [required[j] or elsewhere[id(t)] for j, t in enumerate(self.results)]
 

@@ -238,6 +238,11 @@ class TorchScheduler:
             batch.capture = batch.tracer = Capture()
         self._last_first = first
 
+    def _flush_if_full(self, batch: Batch | Replay) -> None:
+        """Flush ``batch``, the open one (lock held), once it holds ``max_batch_ops`` ops."""
+        if batch.ops >= self.max_batch_ops:
+            self._flush_locked("size")
+
     def _flush_locked(self, reason: str) -> None:
         if self._timer_error is not None and not (
             self._timer is not None and self._timer.is_timer_thread()
@@ -414,8 +419,7 @@ class TorchScheduler:
                 if out is not None:
                     self.stats.ops += 1
                     self.stats.answered += 1
-                    if batch.ops >= self.max_batch_ops:
-                        self._flush_locked("size")
+                    self._flush_if_full(batch)
                     return out
             else:
                 out = self._begin_prepared(batch, func, args, kwargs)
@@ -458,8 +462,7 @@ class TorchScheduler:
             self._prepared = None
             self._batch = replay
             self._started(replay)
-            if replay.ops >= self.max_batch_ops:
-                self._flush_locked("size")
+            self._flush_if_full(replay)
         return out
 
     # --------------------------------------------------------------- dispatch
@@ -475,8 +478,7 @@ class TorchScheduler:
                 out = batch.follow(func, args, kwargs) if type(batch) is Replay else None
                 if out is not None:  # the usual case of a replay, first
                     self.stats.ops += 1
-                    if batch.ops >= self.max_batch_ops:
-                        self._flush_locked("size")
+                    self._flush_if_full(batch)
                     return out
                 out = self._follow(func, args, kwargs)
             if out is not None:
@@ -556,8 +558,7 @@ class TorchScheduler:
             self._started(batch)
         else:
             self.stats.ops += 1
-        if batch.ops >= self.max_batch_ops:
-            self._flush_locked("size")
+        self._flush_if_full(batch)
 
     def current_stream(self) -> Any:
         """PyTorch's current stream on the scheduler's device (None off CUDA)."""
