@@ -123,6 +123,14 @@ def fill(**fields: Any) -> Enqueue:
     return Enqueue(**fields)
 
 
+def fill_batch(count: int, **fields: Any) -> EnqueueBatch:
+    """``count`` tasks of the built-in ``fill`` in one EnqueueBatch, ready to publish."""
+    fields = {"n": 8, "after": "none", **fields}
+    return EnqueueBatch(
+        op="fill", args=(CupyLikeArray("float32", 1 << 20), 1.0), count=count, **fields
+    )
+
+
 async def test_a_task_under_fail_waits_for_a_part_published_batch(
     system: ActorSystem,
 ) -> None:
@@ -207,11 +215,29 @@ async def test_a_batch_waiting_for_its_inputs_past_its_deadline_times_out(
 ) -> None:
     ref, _engine = await start(system, HostRuntime())
     stream.busy = True
-    message = EnqueueBatch(
-        op="fill", args=(CupyLikeArray("float32", 1 << 20), 1.0), n=8, count=10, timeout=0.05
-    )
+    message = fill_batch(10, timeout=0.05, after="current_stream")
     with pytest.raises(TaskTimeout, match="a batch of 10 tasks"):
         await asyncio.wait_for(ref.ask(message), 2)
+
+
+@pytest.mark.parametrize(
+    ("fields", "error"),
+    [
+        ({"offsets": {"out": [0, 50, 95]}}, "task 2 needs elements up to 103, the array has 100"),
+        ({"n": [8, 101, 8]}, "task 1 needs elements up to 101, the array has 100"),
+    ],
+    ids=["offsets", "per-task-n"],
+)
+async def test_a_batch_task_past_its_arrays_end_is_refused_before_the_ring(
+    system: ActorSystem, fields: dict[str, Any], error: str
+) -> None:
+    runtime = HostRuntime()
+    ref, engine = await start(system, runtime)
+    fields = {"n": 8, "after": "none", **fields}
+    message = EnqueueBatch(op="fill", args=(CupyLikeArray("float32", 100), 1.0), **fields)
+    with pytest.raises(InvalidArgument, match=error):
+        await ref.ask(message)
+    assert runtime.ring.published == 0 and not engine._intake.backlog
 
 
 async def test_a_batch_whose_asker_left_after_it_began_still_runs_whole(
@@ -222,11 +248,8 @@ async def test_a_batch_whose_asker_left_after_it_began_still_runs_whole(
     one range; the ring would never see the batch finish otherwise)."""
     runtime = HostRuntime(capacity=64, auto=False)
     ref, engine = await start(system, runtime)
-    message = EnqueueBatch(
-        op="fill", args=(CupyLikeArray("float32", 1 << 20), 1.0), n=8, count=200, after="none"
-    )
     with pytest.raises(AskTimeout):
-        await ref.ask(message, timeout=0.05)  # 64 records are in the ring, 136 wait
+        await ref.ask(fill_batch(200), timeout=0.05)  # 64 records are in the ring, 136 wait
     assert runtime.ring.published == 64
     for _ in range(10):  # the device finishes whatever is published
         runtime.finish()
@@ -241,14 +264,11 @@ async def test_a_batch_whose_asker_left_before_it_began_is_never_published(
 ) -> None:
     runtime = HostRuntime(capacity=64, auto=False)
     ref, engine = await start(system, runtime)
-    ahead = EnqueueBatch(
-        op="fill", args=(CupyLikeArray("float32", 1 << 20), 1.0), n=8, count=64, after="none"
-    )
-    first = asyncio.ensure_future(ref.ask(ahead))
+    first = asyncio.ensure_future(ref.ask(fill_batch(64)))
     await loop_turns_until(lambda: runtime.ring.published == 64)  # the ring is full
     behind = fill(args=(CupyLikeArray("float32", 1 << 20), 2.0))
     with pytest.raises(AskTimeout):  # waits behind the first, in the backlog
-        await ref.ask(EnqueueBatch(**{**ahead.model_dump(), "count": 8}), timeout=0.05)
+        await ref.ask(fill_batch(8), timeout=0.05)
     runtime.finish()
     assert isinstance(await asyncio.wait_for(first, 2), BatchCompletion)
     last = asyncio.ensure_future(ref.ask(behind))
@@ -265,10 +285,7 @@ async def test_a_batch_is_harvested_once_its_oldest_record_has_finished(
     """Later records that finish first are read with the oldest one, not before."""
     runtime = HostRuntime(capacity=64, auto=False)
     ref, engine = await start(system, runtime)
-    message = EnqueueBatch(
-        op="fill", args=(CupyLikeArray("float32", 1 << 20), 1.0), n=8, count=5, after="none"
-    )
-    reply = asyncio.ensure_future(ref.ask(message))
+    reply = asyncio.ensure_future(ref.ask(fill_batch(5)))
     await loop_turns_until(lambda: runtime.ring.published == 5)
     taken = runtime.consumer.take()
     assert [seq for seq, _record in taken] == [1, 2, 3, 4, 5]
@@ -291,8 +308,7 @@ async def test_a_batch_waiting_for_the_callers_stream_is_published_by_the_poller
     runtime = HostRuntime()
     ref, engine = await start(system, runtime)
     stream.busy = True
-    message = EnqueueBatch(op="fill", args=(CupyLikeArray("float32", 1 << 20), 1.0), n=8, count=3)
-    reply = asyncio.ensure_future(ref.ask(message))
+    reply = asyncio.ensure_future(ref.ask(fill_batch(3, after="current_stream")))
     await loop_turns_until(lambda: bool(stream.events))
     assert runtime.ring.published == 0 and len(engine._intake.backlog) == 1
     stream.events[0].done = True

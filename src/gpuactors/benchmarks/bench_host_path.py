@@ -406,16 +406,16 @@ def summary(figures: Figures) -> dict[str, Any]:
         ratios[f"{name}_p50_vs_loop_turn"] = single[name]["p50_us"] / turn["p50_us"]
         ratios[f"{name}_p50_vs_await_done"] = single[name]["p50_us"] / done["p50_us"]
     one_task = statistics.median(figures.host_us[0])
-    batches = {
-        size: {
-            "host_us": statistics.median(figures.host_us[size]),
-            "host_us_per_task": statistics.median(figures.host_us[size]) / size,
-            "vs_single_enqueues": statistics.median(figures.host_us[size]) / (size * one_task),
-            "samples": len(figures.host_us[size]),
-        }
-        for size in figures.host_us
-        if size
-    }
+    batches = {}
+    for size, samples in figures.host_us.items():
+        if size:
+            host_us = statistics.median(samples)
+            batches[size] = {
+                "host_us": host_us,
+                "host_us_per_task": host_us / size,
+                "vs_single_enqueues": host_us / (size * one_task),
+                "samples": len(samples),
+            }
     return {
         "single": single,
         "concurrent": concurrent,
@@ -614,7 +614,8 @@ def main(argv: list[str] | None = None) -> int:
         "--batch-sizes",
         type=batch_sizes,
         default=BATCH_SIZES,
-        help="tasks per EnqueueBatch, comma-separated (default: 1,100,10000)",
+        help="tasks per EnqueueBatch, comma-separated (default: "
+        f"{','.join(map(str, BATCH_SIZES))})",
     )
     parser.add_argument("--gc", choices=("default", "freeze", "threshold"), default="default")
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")

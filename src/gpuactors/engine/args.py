@@ -249,8 +249,9 @@ def encode_batch(
             else:
                 offsets, ends = None, length
             if int(np.max(ends)) > info.size:  # the first task past the end, for the error
-                task = int(np.flatnonzero(np.broadcast_to(ends, (count,)) > info.size)[0])
-                end = int(np.broadcast_to(ends, (count,))[task])
+                per_task = np.broadcast_to(ends, (count,))
+                task = int(np.flatnonzero(per_task > info.size)[0])
+                end = int(per_task[task])
                 raise InvalidArgument(
                     f"{where}: task {task} needs elements up to {end}, the array has {info.size}"
                 )
