@@ -117,12 +117,19 @@ async def test_remote_arrays_route_to_the_engine_that_issued_them() -> None:
 
 
 # ------------------------------------------------------------------- batches
+async def scattered_rows(
+    group: EngineGroup, rows: int
+) -> tuple[np.ndarray, np.ndarray, ShardedArray, ShardedArray]:
+    """axpy's ``y`` and ``x`` (``rows`` rows of 4 floats) on the host and scattered."""
+    y_host = np.ones((rows, 4), np.float32)
+    x_host = np.arange(rows * 4, dtype=np.float32).reshape(rows, 4)
+    return y_host, x_host, await group.scatter(y_host), await group.scatter(x_host)
+
+
 async def test_a_batch_is_split_by_where_each_tasks_data_lives(system: ActorSystem) -> None:
     group, journal = await two_fakes(system)
     rows = 10
-    y_host = np.ones((rows, 4), np.float32)
-    x_host = np.arange(rows * 4, dtype=np.float32).reshape(rows, 4)
-    y, x = await group.scatter(y_host), await group.scatter(x_host)
+    y_host, x_host, y, x = await scattered_rows(group, rows)
     assert [(s.device, s.start, s.stop) for s in y.shards] == [(0, 0, 20), (1, 20, 40)]
     starts = np.arange(rows) * 4
     batch = EnqueueBatch(
@@ -138,6 +145,32 @@ async def test_a_batch_is_split_by_where_each_tasks_data_lives(system: ActorSyst
     assert {key: part.count for key, part in reply.per_engine.items()} == {0: 5, 1: 5}
     np.testing.assert_allclose(await group.download(y), y_host + 2.0 * x_host)
     assert [detail for kind, detail in journal.of(1) if kind == "EnqueueBatch"] == [5]
+
+
+async def test_a_batch_whose_offsets_are_out_of_order_is_split_by_each_task(
+    system: ActorSystem,
+) -> None:
+    group, _ = await two_fakes(system)
+    rows = 10
+    y_host, x_host, y, x = await scattered_rows(group, rows)
+    in_order = np.arange(rows) * 4
+    shuffled = np.array([9, 0, 5, 1, 8, 2, 7, 3, 6, 4]) * 4  # devices 1, 0, 1, 0, ...
+    batch = EnqueueBatch(
+        op="axpy",
+        args=(y, x, 2.0),
+        n=4,
+        offsets={"y": shuffled, "x": shuffled},
+        per_task=True,
+        after="none",
+    )
+    reply = await group.enqueue_batch(batch)
+    assert {key: part.count for key, part in reply.per_engine.items()} == {0: 5, 1: 5}
+    assert reply.statuses.shape == (rows,) and reply.failed == 0
+    np.testing.assert_allclose(await group.download(y), y_host + 2.0 * x_host)
+    with pytest.raises(WrongDevice, match=r"task 0 belongs on device 1 .* and on device 0"):
+        await group.enqueue_batch(  # y's device for each task against x's runs
+            EnqueueBatch(op="axpy", args=(y, x, 1.0), n=4, offsets={"y": shuffled, "x": in_order})
+        )
 
 
 async def test_a_batch_with_a_task_across_two_devices_is_refused_whole(

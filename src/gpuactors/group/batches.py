@@ -22,9 +22,11 @@ from gpuactors.engine.ops import ArrayParam, OpSpec
 from gpuactors.errors import InvalidArgument, WrongDevice
 from gpuactors.group.messages import GroupBatchCompletion
 from gpuactors.group.routing import Locator
+from gpuactors.group.runs import Runs
 from gpuactors.group.sharded import PerDevice, ShardedArray
 
 Tasks = slice | np.ndarray  # a batch's tasks: a run of them, or their indices
+Keys = Runs | np.ndarray  # the engine of each task: as runs, or one int64 per task
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,7 @@ def split_batch(
     count = _task_count(batch, devices)
     n = int(batch.n) if _is_count(batch.n) else _column(batch.n, "n")
     offsets = {name: _column(v, f"offsets[{name!r}]") for name, v in batch.offsets.items()}
-    constraints: list[tuple[str, np.ndarray]] = []
+    constraints: list[tuple[str, Keys]] = []
     if devices is not None:
         given = _given_keys(devices, count, locator)
         constraints.append((f"the {locator.noun} given for it", given))
@@ -83,7 +85,7 @@ def split_batch(
             key = locator.key_of(value, where)
             if key is not None:
                 _check_known(key, locator, f"{where} lives on")
-                constraints.append((f"where {where} lives", np.broadcast_to(key, (count,))))
+                constraints.append((f"where {where} lives", Runs.one(key, count)))
     keys = _agreed_keys(constraints, count, spread_over, locator.noun)
     return [
         BatchPart(key, tasks, _part_message(batch, op, key, tasks, n, offsets))
@@ -126,11 +128,11 @@ def _column(values: Any, what: str) -> np.ndarray:
     return array.astype(np.int64, copy=False)
 
 
-def _given_keys(devices: Any, count: int, locator: Locator) -> np.ndarray:
+def _given_keys(devices: Any, count: int, locator: Locator) -> Keys:
     """The engine given for each task (one for all, or one each), every one in the group."""
     if _is_count(devices):
         _check_known(int(devices), locator, "the tasks were sent to")
-        return np.broadcast_to(np.int64(devices), (count,))
+        return Runs.one(int(devices), count)
     keys = _column(devices, "devices")
     highest = max(locator.keys)
     known = np.zeros(highest + 2, dtype=np.bool_)  # the last entry: every key above highest
@@ -170,18 +172,24 @@ def _task_count(batch: EnqueueBatch, devices: Any) -> int:
 
 
 def _agreed_keys(
-    constraints: list[tuple[str, np.ndarray]], count: int, spread_over: Sequence[int], noun: str
-) -> np.ndarray:
+    constraints: list[tuple[str, Keys]], count: int, spread_over: Sequence[int], noun: str
+) -> Keys:
     """The engine of every task: where all its constraints agree (WrongDevice where two
     disagree), or equal runs over ``spread_over`` when nothing ties the tasks."""
     if not constraints:
         if not spread_over:
             raise InvalidArgument("no engine of the group is serving")
-        sizes = np.full(len(spread_over), count // len(spread_over))
-        sizes[: count % len(spread_over)] += 1
-        return np.repeat(np.asarray(spread_over, dtype=np.int64), sizes)
-    source, keys = constraints[0]
-    for other, theirs in constraints[1:]:
+        size, extra = divmod(count, len(spread_over))
+        cuts = [0]
+        for index in range(len(spread_over)):
+            cuts.append(cuts[-1] + size + (index < extra))
+        return Runs.of(list(spread_over), cuts)
+    first = constraints[0][1]
+    if all(isinstance(given, Runs) and given == first for _, given in constraints):
+        return first  # the usual batch: its constraints agree run for run
+    source, keys = constraints[0][0], _per_task(first)
+    for other, given in constraints[1:]:
+        theirs = _per_task(given)
         differ = np.flatnonzero(keys != theirs)
         if differ.size:
             task = int(differ[0])
@@ -192,8 +200,16 @@ def _agreed_keys(
     return keys
 
 
-def _runs(keys: np.ndarray) -> list[tuple[int, Tasks]]:
+def _per_task(keys: Keys) -> np.ndarray:
+    return keys.per_task() if isinstance(keys, Runs) else keys
+
+
+def _runs(keys: Keys) -> list[tuple[int, Tasks]]:
     """The tasks of each engine: runs (slices) when the keys are in order, else indices."""
+    if isinstance(keys, Runs):
+        if len(set(keys.keys)) == len(keys.keys):
+            return [(key, tasks) for key, tasks in keys.parts()]
+        keys = keys.per_task()  # an engine in two runs: its tasks gathered below
     if keys.size == 0:
         return []
     if keys.strides == (0,) or bool(np.all(keys[1:] >= keys[:-1])):

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from gpuactors.errors import InvalidArgument, WrongDevice
+from gpuactors.group.runs import Runs
 
 
 @dataclass(frozen=True)
@@ -72,14 +73,14 @@ class ShardedArray:
                 return shard
         raise InvalidArgument(f"this ShardedArray has no shard on device {device}")
 
-    def locate(self, offsets: np.ndarray, lengths: np.ndarray, what: str) -> np.ndarray:
-        """The device holding each task's elements ``[offset, offset + length)``;
-        InvalidArgument naming the first task whose range crosses a shard's end (a task
-        runs on one engine and sees one shard). Offsets in order, the usual case, cost
-        a few passes over them and no search per task."""
+    def locate(self, offsets: np.ndarray, lengths: np.ndarray, what: str) -> Runs | np.ndarray:
+        """The device holding each task's elements ``[offset, offset + length)``: runs of
+        tasks when the offsets are in order (the usual case: a few passes over them, no
+        search per task), else one device per task. InvalidArgument names the first
+        task whose range crosses a shard's end (a task runs on one engine and sees one
+        shard)."""
         starts = np.fromiter((s.start for s in self.shards), np.int64, len(self.shards))
         stops = np.fromiter((s.stop for s in self.shards), np.int64, len(self.shards))
-        devices = np.asarray(self.devices, dtype=np.int64)
         ends = offsets + lengths
         if offsets.size < 2 or bool(np.all(offsets[1:] >= offsets[:-1])):
             cuts = [0, *np.searchsorted(offsets, starts[1:], side="left").tolist(), offsets.size]
@@ -87,13 +88,13 @@ class ShardedArray:
                 if first < last and int(ends[first:last].max()) > stops[shard]:
                     task = first + int(np.argmax(ends[first:last] > stops[shard]))
                     raise self._crossing(task, offsets, ends, shard, what)
-            return np.repeat(devices, np.diff(cuts))
+            return Runs.of(list(self.devices), cuts)
         index = np.searchsorted(starts, offsets, side="right") - 1  # (starts[0] is 0)
         crossing = np.flatnonzero(ends > stops[index])
         if crossing.size:
             task = int(crossing[0])
             raise self._crossing(task, offsets, ends, int(index[task]), what)
-        return devices[index]
+        return np.asarray(self.devices, dtype=np.int64)[index]
 
     def _crossing(
         self, task: int, offsets: np.ndarray, ends: np.ndarray, shard: int, what: str

@@ -46,10 +46,21 @@ async def ask_all(
 async def ask_each(
     requests: Sequence[tuple[Target, Message]], timeout: float | None = None
 ) -> tuple[dict[int, Any], dict[int, Exception]]:
-    """Send each target its message, all at once: the replies, and the errors, by key."""
-    outcomes = await asyncio.gather(
-        *(target.ask(message, timeout) for target, message in requests), return_exceptions=True
-    )
+    """Send each target its message, all at once: the replies, and the errors, by key.
+    One request is awaited where it is: a task to run it beside none would cost two
+    loop turns, a batch's split into one part pays them otherwise."""
+    outcomes: list[Any]
+    if len(requests) == 1:
+        target, message = requests[0]
+        try:
+            outcomes = [await target.ask(message, timeout)]
+        except Exception as exc:  # as gather(return_exceptions=True) would give it
+            outcomes = [exc]
+    else:
+        outcomes = await asyncio.gather(
+            *(target.ask(message, timeout) for target, message in requests),
+            return_exceptions=True,
+        )
     done: dict[int, Any] = {}
     errors: dict[int, Exception] = {}
     for (target, _message), outcome in zip(requests, outcomes, strict=True):
