@@ -47,8 +47,8 @@ async def ask_each(
     requests: Sequence[tuple[Target, Message]], timeout: float | None = None
 ) -> tuple[dict[int, Any], dict[int, Exception]]:
     """Send each target its message, all at once: the replies, and the errors, by key.
-    One request is awaited where it is: a task to run it beside none would cost two
-    loop turns, a batch's split into one part pays them otherwise."""
+    A lone request is awaited in place: a task around it would cost two loop turns,
+    paid by every batch whose tasks all go to one engine."""
     outcomes: list[Any]
     if len(requests) == 1:
         target, message = requests[0]
