@@ -212,7 +212,7 @@ def _runs(keys: Keys) -> list[tuple[int, Tasks]]:
         keys = keys.per_task()  # an engine in two runs: its tasks gathered below
     if keys.size == 0:
         return []
-    if keys.strides == (0,) or bool(np.all(keys[1:] >= keys[:-1])):
+    if bool(np.all(keys[1:] >= keys[:-1])):
         cuts = [0, *(np.flatnonzero(keys[1:] != keys[:-1]) + 1).tolist(), keys.size]
         return [(int(keys[a]), slice(a, b)) for a, b in itertools.pairwise(cuts)]
     order = np.argsort(keys, kind="stable")
