@@ -37,6 +37,7 @@ from gpuactors.engine.messages import (
 from gpuactors.errors import DeviceFault, TaskHung, UnknownOp
 from gpuactors.messages import Ack
 from gpuactors.nvrtc.messages import CompileRequest, Launched
+from gpuactors.worker.frames import FrameStream
 from gpuactors.worker.messages import Download, Free, Job, LaunchJob, RemoteArray, Upload
 from gpuactors.worker.wire import (
     Answer,
@@ -50,7 +51,6 @@ from gpuactors.worker.wire import (
     Ready,
     Request,
     encode_frame,
-    read_frame,
     wire_error,
 )
 
@@ -89,8 +89,8 @@ BOOT_MISBEHAVIOUR = ("boot_pickle", "boot_garbage", "boot_wrong_answer")
 
 
 class FakeWorker:
-    def __init__(self, writer: asyncio.StreamWriter, ops: list[str]) -> None:
-        self.writer = writer
+    def __init__(self, stream: FrameStream, ops: list[str]) -> None:
+        self.stream = stream
         self.ops = ops
         self.in_flight: dict[int, asyncio.Task[None]] = {}
         self.arrays: dict[int, np.ndarray] = {}
@@ -99,11 +99,11 @@ class FakeWorker:
         self.seq = 0
 
     def send(self, frame: Frame) -> None:
-        self.writer.write(encode_frame(frame))
+        self.stream.write(encode_frame(frame))
 
     async def serve(self, rid: int, message: Any) -> None:
         if isinstance(message, Job) and message.op in MISBEHAVIOUR:
-            self.writer.write(misbehaviour(message.op, rid, message.args))
+            self.stream.write(misbehaviour(message.op, rid, message.args))
             return
         try:
             reply = await self.handle(message)
@@ -114,7 +114,7 @@ class FakeWorker:
         finally:
             self.in_flight.pop(rid, None)
         if isinstance(message, Shutdown):
-            await self.writer.drain()
+            await self.stream.drain()
             os._exit(0)
 
     async def handle(self, message: Any) -> Any:
@@ -220,21 +220,21 @@ class FakeWorker:
 
 
 async def main(fd: int) -> None:
-    reader, writer = await asyncio.open_unix_connection(sock=socket.socket(fileno=fd))
-    boot = await read_frame(reader)
+    stream = await FrameStream.open(socket.socket(fileno=fd))
+    boot = await stream.read()
     assert isinstance(boot, Boot)
     ops = [op.name for op in boot.spec.ops]
-    worker = FakeWorker(writer, ["fill", "axpy", *ops])
+    worker = FakeWorker(stream, ["fill", "axpy", *ops])
     spoilt = [op for op in ops if op in BOOT_MISBEHAVIOUR]
     if spoilt:  # the marker file for boot_pickle is the op's body
         marker = next(op.body for op in boot.spec.ops if op.name == spoilt[0])
-        writer.write(misbehaviour(spoilt[0], 0, (marker,)))
-        await writer.drain()
+        stream.write(misbehaviour(spoilt[0], 0, (marker,)))
+        await stream.drain()
         await asyncio.sleep(60)  # the parent must not wait for this
     worker.send(Ready(pid=os.getpid(), startup_s=0.0))
     while True:
         try:
-            request = await read_frame(reader)
+            request = await stream.read()
         except (asyncio.IncompleteReadError, ConnectionError):
             os._exit(0)
         assert isinstance(request, Request)

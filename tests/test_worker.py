@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import numpy as np
 import pytest
 
@@ -29,29 +27,10 @@ from gpuactors.worker import (
 )
 from gpuactors.worker.wire import (
     Failure,
-    Faulted,
-    Request,
     decode_frame,
     encode_frame,
-    read_frame,
     wire_error,
 )
-
-
-async def test_frames_round_trip_through_a_stream() -> None:
-    reader = asyncio.StreamReader()
-    job = Job(op="fill", args=(np.arange(4.0), 2.5), n=4)
-    sent = [Request(rid=1, message=job), Faulted(reason="x" * 70000)]
-    for frame in sent:
-        reader.feed_data(encode_frame(frame))
-    reader.feed_eof()
-    first = await read_frame(reader)
-    assert isinstance(first, Request) and first.rid == 1
-    assert isinstance(first.message, Job) and first.message.op == "fill"
-    np.testing.assert_array_equal(first.message.args[0], np.arange(4.0))
-    assert await read_frame(reader) == sent[1]
-    with pytest.raises(asyncio.IncompleteReadError):
-        await read_frame(reader)
 
 
 def round_trip(error: BaseException) -> Exception:

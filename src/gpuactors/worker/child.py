@@ -36,6 +36,7 @@ from gpuactors.logs import get_logger
 from gpuactors.messages import Ack, Message
 from gpuactors.nvrtc import KernelHandle, NvrtcActor
 from gpuactors.nvrtc.messages import CompileRequest, Launch
+from gpuactors.worker.frames import FrameStream
 from gpuactors.worker.messages import (
     BootSpec,
     Download,
@@ -58,7 +59,6 @@ from gpuactors.worker.wire import (
     Ready,
     Request,
     encode_frame,
-    read_frame,
     wire_error,
 )
 
@@ -73,10 +73,10 @@ class WorkerHost:
     """The engine of one worker process and the remote arrays it holds."""
 
     def __init__(
-        self, engine: Engine, writer: asyncio.StreamWriter, system: ActorSystem, device_id: int
+        self, engine: Engine, stream: FrameStream, system: ActorSystem, device_id: int
     ) -> None:
         self.engine = engine
-        self._writer = writer
+        self._stream = stream
         self._system = system
         self._device_id = device_id
         self._arrays: dict[int, Any] = {}
@@ -87,7 +87,7 @@ class WorkerHost:
         self.done = asyncio.Event()
 
     def send(self, frame: Frame) -> None:
-        self._writer.write(encode_frame(frame))
+        self._stream.write(encode_frame(frame))
 
     async def serve(self, rid: int, message: Message) -> None:
         try:
@@ -103,7 +103,7 @@ class WorkerHost:
             error = WorkerError(f"the worker's reply cannot be sent: {exc}")
             self.send(Failure(rid=rid, error=error))
         else:
-            self._writer.write(answer)
+            self._stream.write(answer)
         if isinstance(message, Shutdown):
             self.done.set()
 
@@ -240,9 +240,8 @@ def _device_call(function: Any, value: Any) -> Any:
 
 async def serve(fd: int) -> int:
     """Boot the engine, serve requests until Shutdown, a fault or the parent leaving."""
-    sock = socket.socket(fileno=fd)
-    reader, writer = await asyncio.open_unix_connection(sock=sock)
-    frame = await read_frame(reader)
+    stream = await FrameStream.open(socket.socket(fileno=fd))
+    frame = await stream.read()
     if not isinstance(frame, Boot):
         raise WorkerProtocolError(f"the parent began with {type(frame).__name__}, not Boot")
     boot: BootSpec = frame.spec
@@ -265,31 +264,31 @@ async def serve(fd: int) -> int:
                 full_policy=boot.full_policy,
             )
         except Exception as exc:  # e.g. NoCudaDevice: the parent raises it
-            writer.write(encode_frame(BootFailed(error=wire_error(exc))))
-            await writer.drain()
+            stream.write(encode_frame(BootFailed(error=wire_error(exc))))
+            await stream.drain()
             return 1
-        host = WorkerHost(engine, writer, system, boot.device_id)
+        host = WorkerHost(engine, stream, system, boot.device_id)
         host.send(Ready(pid=os.getpid(), startup_s=time.perf_counter() - started))
         requests: set[asyncio.Task[None]] = set()
-        reading = asyncio.create_task(_read_requests(reader, host, requests))
+        reading = asyncio.create_task(_read_requests(stream, host, requests))
         await host.done.wait()
         if host.fault is not None:
             host.send(Faulted(reason=host.fault))
             with contextlib.suppress(ConnectionError):
-                await writer.drain()
+                await stream.drain()
             _exit(EXIT_FAULTED)  # never wait on a poisoned context's teardown
         with contextlib.suppress(ConnectionError):  # the parent may be gone already
-            await writer.drain()
+            await stream.drain()
         reading.cancel()
     return 0
 
 
 async def _read_requests(
-    reader: asyncio.StreamReader, host: WorkerHost, requests: set[asyncio.Task[None]]
+    stream: FrameStream, host: WorkerHost, requests: set[asyncio.Task[None]]
 ) -> None:
     try:
         while True:
-            frame = await read_frame(reader)
+            frame = await stream.read()
             if not isinstance(frame, Request):
                 raise WorkerProtocolError(f"the parent sent {type(frame).__name__}, not Request")
             task = asyncio.create_task(host.serve(frame.rid, frame.message))

@@ -23,8 +23,9 @@ from pathlib import Path
 
 from gpuactors.errors import WorkerError, WorkerProtocolError
 from gpuactors.logs import get_logger
+from gpuactors.worker.frames import FrameStream
 from gpuactors.worker.messages import BootSpec
-from gpuactors.worker.wire import Boot, BootFailed, Frame, Ready, encode_frame, read_frame
+from gpuactors.worker.wire import Boot, BootFailed, Frame, Ready, encode_frame
 
 log = get_logger(component="worker")
 
@@ -52,15 +53,13 @@ class WorkerProcess:
     def __init__(
         self,
         process: asyncio.subprocess.Process,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
+        stream: FrameStream,
         startup_s: float,
     ) -> None:
         self.process = process
         self.pid = process.pid
         self.startup_s = startup_s
-        self._reader = reader
-        self._writer = writer
+        self._stream = stream
         self._reading: asyncio.Task[None] | None = None
         self._on_frame: Callable[[Frame], None] = lambda _frame: None
         self._on_closed: Callable[[WorkerError], None] = lambda _error: None
@@ -93,30 +92,30 @@ class WorkerProcess:
             raise
         finally:
             theirs.close()
-        writer: asyncio.StreamWriter | None = None
+        stream: FrameStream | None = None
         try:
-            reader, writer = await asyncio.open_unix_connection(sock=ours)
-            writer.write(encode_frame(Boot(spec=boot)))
-            frame = await asyncio.wait_for(read_frame(reader), timeout)
+            stream = await FrameStream.open(ours)
+            stream.write(encode_frame(Boot(spec=boot)))
+            frame = await asyncio.wait_for(stream.read(), timeout)
         except (asyncio.IncompleteReadError, ConnectionError, TimeoutError) as exc:
-            _abandon(process, writer, ours)
+            _abandon(process, stream, ours)
             what = "did not start in time" if isinstance(exc, TimeoutError) else "exited"
             raise WorkerError(
                 f"the worker process {what} (pid {process.pid}, timeout {timeout:g} s); "
                 "its stderr says why"
             ) from None
         except BaseException:  # WorkerProtocolError, cancelled (the engine stopped), a bug
-            _abandon(process, writer, ours)
+            _abandon(process, stream, ours)
             raise
         if not isinstance(frame, Ready):
-            _abandon(process, writer, ours)
+            _abandon(process, stream, ours)
             if isinstance(frame, BootFailed):
                 raise frame.error
             raise WorkerProtocolError(
                 f"the worker (pid {process.pid}) answered its boot with "
                 f"{type(frame).__name__}, not Ready"
             )
-        return cls(process, reader, writer, time.perf_counter() - started)
+        return cls(process, stream, time.perf_counter() - started)
 
     def start_reading(
         self, on_frame: Callable[[Frame], None], on_closed: Callable[[WorkerError], None]
@@ -135,7 +134,7 @@ class WorkerProcess:
     async def _read(self) -> None:
         while True:
             try:
-                frame = await read_frame(self._reader)
+                frame = await self._stream.read()
             except (asyncio.IncompleteReadError, ConnectionError):
                 error = WorkerError("the worker process exited")
                 break
@@ -153,14 +152,14 @@ class WorkerProcess:
         """Send one frame made by :func:`~gpuactors.worker.wire.encode_frame`."""
         if self.closed:
             raise WorkerError(f"worker {self.pid} is closed")
-        self._writer.write(frame)
+        self._stream.write(frame)
 
     def kill(self) -> None:
         """Stop the worker now (SIGKILL): a faulted context must not be waited on."""
         self.closed = True
         if self._reading is not None:
             self._reading.cancel()
-        self._writer.close()
+        self._stream.close()
         _kill(self.process)
 
     async def wait(self, timeout: float) -> int | None:
@@ -174,12 +173,12 @@ class WorkerProcess:
 
 def _abandon(
     process: asyncio.subprocess.Process,
-    writer: asyncio.StreamWriter | None,
+    stream: FrameStream | None,
     sock: socket.socket,
 ) -> None:
     _kill(process)
-    if writer is not None:
-        writer.close()
+    if stream is not None:
+        stream.close()
     else:
         sock.close()
 

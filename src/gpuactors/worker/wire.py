@@ -15,7 +15,6 @@ the parent trusts it.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
@@ -202,7 +201,7 @@ def encode_frame(frame: Frame) -> bytes:
     return b"".join([prefix, header, *segments])
 
 
-def decode_frame(body: bytes) -> Frame:
+def decode_frame(body: bytes | bytearray) -> Frame:
     """The frame whose body (what follows the length) is ``body``; WorkerProtocolError
     for anything else."""
     view = memoryview(body)
@@ -232,13 +231,6 @@ def decode_frame(body: bytes) -> Frame:
     if not isinstance(frame, Frame):
         raise WorkerProtocolError(f"a {type(frame).__name__} is not a frame")
     return frame
-
-
-async def read_frame(reader: asyncio.StreamReader) -> Frame:
-    """The next frame from ``reader``: ``asyncio.IncompleteReadError`` at the end of the
-    stream, WorkerProtocolError for a malformed one."""
-    length = int.from_bytes(await reader.readexactly(_LENGTH_BYTES), "big")
-    return decode_frame(await reader.readexactly(length))
 
 
 # ------------------------------------------------------- errors and answers

@@ -1,0 +1,196 @@
+"""One end of the socket between an isolated engine and its worker: whole frames.
+
+Why not asyncio's ``StreamReader``: a large frame (an ``EnqueueBatch`` of a million
+tasks carries 8 MB of offsets) would reach it in 256 KiB reads, each copied onto
+the end of a buffer whose size limit pauses and resumes the socket's reading
+every few chunks, and the whole frame would be copied once more when read. Here
+the socket reads straight into the frame's own buffer (``asyncio.BufferedProtocol``),
+small frames are cut out of one reusable buffer, and the sockets get buffers large
+enough that a big frame crosses in a few system calls. On the development machine an
+8 MB frame crossed in 1.2 ms this way against 14 to 22 ms through a ``StreamReader``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections import deque
+
+from gpuactors.worker.wire import Frame, decode_frame
+
+_LENGTH_BYTES = 4
+#: Frames up to this size are cut out of one reused buffer (a read may hold several).
+_SMALL = 1 << 16
+#: A large frame's buffer grows by at most this much ahead of what has arrived, so a
+#: length in a header costs no memory until the bytes it announces come.
+_GROWTH = 1 << 24
+#: The sockets' buffers: a large frame crosses in chunks of about this size.
+SOCKET_BUFFER_BYTES = 1 << 22
+
+
+class FrameStream:
+    """Frames in (``read``), bytes out (``write``, ``drain``), over one socket."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: _FrameProtocol) -> None:
+        self._transport = transport
+        self._protocol = protocol
+
+    @classmethod
+    async def open(cls, sock: socket.socket) -> FrameStream:
+        """The stream over ``sock`` (one end of a socket pair), its buffers enlarged."""
+        for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER_BYTES)
+        loop = asyncio.get_running_loop()
+        transport, protocol = await loop.create_unix_connection(_FrameProtocol, sock=sock)
+        return cls(transport, protocol)
+
+    async def read(self) -> Frame:
+        """The next frame: ``asyncio.IncompleteReadError`` at the end of the stream (or
+        ConnectionError where it broke), WorkerProtocolError for a malformed one."""
+        return decode_frame(await self._protocol.next_body())
+
+    def write(self, frame: bytes) -> None:
+        """Send ``frame`` (from ``encode_frame``); the transport buffers what the socket
+        does not take at once."""
+        self._transport.write(frame)
+
+    async def drain(self) -> None:
+        """Wait until what was written has gone to the socket (ConnectionError if the
+        other end has gone)."""
+        await self._protocol.drained()
+
+    def close(self) -> None:
+        self._transport.close()
+
+
+class _FrameProtocol(asyncio.BufferedProtocol):
+    """Cuts the bytes the socket delivers into frame bodies, in order."""
+
+    def __init__(self) -> None:
+        self._small = bytearray(_SMALL)
+        self._start = 0  # the first byte of _small not yet cut into a frame
+        self._end = 0  # the end of what was read into _small
+        self._large: bytearray | None = None  # a frame too large for _small, in the making
+        self._large_length = 0
+        self._large_filled = 0
+        self._bodies: deque[bytes | bytearray] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._ended: BaseException | None = None  # why no more frames will come
+        self._lost = False
+        self._paused = False
+        self._drain_waiter: asyncio.Future[None] | None = None
+
+    # -------------------------------------------------------------- reading
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._large is not None:
+            return memoryview(self._large)[self._large_filled :]
+        if self._end == _SMALL:  # full: move what is not cut yet to the front
+            pending = self._end - self._start
+            self._small[:pending] = self._small[self._start : self._end]
+            self._start, self._end = 0, pending
+        return memoryview(self._small)[self._end :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._large is not None:
+            self._large_filled += nbytes
+            self._grow_or_finish()
+            return
+        self._end += nbytes
+        self._cut()
+
+    def _cut(self) -> None:
+        """Cut every whole frame out of ``_small``; a frame too large for it moves to
+        a buffer of its own, which the socket then fills directly."""
+        small = self._small
+        while self._end - self._start >= _LENGTH_BYTES:
+            body_start = self._start + _LENGTH_BYTES
+            length = int.from_bytes(small[self._start : body_start], "big")
+            body_end = body_start + length
+            if body_end <= self._end:
+                self._deliver(bytes(small[body_start:body_end]))
+                self._start = body_end
+                continue
+            if length > _SMALL - _LENGTH_BYTES:
+                arrived = self._end - body_start
+                self._large_length = length
+                self._large = bytearray(min(length, arrived + _GROWTH))
+                self._large[:arrived] = small[body_start : self._end]
+                self._large_filled = arrived
+                self._start = self._end = 0
+                self._grow_or_finish()
+            return
+        if self._start == self._end:
+            self._start = self._end = 0
+
+    def _grow_or_finish(self) -> None:
+        large = self._large
+        assert large is not None
+        if self._large_filled < len(large):
+            return
+        if len(large) < self._large_length:  # room for the next bytes, as they come
+            large.extend(bytes(min(self._large_length - len(large), _GROWTH)))
+            return
+        self._large = None
+        self._deliver(large)
+
+    def _deliver(self, body: bytes | bytearray) -> None:
+        self._bodies.append(body)
+        self._wake()
+
+    async def next_body(self) -> bytes | bytearray:
+        while not self._bodies:
+            if self._ended is not None:
+                raise self._ended
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._bodies.popleft()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def eof_received(self) -> bool:
+        self._end_stream(None)
+        return False  # close the transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._end_stream(exc)
+        self._lost = True
+        if self._drain_waiter is not None and not self._drain_waiter.done():
+            self._drain_waiter.set_exception(ConnectionResetError("the connection is closed"))
+
+    def _end_stream(self, exc: Exception | None) -> None:
+        """No frame comes after those delivered: the end of the stream (a frame cut
+        short by it is lost with it), or a broken connection."""
+        if self._ended is None:
+            self._ended = (
+                asyncio.IncompleteReadError(b"", None)
+                if exc is None
+                else ConnectionResetError(f"the connection broke: {exc}")
+            )
+            self._wake()
+
+    # -------------------------------------------------------------- writing
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        if self._drain_waiter is not None and not self._drain_waiter.done():
+            self._drain_waiter.set_result(None)
+
+    async def drained(self) -> None:
+        """Return once the transport's buffer is below its high-water mark."""
+        while True:
+            if self._lost:
+                raise ConnectionResetError("the connection is closed")
+            if not self._paused:
+                return
+            self._drain_waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._drain_waiter
+            finally:
+                self._drain_waiter = None

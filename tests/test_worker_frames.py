@@ -1,0 +1,140 @@
+"""The worker socket's frames (gpuactors.worker.frames): cut right however the bytes come."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuactors.errors import WorkerProtocolError
+from gpuactors.worker import Job
+from gpuactors.worker.frames import _GROWTH, _SMALL, FrameStream, _FrameProtocol
+from gpuactors.worker.wire import Answer, Faulted, Request, encode_frame
+
+
+def body(length: int, seed: int) -> bytes:
+    return bytes((seed + i) % 251 for i in range(length)) if length < 4096 else bytes(length)
+
+
+def framed(bodies: list[bytes]) -> bytes:
+    return b"".join(len(b).to_bytes(4, "big") + b for b in bodies)
+
+
+def feed(protocol: _FrameProtocol, data: bytes, chunks: list[int]) -> None:
+    """What the transport does: read at most ``chunk`` bytes (and at most the buffer's
+    room) into ``get_buffer``'s buffer, then report how many."""
+    position, turn = 0, 0
+    while position < len(data):
+        buffer = protocol.get_buffer(-1)
+        assert len(buffer) > 0
+        count = min(len(buffer), chunks[turn % len(chunks)], len(data) - position)
+        buffer[:count] = data[position : position + count]
+        protocol.buffer_updated(count)
+        position += count
+        turn += 1
+
+
+LENGTHS = st.lists(
+    st.one_of(
+        st.integers(0, 70),
+        st.integers(_SMALL - 8, _SMALL + 8),  # around the reused buffer's size
+        st.integers(_SMALL + 9, 3 * _SMALL),
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(LENGTHS, st.lists(st.integers(1, 3 * _SMALL), min_size=1, max_size=5))
+def test_frames_are_cut_whole_and_in_order_whatever_the_reads(
+    lengths: list[int], chunks: list[int]
+) -> None:
+    protocol = _FrameProtocol()
+    bodies = [body(length, seed) for seed, length in enumerate(lengths)]
+    feed(protocol, framed(bodies), [*chunks, _SMALL])  # (a byte at a time would be slow)
+    assert [bytes(b) for b in protocol._bodies] == bodies
+    assert protocol._large is None and protocol._start == protocol._end == 0
+
+
+def test_a_frame_larger_than_the_growth_step_arrives_whole() -> None:
+    protocol = _FrameProtocol()
+    large = bytes(range(256)) * ((_GROWTH + 12345) // 256)
+    feed(protocol, framed([large, b"after"]), [1 << 20])
+    assert list(protocol._bodies) == [large, b"after"]
+
+
+def test_a_length_in_a_header_costs_no_memory_until_its_bytes_come() -> None:
+    protocol = _FrameProtocol()
+    feed(protocol, (1 << 31).to_bytes(4, "big") + b"x" * 10, [1 << 16])
+    assert protocol._large is not None
+    assert len(protocol._large) == 10 + _GROWTH  # not 2 GiB
+    assert not protocol._bodies
+
+
+@pytest.fixture
+async def pair() -> AsyncIterator[tuple[FrameStream, FrameStream]]:
+    ours, theirs = socket.socketpair()
+    left, right = await FrameStream.open(ours), await FrameStream.open(theirs)
+    yield left, right
+    left.close()
+    right.close()
+
+
+async def test_frames_round_trip_through_a_socket(pair: tuple[FrameStream, FrameStream]) -> None:
+    left, right = pair
+    job = Job(op="fill", args=(np.arange(4.0), 2.5), n=4)
+    big = np.random.default_rng(1).standard_normal((1 << 20) + 3)  # 8 MB: a buffer of its own
+    sent = [Request(rid=1, message=job), Faulted(reason="x" * 70000), Answer(rid=2, value=big)]
+    for frame in sent:
+        left.write(encode_frame(frame))
+    await left.drain()
+    first = await right.read()
+    assert isinstance(first, Request) and first.rid == 1
+    assert isinstance(first.message, Job) and first.message.op == "fill"
+    np.testing.assert_array_equal(first.message.args[0], np.arange(4.0))
+    assert await right.read() == sent[1]
+    third = await right.read()
+    assert isinstance(third, Answer)
+    np.testing.assert_array_equal(third.value, big)
+    assert third.value.flags.writeable and third.value.flags.c_contiguous
+    left.close()
+    with pytest.raises(asyncio.IncompleteReadError):
+        await right.read()
+
+
+async def test_a_frame_cut_short_by_the_end_of_the_stream_is_lost_with_it(
+    pair: tuple[FrameStream, FrameStream],
+) -> None:
+    left, right = pair
+    whole = encode_frame(Faulted(reason="complete"))
+    left.write(whole + encode_frame(Faulted(reason="cut short"))[:-3])
+    await left.drain()
+    left.close()
+    assert await right.read() == Faulted(reason="complete")
+    with pytest.raises(asyncio.IncompleteReadError):
+        await right.read()
+
+
+async def test_a_malformed_frame_is_a_protocol_error(pair: tuple[FrameStream, FrameStream]) -> None:
+    left, right = pair
+    left.write(framed([b"abcd"]))
+    with pytest.raises(WorkerProtocolError):
+        await right.read()
+
+
+async def test_draining_after_the_other_end_left_raises_connection_error(
+    pair: tuple[FrameStream, FrameStream],
+) -> None:
+    left, right = pair
+    right.close()
+    with pytest.raises(ConnectionError):
+        for _ in range(100):  # until the transport has seen the other end go
+            left.write(b"\0" * (1 << 20))
+            await left.drain()
+            await asyncio.sleep(0)
