@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpuactors.errors import InvalidArgument
 from gpuactors.group.batches import _agreed_keys, _runs
 from gpuactors.group.runs import Runs
+from gpuactors.group.sharded import Shard, ShardedArray
 
 # (key, run length) pairs: runs that may be empty and may repeat a neighbour's key
 RUN_LISTS = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 5)), max_size=8)
@@ -66,3 +71,48 @@ def _as_lists(parts: list[tuple[int, slice | np.ndarray]]) -> list[tuple[int, np
         (key, np.arange(t.start, t.stop) if isinstance(t, slice) else np.asarray(t))
         for key, t in parts
     ]
+
+
+# A logical array of up to 40 elements in up to 4 shards (sizes may be 0), and tasks
+# of a fixed or a per-task length at offsets in order or not.
+SHARD_SIZES = st.lists(st.integers(0, 10), min_size=1, max_size=4)
+
+
+@given(
+    SHARD_SIZES,
+    st.lists(st.tuples(st.integers(0, 45), st.integers(1, 4)), max_size=12),
+    st.booleans(),
+    st.booleans(),
+)
+def test_locate_finds_each_tasks_shard_or_names_the_first_that_crosses_one(
+    sizes: list[int], tasks: list[tuple[int, int]], in_order: bool, one_length: bool
+) -> None:
+    bounds = np.cumsum([0, *sizes])
+    shards = tuple(
+        Shard(device, int(start), int(stop), None)
+        for device, (start, stop) in enumerate(pairwise(bounds))
+    )
+    sharded = ShardedArray(shards, "float32", (int(bounds[-1]),))
+    if in_order:
+        tasks = sorted(tasks)
+    offsets = np.array([offset for offset, _ in tasks], dtype=np.int64)
+    lengths: int | np.ndarray = (
+        2 if one_length else np.array([length for _, length in tasks], dtype=np.int64)
+    )
+    ends = offsets + lengths
+    # Each task's shard, by hand: the one whose range holds its first element.
+    holder = [next((k for k, s in enumerate(shards) if s.start <= o < s.stop), -1) for o in offsets]
+    crossing = [
+        task
+        for task, (shard, end) in enumerate(zip(holder, ends, strict=True))
+        if shard < 0 or end > shards[shard].stop
+    ]
+    if crossing:
+        with pytest.raises(InvalidArgument, match=f"task {crossing[0]} needs"):
+            sharded.locate(offsets, lengths, "base")
+        return
+    found = sharded.locate(offsets, lengths, "base")
+    per_task = found.per_task() if isinstance(found, Runs) else found
+    np.testing.assert_array_equal(per_task, np.array(holder, dtype=np.int64).reshape(-1))
+    if in_order:
+        assert isinstance(found, Runs)  # no array of one key per task

@@ -79,7 +79,7 @@ def split_batch(
                 _check_known(device, locator, f"{where} has a shard on")
             starts = offsets.get(param.name, np.zeros(count, dtype=np.int64))
             length = n if param.length == "n" else int(param.length)
-            keys = value.locate(starts, np.broadcast_to(length, (count,)), where)
+            keys = value.locate(starts, length, where)
             constraints.append((f"where {where} has its data", keys))
         elif not isinstance(value, PerDevice):
             key = locator.key_of(value, where)

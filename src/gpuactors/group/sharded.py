@@ -73,28 +73,50 @@ class ShardedArray:
                 return shard
         raise InvalidArgument(f"this ShardedArray has no shard on device {device}")
 
-    def locate(self, offsets: np.ndarray, lengths: np.ndarray, what: str) -> Runs | np.ndarray:
-        """The device holding each task's elements ``[offset, offset + length)``: runs of
-        tasks when the offsets are in order (the usual case: a few passes over them, no
-        search per task), else one device per task. InvalidArgument names the first
-        task whose range crosses a shard's end (a task runs on one engine and sees one
-        shard)."""
+    def locate(
+        self, offsets: np.ndarray, lengths: int | np.ndarray, what: str
+    ) -> Runs | np.ndarray:
+        """The device holding each task's elements ``[offset, offset + length)``
+        (``lengths``: one for all tasks, or one per task): runs of tasks where the
+        offsets fall into the shards in order (the usual case: a min and a max over
+        each run, no search per task), else one device per task. InvalidArgument names
+        the first task whose range crosses a shard's end (a task runs on one engine
+        and sees one shard)."""
         starts = np.fromiter((s.start for s in self.shards), np.int64, len(self.shards))
         stops = np.fromiter((s.stop for s in self.shards), np.int64, len(self.shards))
-        ends = offsets + lengths
-        if offsets.size < 2 or bool(np.all(offsets[1:] >= offsets[:-1])):
-            cuts = [0, *np.searchsorted(offsets, starts[1:], side="left").tolist(), offsets.size]
-            for shard, (first, last) in enumerate(itertools.pairwise(cuts)):
-                if first < last and int(ends[first:last].max()) > stops[shard]:
-                    task = first + int(np.argmax(ends[first:last] > stops[shard]))
-                    raise self._crossing(task, offsets, ends, shard, what)
+        # Where sorted offsets would cut the tasks into shards. Whether they are sorted
+        # is not asked (a pass and a temporary as large as the batch): each run is
+        # checked to lie in its shard instead, which is all the runs need.
+        cuts = [0, *np.searchsorted(offsets, starts[1:], side="left").tolist(), offsets.size]
+        if all(first <= last for first, last in itertools.pairwise(cuts)) and all(
+            self._holds(
+                shard,
+                offsets[first:last],
+                lengths[first:last] if isinstance(lengths, np.ndarray) else lengths,
+            )
+            for shard, (first, last) in enumerate(itertools.pairwise(cuts))
+        ):
             return Runs.of(list(self.devices), cuts)
+        ends = offsets + lengths
         index = np.searchsorted(starts, offsets, side="right") - 1  # (starts[0] is 0)
         crossing = np.flatnonzero(ends > stops[index])
         if crossing.size:
             task = int(crossing[0])
             raise self._crossing(task, offsets, ends, int(index[task]), what)
         return np.asarray(self.devices, dtype=np.int64)[index]
+
+    def _holds(self, shard: int, offsets: np.ndarray, lengths: int | np.ndarray) -> bool:
+        """Do the tasks with ``offsets`` and ``lengths`` all lie in shard ``shard``?"""
+        if not offsets.size:
+            return True
+        held = self.shards[shard]
+        if int(offsets.min()) < held.start:
+            return False
+        if isinstance(lengths, np.ndarray):
+            end = int((offsets + lengths).max())
+        else:
+            end = int(offsets.max()) + lengths
+        return end <= held.stop
 
     def _crossing(
         self, task: int, offsets: np.ndarray, ends: np.ndarray, shard: int, what: str
