@@ -24,7 +24,8 @@ _SMALL = 1 << 16
 #: A large frame's buffer grows by at most this much ahead of what has arrived, so a
 #: length in a header costs no memory until the bytes it announces come.
 _GROWTH = 1 << 24
-#: The sockets' buffers: a large frame crosses in chunks of about this size.
+#: The sockets' buffers (as far as the host allows: ``net.core.wmem_max`` and
+#: ``rmem_max`` cap them): a large frame crosses in chunks of about this size.
 SOCKET_BUFFER_BYTES = 1 << 22
 
 
