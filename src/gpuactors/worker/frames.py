@@ -21,8 +21,8 @@ from gpuactors.worker.wire import Frame, decode_frame
 _LENGTH_BYTES = 4
 #: Frames up to this size are cut out of one reused buffer (a read may hold several).
 _SMALL = 1 << 16
-#: A large frame's buffer grows by at most this much ahead of what has arrived, so a
-#: length in a header costs no memory until the bytes it announces come.
+#: A large frame is read into buffers of at most this size, each made when the bytes
+#: for it come, so a length in a header costs no memory until its bytes arrive.
 _GROWTH = 1 << 24
 #: The sockets' buffers (as far as the host allows: ``net.core.wmem_max`` and
 #: ``rmem_max`` cap them): a large frame crosses in chunks of about this size.
@@ -71,8 +71,9 @@ class _FrameProtocol(asyncio.BufferedProtocol):
         self._small = bytearray(_SMALL)
         self._start = 0  # the first byte of _small not yet cut into a frame
         self._end = 0  # the end of what was read into _small
-        self._large: bytearray | None = None  # a frame too large for _small, in the making
-        self._large_length = 0
+        self._large: bytearray | None = None  # the buffer a large frame is read into now
+        self._large_done: list[bytearray] = []  # its buffers filled before that one
+        self._large_left = 0  # its bytes not yet read, after those of _large
         self._large_filled = 0
         self._bodies: deque[bytes | bytearray] = deque()
         self._waiter: asyncio.Future[None] | None = None
@@ -94,7 +95,7 @@ class _FrameProtocol(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         if self._large is not None:
             self._large_filled += nbytes
-            self._grow_or_finish()
+            self._next_or_finish()
             return
         self._end += nbytes
         self._cut()
@@ -113,26 +114,32 @@ class _FrameProtocol(asyncio.BufferedProtocol):
                 continue
             if length > _SMALL - _LENGTH_BYTES:
                 arrived = self._end - body_start
-                self._large_length = length
                 self._large = bytearray(min(length, arrived + _GROWTH))
                 self._large[:arrived] = small[body_start : self._end]
+                self._large_left = length - len(self._large)
                 self._large_filled = arrived
                 self._start = self._end = 0
-                self._grow_or_finish()
+                self._next_or_finish()
             return
         if self._start == self._end:
             self._start = self._end = 0
 
-    def _grow_or_finish(self) -> None:
+    def _next_or_finish(self) -> None:
+        """Once the current buffer of a large frame is full: the next buffer, or the
+        frame whole. (A new buffer rather than a larger one: the transport may still
+        hold a view of the full one, and a buffer with views cannot be resized.)"""
         large = self._large
         assert large is not None
         if self._large_filled < len(large):
             return
-        if len(large) < self._large_length:  # room for the next bytes, as they come
-            large.extend(bytes(min(self._large_length - len(large), _GROWTH)))
+        self._large_done.append(large)
+        if self._large_left:
+            self._large = bytearray(min(self._large_left, _GROWTH))
+            self._large_left -= len(self._large)
+            self._large_filled = 0
             return
-        self._large = None
-        self._deliver(large)
+        done, self._large, self._large_done = self._large_done, None, []
+        self._deliver(done[0] if len(done) == 1 else b"".join(done))
 
     def _deliver(self, body: bytes | bytearray) -> None:
         self._bodies.append(body)
