@@ -77,7 +77,9 @@ def split_batch(
                 raise InvalidArgument(f"{where} of op {op.name!r} is a scalar, not an array")
             for device in value.devices:
                 _check_known(device, locator, f"{where} has a shard on")
-            starts = offsets.get(param.name, np.zeros(count, dtype=np.int64))
+            starts = offsets.get(param.name)
+            if starts is None:  # every task at element 0 (made only when so)
+                starts = np.zeros(count, dtype=np.int64)
             length = n if param.length == "n" else int(param.length)
             keys = value.locate(starts, length, where)
             constraints.append((f"where {where} has its data", keys))
