@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuactors.benchmarks.bench_recovery import large_transfers
 from gpuactors.errors import WorkerProtocolError
-from gpuactors.worker import Job
+from gpuactors.worker import IsolationConfig, Job
 from gpuactors.worker.frames import _GROWTH, _SMALL, FrameStream, _FrameProtocol
 from gpuactors.worker.wire import Answer, Faulted, Request, encode_frame
 
@@ -141,3 +144,21 @@ async def test_draining_after_the_other_end_left_raises_connection_error(
             left.write(b"\0" * (1 << 20))
             await left.drain()
             await asyncio.sleep(0)
+
+
+@pytest.fixture
+def _cpu_worker_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    tests = str(Path(__file__).parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]))
+
+
+@pytest.mark.usefixtures("_cpu_worker_importable")
+async def test_large_arrays_cross_an_isolated_engine_both_ways_as_bench_recovery_sends_them() -> (
+    None
+):
+    """Section 4b of bench_recovery, with the CPU stand-in worker: an 8 MB array up and
+    back, checked equal there, and the bare socket echo it is compared with."""
+    isolation = IsolationConfig(worker_module="cpu_worker", standbys=0, start_timeout_s=30.0)
+    through_worker, echoed = await large_transfers(2, isolation)
+    assert len(through_worker) == len(echoed) == 2
+    assert all(seconds > 0 for seconds in (*through_worker, *echoed))

@@ -14,6 +14,9 @@ fault costs the worker, not the caller's process. Sections:
   3. hang: the same around an op that never returns (deadline 50 ms, grace 300 ms).
   4. cost: p50/p99 round trip of one 1024-float job (RemoteArray and by value)
      against a CuPy launch + synchronize in this process.
+  4b. large arrays: an 8 MB array uploaded to the worker and downloaded back,
+     against the same bytes echoed between two processes over a bare socket pair
+     (same run): what the worker protocol costs a large array beyond its bytes.
   5. throughput: jobs/s from 100 concurrent clients.
   6. soak with faults: verified by-value jobs from 100 clients with a bad job every
      20,000; then device memory, worker processes and this process's RSS after
@@ -26,6 +29,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import socket
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -41,8 +46,25 @@ from gpuactors.benchmarks.results import ScriptResults, add_result_options, run_
 from gpuactors.engine import EngineConfig
 from gpuactors.errors import DeviceFault, TaskHung
 from gpuactors.worker import IsolatedEngine, IsolationConfig, JobResult
+from gpuactors.worker.frames import SOCKET_BUFFER_BYTES
 
 N = 1024
+LARGE_BYTES = 8 << 20  # section 4b: about a million-task batch's offsets
+
+#: The other process of section 4b's baseline: echoes length-prefixed messages.
+_ECHO = """
+import socket, sys
+sock = socket.socket(fileno=int(sys.argv[1]))
+while True:
+    head = sock.recv(4, socket.MSG_WAITALL)
+    if len(head) < 4:
+        break
+    body = bytearray(int.from_bytes(head, "big"))
+    view, got = memoryview(body), 0
+    while got < len(body):
+        got += sock.recv_into(view[got:])
+    sock.sendall(head + body)
+"""
 
 
 async def standbys_ready(engine: IsolatedEngine, count: int, timeout: float = 120.0) -> None:
@@ -154,6 +176,57 @@ async def isolation_cost(repeats: int) -> tuple[list[float], list[float]]:
             value_s.append(time.perf_counter() - start)
         await engine.shutdown()
     return remote_s[100:], value_s[100:]
+
+
+async def large_transfers(
+    repeats: int, isolation: IsolationConfig | None = None
+) -> tuple[list[float], list[float]]:
+    """Section 4b: seconds for an 8 MB upload plus its download through an isolated
+    engine, and for an echo of the same bytes over a bare socket pair (the same socket
+    buffers the worker's socket asks for), each ``repeats`` times."""
+    host = np.arange(LARGE_BYTES // 8, dtype=np.float64)
+    through_worker = []
+    async with ActorSystem("bench-recovery") as system:
+        engine = await IsolatedEngine.start(
+            system, isolation=isolation or IsolationConfig(standbys=0)
+        )
+        for _ in range(repeats + 2):
+            start = time.perf_counter()
+            remote = await engine.upload(host)
+            back = await engine.download(remote)
+            through_worker.append(time.perf_counter() - start)
+            await engine.free(remote)
+        assert np.array_equal(back, host), "the array came back changed"
+        await engine.shutdown()
+    return through_worker[2:], socket_echo(host.tobytes(), repeats)
+
+
+def socket_echo(payload: bytes, repeats: int) -> list[float]:
+    """Seconds to send ``payload`` to another process and receive it back, each time."""
+    ours, theirs = socket.socketpair()
+    for end in (ours, theirs):
+        for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            end.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER_BYTES)
+    echo = subprocess.Popen(
+        [sys.executable, "-c", _ECHO, str(theirs.fileno())], pass_fds=(theirs.fileno(),)
+    )
+    theirs.close()
+    message = len(payload).to_bytes(4, "big") + payload
+    received = bytearray(len(message))
+    times = []
+    try:
+        for _ in range(repeats + 2):
+            start = time.perf_counter()
+            ours.sendall(message)
+            view, got = memoryview(received), 0
+            while got < len(received):
+                got += ours.recv_into(view[got:])
+            times.append(time.perf_counter() - start)
+        assert received[4:] == payload, "the echo came back changed"
+    finally:
+        ours.close()
+        echo.wait(timeout=10)
+    return times[2:]
 
 
 async def isolated_throughput(clients: int, per_client: int) -> float:
@@ -336,6 +409,20 @@ def measure(args: argparse.Namespace, results: ScriptResults) -> None:
     print(f"4. one {N}-float fill, round trip: CuPy launch+sync in this process {pct(base)}")
     print(f"   isolated job, RemoteArray: {pct(remote_s)} ({np.median(remote_s) / b50:.2f}x CuPy)")
     print(f"   isolated job, by value:    {pct(value_s)} ({np.median(value_s) / b50:.2f}x CuPy)")
+    worker_s, echo_s = asyncio.run(large_transfers(max(10, args.repeats // 100)))
+    worker_ms, echo_ms = float(np.median(worker_s)) * 1e3, float(np.median(echo_s)) * 1e3
+    results.compare(
+        "8 MB array: upload + download through the worker",
+        worker_ms,
+        baseline_label="the same bytes echoed over a bare socket pair",
+        baseline_value=echo_ms,
+        unit="ms",
+        higher_is_better=False,
+    )
+    print(
+        f"4b. an 8 MB array uploaded and downloaded through the worker: {worker_ms:.2f} ms | "
+        f"echoed over a bare socket pair {echo_ms:.2f} ms | {worker_ms / echo_ms:.2f}x"
+    )
     rate = asyncio.run(isolated_throughput(100, 200))
     results.figure("100 concurrent clients, RemoteArray fill jobs", rate, "jobs/s")
     print(f"5. 100 concurrent clients, RemoteArray fill jobs: {rate:,.0f} jobs/s")
