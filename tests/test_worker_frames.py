@@ -162,3 +162,16 @@ async def test_large_arrays_cross_an_isolated_engine_both_ways_as_bench_recovery
     through_worker, echoed = await large_transfers(2, isolation)
     assert len(through_worker) == len(echoed) == 2
     assert all(seconds > 0 for seconds in (*through_worker, *echoed))
+
+
+async def test_after_the_end_every_read_says_why_no_frame_comes() -> None:
+    ended, broken = _FrameProtocol(), _FrameProtocol()
+    feed(ended, framed([b"last"]), [1 << 16])
+    ended.eof_received()
+    broken.connection_lost(OSError("reset by peer"))
+    assert await ended.next_body() == b"last"  # what came before the end is still read
+    for _ in range(2):
+        with pytest.raises(asyncio.IncompleteReadError):
+            await ended.next_body()
+        with pytest.raises(ConnectionResetError, match="reset by peer"):
+            await broken.next_body()
