@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 from collections.abc import AsyncIterator, Iterator, MutableMapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,3 +38,11 @@ async def no_loop_errors() -> AsyncIterator[list[dict[str, Any]]]:
     yield errors
     gc.collect()
     assert errors == []
+
+
+@pytest.fixture
+def cpu_worker_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Worker processes can import ``cpu_worker`` (the CPU stand-in worker in tests/),
+    for ``IsolationConfig(worker_module="cpu_worker")``."""
+    tests = str(Path(__file__).parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]))

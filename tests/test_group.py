@@ -8,9 +8,7 @@ are fakes here; test_group_gpu.py runs the same things on two real GPUs.
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -410,10 +408,9 @@ async def test_bad_groups_and_messages_are_typed_errors(system: ActorSystem) -> 
 
 # ------------------------------------------------- isolated engines (CPU worker)
 @pytest.mark.slow
-async def test_isolated_members_route_by_remote_array(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.usefixtures("cpu_worker_importable")
+async def test_isolated_members_route_by_remote_array() -> None:
     """Two real IsolatedEngines (workers: the CPU stand-in of test_worker_supervision.py)."""
-    tests = str(Path(__file__).parent)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]))
     isolation = IsolationConfig(worker_module="cpu_worker", start_timeout_s=30.0, standbys=0)
     async with ActorSystem("group-isolated") as system:
         group = await EngineGroup.start(system, devices=(0, 1), isolation=isolation)

@@ -42,16 +42,10 @@ from gpuactors.worker.wire import (
     encode_frame,
 )
 
-TESTS = str(Path(__file__).parent)
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # No task deadline: only a prompt failure can end a request that a broken worker holds
 # (the watchdog never fires), so a test that passes shows no watchdog wait.
 NO_DEADLINE = EngineConfig(default_task_timeout_s=None)
-
-
-@pytest.fixture
-def _cpu_worker_importable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
 
 
 def cpu_isolation() -> IsolationConfig:
@@ -77,7 +71,7 @@ def plant_shadows(folder: Path) -> Path:
     return marker
 
 
-@pytest.mark.usefixtures("_cpu_worker_importable")
+@pytest.mark.usefixtures("cpu_worker_importable")
 @pytest.mark.parametrize("module", ["cpu_worker", "gpuactors.worker"])
 async def test_the_working_directory_cannot_shadow_the_workers_imports(
     module: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -107,7 +101,7 @@ def test_the_worker_path_holds_absolute_folders_only(monkeypatch: pytest.MonkeyP
 
 
 # -------------------------------------------- item 11: worker -> parent
-@pytest.mark.usefixtures("_cpu_worker_importable")
+@pytest.mark.usefixtures("cpu_worker_importable")
 @pytest.mark.parametrize(
     "misbehaviour", ["reply_pickle", "reply_garbage", "reply_wrong_answer", "reply_wrong_rid"]
 )
@@ -132,7 +126,7 @@ async def test_a_broken_answer_fails_what_the_worker_held_at_once(
         await engine.shutdown()
 
 
-@pytest.mark.usefixtures("_cpu_worker_importable")
+@pytest.mark.usefixtures("cpu_worker_importable")
 @pytest.mark.parametrize("misbehaviour", ["boot_pickle", "boot_garbage", "boot_wrong_answer"])
 async def test_a_broken_boot_answer_is_a_typed_error(misbehaviour: str, tmp_path: Path) -> None:
     marker = tmp_path / "PICKLE_RAN"

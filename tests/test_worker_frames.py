@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -146,13 +144,7 @@ async def test_draining_after_the_other_end_left_raises_connection_error(
             await asyncio.sleep(0)
 
 
-@pytest.fixture
-def _cpu_worker_importable(monkeypatch: pytest.MonkeyPatch) -> None:
-    tests = str(Path(__file__).parent)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]))
-
-
-@pytest.mark.usefixtures("_cpu_worker_importable")
+@pytest.mark.usefixtures("cpu_worker_importable")
 async def test_large_arrays_cross_an_isolated_engine_both_ways_as_bench_recovery_sends_them() -> (
     None
 ):

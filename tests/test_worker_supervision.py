@@ -28,13 +28,7 @@ from gpuactors.errors import (
 )
 from gpuactors.worker import IsolatedEngine, IsolationConfig, JobResult, WorkerHealth
 
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(autouse=True)
-def _cpu_worker_importable(monkeypatch: pytest.MonkeyPatch) -> None:
-    tests = str(Path(__file__).parent)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]))
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cpu_worker_importable")]
 
 
 def cpu_isolation(**changes: object) -> IsolationConfig:
