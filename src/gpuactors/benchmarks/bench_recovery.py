@@ -46,7 +46,7 @@ from gpuactors.benchmarks.results import ScriptResults, add_result_options, run_
 from gpuactors.engine import EngineConfig
 from gpuactors.errors import DeviceFault, TaskHung
 from gpuactors.worker import IsolatedEngine, IsolationConfig, JobResult
-from gpuactors.worker.frames import SOCKET_BUFFER_BYTES
+from gpuactors.worker.frames import enlarge_buffers
 
 N = 1024
 LARGE_BYTES = 8 << 20  # section 4b: about a million-task batch's offsets
@@ -205,8 +205,7 @@ def socket_echo(payload: bytes, repeats: int) -> list[float]:
     """Seconds to send ``payload`` to another process and receive it back, each time."""
     ours, theirs = socket.socketpair()
     for end in (ours, theirs):
-        for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-            end.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER_BYTES)
+        enlarge_buffers(end)
     echo = subprocess.Popen(
         [sys.executable, "-c", _ECHO, str(theirs.fileno())], pass_fds=(theirs.fileno(),)
     )

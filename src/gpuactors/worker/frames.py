@@ -29,6 +29,12 @@ _GROWTH = 1 << 24
 SOCKET_BUFFER_BYTES = 1 << 22
 
 
+def enlarge_buffers(sock: socket.socket) -> None:
+    """Ask for ``SOCKET_BUFFER_BYTES`` of send and receive buffer on ``sock``."""
+    for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER_BYTES)
+
+
 class FrameStream:
     """Frames in (``read``), bytes out (``write``, ``drain``), over one socket."""
 
@@ -39,8 +45,7 @@ class FrameStream:
     @classmethod
     async def open(cls, sock: socket.socket) -> FrameStream:
         """The stream over ``sock`` (one end of a socket pair), its buffers enlarged."""
-        for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-            sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER_BYTES)
+        enlarge_buffers(sock)
         loop = asyncio.get_running_loop()
         transport, protocol = await loop.create_unix_connection(_FrameProtocol, sock=sock)
         return cls(transport, protocol)
