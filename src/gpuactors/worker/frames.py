@@ -16,9 +16,8 @@ import asyncio
 import socket
 from collections import deque
 
-from gpuactors.worker.wire import Frame, decode_frame
+from gpuactors.worker.wire import LENGTH_BYTES, Frame, decode_frame
 
-_LENGTH_BYTES = 4
 #: Frames up to this size are cut out of one reused buffer (a read may hold several).
 _SMALL = 1 << 16
 #: A large frame is read into buffers of at most this size, each made when the bytes
@@ -110,15 +109,15 @@ class _FrameProtocol(asyncio.BufferedProtocol):
         """Cut every whole frame out of ``_small``; a frame too large for it moves to
         a buffer of its own, which the socket then fills directly."""
         small = self._small
-        while self._end - self._start >= _LENGTH_BYTES:
-            body_start = self._start + _LENGTH_BYTES
+        while self._end - self._start >= LENGTH_BYTES:
+            body_start = self._start + LENGTH_BYTES
             length = int.from_bytes(small[self._start : body_start], "big")
             body_end = body_start + length
             if body_end <= self._end:
                 self._deliver(bytes(small[body_start:body_end]))
                 self._start = body_end
                 continue
-            if length > _SMALL - _LENGTH_BYTES:
+            if length > _SMALL - LENGTH_BYTES:
                 arrived = self._end - body_start
                 self._large = bytearray(min(length, arrived + _GROWTH))
                 self._large[:arrived] = small[body_start : self._end]

@@ -60,7 +60,8 @@ from gpuactors.worker.messages import (
     Upload,
 )
 
-_LENGTH_BYTES = 4
+#: The size of a frame's length prefix, and of its header's (big-endian).
+LENGTH_BYTES = 4
 MAX_FRAME_BYTES = (1 << 32) - 1
 
 
@@ -192,12 +193,12 @@ def encode_frame(frame: Frame) -> bytes:
         raise
     except (ValueError, TypeError, RecursionError) as exc:  # an int too long for JSON, a cycle
         raise InvalidArgument(f"it cannot be encoded: {exc}") from None
-    length = _LENGTH_BYTES + len(header) + sum(sizes)
+    length = LENGTH_BYTES + len(header) + sum(sizes)
     if length > MAX_FRAME_BYTES:
         raise InvalidArgument(
             f"it is {length} bytes long, over the worker protocol's {MAX_FRAME_BYTES}"
         )
-    prefix = length.to_bytes(_LENGTH_BYTES, "big") + len(header).to_bytes(_LENGTH_BYTES, "big")
+    prefix = length.to_bytes(LENGTH_BYTES, "big") + len(header).to_bytes(LENGTH_BYTES, "big")
     return b"".join([prefix, header, *segments])
 
 
@@ -205,13 +206,13 @@ def decode_frame(body: bytes | bytearray) -> Frame:
     """The frame whose body (what follows the length) is ``body``; WorkerProtocolError
     for anything else."""
     view = memoryview(body)
-    if len(view) < _LENGTH_BYTES:
+    if len(view) < LENGTH_BYTES:
         raise WorkerProtocolError(f"a frame of {len(view)} bytes has no header")
-    header_end = _LENGTH_BYTES + int.from_bytes(view[:_LENGTH_BYTES], "big")
+    header_end = LENGTH_BYTES + int.from_bytes(view[:LENGTH_BYTES], "big")
     if header_end > len(view):
         raise WorkerProtocolError("a frame's header runs past its end")
     try:
-        header = json.loads(str(view[_LENGTH_BYTES:header_end], "ascii"))
+        header = json.loads(str(view[LENGTH_BYTES:header_end], "ascii"))
     except (ValueError, RecursionError) as exc:  # not JSON (a pickle, say), or nested absurdly
         raise WorkerProtocolError(f"a frame's header is not JSON: {exc}") from None
     if not isinstance(header, dict) or set(header) != {"value", "segments"}:
