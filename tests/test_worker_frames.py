@@ -15,7 +15,16 @@ from gpuactors.benchmarks.bench_recovery import large_transfers
 from gpuactors.errors import WorkerProtocolError
 from gpuactors.worker import IsolationConfig, Job
 from gpuactors.worker.frames import _GROWTH, _SMALL, FrameStream, _FrameProtocol
-from gpuactors.worker.wire import Answer, Faulted, Request, encode_frame
+from gpuactors.worker.wire import (
+    IN_PLACE_BYTES,
+    Answer,
+    Faulted,
+    Frame,
+    Request,
+    decode_frame,
+    encode_frame,
+    frame_buffers,
+)
 
 
 def body(length: int, seed: int) -> bytes:
@@ -81,6 +90,30 @@ def test_a_length_in_a_header_costs_no_memory_until_its_bytes_come() -> None:
     assert not protocol._bodies
 
 
+def test_large_arrays_are_sent_from_where_they_lie_and_small_pieces_joined() -> None:
+    big = np.arange(IN_PLACE_BYTES // 8, dtype=np.int64)  # exactly the in-place size
+    other = np.ones(3 * IN_PLACE_BYTES, dtype=np.uint8)
+    small = np.arange(4.0)  # 32 bytes: joined to what comes before it
+    job = Job(op="fill", args=(small, big, small, small, other, small), n=4)
+    buffers = frame_buffers(Request(rid=7, message=job))
+    # the header and the first small array; big; two small arrays; other; the last one
+    assert [type(b) for b in buffers] == [bytes, memoryview, bytes, memoryview, bytes]
+    assert np.shares_memory(np.frombuffer(buffers[1], np.uint8), big)
+    assert np.shares_memory(np.frombuffer(buffers[3], np.uint8), other)
+    whole = b"".join(buffers)
+    assert whole == encode_frame(Request(rid=7, message=job))
+    assert int.from_bytes(whole[:4], "big") == len(whole) - 4
+    decoded = decode_frame(whole[4:])
+    assert isinstance(decoded, Request) and isinstance(decoded.message, Job)
+    for sent, got in zip(job.args, decoded.message.args, strict=True):
+        np.testing.assert_array_equal(got, sent)
+
+
+def test_a_small_frame_is_one_buffer() -> None:
+    frame = Request(rid=1, message=Job(op="fill", args=(np.arange(4.0), 2.5), n=4))
+    assert frame_buffers(frame) == (encode_frame(frame),)
+
+
 @pytest.fixture
 async def pair() -> AsyncIterator[tuple[FrameStream, FrameStream]]:
     ours, theirs = socket.socketpair()
@@ -94,9 +127,13 @@ async def test_frames_round_trip_through_a_socket(pair: tuple[FrameStream, Frame
     left, right = pair
     job = Job(op="fill", args=(np.arange(4.0), 2.5), n=4)
     big = np.random.default_rng(1).standard_normal((5 << 20) + 3)  # 40 MB: three buffers
-    sent = [Request(rid=1, message=job), Faulted(reason="x" * 70000), Answer(rid=2, value=big)]
+    sent: list[Frame] = [
+        Request(rid=1, message=job),
+        Faulted(reason="x" * 70000),
+        Answer(rid=2, value=big),
+    ]
     for frame in sent:
-        left.write(encode_frame(frame))
+        left.write(*frame_buffers(frame))  # as both ends send them
     await left.drain()
     first = await right.read()
     assert isinstance(first, Request) and first.rid == 1

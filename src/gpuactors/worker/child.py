@@ -58,7 +58,7 @@ from gpuactors.worker.wire import (
     LaunchRan,
     Ready,
     Request,
-    encode_frame,
+    frame_buffers,
     wire_error,
 )
 
@@ -87,7 +87,7 @@ class WorkerHost:
         self.done = asyncio.Event()
 
     def send(self, frame: Frame) -> None:
-        self._stream.write(encode_frame(frame))
+        self._stream.write(*frame_buffers(frame))
 
     async def serve(self, rid: int, message: Message) -> None:
         try:
@@ -98,12 +98,12 @@ class WorkerHost:
             self.send(Failure(rid=rid, error=wire_error(exc)))
             return
         try:
-            answer = encode_frame(Answer(rid=rid, value=reply))
+            answer = frame_buffers(Answer(rid=rid, value=reply))
         except InvalidArgument as exc:  # a reply this protocol cannot carry: our bug
             error = WorkerError(f"the worker's reply cannot be sent: {exc}")
             self.send(Failure(rid=rid, error=error))
         else:
-            self._stream.write(answer)
+            self._stream.write(*answer)
         if isinstance(message, Shutdown):
             self.done.set()
 
@@ -264,7 +264,7 @@ async def serve(fd: int) -> int:
                 full_policy=boot.full_policy,
             )
         except Exception as exc:  # e.g. NoCudaDevice: the parent raises it
-            stream.write(encode_frame(BootFailed(error=wire_error(exc))))
+            stream.write(*frame_buffers(BootFailed(error=wire_error(exc))))
             await stream.drain()
             return 1
         host = WorkerHost(engine, stream, system, boot.device_id)

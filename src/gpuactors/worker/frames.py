@@ -54,10 +54,14 @@ class FrameStream:
         ConnectionError where it broke), WorkerProtocolError for a malformed one."""
         return decode_frame(await self._protocol.next_body())
 
-    def write(self, frame: bytes) -> None:
-        """Send ``frame`` (from ``encode_frame``); the transport buffers what the socket
-        does not take at once."""
-        self._transport.write(frame)
+    def write(self, *buffers: bytes | memoryview) -> None:
+        """Send a frame: its bytes (``encode_frame``) or its buffers in order
+        (``frame_buffers``). The transport keeps what the socket does not take at once
+        (Python 3.12 as views of the buffers, 3.11 as a copy). One ``write`` per buffer,
+        not ``writelines``: that one's flow control has had bugs (CPython issues 127655
+        and 136234)."""
+        for buffer in buffers:
+            self._transport.write(buffer)
 
     async def drain(self) -> None:
         """Wait until what was written has gone to the socket (ConnectionError if the

@@ -25,7 +25,7 @@ from gpuactors.errors import WorkerError, WorkerProtocolError
 from gpuactors.logs import get_logger
 from gpuactors.worker.frames import FrameStream
 from gpuactors.worker.messages import BootSpec
-from gpuactors.worker.wire import Boot, BootFailed, Frame, Ready, encode_frame
+from gpuactors.worker.wire import Boot, BootFailed, Frame, FrameBuffers, Ready, frame_buffers
 
 log = get_logger(component="worker")
 
@@ -95,7 +95,7 @@ class WorkerProcess:
         stream: FrameStream | None = None
         try:
             stream = await FrameStream.open(ours)
-            stream.write(encode_frame(Boot(spec=boot)))
+            stream.write(*frame_buffers(Boot(spec=boot)))
             frame = await asyncio.wait_for(stream.read(), timeout)
         except (asyncio.IncompleteReadError, ConnectionError, TimeoutError) as exc:
             _abandon(process, stream, ours)
@@ -148,11 +148,11 @@ class WorkerProcess:
         if not self.closed:
             self._on_closed(error)
 
-    def send(self, frame: bytes) -> None:
-        """Send one frame made by :func:`~gpuactors.worker.wire.encode_frame`."""
+    def send(self, frame: FrameBuffers) -> None:
+        """Send one frame made by :func:`~gpuactors.worker.wire.frame_buffers`."""
         if self.closed:
             raise WorkerError(f"worker {self.pid} is closed")
-        self._stream.write(frame)
+        self._stream.write(*frame)
 
     def kill(self) -> None:
         """Stop the worker now (SIGKILL): a faulted context must not be waited on."""

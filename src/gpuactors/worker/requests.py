@@ -12,7 +12,7 @@ from gpuactors.engine.messages import EnqueueBatch
 from gpuactors.errors import DeviceFault, GpuActorsError, GpuRefStale, InvalidArgument
 from gpuactors.messages import Message
 from gpuactors.worker.messages import Download, Free, Job, LaunchJob, RemoteArray, RemoteKernel
-from gpuactors.worker.wire import Request, encode_frame
+from gpuactors.worker.wire import FrameBuffers, Request, frame_buffers
 
 
 @dataclass(eq=False)
@@ -21,7 +21,7 @@ class PendingRequest:
 
     rid: int
     message: Message
-    frame: bytes  # the message as sent, encoded once (an unsendable one is refused early)
+    frame: FrameBuffers  # the message as sent, encoded once (an unsendable one is refused early)
     future: asyncio.Future[Any] | None  # None: an internal replay nobody waits on
     attempts: int = 0
     alone: bool = False  # sent only when nothing else is in flight, and nothing with it
@@ -56,7 +56,7 @@ class RequestBook:
         """A request with its frame; InvalidArgument if the message cannot be sent."""
         rid = self._next_rid
         try:
-            frame = encode_frame(Request(rid=rid, message=msg))
+            frame = frame_buffers(Request(rid=rid, message=msg))
         except InvalidArgument as exc:  # e.g. an object array, or a frame over 4 GiB
             raise InvalidArgument(
                 f"{type(msg).__name__} cannot be sent to the worker process: {exc}"

@@ -182,8 +182,20 @@ _CODEC = Codec(
 
 
 # ----------------------------------------------------------------- framing
-def encode_frame(frame: Frame) -> bytes:
-    """The bytes of ``frame``; InvalidArgument if something in it cannot be sent."""
+#: An array of at least this many bytes is sent from where it lies; smaller pieces are
+#: joined with the header, so a small frame is one buffer and one system call.
+IN_PLACE_BYTES = 1 << 16
+
+#: A frame as the buffers to write, in order (see :func:`frame_buffers`).
+FrameBuffers = tuple[bytes | memoryview, ...]
+
+
+def frame_buffers(frame: Frame) -> FrameBuffers:
+    """The bytes of ``frame`` as buffers to write in order: the header with the small
+    arrays' bytes joined to it, and each large array's bytes where the array holds them.
+    Not copying is the point: a batch of a million tasks carries 8 MB of offsets.
+    So an array must keep its values until its buffers have been written (a request's
+    arrays: until its reply). InvalidArgument if something in it cannot be sent."""
     segments: list[memoryview] = []
     try:
         tree = _CODEC.encode(frame, segments)
@@ -199,7 +211,23 @@ def encode_frame(frame: Frame) -> bytes:
             f"it is {length} bytes long, over the worker protocol's {MAX_FRAME_BYTES}"
         )
     prefix = length.to_bytes(LENGTH_BYTES, "big") + len(header).to_bytes(LENGTH_BYTES, "big")
-    return b"".join([prefix, header, *segments])
+    buffers: list[bytes | memoryview] = []
+    joined: list[bytes | memoryview] = [prefix, header]
+    for segment in segments:
+        if segment.nbytes < IN_PLACE_BYTES:
+            joined.append(segment)
+            continue
+        buffers.append(b"".join(joined))
+        buffers.append(segment)
+        joined = []
+    if joined:
+        buffers.append(b"".join(joined))
+    return tuple(buffers)
+
+
+def encode_frame(frame: Frame) -> bytes:
+    """The bytes of ``frame`` in one piece (:func:`frame_buffers`, joined)."""
+    return b"".join(frame_buffers(frame))
 
 
 def decode_frame(body: bytes | bytearray) -> Frame:
