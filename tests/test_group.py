@@ -196,6 +196,19 @@ async def test_a_batch_with_a_task_across_two_devices_is_refused_whole(
             EnqueueBatch(op="fill", args=(y, 1.0), n=1, offsets={"out": np.array([0])}),
             devices=1,
         )
+    for offsets, task in ((np.array([-1, 0, 5]), 0), (np.array([5, -2, 0]), 1)):  # in order, not
+        with pytest.raises(
+            InvalidArgument, match=rf"task {task} starts at element -\d \(offsets must not be"
+        ):
+            await group.enqueue_batch(
+                EnqueueBatch(op="fill", args=(y, 1.0), n=1, offsets={"out": offsets})
+            )
+    outs = PerDevice({d: await group.upload(np.zeros(4, np.float32), device=d) for d in (0, 1)})
+    with pytest.raises(InvalidArgument, match=r"offsets\['out'\] must not be negative"):
+        await group.enqueue_batch(
+            EnqueueBatch(op="fill", args=(outs, 1.0), n=1, offsets={"out": np.array([0, -1])}),
+            devices=np.array([0, 1]),
+        )
     assert journal.entries == []
 
 

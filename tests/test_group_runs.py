@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from itertools import pairwise
 
 import numpy as np
@@ -9,10 +10,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpuactors.engine.messages import EnqueueBatch
+from gpuactors.engine.ops import BUILTIN_OPS
 from gpuactors.errors import InvalidArgument
-from gpuactors.group.batches import _agreed_keys, _runs
+from gpuactors.group import passes
+from gpuactors.group.batches import _agreed_keys, _runs, split_batch
+from gpuactors.group.routing import Locator
 from gpuactors.group.runs import Runs
 from gpuactors.group.sharded import Shard, ShardedArray
+from gpuactors.worker.messages import RemoteArray
 
 # (key, run length) pairs: runs that may be empty and may repeat a neighbour's key
 RUN_LISTS = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 5)), max_size=8)
@@ -116,3 +122,45 @@ def test_locate_finds_each_tasks_shard_or_names_the_first_that_crosses_one(
     np.testing.assert_array_equal(per_task, np.array(holder, dtype=np.int64).reshape(-1))
     if in_order:
         assert isinstance(found, Runs)  # no array of one key per task
+
+
+def test_passes_run_on_threads_only_for_a_large_batch_in_order_with_their_errors() -> None:
+    def thread_of(item: int) -> tuple[int, str]:
+        if item == 99:
+            raise InvalidArgument("item 99")
+        return item, threading.current_thread().name
+
+    in_line = passes.each(thread_of, range(4), passes.THREADED_TASKS - 1)
+    assert in_line == [(item, threading.current_thread().name) for item in range(4)]
+    threaded = passes.each(thread_of, range(4), passes.THREADED_TASKS)
+    assert [item for item, _ in threaded] == [0, 1, 2, 3]
+    assert all(name.startswith("gpuactors-split") for _, name in threaded)
+    with pytest.raises(InvalidArgument, match="item 99"):
+        passes.each(thread_of, [0, 99, 1], passes.THREADED_TASKS)
+
+
+def test_a_large_batch_split_on_threads_gives_the_parts_of_the_split_in_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    shard_size, devices = 1 << 17, 4
+    locator = Locator(range(devices))
+    shards = []
+    for device in range(devices):
+        remote = RemoteArray(id=device, shape=(shard_size,), dtype="float32", generation=1)
+        start = device * shard_size
+        shards.append(Shard(device, start, start + shard_size, remote))
+    out = ShardedArray(tuple(shards), "float32", (devices * shard_size,))
+    count = devices * shard_size  # at the threshold: the passes go to threads
+    assert count >= passes.THREADED_TASKS
+    batch = EnqueueBatch(op="fill", args=(out, 1.0), n=1, offsets={"out": np.arange(count)})
+    fill = next(op for op in BUILTIN_OPS if op.name == "fill")
+    threaded = split_batch(batch, fill, locator, spread_over=range(devices))
+    monkeypatch.setattr(passes, "THREADED_TASKS", count + 1)
+    in_line = split_batch(batch, fill, locator, spread_over=range(devices))
+    assert [part.key for part in threaded] == [part.key for part in in_line] == [0, 1, 2, 3]
+    for device, (ours, theirs) in enumerate(zip(threaded, in_line, strict=True)):
+        assert ours.tasks == theirs.tasks == slice(device * shard_size, (device + 1) * shard_size)
+        assert ours.message.args[0] is shards[device].array
+        local = np.arange(shard_size)  # each shard's offsets, from its own element 0
+        np.testing.assert_array_equal(ours.message.offsets["out"], local)
+        np.testing.assert_array_equal(theirs.message.offsets["out"], local)

@@ -20,6 +20,7 @@ import numpy as np
 from gpuactors.engine.messages import BatchCompletion, EnqueueBatch
 from gpuactors.engine.ops import ArrayParam, OpSpec
 from gpuactors.errors import InvalidArgument, WrongDevice
+from gpuactors.group import passes
 from gpuactors.group.messages import GroupBatchCompletion
 from gpuactors.group.routing import Locator
 from gpuactors.group.runs import Runs
@@ -65,7 +66,13 @@ def split_batch(
         )
     count = _task_count(batch, devices)
     n = int(batch.n) if _is_count(batch.n) else _column(batch.n, "n")
-    offsets = {name: _column(v, f"offsets[{name!r}]") for name, v in batch.offsets.items()}
+    offsets = {name: _int_column(v, f"offsets[{name!r}]") for name, v in batch.offsets.items()}
+    sharded = {
+        p.name for p, v in zip(op.params, batch.args, strict=True) if isinstance(v, ShardedArray)
+    }
+    for name, column in offsets.items():
+        if name not in sharded:  # ShardedArray.locate checks the others, their sign too
+            _check_not_negative(column, f"offsets[{name!r}]")
     constraints: list[tuple[str, Keys]] = []
     if devices is not None:
         given = _given_keys(devices, count, locator)
@@ -89,10 +96,12 @@ def split_batch(
                 _check_known(key, locator, f"{where} lives on")
                 constraints.append((f"where {where} lives", Runs.one(key, count)))
     keys = _agreed_keys(constraints, count, spread_over, locator.noun)
-    return [
-        BatchPart(key, tasks, _part_message(batch, op, key, tasks, n, offsets))
-        for key, tasks in _runs(keys)
-    ]
+
+    def part(run: tuple[int, Tasks]) -> BatchPart:
+        key, tasks = run
+        return BatchPart(key, tasks, _part_message(batch, op, key, tasks, n, offsets))
+
+    return passes.each(part, _runs(keys), count)
 
 
 def join_replies(
@@ -116,7 +125,14 @@ def _is_count(value: object) -> bool:
 
 
 def _column(values: Any, what: str) -> np.ndarray:
-    """A per-task integer column (offsets, n, devices) as int64, checked."""
+    """A per-task integer column (n, devices) as int64, checked (its sign too)."""
+    column = _int_column(values, what)
+    _check_not_negative(column, what)
+    return column
+
+
+def _int_column(values: Any, what: str) -> np.ndarray:
+    """A per-task integer column as int64, its sign not checked yet."""
     try:
         array = np.asarray(values)
     except Exception as exc:  # ragged lists, objects NumPy cannot hold
@@ -125,9 +141,12 @@ def _column(values: Any, what: str) -> np.ndarray:
         raise InvalidArgument(
             f"{what} must be a 1-D integer array, got {array.dtype} {array.shape}"
         )
-    if array.size and array.min() < 0:
-        raise InvalidArgument(f"{what} must not be negative")
     return array.astype(np.int64, copy=False)
+
+
+def _check_not_negative(column: np.ndarray, what: str) -> None:
+    if column.size and column.min() < 0:
+        raise InvalidArgument(f"{what} must not be negative")
 
 
 def _given_keys(devices: Any, count: int, locator: Locator) -> Keys:

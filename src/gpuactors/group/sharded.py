@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from gpuactors.errors import InvalidArgument, WrongDevice
+from gpuactors.group import passes
 from gpuactors.group.runs import Runs
 
 
@@ -81,22 +82,30 @@ class ShardedArray:
         offsets fall into the shards in order (the usual case: a min and a max over
         each run, no search per task), else one device per task. InvalidArgument names
         the first task whose range crosses a shard's end (a task runs on one engine
-        and sees one shard)."""
+        and sees one shard) or starts before element 0."""
         starts = np.fromiter((s.start for s in self.shards), np.int64, len(self.shards))
         stops = np.fromiter((s.stop for s in self.shards), np.int64, len(self.shards))
         # Where sorted offsets would cut the tasks into shards. Whether they are sorted
         # is not asked (a pass and a temporary as large as the batch): each run is
         # checked to lie in its shard instead, which is all the runs need.
         cuts = [0, *np.searchsorted(offsets, starts[1:], side="left").tolist(), offsets.size]
-        if all(first <= last for first, last in itertools.pairwise(cuts)) and all(
-            self._holds(
-                shard,
-                offsets[first:last],
-                lengths[first:last] if isinstance(lengths, np.ndarray) else lengths,
-            )
-            for shard, (first, last) in enumerate(itertools.pairwise(cuts))
+        runs = list(enumerate(itertools.pairwise(cuts)))
+
+        def run_held(run: tuple[int, tuple[int, int]]) -> bool:
+            shard, (first, last) = run
+            length = lengths[first:last] if isinstance(lengths, np.ndarray) else lengths
+            return self._holds(shard, offsets[first:last], length)
+
+        if all(first <= last for _, (first, last) in runs) and all(
+            passes.each(run_held, runs, offsets.size)
         ):
             return Runs.of(list(self.devices), cuts)
+        if offsets.size and int(offsets.min()) < 0:
+            task = int(np.flatnonzero(offsets < 0)[0])
+            raise InvalidArgument(
+                f"{what}: task {task} starts at element {int(offsets[task])} (offsets must "
+                "not be negative)"
+            )
         ends = offsets + lengths
         index = np.searchsorted(starts, offsets, side="right") - 1  # (starts[0] is 0)
         crossing = np.flatnonzero(ends > stops[index])
