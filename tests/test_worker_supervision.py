@@ -18,6 +18,7 @@ import pytest
 from gpuactors.actors import ActorSystem
 from gpuactors.engine import ArrayParam, EngineConfig, EnqueueBatch, OpSpec
 from gpuactors.errors import (
+    AskTimeout,
     DeviceFailed,
     DeviceFault,
     EngineStopped,
@@ -26,7 +27,7 @@ from gpuactors.errors import (
     TaskHung,
     UnknownOp,
 )
-from gpuactors.worker import IsolatedEngine, IsolationConfig, JobResult, WorkerHealth
+from gpuactors.worker import IsolatedEngine, IsolationConfig, Job, JobResult, WorkerHealth
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cpu_worker_importable")]
 
@@ -202,8 +203,24 @@ async def test_a_crash_outside_any_job_is_found_among_suspects() -> None:
         with pytest.raises(DeviceFault, match="Upload"):
             await engine.upload(np.zeros(0, np.float32))  # crashes its worker
         assert np.all((await slow).arrays[0] == 2.0)  # a suspect, re-run alone: innocent
-        health = await engine.health()
+        # The culprit's caller hears of it before the second replacement is in place.
+        health = await restarts_reach(engine, 2)
         assert health.culprits == 1 and health.restarts == 2 and health.state == "serving"
+
+
+async def test_a_request_whose_asker_gave_up_before_it_was_sent_is_never_sent() -> None:
+    async with ActorSystem("sup") as system:
+        engine = await IsolatedEngine.start(system, isolation=cpu_isolation(standbys=0))
+        with pytest.raises(DeviceFault, match="Upload"):
+            await engine.upload(np.zeros(0, np.float32))  # crashes its worker, alone: culprit
+        # No spare: a request waits in the queue while the next worker boots.
+        data = np.zeros(4, np.float32)
+        with pytest.raises(AskTimeout):
+            await engine.ref.ask(Job(op="fill", args=(data, 1.0), n=4), timeout=0.05)
+        data[:] = 7.0  # the caller's array is its own again: the job must not read it now
+        await restarts_reach(engine, 1)
+        assert np.all((await engine.run("fill", data, 1.0, n=4)).arrays[0] == 1.0)
+        assert (await engine.stats()).processed == 1  # that one only: the other never went
 
 
 async def test_shutdown_answers_everything_and_refuses_what_comes_after() -> None:

@@ -36,15 +36,12 @@ import numpy as np
 from gpuactors.actors import Actor, Deferred, handles
 from gpuactors.engine.messages import (
     AliasOp,
-    BatchCompletion,
     Drain,
     Drained,
     EngineStats,
     EnqueueBatch,
     InstallOp,
-    OpInstalled,
     Park,
-    Parked,
     PrepareOp,
     ReplaceOp,
     Resume,
@@ -66,21 +63,17 @@ from gpuactors.errors import (
     WorkerError,
     WorkerProtocolError,
 )
-from gpuactors.messages import Ack, Message
+from gpuactors.messages import Message
 from gpuactors.nvrtc.messages import Compile, CompileAsync
 from gpuactors.worker.config import IsolationConfig
 from gpuactors.worker.messages import (
     BootSpec,
     Download,
-    Downloaded,
     Free,
     Health,
     Job,
-    JobResult,
     LaunchJob,
-    LaunchResult,
     RemoteArray,
-    RemoteKernel,
     Upload,
     WorkerHealth,
     WorkerState,
@@ -184,47 +177,47 @@ class IsolatedEngineActor(Actor):
 
     # ----------------------------------------------------------------- requests
     @handles(Job)
-    def job(self, msg: Job) -> Deferred[JobResult]:
-        return self._submit(msg)
+    def job(self, msg: Job) -> None:
+        self._submit(msg)
 
     @handles(Upload)
-    def upload(self, msg: Upload) -> Deferred[RemoteArray]:
-        return self._submit(msg)
+    def upload(self, msg: Upload) -> None:
+        self._submit(msg)
 
     @handles(Download)
-    def download(self, msg: Download) -> Deferred[Downloaded]:
-        return self._submit(msg)
+    def download(self, msg: Download) -> None:
+        self._submit(msg)
 
     @handles(Free)
-    def free(self, msg: Free) -> Deferred[Ack]:
-        return self._submit(msg)
+    def free(self, msg: Free) -> None:
+        self._submit(msg)
 
     @handles(InstallOp)
-    def install_op(self, msg: InstallOp) -> Deferred[OpInstalled]:
-        return self._submit(msg)
+    def install_op(self, msg: InstallOp) -> None:
+        self._submit(msg)
 
     @handles(PrepareOp)
-    def prepare_op(self, msg: PrepareOp) -> Deferred[Any]:
-        return self._submit(msg)
+    def prepare_op(self, msg: PrepareOp) -> None:
+        self._submit(msg)
 
     @handles(ReplaceOp)
-    def replace_op(self, msg: ReplaceOp) -> Deferred[OpInstalled]:
-        return self._submit(msg)
+    def replace_op(self, msg: ReplaceOp) -> None:
+        self._submit(msg)
 
     @handles(AliasOp)
-    def alias_op(self, msg: AliasOp) -> Deferred[Any]:
-        return self._submit(msg)
+    def alias_op(self, msg: AliasOp) -> None:
+        self._submit(msg)
 
     @handles(Rollback)
-    def rollback(self, msg: Rollback) -> Deferred[Any]:
-        return self._submit(msg)
+    def rollback(self, msg: Rollback) -> None:
+        self._submit(msg)
 
     @handles(Stats)
-    def stats(self, msg: Stats) -> Deferred[EngineStats]:
-        return self._submit(msg)
+    def stats(self, msg: Stats) -> None:
+        self._submit(msg)
 
     @handles(EnqueueBatch)
-    def enqueue_batch(self, msg: EnqueueBatch) -> Deferred[BatchCompletion]:
+    def enqueue_batch(self, msg: EnqueueBatch) -> None:
         """Batches run on RemoteArrays (their bases live in the worker)."""
         bad = [a for a in msg.args if not (isinstance(a, RemoteArray) or np.isscalar(a))]
         if bad:
@@ -232,27 +225,27 @@ class IsolatedEngineActor(Actor):
                 "an isolated engine's EnqueueBatch takes RemoteArray bases and scalars, "
                 f"not {type(bad[0]).__name__}"
             )
-        return self._submit(msg)
+        self._submit(msg)
 
     @handles(Compile)
-    def compile(self, msg: Compile) -> Deferred[RemoteKernel]:
-        return self._submit(msg)
+    def compile(self, msg: Compile) -> None:
+        self._submit(msg)
 
     @handles(CompileAsync)
-    def compile_async(self, msg: CompileAsync) -> Deferred[RemoteKernel]:
-        return self._submit(msg)
+    def compile_async(self, msg: CompileAsync) -> None:
+        self._submit(msg)
 
     @handles(LaunchJob)
-    def launch_job(self, msg: LaunchJob) -> Deferred[LaunchResult]:
-        return self._submit(msg)
+    def launch_job(self, msg: LaunchJob) -> None:
+        self._submit(msg)
 
     @handles(Park)
-    def park(self, msg: Park) -> Deferred[Parked]:
-        return self._submit(msg)
+    def park(self, msg: Park) -> None:
+        self._submit(msg)
 
     @handles(Resume)
-    def resume(self, msg: Resume) -> Deferred[Ack]:
-        return self._submit(msg)
+    def resume(self, msg: Resume) -> None:
+        self._submit(msg)
 
     @handles(Health)
     def health(self, _msg: Health) -> WorkerHealth:
@@ -276,8 +269,11 @@ class IsolatedEngineActor(Actor):
     def shutdown(self, msg: Shutdown) -> Deferred[ShutdownReport]:
         return Deferred(asyncio.ensure_future(self._shut_down(msg.force)))
 
-    def _submit(self, msg: Message) -> Deferred[Any]:
-        """Queue ``msg`` for the worker; a GpuActorsError raised here goes to the asker."""
+    def _submit(self, msg: Message) -> None:
+        """Queue ``msg`` for the worker; the worker's answer settles the asker's own reply
+        future (a GpuActorsError raised here goes to the asker). A request whose asker
+        gave up (a timeout, a cancel) before it was sent is never sent: its arrays are
+        read when it is sent, and the caller may have changed them since."""
         if self._state == "failed":
             raise DeviceFailed(f"the isolated engine failed: {self._failure}")
         if self._state == "stopped" or self._closing:
@@ -285,11 +281,8 @@ class IsolatedEngineActor(Actor):
         stale = stale_remote(msg, self._generation, self._owner)
         if stale is not None:
             raise stale
-        request = self._requests.new(msg, asyncio.get_running_loop().create_future())
-        self._requests.queue.append(request)
+        self._requests.queue.append(self._requests.new(msg, self.context.reply_future()))
         self._pump()
-        assert request.future is not None
-        return Deferred(request.future)
 
     def _pump(self) -> None:
         """Send queued requests to the worker, honouring requests that must run alone."""
