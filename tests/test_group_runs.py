@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from itertools import pairwise
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,7 +16,7 @@ from hypothesis import strategies as st
 from gpuactors.engine.messages import EnqueueBatch
 from gpuactors.engine.ops import BUILTIN_OPS
 from gpuactors.errors import InvalidArgument
-from gpuactors.group import passes
+from gpuactors.group import batches, passes
 from gpuactors.group.batches import _agreed_keys, _runs, split_batch
 from gpuactors.group.routing import Locator
 from gpuactors.group.runs import Runs
@@ -154,9 +157,19 @@ def test_a_large_batch_split_on_threads_gives_the_parts_of_the_split_in_line(
     assert count >= passes.THREADED_TASKS
     batch = EnqueueBatch(op="fill", args=(out, 1.0), n=1, offsets={"out": np.arange(count)})
     fill = next(op for op in BUILTIN_OPS if op.name == "fill")
+    made_on: list[str] = []  # the thread each part was made on
+
+    def part_message(*args: Any) -> EnqueueBatch:
+        made_on.append(threading.current_thread().name)
+        return make_part(*args)
+
+    make_part = batches._part_message
+    monkeypatch.setattr(batches, "_part_message", part_message)
     threaded = split_batch(batch, fill, locator, spread_over=range(devices))
+    assert len(made_on) == devices and all(n.startswith("gpuactors-split") for n in made_on)
     monkeypatch.setattr(passes, "THREADED_TASKS", count + 1)
     in_line = split_batch(batch, fill, locator, spread_over=range(devices))
+    assert made_on[devices:] == [threading.current_thread().name] * devices
     assert [part.key for part in threaded] == [part.key for part in in_line] == [0, 1, 2, 3]
     for device, (ours, theirs) in enumerate(zip(threaded, in_line, strict=True)):
         assert ours.tasks == theirs.tasks == slice(device * shard_size, (device + 1) * shard_size)
@@ -164,3 +177,15 @@ def test_a_large_batch_split_on_threads_gives_the_parts_of_the_split_in_line(
         local = np.arange(shard_size)  # each shard's offsets, from its own element 0
         np.testing.assert_array_equal(ours.message.offsets["out"], local)
         np.testing.assert_array_equal(theirs.message.offsets["out"], local)
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_a_forked_child_shares_passes_out_over_threads_of_its_own() -> None:
+    passes.each(abs, range(4), passes.THREADED_TASKS)  # the parent's pool exists now
+    child = os.fork()
+    if child == 0:  # the child: its parent's pool threads did not come with it
+        signal.alarm(20)  # a split that waits on those threads forever ends here
+        names = passes.each(lambda _: threading.current_thread().name, range(4), 1 << 30)
+        os._exit(0 if all(n.startswith("gpuactors-split") for n in names) else 1)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

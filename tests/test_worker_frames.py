@@ -109,9 +109,17 @@ def test_large_arrays_are_sent_from_where_they_lie_and_small_pieces_joined() -> 
         np.testing.assert_array_equal(got, sent)
 
 
-def test_a_small_frame_is_one_buffer() -> None:
+def test_a_small_frame_is_one_buffer_and_large_neighbours_leave_no_empty_one() -> None:
     frame = Request(rid=1, message=Job(op="fill", args=(np.arange(4.0), 2.5), n=4))
-    assert frame_buffers(frame) == (encode_frame(frame),)
+    (whole,) = frame_buffers(frame)
+    assert type(whole) is bytes and int.from_bytes(whole[:4], "big") == len(whole) - 4
+    decoded = decode_frame(whole[4:])
+    assert isinstance(decoded, Request) and isinstance(decoded.message, Job)
+    np.testing.assert_array_equal(decoded.message.args[0], np.arange(4.0))
+    big = np.ones(IN_PLACE_BYTES, np.uint8)
+    pair = frame_buffers(Request(rid=2, message=Job(op="fill", args=(big, big), n=4)))
+    assert [type(b) for b in pair] == [bytes, memoryview, memoryview]  # nothing after them
+    assert all(len(b) for b in pair)
 
 
 @pytest.fixture

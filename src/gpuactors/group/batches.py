@@ -71,7 +71,7 @@ def split_batch(
         p.name for p, v in zip(op.params, batch.args, strict=True) if isinstance(v, ShardedArray)
     }
     for name, column in offsets.items():
-        if name not in sharded:  # ShardedArray.locate checks the others, their sign too
+        if name not in sharded:  # a sharded argument's offsets: locate checks their sign
             _check_not_negative(column, f"offsets[{name!r}]")
     constraints: list[tuple[str, Keys]] = []
     if devices is not None:
@@ -141,6 +141,8 @@ def _int_column(values: Any, what: str) -> np.ndarray:
         raise InvalidArgument(
             f"{what} must be a 1-D integer array, got {array.dtype} {array.shape}"
         )
+    if array.dtype == np.uint64 and array.size and int(array.max()) >> 63:
+        raise InvalidArgument(f"{what} must be below 2**63")
     return array.astype(np.int64, copy=False)
 
 

@@ -39,3 +39,7 @@ def each(function: Callable[[Item], Result], items: Iterable[Item], tasks: int) 
 def _threads() -> ThreadPoolExecutor:
     count = min(MAX_THREADS, os.cpu_count() or 1)
     return ThreadPoolExecutor(max_workers=count, thread_name_prefix="gpuactors-split")
+
+
+# A forked child has none of its parent's threads: it makes its own pool when it needs one.
+os.register_at_fork(after_in_child=_threads.cache_clear)

@@ -217,7 +217,8 @@ def frame_buffers(frame: Frame) -> FrameBuffers:
         if segment.nbytes < IN_PLACE_BYTES:
             joined.append(segment)
             continue
-        buffers.append(b"".join(joined))
+        if joined:
+            buffers.append(b"".join(joined))
         buffers.append(segment)
         joined = []
     if joined:
