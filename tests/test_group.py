@@ -124,13 +124,9 @@ async def scattered_rows(
     return y_host, x_host, await group.scatter(y_host), await group.scatter(x_host)
 
 
-async def test_a_batch_is_split_by_where_each_tasks_data_lives(system: ActorSystem) -> None:
-    group, journal = await two_fakes(system)
-    rows = 10
-    y_host, x_host, y, x = await scattered_rows(group, rows)
-    assert [(s.device, s.start, s.stop) for s in y.shards] == [(0, 0, 20), (1, 20, 40)]
-    starts = np.arange(rows) * 4
-    batch = EnqueueBatch(
+def axpy_rows(y: ShardedArray, x: ShardedArray, starts: np.ndarray) -> EnqueueBatch:
+    """y += 2 x over the row of 4 floats at each task's start, a status per task."""
+    return EnqueueBatch(
         op="axpy",
         args=(y, x, 2.0),
         n=4,
@@ -138,7 +134,15 @@ async def test_a_batch_is_split_by_where_each_tasks_data_lives(system: ActorSyst
         per_task=True,
         after="none",
     )
-    reply = await group.enqueue_batch(batch)
+
+
+async def test_a_batch_is_split_by_where_each_tasks_data_lives(system: ActorSystem) -> None:
+    group, journal = await two_fakes(system)
+    rows = 10
+    y_host, x_host, y, x = await scattered_rows(group, rows)
+    assert [(s.device, s.start, s.stop) for s in y.shards] == [(0, 0, 20), (1, 20, 40)]
+    starts = np.arange(rows) * 4
+    reply = await group.enqueue_batch(axpy_rows(y, x, starts))
     assert reply.count == rows and reply.failed == 0 and reply.statuses.shape == (rows,)
     assert {key: part.count for key, part in reply.per_engine.items()} == {0: 5, 1: 5}
     np.testing.assert_allclose(await group.download(y), y_host + 2.0 * x_host)
@@ -153,15 +157,7 @@ async def test_a_batch_whose_offsets_are_out_of_order_is_split_by_each_task(
     y_host, x_host, y, x = await scattered_rows(group, rows)
     in_order = np.arange(rows) * 4
     shuffled = np.array([9, 0, 5, 1, 8, 2, 7, 3, 6, 4]) * 4  # devices 1, 0, 1, 0, ...
-    batch = EnqueueBatch(
-        op="axpy",
-        args=(y, x, 2.0),
-        n=4,
-        offsets={"y": shuffled, "x": shuffled},
-        per_task=True,
-        after="none",
-    )
-    reply = await group.enqueue_batch(batch)
+    reply = await group.enqueue_batch(axpy_rows(y, x, shuffled))
     assert {key: part.count for key, part in reply.per_engine.items()} == {0: 5, 1: 5}
     assert reply.statuses.shape == (rows,) and reply.failed == 0
     np.testing.assert_allclose(await group.download(y), y_host + 2.0 * x_host)
