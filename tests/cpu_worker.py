@@ -232,14 +232,14 @@ async def main(fd: int) -> None:
         await stream.drain()
         await asyncio.sleep(60)  # the parent must not wait for this
     worker.send(Ready(pid=os.getpid(), startup_s=0.0))
-    while True:
-        try:
-            request = await stream.read()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            os._exit(0)
+
+    def arrived(request: Frame) -> None:  # as the real worker does: in the socket's callback
         assert isinstance(request, Request)
-        task = asyncio.create_task(worker.serve(request.rid, request.message))
+        task = asyncio.get_running_loop().create_task(worker.serve(request.rid, request.message))
         worker.in_flight[request.rid] = task
+
+    stream.deliver(arrived, lambda _why: os._exit(0))
+    await asyncio.Event().wait()
 
 
 if __name__ == "__main__":

@@ -212,3 +212,70 @@ async def test_after_the_end_every_read_says_why_no_frame_comes() -> None:
             await ended.next_body()
         with pytest.raises(ConnectionResetError, match="reset by peer"):
             await broken.next_body()
+
+
+class Delivered:
+    """What ``FrameStream.deliver`` hands over, in order."""
+
+    def __init__(self) -> None:
+        self.frames: list[Frame] = []
+        self.ends: list[Exception | None] = []
+        self.ended = asyncio.Event()
+
+    def frame(self, frame: Frame) -> None:
+        self.frames.append(frame)
+
+    def end(self, why: Exception | None) -> None:
+        self.ends.append(why)
+        self.ended.set()
+
+
+async def test_delivered_frames_come_in_order_from_the_sockets_callback_those_read_before_first(
+    pair: tuple[FrameStream, FrameStream],
+) -> None:
+    left, right = pair
+    sent = [Faulted(reason=f"frame {k}") for k in range(4)]
+    left.write(encode_frame(sent[0]) + encode_frame(sent[1]))
+    await left.drain()
+    assert await right.read() == sent[0]
+    delivered = Delivered()
+    await asyncio.sleep(0.01)  # sent[1] has been cut and waits, unread
+    right.deliver(delivered.frame, delivered.end)
+    assert delivered.frames == sent[1:2]  # at once: no task had to run
+    for frame in sent[2:]:
+        left.write(encode_frame(frame))
+    left.close()
+    await asyncio.wait_for(delivered.ended.wait(), 5)
+    assert delivered.frames == sent[1:] and delivered.ends == [None]
+
+
+async def test_a_malformed_delivered_frame_ends_delivery_with_the_protocol_error(
+    pair: tuple[FrameStream, FrameStream],
+) -> None:
+    left, right = pair
+    delivered = Delivered()
+    right.deliver(delivered.frame, delivered.end)
+    left.write(encode_frame(Faulted(reason="before")) + framed([b"abcd"]))
+    left.write(encode_frame(Faulted(reason="after")))
+    await asyncio.wait_for(delivered.ended.wait(), 5)
+    await asyncio.sleep(0.01)
+    assert delivered.frames == [Faulted(reason="before")]  # nothing after the bad one
+    assert len(delivered.ends) == 1 and isinstance(delivered.ends[0], WorkerProtocolError)
+
+
+async def test_a_broken_connection_ends_delivery_once_with_its_error() -> None:
+    protocol, delivered = _FrameProtocol(), Delivered()
+    protocol.deliver(delivered.frame, delivered.end)
+    feed(protocol, encode_frame(Faulted(reason="last")), [1 << 16])
+    protocol.connection_lost(OSError("reset by peer"))
+    protocol.connection_lost(None)  # (asyncio calls it once; a second call says nothing)
+    assert delivered.frames == [Faulted(reason="last")]
+    assert [str(why) for why in delivered.ends] == ["reset by peer"]
+
+
+async def test_delivery_asked_after_the_end_reports_the_end_at_once() -> None:
+    protocol, delivered = _FrameProtocol(), Delivered()
+    feed(protocol, encode_frame(Faulted(reason="last")), [1 << 16])
+    protocol.eof_received()
+    protocol.deliver(delivered.frame, delivered.end)
+    assert delivered.frames == [Faulted(reason="last")] and delivered.ends == [None]

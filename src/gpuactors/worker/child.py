@@ -85,9 +85,31 @@ class WorkerHost:
         self._nvrtc: ActorRef | None = None  # spawned on the first compile
         self.fault: str | None = None
         self.done = asyncio.Event()
+        self._serving: set[asyncio.Task[None]] = set()
 
     def send(self, frame: Frame) -> None:
         self._stream.write(*frame_buffers(frame))
+
+    def request_arrived(self, frame: Frame) -> None:
+        """Serve a request in a task of its own (requests run side by side)."""
+        if self.done.is_set():  # stopping: the parent broke the protocol, or shut it down
+            return
+        if not isinstance(frame, Request):
+            self.parent_left(
+                WorkerProtocolError(f"the parent sent {type(frame).__name__}, not Request")
+            )
+            return
+        task = asyncio.get_running_loop().create_task(self.serve(frame.rid, frame.message))
+        self._serving.add(task)  # (the loop keeps only a weak reference)
+        task.add_done_callback(self._serving.discard)
+
+    def parent_left(self, why: Exception | None) -> None:
+        """The stream from the parent ended: stop serving."""
+        if isinstance(why, WorkerProtocolError):  # nothing more it sends can be understood
+            log.error("the parent broke the worker protocol; the worker stops", error=str(why))
+        else:
+            log.info("the parent closed the connection; the worker stops", pid=os.getpid())
+        self.done.set()
 
     async def serve(self, rid: int, message: Message) -> None:
         try:
@@ -269,8 +291,7 @@ async def serve(fd: int) -> int:
             return 1
         host = WorkerHost(engine, stream, system, boot.device_id)
         host.send(Ready(pid=os.getpid(), startup_s=time.perf_counter() - started))
-        requests: set[asyncio.Task[None]] = set()
-        reading = asyncio.create_task(_read_requests(stream, host, requests))
+        stream.deliver(host.request_arrived, host.parent_left)
         await host.done.wait()
         if host.fault is not None:
             host.send(Faulted(reason=host.fault))
@@ -279,27 +300,7 @@ async def serve(fd: int) -> int:
             _exit(EXIT_FAULTED)  # never wait on a poisoned context's teardown
         with contextlib.suppress(ConnectionError):  # the parent may be gone already
             await stream.drain()
-        reading.cancel()
     return 0
-
-
-async def _read_requests(
-    stream: FrameStream, host: WorkerHost, requests: set[asyncio.Task[None]]
-) -> None:
-    try:
-        while True:
-            frame = await stream.read()
-            if not isinstance(frame, Request):
-                raise WorkerProtocolError(f"the parent sent {type(frame).__name__}, not Request")
-            task = asyncio.create_task(host.serve(frame.rid, frame.message))
-            requests.add(task)
-            task.add_done_callback(requests.discard)
-    except (asyncio.IncompleteReadError, ConnectionError):
-        log.info("the parent closed the connection; the worker stops", pid=os.getpid())
-        host.done.set()
-    except WorkerProtocolError as exc:  # nothing more from this parent can be understood
-        log.error("the parent broke the worker protocol; the worker stops", error=str(exc))
-        host.done.set()
 
 
 def _exit(code: int) -> None:

@@ -15,8 +15,15 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections import deque
+from collections.abc import Callable
 
+from gpuactors.errors import WorkerProtocolError
 from gpuactors.worker.wire import LENGTH_BYTES, Frame, decode_frame
+
+#: Called with each frame as it arrives (see :meth:`FrameStream.deliver`).
+OnFrame = Callable[[Frame], None]
+#: Called once after the last frame: None at the end of the stream, else why it broke.
+OnEnd = Callable[[Exception | None], None]
 
 #: Frames up to this size are cut out of one reused buffer (a read may hold several).
 _SMALL = 1 << 16
@@ -35,7 +42,8 @@ def enlarge_buffers(sock: socket.socket) -> None:
 
 
 class FrameStream:
-    """Frames in (``read``), bytes out (``write``, ``drain``), over one socket."""
+    """Frames in (``read``, then ``deliver``), bytes out (``write``, ``drain``), over one
+    socket."""
 
     def __init__(self, transport: asyncio.Transport, protocol: _FrameProtocol) -> None:
         self._transport = transport
@@ -53,6 +61,15 @@ class FrameStream:
         """The next frame: ``asyncio.IncompleteReadError`` at the end of the stream (or
         ConnectionError where it broke), WorkerProtocolError for a malformed one."""
         return decode_frame(await self._protocol.next_body())
+
+    def deliver(self, on_frame: OnFrame, on_end: OnEnd) -> None:
+        """From now on hand every frame to ``on_frame`` from the socket's own callback,
+        as it arrives: no reader task, so a frame costs no loop turn before it is
+        handled (``read`` serves the handshake before this). ``on_end`` is called
+        once, after the last frame: with None at the end of the stream, a
+        ConnectionError where the connection broke, or the WorkerProtocolError of a
+        malformed frame (nothing after it is delivered). ``on_frame`` must not raise."""
+        self._protocol.deliver(on_frame, on_end)
 
     def write(self, *buffers: bytes | memoryview) -> None:
         """Send a frame: its bytes (``encode_frame``) or its buffers in order
@@ -85,11 +102,18 @@ class _FrameProtocol(asyncio.BufferedProtocol):
         self._large_filled = 0
         self._bodies: deque[bytes | bytearray] = deque()
         self._waiter: asyncio.Future[None] | None = None
+        self._on_frame: OnFrame | None = None  # set by deliver: frames go to it at once
+        self._on_end: OnEnd | None = None
+        self._refused = False  # a delivered frame was malformed: none after it goes
         self._ended = False  # no more frames will come ...
         self._broken: Exception | None = None  # ... because the connection broke
         self._lost = False
         self._paused = False
         self._drain_waiter: asyncio.Future[None] | None = None
+        self._transport: asyncio.BaseTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport
 
     # -------------------------------------------------------------- reading
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -151,8 +175,32 @@ class _FrameProtocol(asyncio.BufferedProtocol):
         self._deliver(done[0] if len(done) == 1 else b"".join(done))
 
     def _deliver(self, body: bytes | bytearray) -> None:
-        self._bodies.append(body)
-        self._wake()
+        if self._on_frame is None:
+            self._bodies.append(body)
+            self._wake()
+        elif not self._refused:
+            self._hand_over(body)
+
+    def deliver(self, on_frame: OnFrame, on_end: OnEnd) -> None:
+        """See :meth:`FrameStream.deliver`; frames read before it go first."""
+        self._on_frame, self._on_end = on_frame, on_end
+        while self._bodies and not self._refused:
+            self._hand_over(self._bodies.popleft())
+        self._bodies.clear()
+        if self._ended:
+            self._report_end()
+
+    def _hand_over(self, body: bytes | bytearray) -> None:
+        assert self._on_frame is not None
+        try:
+            frame = decode_frame(body)
+        except WorkerProtocolError as exc:  # nothing after it can be trusted
+            self._refused = True
+            if isinstance(self._transport, asyncio.ReadTransport):
+                self._transport.pause_reading()
+            self._end_stream(exc)
+            return
+        self._on_frame(frame)
 
     async def next_body(self) -> bytes | bytearray:
         while not self._bodies:
@@ -187,6 +235,12 @@ class _FrameProtocol(asyncio.BufferedProtocol):
         if not self._ended:
             self._ended, self._broken = True, exc
             self._wake()
+            self._report_end()
+
+    def _report_end(self) -> None:
+        on_end, self._on_end = self._on_end, None
+        if on_end is not None:
+            on_end(self._broken)
 
     # -------------------------------------------------------------- writing
     def pause_writing(self) -> None:

@@ -60,7 +60,7 @@ class WorkerProcess:
         self.pid = process.pid
         self.startup_s = startup_s
         self._stream = stream
-        self._reading: asyncio.Task[None] | None = None
+        self._reading = False  # frames go to on_frame (start_reading)
         self._on_frame: Callable[[Frame], None] = lambda _frame: None
         self._on_closed: Callable[[WorkerError], None] = lambda _error: None
         self.closed = False
@@ -120,33 +120,30 @@ class WorkerProcess:
     def start_reading(
         self, on_frame: Callable[[Frame], None], on_closed: Callable[[WorkerError], None]
     ) -> None:
-        """Deliver every frame to ``on_frame``, and ``on_closed`` once when the stream ends
-        (a WorkerError) or breaks (a WorkerProtocolError: nothing after it is read).
+        """Deliver every frame to ``on_frame`` as it arrives, and ``on_closed`` once when
+        the stream ends (a WorkerError) or breaks (a WorkerProtocolError: nothing after
+        it is read).
 
         Called again (a standby becoming the worker), it only swaps the two callbacks.
         """
         self._on_frame, self._on_closed = on_frame, on_closed
-        if self._reading is None:
-            self._reading = asyncio.get_running_loop().create_task(
-                self._read(), name=f"worker-{self.pid}"
-            )
+        if not self._reading:
+            self._reading = True
+            self._stream.deliver(self._frame_arrived, self._stream_ended)
 
-    async def _read(self) -> None:
-        while True:
-            try:
-                frame = await self._stream.read()
-            except (asyncio.IncompleteReadError, ConnectionError):
-                error = WorkerError("the worker process exited")
-                break
-            except WorkerProtocolError as exc:
-                error = exc
-                break
-            try:
-                self._on_frame(frame)  # looked up per frame: a promoted standby swaps it
-            except Exception:  # our own bug: log it, keep reading (the worker is fine)
-                log.exception("handling a worker frame failed", pid=self.pid)
-        if not self.closed:
-            self._on_closed(error)
+    def _frame_arrived(self, frame: Frame) -> None:
+        try:
+            self._on_frame(frame)  # looked up per frame: a promoted standby swaps it
+        except Exception:  # our own bug: log it, keep reading (the worker is fine)
+            log.exception("handling a worker frame failed", pid=self.pid)
+
+    def _stream_ended(self, why: Exception | None) -> None:
+        if self.closed:
+            return
+        if isinstance(why, WorkerProtocolError):
+            self._on_closed(why)
+        else:
+            self._on_closed(WorkerError("the worker process exited"))
 
     def send(self, frame: FrameBuffers) -> None:
         """Send one frame made by :func:`~gpuactors.worker.wire.frame_buffers`."""
@@ -157,8 +154,6 @@ class WorkerProcess:
     def kill(self) -> None:
         """Stop the worker now (SIGKILL): a faulted context must not be waited on."""
         self.closed = True
-        if self._reading is not None:
-            self._reading.cancel()
         self._stream.close()
         _kill(self.process)
 
