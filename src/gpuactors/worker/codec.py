@@ -61,7 +61,8 @@ class Codec:
         self._objects: dict[str, type] = {}  # models, dataclasses and named tuples
         self._enums: dict[str, type[enum.Enum]] = {}
         self._field_names: dict[type, tuple[str, ...]] = {}  # what an object sends
-        self._named_tuples: dict[type, TypeAdapter[Any]] = {}  # what checks their fields
+        #: What rebuilds each object from its fields, through its own validation.
+        self._builders: dict[str, Callable[[dict[str, Any]], Any]] = {}
         for cls in classes:
             known = self._objects.get(cls.__name__) or self._enums.get(cls.__name__)
             if known is cls:
@@ -73,11 +74,13 @@ class Codec:
                 continue
             if issubclass(cls, BaseModel):
                 self._field_names[cls] = tuple(cls.model_fields)
+                self._builders[cls.__name__] = cls.model_validate
             elif dataclasses.is_dataclass(cls):  # the fields its __init__ takes
                 self._field_names[cls] = tuple(f.name for f in dataclasses.fields(cls) if f.init)
-            elif _is_named_tuple(cls):
+                self._builders[cls.__name__] = functools.partial(_build_dataclass, cls)
+            elif _is_named_tuple(cls):  # its fields' types are checked as a model's would be
                 self._field_names[cls] = cls._fields  # type: ignore[attr-defined]
-                self._named_tuples[cls] = TypeAdapter(cls)
+                self._builders[cls.__name__] = TypeAdapter(cls).validate_python
             else:
                 raise TypeError(f"{cls.__name__} is not a model, dataclass, named tuple or enum")
             self._objects[cls.__name__] = cls
@@ -102,11 +105,15 @@ class Codec:
         kind = type(value)
         if kind in _PLAIN:
             return value
+        # Most items and fields are plain values: no call for them (this runs per request).
         if kind is tuple or kind is list:
-            return [self.encode(item, segments) for item in value]
+            return [item if type(item) in _PLAIN else self.encode(item, segments) for item in value]
         names = self._field_names.get(kind)
         if names is not None:
-            fields = {name: self.encode(getattr(value, name), segments) for name in names}
+            fields = {}
+            for name in names:
+                item = getattr(value, name)
+                fields[name] = item if type(item) in _PLAIN else self.encode(item, segments)
             return {"@": "object", "type": kind.__name__, "fields": fields}
         if isinstance(value, np.ndarray):
             dtype = _numeric_dtype(value.dtype)  # first: an object array has no bytes to send
@@ -195,21 +202,17 @@ class Codec:
         return {key: self._decode(item, segments) for key, item in items.items()}
 
     def _decode_object(self, tree: dict[str, Any], segments: Segments) -> Any:
-        cls = self._objects.get(_expect(tree, "type", str))
-        if cls is None:
+        build = self._builders.get(_expect(tree, "type", str))
+        if build is None:
             raise WorkerProtocolError(f"{tree['type']!r} is not a class the protocol carries")
         fields = _expect(tree, "fields", dict)
         # Most fields are plain values: no call for them (this runs for every request).
-        values = {
-            key: item if type(item) in _PLAIN else self._decode(item, segments)
-            for key, item in fields.items()
-        }
-        if issubclass(cls, BaseModel):
-            return cls.model_validate(values)
-        named_tuple = self._named_tuples.get(cls)
-        if named_tuple is not None:  # its fields' types are checked as a model's would be
-            return named_tuple.validate_python(values)
-        return cls(**values)
+        return build(
+            {
+                key: item if type(item) in _PLAIN else self._decode(item, segments)
+                for key, item in fields.items()
+            }
+        )
 
     def _decode_enum(self, tree: dict[str, Any], segments: Segments) -> enum.Enum:
         cls = self._enums.get(_expect(tree, "type", str))
@@ -234,6 +237,10 @@ class Codec:
             {key: self._decode(item, segments) for key, item in attributes.items()}
         )
         return error
+
+
+def _build_dataclass(cls: Callable[..., Any], fields: dict[str, Any]) -> Any:
+    return cls(**fields)  # its __post_init__ checks them
 
 
 def _decode_bytes(tree: dict[str, Any], segments: Segments) -> bytes:
