@@ -21,7 +21,7 @@ import numpy as np
 
 from gpuactors.actors import ActorRef, ActorSystem, Props
 from gpuactors.cuda import no_device_reason
-from gpuactors.engine import Engine, Enqueue, EnqueueBatch, Shutdown
+from gpuactors.engine import Engine, EnqueueBatch, Shutdown
 from gpuactors.errors import (
     ActorStopped,
     DeviceFault,
@@ -168,9 +168,9 @@ class WorkerHost:
 
     async def _run_job(self, job: Job) -> JobRan:
         args, copies = self._device_args(job.args)
-        completion = await self.engine.ref.ask(
-            Enqueue(op=job.op, args=args, n=job.n, blocks=job.blocks, timeout=job.timeout),
-            timeout=None,  # the task's own deadline bounds it
+        # (no ask timeout: the task's own deadline bounds it)
+        completion = await self.engine.enqueue(
+            job.op, *args, n=job.n, blocks=job.blocks, timeout=job.timeout
         )
         return JobRan(completion=completion, arrays=_returned(copies, job.returns, len(job.args)))
 
