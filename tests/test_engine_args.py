@@ -204,3 +204,26 @@ def test_blocks_beyond_a_record_are_clamped_where_they_are_checked() -> None:
     assert check_count(FILL, 8, 2**32) == (8, wire.MAX_BLOCKS)
     assert check_count(FILL, 8, np.int64(2**40)) == (8, wire.MAX_BLOCKS)
     assert check_count(FILL, 8, wire.MAX_BLOCKS) == (8, wire.MAX_BLOCKS)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_general_path_takes_a_float_exactly_when_numpy_rounds_it_to_a_finite_value(
+    dtype: str,
+) -> None:
+    """Up to the largest finite value no conversion is needed to know; just above it
+    NumPy decides (a value a hair above rounds down to it, the halfway point does not)."""
+    from gpuactors.engine.args import _scalar_bits
+    from gpuactors.engine.ops import ScalarParam
+
+    param = ScalarParam(name="v", dtype=dtype)
+    top = np.finfo(dtype).max
+    largest = float(top)
+    ulp = float(top - np.nextafter(top, top.dtype.type(0)))  # (the spacing above it is inf)
+    for value in (largest, -largest, largest + ulp / 4, largest + ulp / 2, largest * 2):
+        with np.errstate(over="ignore"):
+            finite = bool(np.isfinite(np.array(value, dtype=dtype)))
+        if finite:
+            assert _scalar_bits(param, value, "v") == param.to_bits(value)
+        else:
+            with pytest.raises(InvalidArgument, match=f"does not fit {dtype}|must be finite"):
+                _scalar_bits(param, value, "v")

@@ -48,8 +48,18 @@ def check_count(op: OpSpec, n: object, blocks: object) -> tuple[int, int]:
     return int(n), min(int(blocks), MAX_BLOCKS)
 
 
+@functools.cache
+def _dtype_of(name: str) -> np.dtype[Any]:
+    return np.dtype(name)
+
+
+@functools.cache
+def _largest_float(name: str) -> float:
+    return float(np.finfo(name).max)
+
+
 def _scalar_bits(param: ScalarParam, value: Any, where: str) -> int:
-    kind = np.dtype(param.dtype).kind
+    kind = _dtype_of(param.dtype).kind
     if isinstance(value, np.ndarray) and value.ndim == 0:
         value = value[()]
     if kind == "f":
@@ -61,8 +71,11 @@ def _scalar_bits(param: ScalarParam, value: Any, where: str) -> int:
             raise InvalidArgument(f"{where} does not fit {param.dtype}: {value!r}") from None
         if not math.isfinite(as_float):
             raise InvalidArgument(f"{where} must be finite, got {value!r}")
-        with np.errstate(over="ignore"):  # NumPy would make it inf with a warning
-            fits = np.isfinite(np.array(value, dtype=param.dtype))
+        if abs(as_float) <= _largest_float(param.dtype):
+            fits = True
+        else:  # beyond the largest finite value, but perhaps rounding down to it
+            with np.errstate(over="ignore"):  # NumPy would make it inf with a warning
+                fits = bool(np.isfinite(np.array(value, dtype=param.dtype)))
         if not fits:
             raise InvalidArgument(f"{where} does not fit {param.dtype}: {value!r}")
     elif isinstance(value, bool) or not isinstance(value, (int, np.integer)):
@@ -88,7 +101,7 @@ def _checked_array(
     """What the op needs of array argument ``value`` for ``n`` elements, or
     InvalidArgument."""
     info = describe_array(value, where)
-    if info.dtype != np.dtype(param.dtype):
+    if info.dtype != _dtype_of(param.dtype):
         raise InvalidArgument(f"{where} must have dtype {param.dtype}, got {info.dtype}")
     if not info.contiguous:
         raise InvalidArgument(f"{where} must be C-contiguous")
@@ -174,15 +187,20 @@ def _task_count(msg: EnqueueBatch) -> int:
     return count
 
 
-def _int_array(values: Any, what: str, count: int) -> np.ndarray:
+def _int_column(values: Any, what: str) -> tuple[np.ndarray, int]:
+    """``values`` as int64 in [0, 2**62), and their largest (0 for none): the one pass
+    of reductions the range check makes also bounds the tasks' ends."""
     array = _as_1d(values, what)
     if array.dtype.kind not in "iu":
         raise InvalidArgument(
             f"{what} must be a 1-D integer array, got {array.dtype} {array.shape}"
         )
-    if array.size and (array.min() < 0 or array.max() >= MAX_ELEMENTS):
+    if not array.size:
+        return array.astype(np.int64, copy=False), 0
+    low, high = int(array.min()), int(array.max())
+    if low < 0 or high >= MAX_ELEMENTS:
         raise InvalidArgument(f"{what} must be in [0, 2**62)")
-    return array.astype(np.int64, copy=False)
+    return array.astype(np.int64, copy=False), high
 
 
 def _scalar_column(param: ScalarParam, values: Any, where: str) -> np.ndarray:
@@ -236,30 +254,13 @@ def encode_batch(
         if not 0 <= n < MAX_ELEMENTS:
             raise InvalidArgument(f"n must be in [0, 2**62), got {msg.n!r}")
     else:
-        n = _int_array(msg.n, "n", count)
+        n = _int_column(msg.n, "n")[0]
     columns: list[np.ndarray | int] = []
     for param, value in zip(op.params, msg.args, strict=True):
         where = f"argument {param.name!r} of op {op.name!r}"
         if isinstance(param, ArrayParam):
             info = _checked_array(param, value, 0, device_id, where)
-            length = n if param.length == "n" else int(param.length)
-            if param.name in msg.offsets:
-                offsets = _int_array(msg.offsets[param.name], f"offsets[{param.name!r}]", count)
-                ends = offsets + length
-            else:
-                offsets, ends = None, length
-            if int(np.max(ends)) > info.size:  # the first task past the end, for the error
-                per_task = np.broadcast_to(ends, (count,))
-                task = int(np.flatnonzero(per_task > info.size)[0])
-                end = int(per_task[task])
-                raise InvalidArgument(
-                    f"{where}: task {task} needs elements up to {end}, the array has {info.size}"
-                )
-            if offsets is None:
-                columns.append(info.ptr)
-            else:
-                itemsize = np.uint64(np.dtype(param.dtype).itemsize)
-                columns.append(np.uint64(info.ptr) + offsets.astype(np.uint64) * itemsize)
+            columns.append(_pointer_column(param, info, msg, n, count, where))
         elif param.name in msg.scalars:
             columns.append(_scalar_column(param, msg.scalars[param.name], where))
         else:
@@ -272,3 +273,34 @@ def encode_batch(
         args=tuple(columns),
         deadline_ns=deadline_ns,
     )
+
+
+def _pointer_column(
+    param: ArrayParam,
+    info: DeviceArrayInfo,
+    msg: EnqueueBatch,
+    n: np.ndarray | int,
+    count: int,
+    where: str,
+) -> np.ndarray | int:
+    """Array parameter ``param``'s record word: its base pointer for every task, or
+    each task's pointer at its offset; InvalidArgument naming the first task that would
+    reach past the array's end."""
+    length = n if param.length == "n" else int(param.length)
+    if param.name in msg.offsets:
+        offsets, last = _int_column(msg.offsets[param.name], f"offsets[{param.name!r}]")
+        end = last + length if isinstance(length, int) else int(np.max(offsets + length))
+    else:
+        offsets, end = None, length if isinstance(length, int) else int(np.max(length))
+    if end > info.size:  # the first task past the end, for the error
+        per_task = np.broadcast_to(length if offsets is None else offsets + length, (count,))
+        task = int(np.flatnonzero(per_task > info.size)[0])
+        raise InvalidArgument(
+            f"{where}: task {task} needs elements up to {int(per_task[task])}, "
+            f"the array has {info.size}"
+        )
+    if offsets is None:
+        return info.ptr
+    # In int64, then read as the record's uint64 words: no overflow, since every task's
+    # end lies inside the array (checked above) and device addresses are under 2**49.
+    return (offsets * info.dtype.itemsize + info.ptr).view(np.uint64)
