@@ -23,7 +23,7 @@ from gpuactors.engine import args as args_module
 from gpuactors.engine import optable as optable_module
 from gpuactors.engine.abi import COMPLETION, RING_RECORD
 from gpuactors.engine.actor import PersistentEngineActor
-from gpuactors.engine.messages import Completion, Enqueue
+from gpuactors.engine.messages import BatchCompletion, Completion, Enqueue, EnqueueBatch
 from gpuactors.engine.ops import ArrayParam, OpSpec, ScalarParam
 from gpuactors.engine.ring import HostConsumer, HostRing
 from gpuactors.engine.runtime import EngineConfig
@@ -269,3 +269,64 @@ async def test_a_full_ring_queues_the_task_until_there_is_room(a: Any) -> None:
         assert not reply.done()
         assert len(actor._intake.backlog) + len(actor._intake.staged) == 1 and ring.published == 64
         reply.cancel()
+
+
+def batch(count: int) -> EnqueueBatch:
+    return EnqueueBatch(
+        op="scale",
+        args=(CupyLikeArray("float32", 8 * count, 4096), 1.5),
+        n=8,
+        offsets={"out": np.arange(count) * 8},
+        after="none",
+        per_task=True,
+    )
+
+
+@pytest.mark.parametrize("status", [abi.STATUS_OK, 5])
+async def test_a_batch_that_finishes_within_the_spin_on_an_idle_engine_is_answered_in_line(
+    status: int,
+) -> None:
+    """No poller runs here: the batch's reply comes from its own handler."""
+    async with spawned(status) as (ref, actor):
+        done = await asyncio.wait_for(ref.ask(batch(3)), 5)
+        assert isinstance(done, BatchCompletion)
+        assert (done.first_seq, done.count) == (1, 3)
+        assert done.failed == (0 if status == abi.STATUS_OK else 3)
+        assert list(done.statuses) == [0 if status == abi.STATUS_OK else status] * 3
+        assert not actor._completions.batches
+        assert list(runtime_of(actor).ring._unretired[:3]) == [0, 0, 0]  # retired
+
+
+async def test_a_batch_still_running_after_the_spin_is_left_to_the_poller() -> None:
+    async with spawned(RUNNING) as (ref, actor):
+        reply = asyncio.ensure_future(ref.ask(batch(2)))
+        await asyncio.sleep(0.01)
+        assert not reply.done() and len(actor._completions.batches) == 1
+        runtime = runtime_of(actor)
+        for seq, _record in runtime.consumer.take():
+            runtime.consumer.complete(seq, abi.STATUS_OK, units=1, t_ns=0)
+        assert actor._completions.harvest_batches(runtime.ring) == 2  # what the poller does
+        done = await asyncio.wait_for(reply, 5)
+        assert isinstance(done, BatchCompletion) and done.failed == 0
+
+
+async def test_a_batch_behind_a_running_task_is_left_to_the_poller() -> None:
+    """Only an otherwise idle engine answers a batch in line: with a task in flight,
+    the batch waits for the poller, which harvests both."""
+    async with spawned(RUNNING) as (ref, actor):
+        lone = asyncio.ensure_future(ref.ask(task()))
+        await asyncio.sleep(0.01)
+        runtime = runtime_of(actor)
+        runtime.status = abi.STATUS_OK  # from now on the consumer finishes what it takes
+        reply = asyncio.ensure_future(ref.ask(batch(2)))
+        await asyncio.sleep(0.01)
+        assert not reply.done() and len(actor._completions.batches) == 1
+        for seq, _record in runtime.consumer.take():
+            runtime.consumer.complete(seq, abi.STATUS_OK, units=1, t_ns=0)
+        assert (
+            actor._completions.harvest(runtime.ring)
+            + actor._completions.harvest_batches(runtime.ring)
+            == 3
+        )
+        assert isinstance(await asyncio.wait_for(lone, 5), Completion)
+        assert (await asyncio.wait_for(reply, 5)).failed == 0

@@ -404,7 +404,26 @@ class Intake:
         self.backlog.append(batch)
         if len(self.backlog) == 1 and not self.staged and ready_event is None:
             self.flush_backlog()  # nothing ahead of it: publish now, not a loop turn later
+            self._answer_in_line(batch)
         self._wake.set()
+
+    def _answer_in_line(self, batch: Batch) -> None:
+        """A batch published whole on an otherwise idle engine is answered as a lone
+        task is: a spin on its last record, bounded like the poller's, then its harvest
+        here, so a small batch's reply waits for no poller turn. A batch still running
+        after the spin (or one record of it) is left to the poller."""
+        completions = self._completions
+        runtime = self._service.runtime
+        if (
+            runtime is None
+            or batch.published < batch.count
+            or completions.pending
+            or len(completions.batches) != 1
+            or completions.batches[0] is not batch
+        ):
+            return
+        if runtime.ring.wait_done(batch.first_seq + batch.count - 1, SPIN_SECONDS):
+            completions.harvest_batches(runtime.ring)
 
     # -------------------------------------------------------------- publishing
     def queue_behind(self) -> bool:
