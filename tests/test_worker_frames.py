@@ -279,3 +279,33 @@ async def test_delivery_asked_after_the_end_reports_the_end_at_once() -> None:
     protocol.eof_received()
     protocol.deliver(delivered.frame, delivered.end)
     assert delivered.frames == [Faulted(reason="last")] and delivered.ends == [None]
+
+
+async def test_a_worker_killed_by_one_frame_hands_over_none_read_with_it() -> None:
+    """Frames that came in the same read as the one whose handler killed the worker are
+    not handed over: as a cancelled reader task would not have read them."""
+    from types import SimpleNamespace
+
+    from gpuactors.worker.process import WorkerProcess
+
+    ours, theirs = socket.socketpair()
+    stream, sender = await FrameStream.open(ours), await FrameStream.open(theirs)
+    exited = SimpleNamespace(pid=1, returncode=0)  # nothing to kill
+    worker = WorkerProcess(exited, stream, 0.0)  # type: ignore[arg-type]
+    seen: list[Frame] = []
+    closed: list[Exception] = []
+
+    def on_frame(frame: Frame) -> None:
+        seen.append(frame)
+        worker.kill()
+
+    worker.start_reading(on_frame, closed.append)
+    sender.write(encode_frame(Faulted(reason="first")) + encode_frame(Faulted(reason="second")))
+    await sender.drain()
+    for _ in range(100):
+        if seen:
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.02)
+    assert seen == [Faulted(reason="first")] and closed == []
+    sender.close()

@@ -132,6 +132,8 @@ class WorkerProcess:
             self._stream.deliver(self._frame_arrived, self._stream_ended)
 
     def _frame_arrived(self, frame: Frame) -> None:
+        if self.closed:  # killed while frames read with the one that decided it remain
+            return
         try:
             self._on_frame(frame)  # looked up per frame: a promoted standby swaps it
         except Exception:  # our own bug: log it, keep reading (the worker is fine)
