@@ -132,7 +132,7 @@ class WorkerProcess:
             self._stream.deliver(self._frame_arrived, self._stream_ended)
 
     def _frame_arrived(self, frame: Frame) -> None:
-        if self.closed:  # killed while frames read with the one that decided it remain
+        if self.closed:  # killed by a frame's handler: later frames of the same read stay unread
             return
         try:
             self._on_frame(frame)  # looked up per frame: a promoted standby swaps it
