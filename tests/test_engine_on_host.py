@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import nullcontext
 from typing import Any
 
+import numpy as np
 import pytest
 
 from gpuactors.actors import ActorRef, ActorSystem, Props
@@ -31,6 +32,8 @@ from gpuactors.engine.messages import (
     InstallOp,
     Park,
     Resume,
+    Shutdown,
+    Stats,
 )
 from gpuactors.engine.ops import ArrayParam, OpSpec
 from gpuactors.engine.runtime import EngineConfig
@@ -139,7 +142,10 @@ async def test_a_task_under_fail_waits_for_a_part_published_batch(
     range: the batch's harvest reads one contiguous range."""
     runtime = HostRuntime(capacity=32768, auto=False)
     ref, engine = await start(
-        system, runtime, config=EngineConfig(capacity=32768), full_policy="fail"
+        system,
+        runtime,
+        config=EngineConfig(capacity=32768, expand_batches_from=None),
+        full_policy="fail",
     )
     count = 20_000
     array = CupyLikeArray("float32", 1 << 20)
@@ -694,3 +700,104 @@ async def test_enqueue_to_a_stopped_engine_raises(system: ActorSystem) -> None:
     await system.watch(ref)
     with pytest.raises((ActorStopped, EngineStopped)):
         await engine.enqueue("fill", CupyLikeArray("float32", 1 << 20), 1.0, n=8, after="none")
+
+
+# ------------------------------------------- batches the device expands (one record)
+def offsets_batch(count: int, **fields: Any) -> EnqueueBatch:
+    array = CupyLikeArray("float32", 1 << 20, ptr=1 << 40)
+    return EnqueueBatch(
+        op="fill",
+        args=(array, 1.0),
+        n=8,
+        offsets={"out": np.arange(count) * 8},
+        after="none",
+        **fields,
+    )
+
+
+async def test_a_large_batch_is_one_record_and_its_reply_counts_its_tasks(
+    system: ActorSystem,
+) -> None:
+    runtime = HostRuntime(auto=False)  # 64 slots: fewer than the batch's tasks
+    ref, _engine = await start(system, runtime)
+    reply = asyncio.ensure_future(ref.ask(offsets_batch(1000, per_task=True)))
+    single = asyncio.ensure_future(
+        ref.ask(
+            Enqueue(
+                op="copy",
+                args=(CupyLikeArray("float32", 64), CupyLikeArray("float32", 64)),
+                n=8,
+                after="none",
+            )
+        )
+    )
+    for _ in range(100):
+        await asyncio.sleep(0)
+    assert runtime.ring.published == 2  # the batch's one record, then the task
+    runtime.finish()
+    done, completion = await asyncio.wait_for(asyncio.gather(reply, single), 5)
+    assert isinstance(done, BatchCompletion)
+    assert (done.first_seq, done.count, done.failed) == (1, 1000, 0)
+    assert done.statuses is not None and done.statuses.shape == (1000,)
+    assert not done.statuses.any()
+    assert completion.seq == 2
+    seq, record = runtime.taken[0]
+    assert seq == 1 and int(record["op"]) == abi.BATCH_OP and int(record["n"]) == 1000
+    stats = await ref.ask(Stats())
+    assert (stats.processed, stats.failed, stats.in_flight) == (1001, 0, 0)
+
+
+async def test_an_expanded_batchs_failed_tasks_are_counted_and_named(
+    system: ActorSystem,
+) -> None:
+    runtime = HostRuntime(auto=False)
+    runtime.batch_task_status = lambda index: 7 if index % 100 == 3 else 0
+    ref, _engine = await start(system, runtime)
+    reply = asyncio.ensure_future(ref.ask(offsets_batch(1000, per_task=True)))
+    for _ in range(100):
+        await asyncio.sleep(0)
+    runtime.finish()
+    done = await asyncio.wait_for(reply, 5)
+    assert (done.count, done.failed) == (1000, 10)
+    assert done.statuses is not None
+    np.testing.assert_array_equal(np.flatnonzero(done.statuses), np.arange(3, 1000, 100))
+    assert set(done.statuses[done.statuses != 0].tolist()) == {7}
+    without = asyncio.ensure_future(ref.ask(offsets_batch(500)))  # per_task=False: counts only
+    for _ in range(100):
+        await asyncio.sleep(0)
+    runtime.finish()
+    done = await asyncio.wait_for(without, 5)
+    assert (done.count, done.failed, done.statuses) == (500, 5, None)
+
+
+async def test_a_batch_below_the_threshold_goes_record_by_record(system: ActorSystem) -> None:
+    runtime = HostRuntime(capacity=1024, auto=False)
+    ref, _engine = await start(
+        system, runtime, config=EngineConfig(capacity=1024, expand_batches_from=600)
+    )
+    reply = asyncio.ensure_future(ref.ask(offsets_batch(599)))
+    for _ in range(100):
+        await asyncio.sleep(0)
+    assert runtime.ring.published == 599
+    runtime.finish()
+    assert (await asyncio.wait_for(reply, 5)).count == 599
+    reply = asyncio.ensure_future(ref.ask(offsets_batch(600)))
+    for _ in range(100):
+        await asyncio.sleep(0)
+    assert runtime.ring.published == 600  # one record more
+    runtime.finish()
+    assert (await asyncio.wait_for(reply, 5)).count == 600
+
+
+async def test_a_forced_shutdown_fails_an_expanded_batch_and_counts_its_tasks(
+    system: ActorSystem,
+) -> None:
+    runtime = HostRuntime(auto=False)
+    ref, _engine = await start(system, runtime)
+    reply = asyncio.ensure_future(ref.ask(offsets_batch(1000)))
+    for _ in range(100):
+        await asyncio.sleep(0)
+    report = await ref.ask(Shutdown(force=True), timeout=10)
+    with pytest.raises(EngineStopped):
+        await asyncio.wait_for(reply, 5)
+    assert report.cancelled == 1000

@@ -117,10 +117,36 @@ DEVICE_STATE = np.dtype(
 )
 UNIT_BYTES = 16
 
+# An expanded batch's descriptor (device memory; see ``BatchDesc`` in abi.cuh and
+# :mod:`gpuactors.engine.expansion`).
+BATCH_DESC = np.dtype(
+    {
+        "names": [
+            "count",
+            "next",
+            "n",
+            "n_column",
+            "deadline_ns",
+            "statuses",
+            "op",
+            "reserved",
+            "args",
+            "columns",
+        ],
+        "formats": [np.uint64] * 6
+        + [np.uint32, np.uint32, (np.uint64, (MAX_ARGS,)), (np.uint64, (MAX_ARGS,))],
+        "offsets": [0, 8, 16, 24, 32, 40, 48, 52, 56, 136],
+        "itemsize": 224,
+    }
+)
+#: The op id of a ring record that describes a whole batch (``kBatchOp``).
+BATCH_OP = 0xFFFFFFFF
+
 # Engine status codes (Completion.status). Ops return 0 or a positive code.
 STATUS_OK = 0
 STATUS_UNKNOWN_OP = -1
 STATUS_DEADLINE = -2
+STATUS_BATCH_FAILED = -3  # an expanded batch's record: some task failed
 
 # Why a kernel instance exited (HostControl.exit_reason).
 EXIT_IDLE = 1
@@ -135,6 +161,7 @@ _CPP_STRUCTS = {
     "HostControl": HOST_CONTROL,
     "EngineParams": ENGINE_PARAMS,
     "DeviceState": DEVICE_STATE,
+    "BatchDesc": BATCH_DESC,
 }
 _CPP_CONSTANTS = {
     "kMaxArgs": MAX_ARGS,
@@ -147,6 +174,8 @@ _CPP_CONSTANTS = {
     "kStatusOk": STATUS_OK,
     "kStatusUnknownOp": STATUS_UNKNOWN_OP,
     "kStatusDeadline": STATUS_DEADLINE,
+    "kStatusBatchFailed": STATUS_BATCH_FAILED,
+    "kBatchOp": BATCH_OP,
     "kExitIdle": EXIT_IDLE,
     "kExitParkRequest": EXIT_PARK_REQUEST,
     "kExitResidency": EXIT_RESIDENCY,

@@ -107,6 +107,7 @@ class PersistentEngineActor(Actor):
             self._ops,
             self._completions,
             capacity=config.capacity,
+            expand_from=config.expand_batches_from,
             full_policy=full_policy,
             wake=self._wake,
             reply_future=context.reply_future if context is not None else _no_reply_future,

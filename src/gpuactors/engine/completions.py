@@ -141,16 +141,19 @@ class Completions:
         return progressed
 
     def _complete_batch(self, batch: Batch) -> None:
-        failed = int(np.count_nonzero(batch.statuses))
-        self.processed += batch.count - failed
+        statuses = batch.statuses
+        if batch.expansion is not None:  # its record's status says how its tasks went
+            statuses = batch.expansion.statuses(int(statuses[0]))
+        failed = int(np.count_nonzero(statuses))
+        self.processed += len(statuses) - failed
         self.failed += failed
         if not batch.future.done():
             batch.future.set_result(
                 BatchCompletion(
                     first_seq=batch.first_seq,
-                    count=batch.count,
+                    count=len(statuses),
                     failed=failed,
-                    statuses=batch.statuses if batch.per_task else None,
+                    statuses=statuses if batch.per_task else None,
                 )
             )
 
@@ -223,7 +226,7 @@ class Completions:
         for batch in self.batches:
             if not batch.future.done():
                 batch.future.set_exception(error)
-                cancelled += batch.count - batch.finished
+                cancelled += batch.tasks_left
         self.batches.clear()
         return cancelled
 

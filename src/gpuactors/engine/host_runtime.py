@@ -22,7 +22,7 @@ import numpy as np
 from gpuactors.cuda import arrays as arrays_module
 from gpuactors.engine import args as args_module
 from gpuactors.engine import optable as optable_module
-from gpuactors.engine.abi import COMPLETION, RING_RECORD
+from gpuactors.engine.abi import BATCH_DESC, BATCH_OP, COMPLETION, RING_RECORD, STATUS_BATCH_FAILED
 from gpuactors.engine.actor import PersistentEngineActor
 from gpuactors.engine.live_ops import LiveOps
 from gpuactors.engine.ops import OpSpec
@@ -79,6 +79,23 @@ def cupy_like_arrays() -> Iterator[None]:
             setattr(module, _CUPY_NDARRAY, original)
 
 
+class HostBytes:
+    """The host runtime's "device memory": host bytes at a real address."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.memory = np.zeros(nbytes, dtype=np.uint8)
+        self.ptr = int(self.memory.ctypes.data)
+
+    def write(self, host: np.ndarray) -> None:
+        self.memory[: host.nbytes] = host.view(np.uint8).reshape(-1)
+
+    def write_at(self, offset: int, host: np.ndarray) -> None:
+        self.memory[offset : offset + host.nbytes] = host.view(np.uint8).reshape(-1)
+
+    def read(self, offset: int, count: int, dtype: np.dtype[Any]) -> np.ndarray:
+        return self.memory[offset : offset + count * dtype.itemsize].view(dtype).copy()
+
+
 class HostRuntime:
     """What the actor uses of an EngineRuntime, over a host ring. ``auto``: every kick
     finishes every published task (unless held); else a test calls :meth:`finish`.
@@ -111,6 +128,9 @@ class HostRuntime:
         self.kicks = 0
         self.finished = 0  # tasks finished by kicks and finish calls
         self.device_seconds = 0.0  # spent finishing tasks (the stand-in device's time)
+        self.buffers: dict[int, HostBytes] = {}  # what allocate lent, by address
+        #: An expanded batch's tasks' statuses, by index, when ``finish`` runs its record.
+        self.batch_task_status: Callable[[int], int] = lambda index: 0
 
     @property
     def consumed(self) -> int:
@@ -125,18 +145,38 @@ class HostRuntime:
                 self.finish_quickly()
         return False
 
+    def allocate(self, nbytes: int) -> HostBytes:
+        buffer = HostBytes(nbytes)
+        self.buffers[buffer.ptr] = buffer
+        return buffer
+
     def finish(self, status_of: StatusOf = lambda seq, record: 0) -> int:
-        """Take and finish every published task (``status_of(seq, record)`` each)."""
+        """Take and finish every published task (``status_of(seq, record)`` each; an
+        expanded batch's record: ``batch_task_status`` of each of its tasks)."""
         started = time.perf_counter()
         finished = 0
         while taken := self.consumer.take():
             for seq, record in taken:
                 self.taken.append((seq, record))
-                self.consumer.complete(seq, status_of(seq, record))
+                if int(record["op"]) == BATCH_OP:
+                    status = self._run_batch(int(record["args"][0]))
+                else:
+                    status = status_of(seq, record)
+                self.consumer.complete(seq, status)
                 finished += 1
         self.finished += finished
         self.device_seconds += time.perf_counter() - started
         return finished
+
+    def _run_batch(self, desc_ptr: int) -> int:
+        """An expanded batch's record, as the kernel runs it: each task's status
+        written beside its descriptor; the record's status."""
+        buffer = self.buffers.pop(desc_ptr)
+        desc = buffer.memory[: BATCH_DESC.itemsize].view(BATCH_DESC)[0]
+        count = int(desc["count"])
+        statuses = np.array([self.batch_task_status(index) for index in range(count)], np.int32)
+        buffer.write_at(int(desc["statuses"]) - buffer.ptr, statuses)
+        return STATUS_BATCH_FAILED if statuses.any() else 0
 
     def finish_quickly(self) -> int:
         """Finish every published task with status 0, one unit, no decoding: the

@@ -33,6 +33,7 @@ from gpuactors.cuda.polling import SPIN_SECONDS
 from gpuactors.engine import streams
 from gpuactors.engine.args import check_count, encode_batch
 from gpuactors.engine.completions import Completions
+from gpuactors.engine.expansion import EXPAND_MIN_TASKS, Expansion, expandable
 from gpuactors.engine.messages import (
     Completion,
     Enqueue,
@@ -58,6 +59,7 @@ class Intake:
         completions: Completions,
         *,
         capacity: int,
+        expand_from: int | None = EXPAND_MIN_TASKS,
         full_policy: Literal["wait", "fail"],
         wake: asyncio.Event,
         reply_future: Callable[[], asyncio.Future[Any]],
@@ -65,11 +67,14 @@ class Intake:
     ) -> None:
         """``wake``: set when the poller has work; ``reply_future``: the asker's own
         future of the message being handled (the actor context's); ``declare_faulted``:
-        takes the engine out of service (a publish from a loop callback failed)."""
+        takes the engine out of service (a publish from a loop callback failed);
+        ``expand_from``: batches of this many tasks or more are expanded by the device
+        (None: none is)."""
         self._service = service
         self._ops = ops
         self._completions = completions
         self._capacity = capacity
+        self._expand_from = expand_from
         self._full_policy = full_policy
         self._wake = wake
         self._reply_future = reply_future
@@ -391,15 +396,22 @@ class Intake:
             raise  # the asker's error (the runtime's rule), as is
         except Exception as exc:  # the caller's arguments, not the actor's failure
             raise unreadable(msg.op, exc) from exc
+        expansion = None
+        if expandable(records, self._expand_from):  # one record and one copy, whatever its size
+            runtime = service.runtime
+            assert runtime is not None  # (check_serving)
+            expansion = Expansion(records, runtime.allocate, workers=runtime.grid - 1)
+            records = expansion.record
         batch = Batch(
             self._reply_future(),  # the asker's own
             op,
             records,
             msg.per_task,
-            msg.args,
+            msg.args if expansion is None else (*msg.args, expansion),
             np.zeros(len(records), dtype=np.bool_),
             np.zeros(len(records), dtype=np.int32),
             ready_event,
+            expansion=expansion,
         )
         self.backlog.append(batch)
         if len(self.backlog) == 1 and not self.staged and ready_event is None:
@@ -552,7 +564,8 @@ class Intake:
             if isinstance(item, Task):
                 deadline, begun, count = item.deadline_ns, False, 1
             else:  # a part-published batch stays: the device times out its other part
-                deadline, begun, count = item.records.deadline_ns, item.published > 0, item.count
+                deadline, begun = item.records.deadline_ns, item.published > 0
+                count = item.tasks_left
             if item.future.done() or begun or not deadline or device_now <= deadline:
                 continue
             waited = "room" if item.ready_event is None else "its inputs (after='current_stream')"
@@ -580,7 +593,7 @@ class Intake:
         for item in self.outstanding():
             if not item.future.done():
                 item.future.set_exception(error)
-                failed += 1 if isinstance(item, Task) else item.count - item.finished
+                failed += 1 if isinstance(item, Task) else item.tasks_left
         self.staged.clear()
         self.backlog.clear()
         return failed

@@ -15,7 +15,7 @@ from __future__ import annotations
 import enum
 import platform
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Annotated, Any, Literal
 
@@ -36,6 +36,7 @@ from gpuactors.engine.abi import (
     UNIT_BYTES,
 )
 from gpuactors.engine.codegen import CLOCK_KERNEL_NAME, ENGINE_KERNEL_NAME
+from gpuactors.engine.expansion import EXPAND_MIN_TASKS
 from gpuactors.engine.messages import MAX_TIMEOUT_S
 from gpuactors.engine.ops import OpSpec
 from gpuactors.engine.ring import HostRing, check_capacity, reset_ring, u64_words
@@ -94,6 +95,9 @@ class EngineConfig(Settings):
     hang_grace_ms: float = Field(default=1000.0, gt=0, le=_MAX_MS)
     # Deadline of tasks sent without one: every wait ends (None: tasks may wait forever).
     default_task_timeout_s: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S)] | None = 60.0
+    # An EnqueueBatch of at least this many one-block tasks is one ring record that the
+    # kernel expands (gpuactors.engine.expansion); None: every batch goes record by record.
+    expand_batches_from: Annotated[int, Field(ge=1)] | None = EXPAND_MIN_TASKS
 
     @field_validator("capacity")
     @classmethod
@@ -122,6 +126,32 @@ def check_start_options(
     if full_policy not in ("wait", "fail"):
         raise InvalidArgument(f"full_policy must be 'wait' or 'fail', not {full_policy!r}")
     return config or EngineConfig()
+
+
+class DeviceBytes:
+    """Bytes of device memory, copied to and from on a stream of their own (the
+    kernel's stream never drains while the engine runs)."""
+
+    def __init__(
+        self, memory: Any, stream: Any, current: Callable[[], AbstractContextManager[None]]
+    ) -> None:
+        self._memory = memory  # a CuPy uint8 array: its pool frees it with this object
+        self._stream = stream
+        self._current = current
+        self.ptr = int(memory.data.ptr)
+
+    def write(self, host: np.ndarray) -> None:
+        with self._current():
+            self._memory[: host.nbytes].set(host.view(np.uint8).reshape(-1), stream=self._stream)
+            self._stream.synchronize()
+
+    def read(self, offset: int, count: int, dtype: np.dtype[Any]) -> np.ndarray:
+        with self._current():
+            raw: np.ndarray = self._memory[offset : offset + count * dtype.itemsize].get(
+                stream=self._stream
+            )
+            self._stream.synchronize()
+        return raw.view(dtype)
 
 
 def _pinned(cupy: Any, dtype: np.dtype[Any], count: int) -> tuple[Any, np.ndarray]:
@@ -156,6 +186,7 @@ class EngineRuntime:
             self.sm_count = int(props["multiProcessorCount"])
             self.grid = config.grid_blocks or self.sm_count
             self.stream = cupy.cuda.Stream(non_blocking=True)
+            self._copy_stream: Any = None  # expanded batches' copies (made on first use)
 
             cap = config.capacity
             self._ring_mem, records = _pinned(cupy, RING_RECORD, cap)
@@ -379,6 +410,15 @@ class EngineRuntime:
                 "the running module stays"
             )
         self.calibrate_clock()  # parked: the clocks drift apart by microseconds a second
+
+    def allocate(self, nbytes: int) -> DeviceBytes:
+        """Device memory on this engine's device (an expanded batch's descriptor)."""
+        with self._current():
+            if self._copy_stream is None:  # (not the kernel's: that one never drains)
+                self._copy_stream = self._cupy.cuda.Stream(non_blocking=True)
+            return DeviceBytes(
+                self._cupy.empty(nbytes, dtype=self._cupy.uint8), self._copy_stream, self._current
+            )
 
     def abandon(self, keepalive: Sequence[Any] = ()) -> None:
         """Give up on a faulted or hung kernel without waiting for it.

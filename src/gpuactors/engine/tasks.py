@@ -15,6 +15,7 @@ from typing import Any, Final
 import numpy as np
 
 from gpuactors.engine import abi
+from gpuactors.engine.expansion import Expansion
 from gpuactors.engine.messages import BatchCompletion, Completion
 from gpuactors.engine.ops import OpSpec
 from gpuactors.engine.ring import RecordColumns
@@ -55,10 +56,20 @@ class Batch:
     published: int = 0
     finished: int = 0
     low: int = 0  # every task before this index has finished
+    #: Set when the device expands the batch: ``records`` is then its one record.
+    expansion: Expansion | None = None
 
     @property
     def count(self) -> int:
+        """Records in the ring (an expanded batch has one)."""
         return len(self.records)
+
+    @property
+    def tasks_left(self) -> int:
+        """Tasks not finished yet (an expanded batch's all finish with its record)."""
+        if self.expansion is not None:
+            return 0 if self.finished else self.expansion.count
+        return self.count - self.finished
 
 
 def records_of(tasks: Sequence[Task]) -> np.ndarray:

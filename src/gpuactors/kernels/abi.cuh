@@ -125,6 +125,29 @@ struct alignas(64) HostControl {
 constexpr i32 kStatusOk = 0;
 constexpr i32 kStatusUnknownOp = -1;
 constexpr i32 kStatusDeadline = -2;
+constexpr i32 kStatusBatchFailed = -3;  // an expanded batch: some task failed (its statuses say which)
+
+// A batch the device expands (engine.cuh, run_batch_unit). Its whole EnqueueBatch is ONE
+// ring record: op kBatchOp, n = the task count, blocks = the worker blocks it may use,
+// args[0] = a BatchDesc in device memory. The host writes the descriptor and its columns
+// (one H2D copy) before it publishes the record; each unit then claims tasks from
+// `next` until none is left, builds each task's record from the shared words and the
+// per-task columns, runs it and writes its status. The host's cost of a batch is then
+// one copy and one record, whatever its size.
+constexpr u32 kBatchOp = 0xFFFFFFFFu;
+
+struct alignas(16) BatchDesc {
+    u64 count;                // 0    tasks
+    u64 next;                 // 8    tasks claimed so far (atomicAdd; the host writes 0)
+    u64 n;                    // 16   every task's n, unless n_column
+    const u64* n_column;      // 24   per-task n, or null
+    u64 deadline_ns;          // 32   %globaltimer deadline of every task; 0 = none
+    i32* statuses;            // 40   per task: its status, written by the block that ran it
+    u32 op;                   // 48   physical op id of every task
+    u32 reserved;             // 52
+    u64 args[kMaxArgs];       // 56   each argument's word, unless its column
+    const u64* columns[kMaxArgs];  // 136  per-task words of an argument, or null
+};
 
 // Why a kernel instance exited.
 constexpr u64 kExitIdle = 1;

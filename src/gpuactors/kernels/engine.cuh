@@ -299,8 +299,9 @@ __device__ void run_dispatcher(const EngineParams& P, InlineTask& inline_task) {
                 const u32 blocks = (u32)(__shfl_sync(full, word, 1) >> 32);
                 const u64 n = __shfl_sync(full, word, 2);
                 const bool next_ready = __shfl_sync(full, spec, 16) == tail + 2;
+                const u32 op = (u32)__shfl_sync(full, word, 1);
                 if (known_done == unit_head && P.inline_max_n != 0 && blocks <= 1u &&
-                    n <= P.inline_max_n && !next_ready) {
+                    n <= P.inline_max_n && !next_ready && op != kBatchOp) {
                     if (lane < 16u) reinterpret_cast<u64*>(&inline_task.rec)[lane] = word;
                     if (lane == 0) {
                         inline_task.slot = (u32)(tail & ring_mask);
@@ -430,6 +431,76 @@ __device__ void run_dispatcher(const EngineParams& P, InlineTask& inline_task) {
     }
 }
 
+// Reads of what the host copied into device memory for a batch: through L2 only. The
+// memory pool hands a finished batch's addresses to the next, so a line this SM's L1
+// still holds from then must not be read.
+__device__ __forceinline__ u64 ld_batch(const u64* p) { return __ldcg(p); }
+
+// One unit of an expanded batch (abi.cuh, BatchDesc): claim tasks one at a time until
+// none is left, run each as a one-block task and write its status. Every thread of the
+// block calls it. Returns kStatusBatchFailed if a task this unit ran failed, else 0: the
+// batch's record completes with that status (merged over its units as any task's).
+__device__ __noinline__ i32 run_batch_unit(BatchDesc* desc) {
+    __shared__ TaskRecord b_rec;
+    __shared__ u64 b_index;
+    __shared__ u32 b_expired;
+    __shared__ i32 b_status;
+    __shared__ u32 b_failed;
+    const u64 count = ld_batch(&desc->count);
+    if (threadIdx.x == 0) {
+        b_failed = 0;
+        b_rec.op = (u32)ld_batch(reinterpret_cast<const u64*>(&desc->op));
+        b_rec.blocks = 1;
+        b_rec.deadline_ns = ld_batch(&desc->deadline_ns);
+        b_rec.tag = 0;
+        b_rec.reserved = 0;
+    }
+    while (true) {
+        if (threadIdx.x == 0) {
+            b_index = atomicAdd(&desc->next, 1ULL);
+            b_status = 0;
+        }
+        __syncthreads();
+        const u64 t = b_index;
+        if (t >= count) break;
+        if (threadIdx.x < (u32)kMaxArgs) {
+            const u64* column = reinterpret_cast<const u64*>(ld_batch(
+                reinterpret_cast<const u64*>(&desc->columns[threadIdx.x])));
+            b_rec.args[threadIdx.x] =
+                column ? ld_batch(column + t) : ld_batch(&desc->args[threadIdx.x]);
+        } else if (threadIdx.x == (u32)kMaxArgs) {
+            const u64* column =
+                reinterpret_cast<const u64*>(ld_batch(reinterpret_cast<const u64*>(&desc->n_column)));
+            b_rec.n = column ? ld_batch(column + t) : ld_batch(&desc->n);
+            b_rec.seq = t;
+            const u64 deadline = b_rec.deadline_ns;
+            b_expired = (deadline != 0 && now_ns() > deadline) ? 1u : 0u;
+        }
+        __syncthreads();
+        i32 rc;
+        if (b_expired) {
+            rc = kStatusDeadline;
+        } else {
+            TaskCtx ctx;
+            ctx.rec = &b_rec;
+            ctx.rank = 0;
+            ctx.units = 1;
+            rc = dispatch(ctx);
+        }
+        if (rc != 0) b_status = rc;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            i32* statuses = reinterpret_cast<i32*>(
+                ld_batch(reinterpret_cast<const u64*>(&desc->statuses)));
+            statuses[t] = b_status;
+            if (b_status != 0) b_failed = 1;
+        }
+        // (the next claim overwrites b_index and b_rec: every thread is done with them)
+        __syncthreads();
+    }
+    return b_failed ? kStatusBatchFailed : 0;
+}
+
 __device__ void run_worker(const EngineParams& P) {
     __shared__ TaskRecord s_rec;
     __shared__ Unit s_unit;
@@ -472,14 +543,18 @@ __device__ void run_worker(const EngineParams& P) {
             s_t_start = t;
             if (unit.rank == 0 && unit.count > 1) P.t_start[unit.slot] = t;
             // One thread decides, so the whole block either runs the op or skips it:
-            // ops may use __syncthreads(), which every thread must reach.
+            // ops may use __syncthreads(), which every thread must reach. (An expanded
+            // batch's tasks each check the deadline themselves.)
             const u64 deadline = reinterpret_cast<const volatile u64*>(&P.tasks[unit.slot])[3];
-            s_expired = (deadline != 0 && t > deadline) ? 1u : 0u;
+            const u32 op = reinterpret_cast<const volatile u32*>(&P.tasks[unit.slot])[2];
+            s_expired = (op != kBatchOp && deadline != 0 && t > deadline) ? 1u : 0u;
         }
         __syncthreads();
         i32 rc;
         if (s_expired) {
             rc = kStatusDeadline;
+        } else if (s_rec.op == kBatchOp) {
+            rc = run_batch_unit(reinterpret_cast<BatchDesc*>(s_rec.args[0]));
         } else {
             TaskCtx ctx;
             ctx.rec = &s_rec;

@@ -1,0 +1,105 @@
+"""Batches the device expands from one ring record: the descriptor the host writes and
+the statuses it reads back. (The engine actor's handling of such batches is tested on
+a host ring in test_engine_on_host.py.)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gpuactors.engine import abi
+from gpuactors.engine.expansion import EXPAND_MIN_TASKS, Expansion, expandable
+from gpuactors.engine.host_runtime import HostBytes
+from gpuactors.engine.ring import RecordColumns
+from gpuactors.engine.runtime import EngineConfig
+from gpuactors.errors import InvalidArgument
+
+
+def descriptor(buffer: HostBytes) -> Any:
+    return buffer.memory[: abi.BATCH_DESC.itemsize].view(abi.BATCH_DESC)[0]
+
+
+def column_at(buffer: HostBytes, address: int, count: int) -> np.ndarray:
+    offset = address - buffer.ptr
+    return buffer.memory[offset : offset + 8 * count].view(np.uint64)
+
+
+# ------------------------------------------------------------------ the descriptor
+def test_the_descriptor_holds_shared_words_and_points_at_each_column() -> None:
+    count = 300
+    pointers = (np.arange(count, dtype=np.int64) * 4096 + (1 << 40)).view(np.uint64)
+    n = np.arange(count, dtype=np.int64) + 1
+    scalars = np.full(count, 7, dtype=np.uint64)
+    records = RecordColumns(
+        op=5, blocks=1, count=count, n=n, args=(pointers, 123, scalars), deadline_ns=99
+    )
+    lent: list[HostBytes] = []
+
+    def allocate(nbytes: int) -> HostBytes:
+        lent.append(HostBytes(nbytes))
+        return lent[-1]
+
+    expansion = Expansion(records, allocate, workers=131)
+    (buffer,) = lent
+    desc = descriptor(buffer)
+    assert (int(desc["count"]), int(desc["next"]), int(desc["op"])) == (count, 0, 5)
+    assert int(desc["deadline_ns"]) == 99
+    assert int(desc["n"]) == 0
+    np.testing.assert_array_equal(column_at(buffer, int(desc["n_column"]), count), n)
+    assert int(desc["args"][1]) == 123 and int(desc["columns"][1]) == 0
+    np.testing.assert_array_equal(column_at(buffer, int(desc["columns"][0]), count), pointers)
+    np.testing.assert_array_equal(column_at(buffer, int(desc["columns"][2]), count), scalars)
+    assert all(int(address) % 8 == 0 for address in desc["columns"] if address)
+    statuses = int(desc["statuses"]) - buffer.ptr  # after the columns, inside the buffer
+    assert statuses >= 256 + 3 * 8 * count and statuses + 4 * count <= len(buffer.memory)
+    record = expansion.record
+    assert (record.op, record.count, record.n, record.args) == (
+        abi.BATCH_OP,
+        1,
+        count,
+        (buffer.ptr,),
+    )
+    assert (record.blocks, record.deadline_ns) == (131, 99)
+
+
+def test_a_batch_smaller_than_the_worker_blocks_asks_one_block_a_task() -> None:
+    records = RecordColumns(op=1, blocks=1, count=300, n=8, args=(1 << 40,))
+    expansion = Expansion(records, HostBytes, workers=1000)
+    assert expansion.record.blocks == 300
+    assert Expansion(records, HostBytes, workers=0).record.blocks == 1
+
+
+def test_statuses_follow_the_records_status() -> None:
+    records = RecordColumns(op=1, blocks=1, count=300, n=8, args=(1 << 40,))
+    lent: list[HostBytes] = []
+
+    def allocate(nbytes: int) -> HostBytes:
+        lent.append(HostBytes(nbytes))
+        return lent[-1]
+
+    expansion = Expansion(records, allocate, workers=4)
+    assert not expansion.statuses(abi.STATUS_OK).any()
+    written = np.zeros(300, dtype=np.int32)
+    written[[3, 299]] = (7, abi.STATUS_DEADLINE)
+    lent[0].write_at(int(descriptor(lent[0])["statuses"]) - lent[0].ptr, written)
+    np.testing.assert_array_equal(expansion.statuses(abi.STATUS_BATCH_FAILED), written)
+    assert (expansion.statuses(abi.STATUS_UNKNOWN_OP) == abi.STATUS_UNKNOWN_OP).all()
+
+
+def test_which_batches_are_expanded() -> None:
+    def records(count: int, blocks: int = 1) -> RecordColumns:
+        return RecordColumns(op=1, blocks=blocks, count=count, n=8, args=())
+
+    assert expandable(records(EXPAND_MIN_TASKS), EXPAND_MIN_TASKS)
+    assert not expandable(records(EXPAND_MIN_TASKS - 1), EXPAND_MIN_TASKS)
+    assert not expandable(records(10_000, blocks=2), EXPAND_MIN_TASKS)  # multi-block tasks
+    assert not expandable(records(10_000), None)
+    assert expandable(records(1), 1)
+
+
+def test_the_threshold_is_checked_when_the_config_is_built() -> None:
+    with pytest.raises(InvalidArgument, match="expand_batches_from"):
+        EngineConfig(expand_batches_from=0)
+    assert EngineConfig().expand_batches_from == EXPAND_MIN_TASKS
