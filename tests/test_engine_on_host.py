@@ -762,12 +762,12 @@ async def test_an_expanded_batchs_failed_tasks_are_counted_and_named(
     assert done.statuses is not None
     np.testing.assert_array_equal(np.flatnonzero(done.statuses), np.arange(3, 1000, 100))
     assert set(done.statuses[done.statuses != 0].tolist()) == {7}
-    without = asyncio.ensure_future(ref.ask(offsets_batch(500)))  # per_task=False: counts only
+    without = asyncio.ensure_future(ref.ask(offsets_batch(600)))  # per_task=False: counts only
     for _ in range(100):
         await asyncio.sleep(0)
     runtime.finish()
     done = await asyncio.wait_for(without, 5)
-    assert (done.count, done.failed, done.statuses) == (500, 5, None)
+    assert (done.count, done.failed, done.statuses) == (600, 6, None)
 
 
 async def test_a_batch_below_the_threshold_goes_record_by_record(system: ActorSystem) -> None:

@@ -303,4 +303,6 @@ def _pointer_column(
         return info.ptr
     # In int64, then read as the record's uint64 words: no overflow, since every task's
     # end lies inside the array (checked above) and device addresses are under 2**49.
-    return (offsets * info.dtype.itemsize + info.ptr).view(np.uint64)
+    pointers = offsets * info.dtype.itemsize
+    pointers += info.ptr  # (in place: one pass fewer over a column of every task)
+    return pointers.view(np.uint64)

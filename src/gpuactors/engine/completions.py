@@ -141,17 +141,21 @@ class Completions:
         return progressed
 
     def _complete_batch(self, batch: Batch) -> None:
-        statuses = batch.statuses
+        count = batch.count
+        statuses: np.ndarray | None = batch.statuses
         if batch.expansion is not None:  # its record's status says how its tasks went
-            statuses = batch.expansion.statuses(int(statuses[0]))
-        failed = int(np.count_nonzero(statuses))
-        self.processed += len(statuses) - failed
+            count = batch.expansion.count
+            statuses = batch.expansion.statuses(int(batch.statuses[0]))  # (None: all succeeded)
+        failed = 0 if statuses is None else int(np.count_nonzero(statuses))
+        self.processed += count - failed
         self.failed += failed
+        if batch.per_task and statuses is None:
+            statuses = np.zeros(count, dtype=np.int32)
         if not batch.future.done():
             batch.future.set_result(
                 BatchCompletion(
                     first_seq=batch.first_seq,
-                    count=len(statuses),
+                    count=count,
                     failed=failed,
                     statuses=statuses if batch.per_task else None,
                 )

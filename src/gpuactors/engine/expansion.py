@@ -25,9 +25,15 @@ from gpuactors.engine import abi
 from gpuactors.engine.ring import RecordColumns
 
 #: From this many tasks on, a batch (of one block per task) is expanded by the device.
-EXPAND_MIN_TASKS: Final = 256
+EXPAND_MIN_TASKS: Final = 512
 
 _HEADER_BYTES: Final = 256  # the descriptor, padded: the columns after it stay aligned
+#: Each BATCH_DESC field's index as a word (8-byte aligned: abi.cuh).
+_WORD: Final = {name: field[1] // 8 for name, field in (abi.BATCH_DESC.fields or {}).items()}
+#: Up to this many bytes, the descriptor and columns are joined on the host and copied
+#: at once: each copy waits for the last (their source is pageable memory), and costs
+#: more than joining small columns. Larger ones are copied from where they are.
+_JOIN_BYTES: Final = 1 << 20
 
 
 class DeviceBuffer(Protocol):
@@ -36,8 +42,11 @@ class DeviceBuffer(Protocol):
     @property
     def ptr(self) -> int: ...
 
-    def write(self, host: np.ndarray) -> None:
-        """Copy ``host``'s bytes to the buffer's start; done on return."""
+    def copy_in(self, offset: int, host: np.ndarray) -> None:
+        """Start copying ``host``'s bytes to ``offset`` bytes in (:meth:`wait` ends it)."""
+
+    def wait(self) -> None:
+        """Return once every copy started has landed."""
 
     def read(self, offset: int, count: int, dtype: np.dtype[Any]) -> np.ndarray:
         """``count`` items of ``dtype`` from ``offset`` bytes in (the device is done)."""
@@ -69,32 +78,31 @@ class Expansion:
         statuses_at = _HEADER_BYTES + 8 * count * len(columns)
         buffer = allocate(statuses_at + 4 * count)
         base = buffer.ptr
-        blob = np.zeros(statuses_at, dtype=np.uint8)
-        desc = blob[: abi.BATCH_DESC.itemsize].view(abi.BATCH_DESC)  # (one, in place)
-        desc["count"] = count
-        desc["deadline_ns"] = records.deadline_ns
-        desc["statuses"] = base + statuses_at
-        desc["op"] = records.op
-        words = blob[_HEADER_BYTES:].view(np.uint64).reshape(len(columns), count)
-        at = 0
+        # The descriptor as words (BATCH_DESC's fields are all 8-byte aligned, and op
+        # shares its word with a zero): setting a word costs less than a field.
+        desc = np.zeros(abi.BATCH_DESC.itemsize // 8, dtype=np.uint64)
+        desc[_WORD["count"]] = count
+        desc[_WORD["deadline_ns"]] = records.deadline_ns
+        desc[_WORD["statuses"]] = base + statuses_at
+        desc[_WORD["op"]] = records.op
+        pieces: list[tuple[int, np.ndarray]] = []  # (offset, bytes) of what is copied
 
         def place(column: np.ndarray) -> int:
-            """Copy ``column`` into the blob; its device address."""
-            nonlocal at
-            words[at] = column.view(np.uint64)
-            at += 1
-            return base + _HEADER_BYTES + 8 * count * (at - 1)
+            """Lay ``column`` out after the header; its device address."""
+            offset = _HEADER_BYTES + 8 * count * len(pieces)
+            pieces.append((offset, np.ascontiguousarray(column).view(np.uint64)))
+            return base + offset
 
         if isinstance(records.n, int):
-            desc["n"] = records.n
+            desc[_WORD["n"]] = records.n
         else:
-            desc["n_column"] = place(records.n)
+            desc[_WORD["n_column"]] = place(records.n)
         for index, value in enumerate(records.args):
             if isinstance(value, int):
-                desc["args"][0, index] = value
+                desc[_WORD["args"] + index] = value
             else:
-                desc["columns"][0, index] = place(value)
-        buffer.write(blob)
+                desc[_WORD["columns"] + index] = place(value)
+        _copy(buffer, [(0, desc), *pieces], statuses_at)
         self.count = count
         self._buffer = buffer
         self._statuses_at = statuses_at
@@ -107,11 +115,25 @@ class Expansion:
             deadline_ns=records.deadline_ns,  # (the host's checks; each task checks its own)
         )
 
-    def statuses(self, record_status: int) -> np.ndarray:
-        """Every task's status, from the status its record finished with: all 0, read
-        from the device where some task failed, or the record's own for every task."""
+    def statuses(self, record_status: int) -> np.ndarray | None:
+        """Every task's status, from the status its record finished with: None where
+        every task succeeded, read from the device where some task failed, or the
+        record's own for every task."""
         if record_status == abi.STATUS_OK:
-            return np.zeros(self.count, dtype=np.int32)
+            return None
         if record_status == abi.STATUS_BATCH_FAILED:
             return self._buffer.read(self._statuses_at, self.count, np.dtype(np.int32))
         return np.full(self.count, record_status, dtype=np.int32)
+
+
+def _copy(buffer: DeviceBuffer, pieces: list[tuple[int, np.ndarray]], nbytes: int) -> None:
+    """Copy each ``(offset, array)`` into ``buffer``; return once all have landed.
+    ``nbytes``: how far the pieces reach (they tile it, gaps zeroed)."""
+    if nbytes <= _JOIN_BYTES:
+        joined = np.zeros(nbytes, dtype=np.uint8)
+        for offset, array in pieces:
+            joined[offset : offset + array.nbytes] = array.view(np.uint8).reshape(-1)
+        pieces = [(0, joined)]
+    for offset, array in pieces:  # (each stays referenced until the copies have landed)
+        buffer.copy_in(offset, array)
+    buffer.wait()

@@ -86,11 +86,11 @@ class HostBytes:
         self.memory = np.zeros(nbytes, dtype=np.uint8)
         self.ptr = int(self.memory.ctypes.data)
 
-    def write(self, host: np.ndarray) -> None:
-        self.memory[: host.nbytes] = host.view(np.uint8).reshape(-1)
-
-    def write_at(self, offset: int, host: np.ndarray) -> None:
+    def copy_in(self, offset: int, host: np.ndarray) -> None:
         self.memory[offset : offset + host.nbytes] = host.view(np.uint8).reshape(-1)
+
+    def wait(self) -> None:
+        pass
 
     def read(self, offset: int, count: int, dtype: np.dtype[Any]) -> np.ndarray:
         return self.memory[offset : offset + count * dtype.itemsize].view(dtype).copy()
@@ -175,7 +175,7 @@ class HostRuntime:
         desc = buffer.memory[: BATCH_DESC.itemsize].view(BATCH_DESC)[0]
         count = int(desc["count"])
         statuses = np.array([self.batch_task_status(index) for index in range(count)], np.int32)
-        buffer.write_at(int(desc["statuses"]) - buffer.ptr, statuses)
+        buffer.copy_in(int(desc["statuses"]) - buffer.ptr, statuses)
         return STATUS_BATCH_FAILED if statuses.any() else 0
 
     def finish_quickly(self) -> int:

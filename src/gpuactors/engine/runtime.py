@@ -140,9 +140,13 @@ class DeviceBytes:
         self._current = current
         self.ptr = int(memory.data.ptr)
 
-    def write(self, host: np.ndarray) -> None:
+    def copy_in(self, offset: int, host: np.ndarray) -> None:
         with self._current():
-            self._memory[: host.nbytes].set(host.view(np.uint8).reshape(-1), stream=self._stream)
+            bytes_ = host.view(np.uint8).reshape(-1)
+            self._memory[offset : offset + bytes_.nbytes].set(bytes_, stream=self._stream)
+
+    def wait(self) -> None:
+        with self._current():
             self._stream.synchronize()
 
     def read(self, offset: int, count: int, dtype: np.dtype[Any]) -> np.ndarray:

@@ -438,45 +438,57 @@ __device__ __forceinline__ u64 ld_batch(const u64* p) { return __ldcg(p); }
 
 // One unit of an expanded batch (abi.cuh, BatchDesc): claim tasks one at a time until
 // none is left, run each as a one-block task and write its status. Every thread of the
-// block calls it. Returns kStatusBatchFailed if a task this unit ran failed, else 0: the
-// batch's record completes with that status (merged over its units as any task's).
+// block calls it. Returns kStatusBatchFailed (thread 0) if a task this unit ran failed,
+// else 0: the batch's record completes with that status (merged over its units as any
+// task's).
+//
+// Each task's claim is made while the one before runs, so its latency hides behind the
+// op; the claimed index and the status go through two shared slots used in turn, which
+// leaves two barriers a task: one after its record is built, one after it ran.
 __device__ __noinline__ i32 run_batch_unit(BatchDesc* desc) {
     __shared__ TaskRecord b_rec;
-    __shared__ u64 b_index;
+    __shared__ u64 b_index[2];
+    __shared__ i32 b_status[2];
     __shared__ u32 b_expired;
-    __shared__ i32 b_status;
-    __shared__ u32 b_failed;
     const u64 count = ld_batch(&desc->count);
-    if (threadIdx.x == 0) {
-        b_failed = 0;
+    const u64 deadline = ld_batch(&desc->deadline_ns);
+    // Thread a < kMaxArgs builds argument a of every task, thread kMaxArgs the count.
+    const u32 tid = threadIdx.x;
+    const u64* column = nullptr;
+    u64 shared_word = 0;
+    if (tid < (u32)kMaxArgs) {
+        column = reinterpret_cast<const u64*>(ld_batch(reinterpret_cast<const u64*>(&desc->columns[tid])));
+        shared_word = ld_batch(&desc->args[tid]);
+    } else if (tid == (u32)kMaxArgs) {
+        column = reinterpret_cast<const u64*>(ld_batch(reinterpret_cast<const u64*>(&desc->n_column)));
+        shared_word = ld_batch(&desc->n);
+    }
+    i32* statuses = nullptr;
+    bool failed = false;
+    if (tid == 0) {
+        statuses = reinterpret_cast<i32*>(ld_batch(reinterpret_cast<const u64*>(&desc->statuses)));
         b_rec.op = (u32)ld_batch(reinterpret_cast<const u64*>(&desc->op));
         b_rec.blocks = 1;
-        b_rec.deadline_ns = ld_batch(&desc->deadline_ns);
+        b_rec.deadline_ns = deadline;
         b_rec.tag = 0;
         b_rec.reserved = 0;
+        b_index[0] = atomicAdd(&desc->next, 1ULL);
+        b_status[0] = 0;
     }
-    while (true) {
-        if (threadIdx.x == 0) {
-            b_index = atomicAdd(&desc->next, 1ULL);
-            b_status = 0;
-        }
-        __syncthreads();
-        const u64 t = b_index;
+    __syncthreads();
+    for (u32 k = 0;; k ^= 1u) {
+        const u64 t = b_index[k];
         if (t >= count) break;
-        if (threadIdx.x < (u32)kMaxArgs) {
-            const u64* column = reinterpret_cast<const u64*>(ld_batch(
-                reinterpret_cast<const u64*>(&desc->columns[threadIdx.x])));
-            b_rec.args[threadIdx.x] =
-                column ? ld_batch(column + t) : ld_batch(&desc->args[threadIdx.x]);
-        } else if (threadIdx.x == (u32)kMaxArgs) {
-            const u64* column =
-                reinterpret_cast<const u64*>(ld_batch(reinterpret_cast<const u64*>(&desc->n_column)));
-            b_rec.n = column ? ld_batch(column + t) : ld_batch(&desc->n);
+        if (tid < (u32)kMaxArgs) {
+            b_rec.args[tid] = column ? ld_batch(column + t) : shared_word;
+        } else if (tid == (u32)kMaxArgs) {
+            b_rec.n = column ? ld_batch(column + t) : shared_word;
             b_rec.seq = t;
-            const u64 deadline = b_rec.deadline_ns;
             b_expired = (deadline != 0 && now_ns() > deadline) ? 1u : 0u;
         }
         __syncthreads();
+        u64 claimed = 0;
+        if (tid == 0) claimed = atomicAdd(&desc->next, 1ULL);  // the next, while this runs
         i32 rc;
         if (b_expired) {
             rc = kStatusDeadline;
@@ -487,18 +499,19 @@ __device__ __noinline__ i32 run_batch_unit(BatchDesc* desc) {
             ctx.units = 1;
             rc = dispatch(ctx);
         }
-        if (rc != 0) b_status = rc;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            i32* statuses = reinterpret_cast<i32*>(
-                ld_batch(reinterpret_cast<const u64*>(&desc->statuses)));
-            statuses[t] = b_status;
-            if (b_status != 0) b_failed = 1;
+        if (rc != 0) b_status[k] = rc;
+        if (tid == 0) {
+            b_index[k ^ 1u] = claimed;
+            b_status[k ^ 1u] = 0;
         }
-        // (the next claim overwrites b_index and b_rec: every thread is done with them)
+        // Every thread is done with this task's record, and sees the next index.
         __syncthreads();
+        if (tid == 0) {
+            statuses[t] = b_status[k];
+            failed = failed || b_status[k] != 0;
+        }
     }
-    return b_failed ? kStatusBatchFailed : 0;
+    return failed ? kStatusBatchFailed : 0;
 }
 
 __device__ void run_worker(const EngineParams& P) {
