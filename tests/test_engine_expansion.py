@@ -12,7 +12,7 @@ import pytest
 from gpuactors.engine import abi
 from gpuactors.engine.expansion import EXPAND_MIN_TASKS, Expansion, expandable
 from gpuactors.engine.host_runtime import HostBytes
-from gpuactors.engine.ring import RecordColumns
+from gpuactors.engine.ring import RecordColumns, ScaledColumn
 from gpuactors.engine.runtime import EngineConfig
 from gpuactors.errors import InvalidArgument
 
@@ -45,7 +45,8 @@ def test_the_descriptor_holds_shared_words_and_points_at_each_column(
 ) -> None:
     """Small columns are joined and copied at once, large ones copied where they lie:
     the device sees the same layout either way."""
-    pointers = (np.arange(count, dtype=np.int64) * 4096 + (1 << 40)).view(np.uint64)
+    offsets = np.arange(count, dtype=np.int64) * 1024
+    pointers = ScaledColumn(1 << 40, offsets, 4)  # each task's pointer: made on the device
     n = np.arange(count, dtype=np.int64) + 1
     scalars = np.full(count, 7, dtype=np.uint64)
     records = RecordColumns(
@@ -66,11 +67,18 @@ def test_the_descriptor_holds_shared_words_and_points_at_each_column(
     assert int(desc["n"]) == 0
     np.testing.assert_array_equal(column_at(buffer, int(desc["n_column"]), count), n)
     assert int(desc["args"][1]) == 123 and int(desc["columns"][1]) == 0
-    np.testing.assert_array_equal(column_at(buffer, int(desc["columns"][0]), count), pointers)
+    assert (int(desc["args"][0]), int(desc["scales"][0])) == (1 << 40, 4)
+    np.testing.assert_array_equal(column_at(buffer, int(desc["columns"][0]), count), offsets)
+    assert (int(desc["args"][2]), int(desc["scales"][2])) == (0, 1)
     np.testing.assert_array_equal(column_at(buffer, int(desc["columns"][2]), count), scalars)
+    # What the device makes of task t's words: base + column[t] * scale.
+    made = desc["args"][0] + column_at(buffer, int(desc["columns"][0]), count) * desc["scales"][0]
+    np.testing.assert_array_equal(made, pointers[0:count])
     assert all(int(address) % 8 == 0 for address in desc["columns"] if address)
     statuses = int(desc["statuses"]) - buffer.ptr  # after the columns, inside the buffer
-    assert statuses >= 256 + 3 * 8 * count and statuses + 4 * count <= len(buffer.memory)
+    assert statuses >= abi.BATCH_DESC.itemsize + 3 * 8 * count and statuses + 4 * count <= len(
+        buffer.memory
+    )
     record = expansion.record
     assert (record.op, record.count, record.n, record.args) == (
         abi.BATCH_OP,

@@ -132,11 +132,11 @@ BATCH_DESC = np.dtype(
             "reserved",
             "args",
             "columns",
+            "scales",
         ],
-        "formats": [np.uint64] * 6
-        + [np.uint32, np.uint32, (np.uint64, (MAX_ARGS,)), (np.uint64, (MAX_ARGS,))],
-        "offsets": [0, 8, 16, 24, 32, 40, 48, 52, 56, 136],
-        "itemsize": 224,
+        "formats": [np.uint64] * 6 + [np.uint32, np.uint32] + [(np.uint64, (MAX_ARGS,))] * 3,
+        "offsets": [0, 8, 16, 24, 32, 40, 48, 52, 56, 136, 216],
+        "itemsize": 304,
     }
 )
 #: The op id of a ring record that describes a whole batch (``kBatchOp``).

@@ -17,7 +17,7 @@ import numpy as np
 from gpuactors.cuda.arrays import DeviceArrayInfo, check_device, cupy_ndarray, describe_array
 from gpuactors.engine.messages import MAX_BATCH_TASKS, EnqueueBatch
 from gpuactors.engine.ops import ArrayParam, OpSpec, ScalarParam
-from gpuactors.engine.ring import RecordColumns
+from gpuactors.engine.ring import RecordColumns, ScaledColumn
 from gpuactors.engine.wire import MAX_BLOCKS
 from gpuactors.engine.word_encoders import Encoder, word_encoder
 from gpuactors.errors import InvalidArgument
@@ -255,7 +255,7 @@ def encode_batch(
             raise InvalidArgument(f"n must be in [0, 2**62), got {msg.n!r}")
     else:
         n = _int_column(msg.n, "n")[0]
-    columns: list[np.ndarray | int] = []
+    columns: list[np.ndarray | ScaledColumn | int] = []
     for param, value in zip(op.params, msg.args, strict=True):
         where = f"argument {param.name!r} of op {op.name!r}"
         if isinstance(param, ArrayParam):
@@ -282,10 +282,10 @@ def _pointer_column(
     n: np.ndarray | int,
     count: int,
     where: str,
-) -> np.ndarray | int:
+) -> ScaledColumn | int:
     """Array parameter ``param``'s record word: its base pointer for every task, or
-    each task's pointer at its offset; InvalidArgument naming the first task that would
-    reach past the array's end."""
+    each task's pointer at its offset (made where the words are written);
+    InvalidArgument naming the first task that would reach past the array's end."""
     length = n if param.length == "n" else int(param.length)
     if param.name in msg.offsets:
         offsets, last = _int_column(msg.offsets[param.name], f"offsets[{param.name!r}]")
@@ -301,8 +301,6 @@ def _pointer_column(
         )
     if offsets is None:
         return info.ptr
-    # In int64, then read as the record's uint64 words: no overflow, since every task's
-    # end lies inside the array (checked above) and device addresses are under 2**49.
-    pointers = offsets * info.dtype.itemsize
-    pointers += info.ptr  # (in place: one pass fewer over a column of every task)
-    return pointers.view(np.uint64)
+    # Made in int64 and read as uint64 words: no overflow, since every task's end lies
+    # inside the array (checked above) and device addresses are under 2**49.
+    return ScaledColumn(info.ptr, offsets, info.dtype.itemsize)

@@ -22,12 +22,13 @@ from typing import Any, Final, Protocol
 import numpy as np
 
 from gpuactors.engine import abi
-from gpuactors.engine.ring import RecordColumns
+from gpuactors.engine.ring import RecordColumns, ScaledColumn
 
 #: From this many tasks on, a batch (of one block per task) is expanded by the device.
 EXPAND_MIN_TASKS: Final = 512
 
-_HEADER_BYTES: Final = 256  # the descriptor, padded: the columns after it stay aligned
+#: The descriptor, padded: the columns after it stay aligned.
+_HEADER_BYTES: Final = -(-abi.BATCH_DESC.itemsize // 64) * 64
 #: Each BATCH_DESC field's index as a word (8-byte aligned: abi.cuh).
 _WORD: Final = {name: field[1] // 8 for name, field in (abi.BATCH_DESC.fields or {}).items()}
 #: Up to this many bytes, the descriptor and columns are joined on the host and copied
@@ -100,8 +101,13 @@ class Expansion:
         for index, value in enumerate(records.args):
             if isinstance(value, int):
                 desc[_WORD["args"] + index] = value
+            elif isinstance(value, ScaledColumn):  # its words are made on the device
+                desc[_WORD["args"] + index] = value.base
+                desc[_WORD["columns"] + index] = place(value.values)
+                desc[_WORD["scales"] + index] = value.scale
             else:
                 desc[_WORD["columns"] + index] = place(value)
+                desc[_WORD["scales"] + index] = 1
         _copy(buffer, [(0, desc), *pieces], statuses_at)
         self.count = count
         self._buffer = buffer

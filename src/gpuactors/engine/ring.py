@@ -63,20 +63,41 @@ class CompletionView:
         return max(0, self.t_end_ns - self.t_start_ns)
 
 
+@dataclass(frozen=True, slots=True)
+class ScaledColumn:
+    """A column of words ``base + values * scale``, kept as its parts: each task's
+    pointer is its array's address plus its offset times the item size. The ring's
+    writer makes the words of the slice it publishes; an expanded batch has the device
+    make each task's (no column of them is built on the host)."""
+
+    base: int
+    values: np.ndarray  # int64, each in [0, 2**62): base + values * scale < 2**64
+    scale: int
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __getitem__(self, index: slice) -> np.ndarray:
+        words = self.values[index] * self.scale
+        words += self.base  # (in place: one pass fewer)
+        return words.view(np.uint64)
+
+
 @dataclass(frozen=True)
 class RecordColumns:
     """Many tasks of one op as columns (what an EnqueueBatch becomes).
 
     ``n`` and each of ``args`` (one entry per argument slot used) is a column, one
-    value per task (int64 for ``n``, uint64 words for ``args``), or one int shared by
-    every task: shared values are written once per publish, not once per task.
+    value per task (int64 for ``n``, uint64 words or a :class:`ScaledColumn` for
+    ``args``), or one int shared by every task: shared values are written once per
+    publish, not once per task.
     """
 
     op: int
     blocks: int
     count: int
     n: np.ndarray | int
-    args: tuple[np.ndarray | int, ...]
+    args: tuple[np.ndarray | ScaledColumn | int, ...]
     deadline_ns: int = 0  # one %globaltimer deadline for every task; 0 = none
 
     def __len__(self) -> int:

@@ -132,7 +132,9 @@ constexpr i32 kStatusBatchFailed = -3;  // an expanded batch: some task failed (
 // args[0] = a BatchDesc in device memory. The host writes the descriptor and its columns
 // (one H2D copy) before it publishes the record; each unit then claims tasks from
 // `next` until none is left, builds each task's record from the shared words and the
-// per-task columns, runs it and writes its status. The host's cost of a batch is then
+// per-task columns (an argument's word: its base plus its column's value times its
+// scale, so a column of element offsets becomes pointers on the device), runs it and
+// writes its status. The host's cost of a batch is then
 // one copy and one record, whatever its size.
 constexpr u32 kBatchOp = 0xFFFFFFFFu;
 
@@ -145,8 +147,9 @@ struct alignas(16) BatchDesc {
     i32* statuses;            // 40   per task: its status, written by the block that ran it
     u32 op;                   // 48   physical op id of every task
     u32 reserved;             // 52
-    u64 args[kMaxArgs];       // 56   each argument's word, unless its column
-    const u64* columns[kMaxArgs];  // 136  per-task words of an argument, or null
+    u64 args[kMaxArgs];       // 56   each argument's word; with a column, the base
+    const u64* columns[kMaxArgs];  // 136  per task: args[a] + columns[a][t] * scales[a], or null
+    u64 scales[kMaxArgs];     // 216  e.g. the item size: a column of offsets makes pointers
 };
 
 // Why a kernel instance exited.

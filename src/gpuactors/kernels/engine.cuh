@@ -455,13 +455,15 @@ __device__ __noinline__ i32 run_batch_unit(BatchDesc* desc) {
     // Thread a < kMaxArgs builds argument a of every task, thread kMaxArgs the count.
     const u32 tid = threadIdx.x;
     const u64* column = nullptr;
-    u64 shared_word = 0;
+    u64 shared_word = 0;  // with a column: the base its values are scaled onto
+    u64 scale = 1;
     if (tid < (u32)kMaxArgs) {
         column = reinterpret_cast<const u64*>(ld_batch(reinterpret_cast<const u64*>(&desc->columns[tid])));
         shared_word = ld_batch(&desc->args[tid]);
+        scale = ld_batch(&desc->scales[tid]);
     } else if (tid == (u32)kMaxArgs) {
         column = reinterpret_cast<const u64*>(ld_batch(reinterpret_cast<const u64*>(&desc->n_column)));
-        shared_word = ld_batch(&desc->n);
+        shared_word = ld_batch(&desc->n);  // (0 with a column, whose scale is 1)
     }
     i32* statuses = nullptr;
     bool failed = false;
@@ -480,7 +482,7 @@ __device__ __noinline__ i32 run_batch_unit(BatchDesc* desc) {
         const u64 t = b_index[k];
         if (t >= count) break;
         if (tid < (u32)kMaxArgs) {
-            b_rec.args[tid] = column ? ld_batch(column + t) : shared_word;
+            b_rec.args[tid] = column ? shared_word + ld_batch(column + t) * scale : shared_word;
         } else if (tid == (u32)kMaxArgs) {
             b_rec.n = column ? ld_batch(column + t) : shared_word;
             b_rec.seq = t;
