@@ -23,6 +23,7 @@ from gpuactors.engine import args as args_module
 from gpuactors.engine import optable as optable_module
 from gpuactors.engine.abi import COMPLETION, RING_RECORD
 from gpuactors.engine.actor import PersistentEngineActor
+from gpuactors.engine.host_runtime import HostBytes
 from gpuactors.engine.messages import BatchCompletion, Completion, Enqueue, EnqueueBatch
 from gpuactors.engine.ops import ArrayParam, OpSpec, ScalarParam
 from gpuactors.engine.ring import HostConsumer, HostRing
@@ -70,6 +71,8 @@ class HostRuntime:
         self.status = status
         self.kicks = 0
         self.taken: list[tuple[int, Any]] = []
+        self.grid = 2
+        self.allocate = HostBytes  # (an expanded batch's descriptor)
 
     def kick(self) -> bool:
         self.kicks += 1
@@ -91,8 +94,8 @@ class Unpolled(PersistentEngineActor):
     """The engine actor on this file's host runtime, spawned as every actor is (its
     handlers take the asker's reply future), with no poller: the test harvests."""
 
-    def __init__(self, status: int | None) -> None:
-        super().__init__([SCALE], EngineConfig())
+    def __init__(self, status: int | None, config: EngineConfig | None = None) -> None:
+        super().__init__([SCALE], config or EngineConfig())
         self._status = status
 
     async def pre_start(self) -> None:
@@ -101,9 +104,11 @@ class Unpolled(PersistentEngineActor):
 
 
 @asynccontextmanager
-async def spawned(status: int | None) -> AsyncIterator[tuple[ActorRef, Unpolled]]:
+async def spawned(
+    status: int | None, config: EngineConfig | None = None
+) -> AsyncIterator[tuple[ActorRef, Unpolled]]:
     async with ActorSystem("latency-path") as system:
-        ref = system.spawn(Props(Unpolled, args=(status,)), "engine")
+        ref = system.spawn(Props(Unpolled, args=(status, config)), "engine")
         await asyncio.sleep(0.01)  # (pre_start)
         actor = ref._cell.instance
         assert isinstance(actor, Unpolled)
@@ -330,3 +335,18 @@ async def test_a_batch_behind_a_running_task_is_left_to_the_poller() -> None:
         )
         assert isinstance(await asyncio.wait_for(lone, 5), Completion)
         assert (await asyncio.wait_for(reply, 5)).failed == 0
+
+
+async def test_an_expanded_batch_is_left_to_the_poller_even_on_an_idle_engine() -> None:
+    """Its one record finished at once here, yet no spin waits for it: the poller
+    answers (an expanded batch mostly outlasts the spin, which would hold the loop)."""
+    async with spawned(abi.STATUS_OK, EngineConfig(expand_batches_from=2)) as (ref, actor):
+        reply = asyncio.ensure_future(ref.ask(batch(3)))
+        await asyncio.sleep(0.01)
+        assert not reply.done() and len(actor._completions.batches) == 1
+        runtime = runtime_of(actor)
+        assert runtime.ring.published == 1  # the batch's one record
+        assert actor._completions.harvest_batches(runtime.ring) == 1  # what the poller does
+        done = await asyncio.wait_for(reply, 5)
+        assert isinstance(done, BatchCompletion)
+        assert (done.count, done.failed, list(done.statuses)) == (3, 0, [0, 0, 0])

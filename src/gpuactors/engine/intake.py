@@ -423,11 +423,14 @@ class Intake:
         """A batch published whole on an otherwise idle engine is answered as a lone
         task is: a spin on its last record, bounded like the poller's, then its harvest
         here, so a small batch's reply waits for no poller turn. A batch still running
-        after the spin (or one record of it) is left to the poller."""
+        after the spin (or one record of it) is left to the poller, as is an expanded
+        one: it is large, so it mostly outlasts the spin, which would hold the loop
+        (and with it, a group's other parts) for nothing."""
         completions = self._completions
         runtime = self._service.runtime
         if (
             runtime is None
+            or batch.expansion is not None
             or batch.published < batch.count
             or completions.pending
             or len(completions.batches) != 1
