@@ -64,6 +64,10 @@ class EnqueueBatch(Message):
     is the length of these arrays (they must agree), or ``count`` when all are
     shared. Every task is validated against its base array's size up front.
     ``per_task=True`` returns each task's status in the reply.
+
+    A batch of at least ``EngineConfig.expand_batches_from`` one-block tasks is one
+    ring record that the kernel expands into its tasks (docs/architecture.md): the
+    host copies its columns to the device once, whatever its size.
     """
 
     op: str
@@ -82,6 +86,8 @@ class EnqueueBatch(Message):
 class BatchCompletion(Reply):
     """Every task of an EnqueueBatch has finished (check ``failed``)."""
 
+    #: The ring sequence number of the batch's first record (an expanded batch is one
+    #: record, so its tasks share it).
     first_seq: int
     count: int
     failed: int
