@@ -318,7 +318,8 @@ async def run(args: argparse.Namespace, profiler: cProfile.Profile | None) -> di
             await clients_rate([calls[name] for calls in many], 2)
         if args.gc == "freeze":
             tune_gc(gen0_threshold=None)  # what the engine and the clients hold, frozen
-        finished_before = path.runtime.finished
+        # Tasks as the engine counts them (an expanded batch is one record, many tasks).
+        processed_before = (await path.engine.stats()).processed
         device_before = path.runtime.device_seconds
         with collections.counting():
             for round_index in range(args.rounds):
@@ -337,7 +338,7 @@ async def run(args: argparse.Namespace, profiler: cProfile.Profile | None) -> di
                 for size, call in batches.items():
                     count = batches_per_round(size, single)
                     host[size] += await host_times(call, path.runtime, count)
-        tasks = path.runtime.finished - finished_before
+        tasks = (await path.engine.stats()).processed - processed_before
         device_s = path.runtime.device_seconds - device_before
         if profiler is not None:  # one more round, profiled (its times are not figures)
             profiler.enable()
