@@ -25,6 +25,17 @@ def benchmarks_importable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(BENCHMARKS))
 
 
+def test_a_batch_the_device_expands_counts_each_of_its_tasks(tmp_path: Path) -> None:
+    """A batch of 600 tasks is one ring record, which the stand-in finishes at once:
+    the tasks finished are counted as the engine counts them, not as records."""
+    out = tmp_path / "host_path.json"
+    tiny = ["--clients", "10", "--per-client", "2", "--single", "30", "--rounds", "1"]
+    assert load("bench_host_path").main([*tiny, "--batch-sizes", "600", "--json", str(out)]) == 0
+    figures = {figure.name: figure.value for figure in ScriptResults.read(out).figures}
+    per_round = (10 * 2 + 30) * 3 + 30 // 10 + 3 * 600  # three batches of 600 a round
+    assert figures["tasks_finished"] == figures["tasks_expected"] == per_round
+
+
 @pytest.mark.parametrize("gc_mode", ["default", "freeze", "threshold"])
 def test_a_tiny_run_writes_every_figure(
     gc_mode: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]

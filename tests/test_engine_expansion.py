@@ -128,3 +128,15 @@ def test_the_threshold_is_checked_when_the_config_is_built() -> None:
     with pytest.raises(InvalidArgument, match="expand_batches_from"):
         EngineConfig(expand_batches_from=0)
     assert EngineConfig().expand_batches_from == EXPAND_MIN_TASKS
+
+
+def test_a_scaled_column_makes_the_words_of_the_slice_asked_for() -> None:
+    """What the ring's writer publishes record by record: base + value * scale, as
+    uint64 words."""
+    values = np.array([0, 1, 5, 2**40], dtype=np.int64)
+    column = ScaledColumn((1 << 48) + 4096, values, 8)
+    assert len(column) == 4
+    words = column[1:4]
+    assert words.dtype == np.uint64
+    assert words.tolist() == [(1 << 48) + 4096 + 8 * int(v) for v in values[1:4]]
+    assert values.tolist() == [0, 1, 5, 2**40]  # the offsets are left as they were

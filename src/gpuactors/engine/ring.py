@@ -70,8 +70,8 @@ class ScaledColumn:
     writer makes the words of the slice it publishes; an expanded batch has the device
     make each task's (no column of them is built on the host)."""
 
-    base: int
-    values: np.ndarray  # int64, each in [0, 2**62): base + values * scale < 2**64
+    base: int  # a device address (below 2**49)
+    values: np.ndarray  # int64, each in [0, 2**62), base + value * scale below 2**63
     scale: int
 
     def __len__(self) -> int:
