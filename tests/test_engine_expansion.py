@@ -4,6 +4,7 @@ a host ring in test_engine_on_host.py.)"""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -13,8 +14,8 @@ from gpuactors.engine import abi
 from gpuactors.engine.expansion import EXPAND_MIN_TASKS, Expansion, expandable
 from gpuactors.engine.host_runtime import HostBytes
 from gpuactors.engine.ring import RecordColumns, ScaledColumn
-from gpuactors.engine.runtime import EngineConfig
-from gpuactors.errors import InvalidArgument
+from gpuactors.engine.runtime import DeviceBytes, EngineConfig
+from gpuactors.errors import DeviceFault, InvalidArgument
 
 
 def descriptor(buffer: HostBytes) -> Any:
@@ -96,21 +97,64 @@ def test_a_batch_smaller_than_the_worker_blocks_asks_one_block_a_task() -> None:
     assert Expansion(records, HostBytes, workers=0).record.blocks == 1
 
 
-def test_statuses_follow_the_records_status() -> None:
-    records = RecordColumns(op=1, blocks=1, count=300, n=8, args=(1 << 40,))
+def lender() -> tuple[list[HostBytes], Any]:
     lent: list[HostBytes] = []
 
     def allocate(nbytes: int) -> HostBytes:
         lent.append(HostBytes(nbytes))
         return lent[-1]
 
-    expansion = Expansion(records, allocate, workers=4)
-    assert expansion.statuses(abi.STATUS_OK) is None  # every task succeeded
+    return lent, allocate
+
+
+def test_a_large_batch_is_a_record_per_so_many_tasks() -> None:
+    """Each record's descriptor points at its own tasks' part of every column and of the
+    statuses; the ring gets one record per 100 tasks here (the last one shorter)."""
+    count = 250
+    offsets = np.arange(count, dtype=np.int64) * 3
+    records = RecordColumns(
+        op=2, blocks=1, count=count, n=offsets + 1, args=(ScaledColumn(1 << 40, offsets, 4), 9)
+    )
+    lent, allocate = lender()
+    expansion = Expansion(records, allocate, workers=131, record_tasks=100)
+    (buffer,) = lent
+    record = expansion.record
+    assert (record.op, record.count, record.blocks) == (abi.BATCH_OP, 3, 100)
+    assert isinstance(record.n, np.ndarray) and record.n.tolist() == [100, 100, 50]
+    (addresses,) = record.args
+    assert isinstance(addresses, np.ndarray)
+    first_statuses = int(descriptor(buffer)["statuses"])
+    for k, address in enumerate(addresses.tolist()):
+        at = address - buffer.ptr
+        desc = buffer.memory[at : at + abi.BATCH_DESC.itemsize].view(abi.BATCH_DESC)[0]
+        start, size = 100 * k, int(record.n[k])
+        assert (int(desc["count"]), int(desc["op"]), int(desc["args"][1])) == (size, 2, 9)
+        np.testing.assert_array_equal(
+            column_at(buffer, int(desc["columns"][0]), size), offsets[start : start + size]
+        )
+        np.testing.assert_array_equal(
+            column_at(buffer, int(desc["n_column"]), size), offsets[start : start + size] + 1
+        )
+        assert int(desc["statuses"]) == first_statuses + 4 * start
+    assert expansion.tasks_left(np.array([True, False, False])) == 150
+    assert expansion.tasks_left(np.array([True, True, True])) == 0
+
+
+def test_statuses_follow_the_records_statuses() -> None:
+    records = RecordColumns(op=1, blocks=1, count=300, n=8, args=(1 << 40,))
+    lent, allocate = lender()
+    expansion = Expansion(records, allocate, workers=4, record_tasks=100)
+    assert expansion.statuses(np.zeros(3, np.int32)) is None  # every task succeeded
     written = np.zeros(300, dtype=np.int32)
-    written[[3, 299]] = (7, abi.STATUS_DEADLINE)
+    written[[3, 150, 299]] = (7, 8, abi.STATUS_DEADLINE)
     lent[0].copy_in(int(descriptor(lent[0])["statuses"]) - lent[0].ptr, written)
-    np.testing.assert_array_equal(expansion.statuses(abi.STATUS_BATCH_FAILED), written)
-    assert (expansion.statuses(abi.STATUS_UNKNOWN_OP) == abi.STATUS_UNKNOWN_OP).all()
+    failed = np.full(3, abi.STATUS_BATCH_FAILED, np.int32)
+    np.testing.assert_array_equal(expansion.statuses(failed), written)
+    # A record that ended with a status of its own gives it to each of its tasks.
+    mixed = np.array([abi.STATUS_BATCH_FAILED, abi.STATUS_OK, abi.STATUS_UNKNOWN_OP], np.int32)
+    expected = written.copy()
+    expected[200:] = abi.STATUS_UNKNOWN_OP
+    np.testing.assert_array_equal(expansion.statuses(mixed), expected)
 
 
 def test_which_batches_are_expanded() -> None:
@@ -140,3 +184,30 @@ def test_a_scaled_column_makes_the_words_of_the_slice_asked_for() -> None:
     assert words.dtype == np.uint64
     assert words.tolist() == [(1 << 48) + 4096 + 8 * int(v) for v in values[1:4]]
     assert values.tolist() == [0, 1, 5, 2**40]  # the offsets are left as they were
+
+
+class BrokenMemory:
+    """What DeviceBytes uses of a CuPy array, failing as a faulted context does."""
+
+    def __init__(self, error: Exception) -> None:
+        self.data = type("Pointer", (), {"ptr": 1 << 40})()
+        self.error = error
+
+    def __getitem__(self, _index: slice) -> BrokenMemory:
+        return self
+
+    def set(self, _host: np.ndarray, stream: object = None) -> None:
+        raise self.error
+
+
+def test_a_cuda_error_copying_a_descriptor_is_a_device_fault() -> None:
+    """Not the caller's error and not the actor's failure: a DeviceFault (which the
+    asker gets); running out of device memory stays a MemoryError (the batch then goes
+    record by record)."""
+    stream = type("Stream", (), {"synchronize": lambda self: None})()
+    broken = DeviceBytes(BrokenMemory(RuntimeError("cudaErrorIllegalAddress")), stream, nullcontext)
+    with pytest.raises(DeviceFault, match="copying a batch's descriptor failed: RuntimeError"):
+        broken.copy_in(0, np.zeros(4, np.uint64))
+    full = DeviceBytes(BrokenMemory(MemoryError("out of memory")), stream, nullcontext)
+    with pytest.raises(MemoryError):
+        full.copy_in(0, np.zeros(4, np.uint64))

@@ -20,6 +20,7 @@ from gpuactors.cuda import arrays as arrays_module
 from gpuactors.engine import abi
 from gpuactors.engine import actor as actor_module
 from gpuactors.engine import args as args_module
+from gpuactors.engine import expansion as expansion_module
 from gpuactors.engine import optable as optable_module
 from gpuactors.engine import streams as streams_module
 from gpuactors.engine.client import Engine
@@ -37,10 +38,12 @@ from gpuactors.engine.messages import (
 )
 from gpuactors.engine.ops import ArrayParam, OpSpec
 from gpuactors.engine.runtime import EngineConfig
+from gpuactors.engine.tasks import Batch
 from gpuactors.engine.wire import MAX_BLOCKS
 from gpuactors.errors import (
     ActorStopped,
     AskTimeout,
+    DeviceFault,
     EngineError,
     EngineStopped,
     GpuActorsError,
@@ -801,3 +804,108 @@ async def test_a_forced_shutdown_fails_an_expanded_batch_and_counts_its_tasks(
     with pytest.raises(EngineStopped):
         await asyncio.wait_for(reply, 5)
     assert report.cancelled == 1000
+
+
+async def test_a_batch_of_many_records_is_answered_once_all_have_finished(
+    system: ActorSystem, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """1,000 tasks at 300 a record: four records, one reply; the failed tasks are named by
+    their index in the batch; a forced shutdown counts the tasks of unfinished records."""
+    monkeypatch.setattr(expansion_module, "EXPANDED_RECORD_TASKS", 300)
+    runtime = HostRuntime(auto=False)
+    runtime.batch_task_status = lambda index: 5 if index == 7 else 0  # (index in its record)
+    ref, _engine = await start(system, runtime)
+    reply = asyncio.ensure_future(ref.ask(offsets_batch(1000, per_task=True)))
+    await loop_turns_until(lambda: runtime.ring.published == 4)
+    runtime.finish()
+    done = await asyncio.wait_for(reply, 5)
+    assert (done.count, done.failed) == (1000, 4)
+    assert done.statuses is not None
+    assert np.flatnonzero(done.statuses).tolist() == [7, 307, 607, 907]
+    assert [int(record["n"]) for _seq, record in runtime.taken] == [300, 300, 300, 100]
+    stopped = asyncio.ensure_future(ref.ask(offsets_batch(1000)))
+    await loop_turns_until(lambda: runtime.ring.published == 8)
+    finished = runtime.consumer.take()[:2]  # two of its four records finish
+    for seq, _record in finished:
+        runtime.consumer.complete(seq, 0)
+    report = await ref.ask(Shutdown(force=True), timeout=10)
+    with pytest.raises(EngineStopped):
+        await asyncio.wait_for(stopped, 5)
+    assert report.cancelled == 400  # the two records not finished: 300 + 100 tasks
+
+
+async def test_a_fault_keeps_an_expanded_batchs_descriptor_alive(system: ActorSystem) -> None:
+    """A faulted (or hung) kernel may still read a batch's descriptor and write its
+    statuses: the runtime is abandoned with the batch, and so its device memory, held."""
+    runtime = HostRuntime(auto=False)
+    kept: list[Any] = []
+    runtime.abandon = lambda keepalive=(): kept.extend(keepalive)  # type: ignore[method-assign]
+    ref, engine = await start(system, runtime)
+    reply = asyncio.ensure_future(ref.ask(offsets_batch(1000)))
+    await loop_turns_until(lambda: runtime.ring.published == 1)
+
+    def faulted() -> None:
+        raise DeviceFault("an illegal address")
+
+    runtime.check_fault = faulted  # type: ignore[method-assign]
+    with pytest.raises(DeviceFault):
+        await asyncio.wait_for(reply, 5)
+    (batch,) = [item for item in kept if isinstance(item, Batch)]
+    assert batch.expansion is not None and engine._service.faulted is not None
+
+
+async def test_no_device_memory_for_a_batch_publishes_it_record_by_record(
+    system: ActorSystem,
+) -> None:
+    runtime = HostRuntime(capacity=1024)
+
+    def no_memory(nbytes: int) -> Any:
+        raise MemoryError(f"out of memory allocating {nbytes} bytes")
+
+    runtime.allocate = no_memory  # type: ignore[method-assign]
+    ref, _engine = await start(system, runtime, config=EngineConfig(capacity=1024))
+    done = await asyncio.wait_for(ref.ask(offsets_batch(1000)), 5)
+    assert (done.count, done.failed) == (1000, 0)
+    assert runtime.ring.published == 1000
+
+
+async def test_a_device_error_copying_a_batch_is_the_askers_error(system: ActorSystem) -> None:
+    """The actor does not fail (a restart would fail every task in flight): the asker
+    gets the DeviceFault, and the engine goes on serving."""
+    runtime = HostRuntime()
+    allocate = runtime.allocate
+
+    def broken(nbytes: int) -> Any:
+        raise DeviceFault("copying a batch's descriptor failed: cudaErrorLaunchFailure")
+
+    runtime.allocate = broken  # type: ignore[method-assign]
+    ref, engine = await start(system, runtime)
+    with pytest.raises(DeviceFault, match="descriptor"):
+        await asyncio.wait_for(ref.ask(offsets_batch(1000)), 5)
+    runtime.allocate = allocate  # type: ignore[method-assign]
+    done = await asyncio.wait_for(ref.ask(offsets_batch(1000)), 5)
+    assert done.count == 1000 and ref._cell.instance is engine
+
+
+async def test_a_batch_published_later_publishes_the_offsets_it_was_checked_with(
+    system: ActorSystem,
+) -> None:
+    """Record by record, a batch's pointers are made as its records are published,
+    maybe after the ask returned to the loop; the caller's offsets changing meanwhile
+    must not reach the ring (they were checked as they were)."""
+    runtime = HostRuntime(capacity=64, auto=False)
+    ref, _engine = await start(system, runtime, config=EngineConfig(capacity=64))
+    offsets = np.arange(200) * 8  # more than the ring's 64 slots: published in parts
+    array = CupyLikeArray("float32", 1 << 20, ptr=1 << 40)
+    message = EnqueueBatch(
+        op="fill", args=(array, 1.0), n=8, offsets={"out": offsets}, after="none"
+    )
+    reply = asyncio.ensure_future(ref.ask(message))
+    await loop_turns_until(lambda: runtime.ring.published == 64)
+    offsets[:] = 1 << 40  # far past the array's end
+    while not reply.done():
+        runtime.finish()
+        await asyncio.sleep(0)
+    assert (await reply).count == 200
+    pointers = [int(record["args"][0]) for _seq, record in runtime.taken]
+    assert pointers == [(1 << 40) + 4 * 8 * k for k in range(200)]

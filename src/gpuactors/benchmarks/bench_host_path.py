@@ -318,7 +318,7 @@ async def run(args: argparse.Namespace, profiler: cProfile.Profile | None) -> di
             await clients_rate([calls[name] for calls in many], 2)
         if args.gc == "freeze":
             tune_gc(gen0_threshold=None)  # what the engine and the clients hold, frozen
-        # Tasks as the engine counts them (an expanded batch is one record, many tasks).
+        # Tasks as the engine counts them (an expanded record holds many tasks).
         processed_before = (await path.engine.stats()).processed
         device_before = path.runtime.device_seconds
         with collections.counting():

@@ -354,9 +354,10 @@ class PersistentEngineActor(Actor):
         service.faulted = f"{reason} (ops in flight: {', '.join(running) or 'none'}; tasks {seqs})"
         new_generation = GENERATIONS.bump(service.device_id)
         self.log.error("engine faulted", reason=service.faulted, generation=new_generation)
+        outstanding = self._outstanding()  # (before failing them forgets them)
         self._fail_all(DeviceFault(service.faulted))
-        if service.runtime is not None:
-            service.runtime.abandon(keepalive=self._outstanding())
+        if service.runtime is not None:  # what the kernel may still touch stays alive
+            service.runtime.abandon(keepalive=outstanding)
 
     def _outstanding(self) -> list[Task | Batch]:
         """Every task or batch accepted and not finished (their buffers must outlive them)."""

@@ -145,7 +145,7 @@ class Completions:
         statuses: np.ndarray | None = batch.statuses
         if batch.expansion is not None:  # its record's status says how its tasks went
             count = batch.expansion.count
-            statuses = batch.expansion.statuses(int(batch.statuses[0]))  # (None: all succeeded)
+            statuses = batch.expansion.statuses(batch.statuses)  # (None: all succeeded)
         failed = 0 if statuses is None else int(np.count_nonzero(statuses))
         self.processed += count - failed
         self.failed += failed

@@ -1,11 +1,12 @@
-"""Batches the device expands: a whole ``EnqueueBatch`` as one ring record.
+"""Batches the device expands: an ``EnqueueBatch`` as a ring record per 65,536 tasks.
 
 Published record by record, a batch costs the host every task's words in the ring and
 every task's marker in the harvest, and a batch larger than the ring goes in laps, the
 poller publishing each lap as the last one's slots come back. Expanded, it costs one
-copy into device memory (a descriptor, ``BatchDesc`` in ``abi.cuh``, and the columns in
-which its tasks differ) and one record of op ``BATCH_OP``; the kernel's units claim the
-tasks from the descriptor and write each one's status beside it (``run_batch_unit`` in
+copy into device memory (a descriptor per record, ``BatchDesc`` in ``abi.cuh``, and the
+columns in which its tasks differ) and a record of op ``BATCH_OP`` per
+``EXPANDED_RECORD_TASKS`` tasks; the kernel's units claim each record's tasks from its
+descriptor and write each one's status beside it (``run_batch_unit`` in
 ``engine.cuh``). The host's share of a batch then no longer grows with its tasks but
 for the columns it checks and copies.
 
@@ -26,6 +27,12 @@ from gpuactors.engine.ring import RecordColumns, ScaledColumn
 
 #: From this many tasks on, a batch (of one block per task) is expanded by the device.
 EXPAND_MIN_TASKS: Final = 512
+
+#: Tasks per expanded record. A record's units claim tasks until it has none left, so a
+#: park (a swap, a module load, the residency limit) waits for every record whose units
+#: were handed out: at most as many as the unit queue holds (32 records of
+#: ``max_units_per_task`` units). Bounding a record's tasks bounds that wait.
+EXPANDED_RECORD_TASKS: Final = 1 << 16
 
 #: The descriptor, padded: the columns after it stay aligned.
 _HEADER_BYTES: Final = -(-abi.BATCH_DESC.itemsize // 64) * 64
@@ -65,71 +72,92 @@ def expandable(records: RecordColumns, expand_from: int | None) -> bool:
 
 
 class Expansion:
-    """One batch in device memory: its descriptor, the columns its tasks differ in, and
-    where the device writes each task's status. ``record`` is what goes into the ring."""
+    """One batch in device memory: a descriptor per record, the columns its tasks
+    differ in, and where the device writes each task's status. ``record`` is what goes
+    into the ring: a record per ``record_tasks`` tasks (``EXPANDED_RECORD_TASKS``)."""
 
-    __slots__ = ("_buffer", "_statuses_at", "count", "record")
+    __slots__ = ("_buffer", "_sizes", "_statuses_at", "count", "record")
 
-    def __init__(self, records: RecordColumns, allocate: Allocate, workers: int) -> None:
-        """Copy ``records``' descriptor and columns into memory from ``allocate``; the
-        batch may use up to ``workers`` blocks at once (the kernel also caps it at
+    def __init__(
+        self,
+        records: RecordColumns,
+        allocate: Allocate,
+        workers: int,
+        record_tasks: int | None = None,
+    ) -> None:
+        """Copy ``records``' descriptors and columns into memory from ``allocate``; each
+        record may use up to ``workers`` blocks at once (the kernel also caps it at
         ``max_units_per_task``)."""
         count = records.count
+        per_record = record_tasks or EXPANDED_RECORD_TASKS
+        starts = np.arange(0, count, per_record, dtype=np.int64)
+        sizes = np.minimum(per_record, count - starts)
         columns = [value for value in (records.n, *records.args) if not isinstance(value, int)]
-        statuses_at = _HEADER_BYTES + 8 * count * len(columns)
+        columns_at = _HEADER_BYTES * len(starts)
+        statuses_at = columns_at + 8 * count * len(columns)
         buffer = allocate(statuses_at + 4 * count)
         base = buffer.ptr
-        # The descriptor as words (BATCH_DESC's fields are all 8-byte aligned, and op
-        # shares its word with a zero): setting a word costs less than a field.
-        desc = np.zeros(abi.BATCH_DESC.itemsize // 8, dtype=np.uint64)
-        desc[_WORD["count"]] = count
-        desc[_WORD["deadline_ns"]] = records.deadline_ns
-        desc[_WORD["statuses"]] = base + statuses_at
-        desc[_WORD["op"]] = records.op
+        # A descriptor per record, as words (BATCH_DESC's fields are all 8-byte aligned,
+        # and op shares its word with a zero): record k's columns start at its first task.
+        descs = np.zeros((len(starts), _HEADER_BYTES // 8), dtype=np.uint64)
+        descs[:, _WORD["count"]] = sizes
+        descs[:, _WORD["deadline_ns"]] = records.deadline_ns
+        descs[:, _WORD["statuses"]] = base + statuses_at + 4 * starts
+        descs[:, _WORD["op"]] = records.op
         pieces: list[tuple[int, np.ndarray]] = []  # (offset, bytes) of what is copied
 
-        def place(column: np.ndarray) -> int:
-            """Lay ``column`` out after the header; its device address."""
-            offset = _HEADER_BYTES + 8 * count * len(pieces)
+        def place(column: np.ndarray) -> np.ndarray:
+            """Lay ``column`` out after the descriptors; each record's address in it."""
+            offset = columns_at + 8 * count * len(pieces)
             pieces.append((offset, np.ascontiguousarray(column).view(np.uint64)))
-            return base + offset
+            return base + offset + 8 * starts
 
         if isinstance(records.n, int):
-            desc[_WORD["n"]] = records.n
+            descs[:, _WORD["n"]] = records.n
         else:
-            desc[_WORD["n_column"]] = place(records.n)
+            descs[:, _WORD["n_column"]] = place(records.n)
         for index, value in enumerate(records.args):
             if isinstance(value, int):
-                desc[_WORD["args"] + index] = value
+                descs[:, _WORD["args"] + index] = value
             elif isinstance(value, ScaledColumn):  # its words are made on the device
-                desc[_WORD["args"] + index] = value.base
-                desc[_WORD["columns"] + index] = place(value.values)
-                desc[_WORD["scales"] + index] = value.scale
+                descs[:, _WORD["args"] + index] = value.base
+                descs[:, _WORD["columns"] + index] = place(value.values)
+                descs[:, _WORD["scales"] + index] = value.scale
             else:
-                desc[_WORD["columns"] + index] = place(value)
-                desc[_WORD["scales"] + index] = 1
-        _copy(buffer, [(0, desc), *pieces], statuses_at)
+                descs[:, _WORD["columns"] + index] = place(value)
+                descs[:, _WORD["scales"] + index] = 1
+        _copy(buffer, [(0, descs), *pieces], statuses_at)
         self.count = count
         self._buffer = buffer
+        self._sizes = sizes
         self._statuses_at = statuses_at
+        addresses = base + _HEADER_BYTES * np.arange(len(starts), dtype=np.int64)
         self.record = RecordColumns(
             op=abi.BATCH_OP,
-            blocks=max(1, min(count, workers)),
-            count=1,
-            n=count,
-            args=(base,),
+            blocks=max(1, min(per_record, count, workers)),
+            count=len(starts),
+            n=sizes if len(starts) > 1 else count,
+            args=(addresses.view(np.uint64) if len(starts) > 1 else base,),
             deadline_ns=records.deadline_ns,  # (the host's checks; each task checks its own)
         )
 
-    def statuses(self, record_status: int) -> np.ndarray | None:
-        """Every task's status, from the status its record finished with: None where
-        every task succeeded, read from the device where some task failed, or the
-        record's own for every task."""
-        if record_status == abi.STATUS_OK:
+    def tasks_left(self, done: np.ndarray) -> int:
+        """Tasks of the records not ``done`` (a bool per record)."""
+        return int(self._sizes[~done].sum())
+
+    def statuses(self, record_statuses: np.ndarray) -> np.ndarray | None:
+        """Every task's status, from the statuses its records finished with: None where
+        every task succeeded; else read from the device, with the record's own status
+        for every task of a record that ended otherwise than its tasks say."""
+        if not record_statuses.any():
             return None
-        if record_status == abi.STATUS_BATCH_FAILED:
-            return self._buffer.read(self._statuses_at, self.count, np.dtype(np.int32))
-        return np.full(self.count, record_status, dtype=np.int32)
+        statuses = self._buffer.read(self._statuses_at, self.count, np.dtype(np.int32))
+        ends = np.cumsum(self._sizes)
+        for k in np.flatnonzero(
+            (record_statuses != abi.STATUS_OK) & (record_statuses != abi.STATUS_BATCH_FAILED)
+        ):
+            statuses[ends[k] - self._sizes[k] : ends[k]] = record_statuses[k]
+        return statuses
 
 
 def _copy(buffer: DeviceBuffer, pieces: list[tuple[int, np.ndarray]], nbytes: int) -> None:

@@ -13,6 +13,7 @@ that ``mypy --strict`` keeps it in step with the actor it stands under.
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -128,8 +129,10 @@ class HostRuntime:
         self.kicks = 0
         self.finished = 0  # tasks finished by kicks and finish calls
         self.device_seconds = 0.0  # spent finishing tasks (the stand-in device's time)
-        self.buffers: dict[int, HostBytes] = {}  # what allocate lent, by address
-        #: An expanded batch's tasks' statuses, by index, when ``finish`` runs its record.
+        #: What allocate lent and is still held (by its batch), by address.
+        self.buffers: weakref.WeakValueDictionary[int, HostBytes] = weakref.WeakValueDictionary()
+        #: The status of task ``index`` of an expanded record (its index in that record),
+        #: when ``finish`` runs the record.
         self.batch_task_status: Callable[[int], int] = lambda index: 0
 
     @property
@@ -169,10 +172,15 @@ class HostRuntime:
         return finished
 
     def _run_batch(self, desc_ptr: int) -> int:
-        """An expanded batch's record, as the kernel runs it: each task's status
-        written beside its descriptor; the record's status."""
-        buffer = self.buffers.pop(desc_ptr)
-        desc = buffer.memory[: BATCH_DESC.itemsize].view(BATCH_DESC)[0]
+        """An expanded record, as the kernel runs it: each task's status written where
+        its descriptor says; the record's status."""
+        buffer = next(
+            held
+            for held in self.buffers.values()
+            if held.ptr <= desc_ptr < held.ptr + len(held.memory)
+        )
+        at = desc_ptr - buffer.ptr
+        desc = buffer.memory[at : at + BATCH_DESC.itemsize].view(BATCH_DESC)[0]
         count = int(desc["count"])
         statuses = np.array([self.batch_task_status(index) for index in range(count)], np.int32)
         buffer.copy_in(int(desc["statuses"]) - buffer.ptr, statuses)

@@ -397,11 +397,16 @@ class Intake:
         except Exception as exc:  # the caller's arguments, not the actor's failure
             raise unreadable(msg.op, exc) from exc
         expansion = None
-        if expandable(records, self._expand_from):  # one record and one copy, whatever its size
+        if expandable(records, self._expand_from):  # one copy and few records, whatever its size
             runtime = service.runtime
             assert runtime is not None  # (check_serving)
-            expansion = Expansion(records, runtime.allocate, workers=runtime.grid - 1)
-            records = expansion.record
+            try:
+                expansion = Expansion(records, runtime.allocate, workers=runtime.grid - 1)
+                records = expansion.record
+            except MemoryError:  # no device memory to spare now: the ring needs none
+                expansion = None
+        if expansion is None:  # published later, in parts: its columns must not change
+            records = records.detached()
         batch = Batch(
             self._reply_future(),  # the asker's own
             op,

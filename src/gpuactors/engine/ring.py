@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -102,6 +102,21 @@ class RecordColumns:
 
     def __len__(self) -> int:
         return self.count
+
+    def detached(self) -> RecordColumns:
+        """The same records with copies of the columns that may be the caller's arrays
+        (``n`` and the offsets of a ScaledColumn): a batch published in parts, later,
+        must publish what was checked, whatever the caller does with its arrays."""
+        return replace(
+            self,
+            n=self.n if isinstance(self.n, int) else self.n.copy(),
+            args=tuple(
+                replace(value, values=value.values.copy())
+                if isinstance(value, ScaledColumn)
+                else value
+                for value in self.args
+            ),
+        )
 
     def write(self, words: np.ndarray, tag: int, start: int, stop: int) -> None:
         """Write the wire words (everything but ``seq``) of tasks ``start..stop-1``."""

@@ -15,8 +15,8 @@ from __future__ import annotations
 import enum
 import platform
 import time
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from typing import Annotated, Any, Literal
 
 import numpy as np
@@ -95,8 +95,9 @@ class EngineConfig(Settings):
     hang_grace_ms: float = Field(default=1000.0, gt=0, le=_MAX_MS)
     # Deadline of tasks sent without one: every wait ends (None: tasks may wait forever).
     default_task_timeout_s: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S)] | None = 60.0
-    # An EnqueueBatch of at least this many one-block tasks is one ring record that the
-    # kernel expands (gpuactors.engine.expansion); None: every batch goes record by record.
+    # An EnqueueBatch of at least this many one-block tasks is a ring record per 65,536
+    # tasks that the kernel expands (gpuactors.engine.expansion); None: every batch goes
+    # record by record.
     expand_batches_from: Annotated[int, Field(ge=1)] | None = EXPAND_MIN_TASKS
 
     @field_validator("capacity")
@@ -128,6 +129,18 @@ def check_start_options(
     return config or EngineConfig()
 
 
+@contextmanager
+def _cuda_errors_as_faults(doing: str) -> Iterator[None]:
+    """A CUDA error while ``doing`` as DeviceFault (the device's, not the caller's);
+    MemoryError (CuPy's out-of-memory error is one) passes as it is."""
+    try:
+        yield
+    except MemoryError:
+        raise
+    except Exception as exc:
+        raise DeviceFault(f"{doing} failed: {type(exc).__name__}: {exc}") from exc
+
+
 class DeviceBytes:
     """Bytes of device memory, copied to and from on a stream of their own (the
     kernel's stream never drains while the engine runs)."""
@@ -141,16 +154,16 @@ class DeviceBytes:
         self.ptr = int(memory.data.ptr)
 
     def copy_in(self, offset: int, host: np.ndarray) -> None:
-        with self._current():
+        with self._current(), _cuda_errors_as_faults("copying a batch's descriptor"):
             bytes_ = host.view(np.uint8).reshape(-1)
             self._memory[offset : offset + bytes_.nbytes].set(bytes_, stream=self._stream)
 
     def wait(self) -> None:
-        with self._current():
+        with self._current(), _cuda_errors_as_faults("copying a batch's descriptor"):
             self._stream.synchronize()
 
     def read(self, offset: int, count: int, dtype: np.dtype[Any]) -> np.ndarray:
-        with self._current():
+        with self._current(), _cuda_errors_as_faults("reading a batch's statuses"):
             raw: np.ndarray = self._memory[offset : offset + count * dtype.itemsize].get(
                 stream=self._stream
             )
@@ -416,8 +429,9 @@ class EngineRuntime:
         self.calibrate_clock()  # parked: the clocks drift apart by microseconds a second
 
     def allocate(self, nbytes: int) -> DeviceBytes:
-        """Device memory on this engine's device (an expanded batch's descriptor)."""
-        with self._current():
+        """Device memory on this engine's device (an expanded batch's descriptor).
+        MemoryError when the device has none to spare; DeviceFault for a CUDA error."""
+        with self._current(), _cuda_errors_as_faults("allocating a batch's descriptor"):
             if self._copy_stream is None:  # (not the kernel's: that one never drains)
                 self._copy_stream = self._cupy.cuda.Stream(non_blocking=True)
             return DeviceBytes(

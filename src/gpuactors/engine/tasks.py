@@ -56,7 +56,8 @@ class Batch:
     published: int = 0
     finished: int = 0
     low: int = 0  # every task before this index has finished
-    #: Set when the device expands the batch: ``records`` is then its one record.
+    #: Set when the device expands the batch: ``records`` are then a record per
+    #: ``EXPANDED_RECORD_TASKS`` tasks.
     expansion: Expansion | None = None
 
     @property
@@ -66,9 +67,9 @@ class Batch:
 
     @property
     def tasks_left(self) -> int:
-        """Tasks not finished yet (an expanded batch's all finish with its record)."""
+        """Tasks not finished yet (an expanded record's all finish with it)."""
         if self.expansion is not None:
-            return 0 if self.finished else self.expansion.count
+            return self.expansion.tasks_left(self.done)
         return self.count - self.finished
 
 
