@@ -909,3 +909,25 @@ async def test_a_batch_published_later_publishes_the_offsets_it_was_checked_with
     assert (await reply).count == 200
     pointers = [int(record["args"][0]) for _seq, record in runtime.taken]
     assert pointers == [(1 << 40) + 4 * 8 * k for k in range(200)]
+
+
+async def test_a_batch_whose_statuses_cannot_be_read_fails_and_is_not_lost(
+    system: ActorSystem,
+) -> None:
+    """Reading a failed expanded batch's statuses back is a device call: if it fails,
+    the engine goes out of service and the batch's asker gets the fault."""
+    runtime = HostRuntime(auto=False)
+    runtime.batch_task_status = lambda index: 9 if index == 0 else 0
+    ref, engine = await start(system, runtime)
+    reply = asyncio.ensure_future(ref.ask(offsets_batch(1000)))
+    await loop_turns_until(lambda: runtime.ring.published == 1)
+    (buffer,) = runtime.buffers.values()
+
+    def unreadable(offset: int, count: int, dtype: Any) -> Any:
+        raise DeviceFault("reading a batch's statuses failed: cudaErrorIllegalAddress")
+
+    buffer.read = unreadable  # type: ignore[method-assign]
+    runtime.finish()
+    with pytest.raises(DeviceFault):
+        await asyncio.wait_for(reply, 5)
+    assert engine._service.faulted is not None

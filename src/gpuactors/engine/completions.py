@@ -136,8 +136,10 @@ class Completions:
             if count and ring.is_done(batch.first_seq + batch.low):
                 progressed += _harvest_window(ring, batch, count)
             if batch.finished == batch.count:
-                self.batches.remove(batch)
+                # Completed before it leaves: reading an expanded batch's statuses may
+                # raise DeviceFault, and the fault then fails the batches still here.
                 self._complete_batch(batch)
+                self.batches.remove(batch)
         return progressed
 
     def _complete_batch(self, batch: Batch) -> None:

@@ -30,8 +30,8 @@ EXPAND_MIN_TASKS: Final = 512
 
 #: Tasks per expanded record. A record's units claim tasks until it has none left, so a
 #: park (a swap, a module load, the residency limit) waits for every record whose units
-#: were handed out: at most as many as the unit queue holds (32 records of
-#: ``max_units_per_task`` units). Bounding a record's tasks bounds that wait.
+#: were handed out: at most as many as the unit queue holds (``unit_capacity`` over a
+#: record's units; 32 with the defaults). Bounding a record's tasks bounds that wait.
 EXPANDED_RECORD_TASKS: Final = 1 << 16
 
 #: The descriptor, padded: the columns after it stay aligned.

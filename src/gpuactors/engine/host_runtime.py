@@ -130,6 +130,7 @@ class HostRuntime:
         self.finished = 0  # tasks finished by kicks and finish calls
         self.device_seconds = 0.0  # spent finishing tasks (the stand-in device's time)
         #: What allocate lent and is still held (by its batch), by address.
+        self.abandoned: tuple[Any, ...] = ()  # what abandon was given to keep
         self.buffers: weakref.WeakValueDictionary[int, HostBytes] = weakref.WeakValueDictionary()
         #: The status of task ``index`` of an expanded record (its index in that record),
         #: when ``finish`` runs the record.
@@ -175,10 +176,14 @@ class HostRuntime:
         """An expanded record, as the kernel runs it: each task's status written where
         its descriptor says; the record's status."""
         buffer = next(
-            held
-            for held in self.buffers.values()
-            if held.ptr <= desc_ptr < held.ptr + len(held.memory)
+            (
+                held
+                for held in self.buffers.values()
+                if held.ptr <= desc_ptr < held.ptr + len(held.memory)
+            ),
+            None,
         )
+        assert buffer is not None, f"no batch holds descriptor {desc_ptr:#x} (freed early?)"
         at = desc_ptr - buffer.ptr
         desc = buffer.memory[at : at + BATCH_DESC.itemsize].view(BATCH_DESC)[0]
         count = int(desc["count"])
@@ -222,6 +227,7 @@ class HostRuntime:
 
     def abandon(self, keepalive: Any = ()) -> None:
         self.hold = True
+        self.abandoned = tuple(keepalive)  # (as the real runtime does: kept for good)
 
     def close(self) -> None:
         pass

@@ -405,8 +405,6 @@ class Intake:
                 records = expansion.record
             except MemoryError:  # no device memory to spare now: the ring needs none
                 expansion = None
-        if expansion is None:  # published later, in parts: its columns must not change
-            records = records.detached()
         batch = Batch(
             self._reply_future(),  # the asker's own
             op,
@@ -422,6 +420,10 @@ class Intake:
         if len(self.backlog) == 1 and not self.staged and ready_event is None:
             self.flush_backlog()  # nothing ahead of it: publish now, not a loop turn later
             self._answer_in_line(batch)
+        if batch.published < batch.count and expansion is None:
+            # The rest is published later, its pointers made then: from copies of the
+            # columns that were checked, whatever the caller does with its arrays.
+            batch.records = batch.records.detached()
         self._wake.set()
 
     def _answer_in_line(self, batch: Batch) -> None:

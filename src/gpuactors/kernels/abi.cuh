@@ -127,15 +127,15 @@ constexpr i32 kStatusUnknownOp = -1;
 constexpr i32 kStatusDeadline = -2;
 constexpr i32 kStatusBatchFailed = -3;  // an expanded batch: some task failed (its statuses say which)
 
-// A batch the device expands (engine.cuh, run_batch_unit). Its whole EnqueueBatch is ONE
-// ring record: op kBatchOp, n = the task count, blocks = the worker blocks it may use,
-// args[0] = a BatchDesc in device memory. The host writes the descriptor and its columns
-// (one H2D copy) before it publishes the record; each unit then claims tasks from
-// `next` until none is left, builds each task's record from the shared words and the
-// per-task columns (an argument's word: its base plus its column's value times its
-// scale, so a column of element offsets becomes pointers on the device), runs it and
-// writes its status. The host's cost of a batch is then
-// one copy and one record, whatever its size.
+// A batch the device expands (engine.cuh, run_batch_unit). An EnqueueBatch is a ring
+// record per 65,536 tasks: op kBatchOp, n = the record's tasks, blocks = the worker
+// blocks it may use, args[0] = its BatchDesc in device memory. The host writes the
+// descriptors and columns (one H2D copy, or one per piece past 1 MiB) before it
+// publishes the records; each unit then claims tasks from its record's `next` until none
+// is left, builds each task's record from the shared words and the per-task columns (an
+// argument's word: its base plus its column's value times its scale, so a column of
+// element offsets becomes pointers on the device), runs it and writes its status. The
+// host's cost of a batch is then one copy and a few records, whatever its size.
 constexpr u32 kBatchOp = 0xFFFFFFFFu;
 
 struct alignas(16) BatchDesc {
