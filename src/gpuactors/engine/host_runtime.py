@@ -129,8 +129,8 @@ class HostRuntime:
         self.kicks = 0
         self.finished = 0  # tasks finished by kicks and finish calls
         self.device_seconds = 0.0  # spent finishing tasks (the stand-in device's time)
-        #: What allocate lent and is still held (by its batch), by address.
         self.abandoned: tuple[Any, ...] = ()  # what abandon was given to keep
+        #: What allocate lent and is still held (by its batch), by address.
         self.buffers: weakref.WeakValueDictionary[int, HostBytes] = weakref.WeakValueDictionary()
         #: The status of task ``index`` of an expanded record (its index in that record),
         #: when ``finish`` runs the record.

@@ -404,13 +404,13 @@ class Intake:
                 expansion = Expansion(records, runtime.allocate, workers=runtime.grid - 1)
                 records = expansion.record
             except MemoryError:  # no device memory to spare now: the ring needs none
-                expansion = None
+                pass  # (record by record)
         batch = Batch(
             self._reply_future(),  # the asker's own
             op,
             records,
             msg.per_task,
-            msg.args if expansion is None else (*msg.args, expansion),
+            msg.args,  # (and, through the batch, its expansion's device memory)
             np.zeros(len(records), dtype=np.bool_),
             np.zeros(len(records), dtype=np.int32),
             ready_event,

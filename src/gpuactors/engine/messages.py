@@ -65,9 +65,10 @@ class EnqueueBatch(Message):
     shared. Every task is validated against its base array's size up front.
     ``per_task=True`` returns each task's status in the reply.
 
-    A batch of at least ``EngineConfig.expand_batches_from`` one-block tasks is one
-    ring record that the kernel expands into its tasks (docs/architecture.md): the
-    host copies its columns to the device once, whatever its size.
+    A batch of at least ``EngineConfig.expand_batches_from`` one-block tasks is a ring
+    record per 65,536 tasks that the kernel expands into its tasks
+    (docs/architecture.md): the host copies its columns to the device once, whatever
+    its size.
     """
 
     op: str
@@ -86,8 +87,8 @@ class EnqueueBatch(Message):
 class BatchCompletion(Reply):
     """Every task of an EnqueueBatch has finished (check ``failed``)."""
 
-    #: The ring sequence number of the batch's first record (an expanded batch is one
-    #: record, so its tasks share it).
+    #: The ring sequence number of the batch's first record (an expanded batch has a
+    #: record per 65,536 tasks, whose tasks share its number).
     first_seq: int
     count: int
     failed: int

@@ -62,7 +62,7 @@ class Batch:
 
     @property
     def count(self) -> int:
-        """Records in the ring (an expanded batch has one)."""
+        """Records in the ring (an expanded batch has one per 65,536 tasks)."""
         return len(self.records)
 
     @property
