@@ -211,3 +211,49 @@ def test_a_cuda_error_copying_a_descriptor_is_a_device_fault() -> None:
     full = DeviceBytes(BrokenMemory(MemoryError("out of memory")), stream, nullcontext)
     with pytest.raises(MemoryError):
         full.copy_in(0, np.zeros(4, np.uint64))
+
+
+def words_the_device_makes(buffer: HostBytes, desc: Any, slot: int, count: int) -> list[int]:
+    """Argument ``slot``'s word for each task of a record, as ``run_batch_unit`` makes it:
+    base + (its column's value, or the task's index) x scale, modulo 2**64."""
+    base, scale = int(desc["args"][slot]), int(desc["scales"][slot])
+    column = int(desc["columns"][slot])
+    values = column_at(buffer, column, count).tolist() if column else range(count)
+    return [(base + int(value) * scale) % (1 << 64) for value in values]
+
+
+@pytest.mark.parametrize("spaced", [range(7, 7 + 3 * 250, 3), range(2000, 1000, -4)])
+def test_evenly_spaced_offsets_are_no_column_and_make_the_same_words(spaced: range) -> None:
+    """A range of offsets is copied nowhere: each record's descriptor holds its first
+    task's word and the step, and the words the device makes from them are those a
+    record-by-record publish writes."""
+    count = len(spaced)
+    scaled = ScaledColumn(1 << 40, spaced, 4)
+    records = RecordColumns(op=2, blocks=1, count=count, n=5, args=(scaled, 9))
+    lent, allocate = lender()
+    expansion = Expansion(records, allocate, workers=64, record_tasks=100)
+    (buffer,) = lent
+    (addresses,) = expansion.record.args
+    assert isinstance(addresses, np.ndarray)
+    statuses = 4 * count
+    assert len(buffer.memory) == -(-abi.BATCH_DESC.itemsize // 64) * 64 * 3 + statuses
+    made: list[int] = []
+    for k, address in enumerate(addresses.tolist()):
+        at = address - buffer.ptr
+        desc = buffer.memory[at : at + abi.BATCH_DESC.itemsize].view(abi.BATCH_DESC)[0]
+        size = int(expansion.record.n[k])  # type: ignore[index]
+        assert int(desc["columns"][0]) == 0 and int(desc["n_column"]) == 0
+        made += words_the_device_makes(buffer, desc, 0, size)
+        assert words_the_device_makes(buffer, desc, 1, size) == [9] * size  # shared
+    assert made == scaled[0:count].tolist()
+    assert len(made) == count
+
+
+def test_a_range_of_offsets_publishes_record_by_record_as_its_array() -> None:
+    spaced = range(10, 10 + 8 * 50, 8)
+    assert ScaledColumn(1 << 44, spaced, 2)[5:9].tolist() == [
+        (1 << 44) + 2 * value for value in spaced[5:9]
+    ]
+    records = RecordColumns(op=1, blocks=1, count=50, n=1, args=(ScaledColumn(0, spaced, 1),))
+    detached = records.detached()
+    assert detached.args[0].values is spaced  # type: ignore[union-attr]  # (a range is immutable)

@@ -234,8 +234,11 @@ async def test_a_batch_waiting_for_its_inputs_past_its_deadline_times_out(
     [
         ({"offsets": {"out": [0, 50, 95]}}, "task 2 needs elements up to 103, the array has 100"),
         ({"n": [8, 101, 8]}, "task 1 needs elements up to 101, the array has 100"),
+        ({"offsets": {"out": range(0, 101, 50)}}, "task 2 needs elements up to 108, the"),
+        ({"offsets": {"out": range(20, -40, -20)}}, r"offsets\['out'\] must be in \[0, 2\*\*62\)"),
+        ({"offsets": {"out": np.arange(3) * 2**61}}, r"offsets\['out'\] must be in \[0, 2\*\*62\)"),
     ],
-    ids=["offsets", "per-task-n"],
+    ids=["offsets", "per-task-n", "range", "negative-range", "evenly-spaced-too-far"],
 )
 async def test_a_batch_task_past_its_arrays_end_is_refused_before_the_ring(
     system: ActorSystem, fields: dict[str, Any], error: str
@@ -895,7 +898,9 @@ async def test_a_batch_published_later_publishes_the_offsets_it_was_checked_with
     must not reach the ring (they were checked as they were)."""
     runtime = HostRuntime(capacity=64, auto=False)
     ref, _engine = await start(system, runtime, config=EngineConfig(capacity=64))
-    offsets = np.arange(200) * 8  # more than the ring's 64 slots: published in parts
+    # More than the ring's 64 slots: published in parts. (Not evenly spaced: a range
+    # would be held as one, which no caller can change.)
+    offsets = np.arange(200) * 8 + np.arange(200) % 2
     array = CupyLikeArray("float32", 1 << 20, ptr=1 << 40)
     message = EnqueueBatch(
         op="fill", args=(array, 1.0), n=8, offsets={"out": offsets}, after="none"
@@ -908,7 +913,47 @@ async def test_a_batch_published_later_publishes_the_offsets_it_was_checked_with
         await asyncio.sleep(0)
     assert (await reply).count == 200
     pointers = [int(record["args"][0]) for _seq, record in runtime.taken]
-    assert pointers == [(1 << 40) + 4 * 8 * k for k in range(200)]
+    assert pointers == [(1 << 40) + 4 * (8 * k + k % 2) for k in range(200)]
+
+
+@pytest.mark.parametrize("offsets", [np.arange(600) * 8, range(0, 4800, 8)], ids=["array", "range"])
+async def test_evenly_spaced_offsets_of_an_expanded_batch_are_not_copied(
+    system: ActorSystem, offsets: Any
+) -> None:
+    """Found in an array or given as a range, evenly spaced offsets leave nothing per
+    task to copy: the batch's device memory holds its descriptor and its statuses."""
+    runtime = HostRuntime(auto=False)
+    ref, _engine = await start(system, runtime)
+    array = CupyLikeArray("float32", 1 << 20, ptr=1 << 40)
+    message = EnqueueBatch(op="fill", args=(array, 1.0), n=8, offsets={"out": offsets})
+    reply = asyncio.ensure_future(ref.ask(message.model_copy(update={"after": "none"})))
+    await loop_turns_until(lambda: runtime.ring.published == 1)
+    (buffer,) = runtime.buffers.values()
+    assert len(buffer.memory) == -(-abi.BATCH_DESC.itemsize // 64) * 64 + 4 * 600
+    desc = buffer.memory[: abi.BATCH_DESC.itemsize].view(abi.BATCH_DESC)[0]
+    assert (int(desc["args"][0]), int(desc["scales"][0]), int(desc["columns"][0])) == (
+        1 << 40, 4 * 8, 0,
+    )  # fmt: skip
+    runtime.finish()
+    assert (await asyncio.wait_for(reply, 5)).count == 600
+
+
+async def test_a_small_batch_of_evenly_spaced_offsets_publishes_each_tasks_pointer(
+    system: ActorSystem,
+) -> None:
+    runtime = HostRuntime(auto=False)
+    ref, _engine = await start(system, runtime)
+    array = CupyLikeArray("float32", 1 << 20, ptr=1 << 40)
+    for batch, offsets in enumerate((np.arange(10) * 16 + 4, range(4, 164, 16)), start=1):
+        message = EnqueueBatch(
+            op="fill", args=(array, 1.0), n=8, offsets={"out": offsets}, after="none"
+        )
+        reply = asyncio.ensure_future(ref.ask(message))
+        await loop_turns_until(lambda: runtime.ring.published == 10 * batch)  # noqa: B023
+        runtime.finish()
+        assert (await asyncio.wait_for(reply, 5)).count == 10
+    pointers = [int(record["args"][0]) for _seq, record in runtime.taken]
+    assert pointers == [(1 << 40) + 4 * (16 * k + 4) for k in range(10)] * 2
 
 
 async def test_a_batch_whose_statuses_cannot_be_read_fails_and_is_not_lost(

@@ -59,7 +59,12 @@ STAMP = OpSpec(
     params=(ArrayParam(name="out", dtype="int32", direction="out", length=1),),
     body="if (threadIdx.x == 0) out[0] = 1;\nreturn 0;",
 )
-OPS = (ECHO, FAIL_IF_NEG, SLOW_MARK, STAMP)
+MARK_N = OpSpec(  # each task's n, at its offset
+    name="mark_n",
+    params=(ArrayParam(name="out", dtype="int64", direction="out", length=1),),
+    body="if (threadIdx.x == 0) out[0] = (long long)n;\nreturn 0;",
+)
+OPS = (ECHO, FAIL_IF_NEG, SLOW_MARK, STAMP, MARK_N)
 
 
 async def _echo_outputs(expand_from: int | None, count: int, seed: int) -> np.ndarray:
@@ -210,4 +215,34 @@ async def test_a_hot_swap_between_expanded_batches_keeps_each_batchs_version() -
             values = np.unique(cp.asnumpy(out))
             expected = [1] if index < 3 else [2]
             assert values.tolist() == expected, index
+        await engine.shutdown(timeout=30)
+
+
+async def test_evenly_spaced_offsets_reach_every_task_of_every_record() -> None:
+    """Offsets found evenly spaced, given as a range, or running backwards: no column
+    is copied, and each task of both records (65,536 tasks each) writes where its
+    offset says (its n, a column that is copied, says which task it was)."""
+    import cupy as cp
+
+    count = 70_000
+    n = np.arange(1, count + 1)
+    forward = 11 + 3 * np.arange(count)
+    cases = {
+        "found": forward,
+        "range": range(11, 11 + 3 * count, 3),
+        "backwards": range(11 + 3 * (count - 1), 10, -3),
+    }
+    async with ActorSystem("spaced") as system:
+        engine = await Engine.start(system, ops=OPS)
+        for name, offsets in cases.items():
+            out = cp.zeros(3 * count + 20, dtype=cp.int64)
+            cp.cuda.get_current_stream().synchronize()
+            reply = await engine.ref.ask(
+                EnqueueBatch(op="mark_n", args=(out,), n=n, offsets={"out": offsets}),
+                timeout=60,
+            )
+            assert (reply.count, reply.failed) == (count, 0), name
+            expected = np.zeros(3 * count + 20, dtype=np.int64)
+            expected[np.asarray(offsets)] = n
+            np.testing.assert_array_equal(cp.asnumpy(out), expected, err_msg=name)
         await engine.shutdown(timeout=30)

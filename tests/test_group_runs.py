@@ -127,6 +127,70 @@ def test_locate_finds_each_tasks_shard_or_names_the_first_that_crosses_one(
         assert isinstance(found, Runs)  # no array of one key per task
 
 
+@given(
+    SHARD_SIZES,
+    st.integers(-5, 45),
+    st.integers(-6, 6).filter(bool),
+    st.integers(1, 12),
+    st.integers(1, 4),
+)
+def test_evenly_spaced_offsets_are_located_as_their_array_is(
+    sizes: list[int], start: int, step: int, count: int, length: int
+) -> None:
+    """A range of offsets finds the same shards, or the same error, with no array."""
+    bounds = np.cumsum([0, *sizes])
+    shards = tuple(
+        Shard(device, int(a), int(b), None) for device, (a, b) in enumerate(pairwise(bounds))
+    )
+    sharded = ShardedArray(shards, "float32", (int(bounds[-1]),))
+    spaced = range(start, start + step * count, step)
+    array = np.array(spaced, dtype=np.int64)
+    try:
+        expected = sharded.locate(array, length, "base")
+    except InvalidArgument as error:
+        with pytest.raises(InvalidArgument) as raised:
+            sharded.locate(spaced, length, "base")
+        assert str(raised.value) == str(error)
+        return
+    found = sharded.locate(spaced, length, "base")
+    per_task = found.per_task() if isinstance(found, Runs) else found
+    np.testing.assert_array_equal(
+        per_task, expected.per_task() if isinstance(expected, Runs) else expected
+    )
+    if step > 0:
+        assert isinstance(found, Runs)
+
+
+@pytest.mark.parametrize("given_as", ["array", "range"])
+def test_evenly_spaced_offsets_split_into_ranges_from_each_shards_start(given_as: str) -> None:
+    """Each engine's part of evenly spaced offsets is a range (a few integers to send),
+    counted from its shard's first element."""
+    locator = Locator(range(3))
+    shards = tuple(
+        Shard(device, 100 * device, 100 * (device + 1), RemoteArray(
+            id=device, shape=(100,), dtype="float32", generation=1
+        ))
+        for device in range(3)
+    )  # fmt: skip
+    out = ShardedArray(shards, "float32", (300,))
+    spaced = range(5, 295, 10)  # 29 tasks: 10 on device 0, 10 on 1, 9 on 2
+    offsets: Any = np.array(spaced) if given_as == "array" else spaced
+    batch = EnqueueBatch(op="fill", args=(out, 1.0), n=4, offsets={"out": offsets})
+    fill = next(op for op in BUILTIN_OPS if op.name == "fill")
+    parts = split_batch(batch, fill, locator, spread_over=range(3))
+    assert [(part.key, part.tasks) for part in parts] == [
+        (0, slice(0, 10)), (1, slice(10, 20)), (2, slice(20, 29)),
+    ]  # fmt: skip
+    for part in parts:
+        assert part.message.offsets["out"] == range(5, 100, 10)[: part.size]
+    backwards = EnqueueBatch(op="fill", args=(out, 1.0), n=4, offsets={"out": spaced[::-1]})
+    parts = split_batch(backwards, fill, locator, spread_over=range(3))
+    assert [part.key for part in parts] == [0, 1, 2]
+    for part in parts:  # (out of the shards' order: the tasks of each, as indices)
+        local = np.array(spaced[::-1])[part.task_indices] - 100 * part.key
+        np.testing.assert_array_equal(part.message.offsets["out"], local)
+
+
 def test_passes_run_on_threads_only_for_a_large_batch_in_order_with_their_errors() -> None:
     def thread_of(item: int) -> tuple[int, str]:
         if item == 99:
@@ -174,9 +238,8 @@ def test_a_large_batch_split_on_threads_gives_the_parts_of_the_split_in_line(
     for device, (ours, theirs) in enumerate(zip(threaded, in_line, strict=True)):
         assert ours.tasks == theirs.tasks == slice(device * shard_size, (device + 1) * shard_size)
         assert ours.message.args[0] is shards[device].array
-        local = np.arange(shard_size)  # each shard's offsets, from its own element 0
-        np.testing.assert_array_equal(ours.message.offsets["out"], local)
-        np.testing.assert_array_equal(theirs.message.offsets["out"], local)
+        local = range(shard_size)  # each shard's offsets, from its own element 0
+        assert ours.message.offsets["out"] == theirs.message.offsets["out"] == local
 
 
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")

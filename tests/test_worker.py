@@ -7,6 +7,7 @@ import pytest
 
 from gpuactors.actors import ActorSystem
 from gpuactors.cuda import no_device_reason
+from gpuactors.engine import EnqueueBatch
 from gpuactors.errors import (
     CompileError,
     GpuRefStale,
@@ -15,6 +16,7 @@ from gpuactors.errors import (
     TaskFailed,
     TaskHung,
     WorkerError,
+    WorkerProtocolError,
 )
 from gpuactors.worker import (
     IsolatedEngine,
@@ -27,6 +29,7 @@ from gpuactors.worker import (
 )
 from gpuactors.worker.wire import (
     Failure,
+    Request,
     decode_frame,
     encode_frame,
     wire_error,
@@ -127,3 +130,22 @@ def test_launch_jobs_check_their_shape_and_arguments() -> None:
         LaunchJob(kernel=kernel, grid=1, block=1, args=(_FakeDeviceArray(),))
     with pytest.raises(InvalidArgument, match="returns"):
         LaunchJob(kernel=kernel, grid=1, block=1, args=(np.int32(1),), returns=(0,))
+
+
+def test_evenly_spaced_offsets_cross_as_a_range_and_others_as_arrays() -> None:
+    message = EnqueueBatch(
+        op="fill",
+        args=(RemoteArray(id=1, shape=(10**6,), dtype="float32", generation=1), 1.0),
+        offsets={"out": range(7, 7_000_007, 7)},
+        scalars={"value": np.array([1.0, 2.0])},
+    )
+    body = encode_frame(Request(rid=3, message=message))
+    assert len(body) < 2_000  # three integers, not a million offsets
+    frame = decode_frame(body[4:])
+    assert isinstance(frame, Request) and isinstance(frame.message, EnqueueBatch)
+    assert frame.message.offsets == {"out": range(7, 7_000_007, 7)}
+    np.testing.assert_array_equal(frame.message.scalars["value"], [1.0, 2.0])
+    broken = body.replace(b'"step":7', b'"step":0')
+    assert broken != body
+    with pytest.raises(WorkerProtocolError, match="step not 0"):
+        decode_frame(broken[4:])

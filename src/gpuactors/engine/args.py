@@ -18,6 +18,7 @@ from gpuactors.cuda.arrays import DeviceArrayInfo, check_device, cupy_ndarray, d
 from gpuactors.engine.messages import MAX_BATCH_TASKS, EnqueueBatch
 from gpuactors.engine.ops import ArrayParam, OpSpec, ScalarParam
 from gpuactors.engine.ring import RecordColumns, ScaledColumn
+from gpuactors.engine.spacing import IntColumn, as_array, bounds, evenly_spaced
 from gpuactors.engine.wire import MAX_BLOCKS
 from gpuactors.engine.word_encoders import Encoder, word_encoder
 from gpuactors.errors import InvalidArgument
@@ -174,7 +175,7 @@ def _task_count(msg: EnqueueBatch) -> int:
     for kind, table in (("offsets", msg.offsets), ("scalars", msg.scalars)):
         for name, values in table.items():
             what = f"{kind}[{name!r}]"
-            lengths[what] = len(_as_1d(values, what))
+            lengths[what] = len(values if isinstance(values, range) else _as_1d(values, what))
     if msg.count is not None:
         lengths["count"] = msg.count
     if not lengths:
@@ -190,17 +191,29 @@ def _task_count(msg: EnqueueBatch) -> int:
 def _int_column(values: Any, what: str) -> tuple[np.ndarray, int]:
     """``values`` as int64 in [0, 2**62), and their largest (0 for none): the one pass
     of reductions the range check makes also bounds the tasks' ends."""
-    array = _as_1d(values, what)
-    if array.dtype.kind not in "iu":
-        raise InvalidArgument(
-            f"{what} must be a 1-D integer array, got {array.dtype} {array.shape}"
-        )
-    if not array.size:
-        return array.astype(np.int64, copy=False), 0
-    low, high = int(array.min()), int(array.max())
+    column, high = _offset_column(values, what)
+    return as_array(column), high
+
+
+def _offset_column(values: Any, what: str) -> tuple[IntColumn, int]:
+    """``values`` as int64 in [0, 2**62), a range where they are evenly spaced (given
+    so, or found so), and their largest (0 for none)."""
+    if isinstance(values, range):
+        column: IntColumn = values
+    else:
+        array = _as_1d(values, what)
+        if array.dtype.kind not in "iu":
+            raise InvalidArgument(
+                f"{what} must be a 1-D integer array, got {array.dtype} {array.shape}"
+            )
+        array = array.astype(np.int64, copy=False)  # (a uint64 of 2**63 on: below 0)
+        column = evenly_spaced(array) or array
+    if not len(column):
+        return as_array(column), 0
+    low, high = bounds(column)
     if low < 0 or high >= MAX_ELEMENTS:
         raise InvalidArgument(f"{what} must be in [0, 2**62)")
-    return array.astype(np.int64, copy=False), high
+    return column, high
 
 
 def _scalar_column(param: ScalarParam, values: Any, where: str) -> np.ndarray:
@@ -287,13 +300,15 @@ def _pointer_column(
     each task's pointer at its offset (made where the words are written);
     InvalidArgument naming the first task that would reach past the array's end."""
     length = n if param.length == "n" else int(param.length)
+    offsets: IntColumn | None = None
     if param.name in msg.offsets:
-        offsets, last = _int_column(msg.offsets[param.name], f"offsets[{param.name!r}]")
-        end = last + length if isinstance(length, int) else int(np.max(offsets + length))
+        offsets, last = _offset_column(msg.offsets[param.name], f"offsets[{param.name!r}]")
+        end = last + length if isinstance(length, int) else int(np.max(as_array(offsets) + length))
     else:
-        offsets, end = None, length if isinstance(length, int) else int(np.max(length))
+        end = length if isinstance(length, int) else int(np.max(length))
     if end > info.size:  # the first task past the end, for the error
-        per_task = np.broadcast_to(length if offsets is None else offsets + length, (count,))
+        ends = length if offsets is None else as_array(offsets) + length
+        per_task = np.broadcast_to(ends, (count,))
         task = int(np.flatnonzero(per_task > info.size)[0])
         raise InvalidArgument(
             f"{where}: task {task} needs elements up to {int(per_task[task])}, "

@@ -92,7 +92,7 @@ class Expansion:
         per_record = record_tasks or EXPANDED_RECORD_TASKS
         starts = np.arange(0, count, per_record, dtype=np.int64)
         sizes = np.minimum(per_record, count - starts)
-        columns = [value for value in (records.n, *records.args) if not isinstance(value, int)]
+        columns = [value for value in (records.n, *records.args) if _copied(value)]
         columns_at = _HEADER_BYTES * len(starts)
         statuses_at = columns_at + 8 * count * len(columns)
         buffer = allocate(statuses_at + 4 * count)
@@ -120,9 +120,17 @@ class Expansion:
             if isinstance(value, int):
                 descs[:, _WORD["args"] + index] = value
             elif isinstance(value, ScaledColumn):  # its words are made on the device
-                descs[:, _WORD["args"] + index] = value.base
-                descs[:, _WORD["columns"] + index] = place(value.values)
-                descs[:, _WORD["scales"] + index] = value.scale
+                spaced = value.values
+                if isinstance(spaced, range):
+                    # Evenly spaced: no column; each record's first word, and the step
+                    # between its tasks' words (the device adds the index times it).
+                    firsts = value.base + (spaced.start + spaced.step * starts) * value.scale
+                    descs[:, _WORD["args"] + index] = firsts.view(np.uint64)
+                    descs[:, _WORD["scales"] + index] = (spaced.step * value.scale) % (1 << 64)
+                else:
+                    descs[:, _WORD["args"] + index] = value.base
+                    descs[:, _WORD["columns"] + index] = place(spaced)
+                    descs[:, _WORD["scales"] + index] = value.scale
             else:
                 descs[:, _WORD["columns"] + index] = place(value)
                 descs[:, _WORD["scales"] + index] = 1
@@ -158,6 +166,13 @@ class Expansion:
         ):
             statuses[ends[k] - self._sizes[k] : ends[k]] = record_statuses[k]
         return statuses
+
+
+def _copied(value: np.ndarray | ScaledColumn | int) -> bool:
+    """Is ``value`` a column the device reads (not one word, not evenly spaced)?"""
+    if isinstance(value, ScaledColumn):
+        return not isinstance(value.values, range)
+    return not isinstance(value, int)
 
 
 def _copy(buffer: DeviceBuffer, pieces: list[tuple[int, np.ndarray]], nbytes: int) -> None:

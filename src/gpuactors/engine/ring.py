@@ -32,6 +32,7 @@ import numpy as np
 from gpuactors.cuda.polling import spin_until_equal
 from gpuactors.engine import wire
 from gpuactors.engine.abi import COMPLETION, RING_RECORD, TASK_RECORD
+from gpuactors.engine.spacing import IntColumn, as_array
 from gpuactors.errors import InvalidArgument
 
 _RECORD_BYTES = RING_RECORD.itemsize
@@ -68,17 +69,18 @@ class ScaledColumn:
     """A column of words ``base + values * scale``, kept as its parts: each task's
     pointer is its array's address plus its offset times the item size. The ring's
     writer makes the words of the slice it publishes; an expanded batch has the device
-    make each task's (no column of them is built on the host)."""
+    make each task's (no column of them is built on the host). ``values`` evenly
+    spaced are a range (:mod:`gpuactors.engine.spacing`)."""
 
     base: int  # a device address (below 2**49)
-    values: np.ndarray  # int64, each in [0, 2**62), base + value * scale below 2**63
+    values: IntColumn  # int64, each in [0, 2**62), base + value * scale below 2**63
     scale: int
 
     def __len__(self) -> int:
         return len(self.values)
 
     def __getitem__(self, index: slice) -> np.ndarray:
-        words = self.values[index] * self.scale
+        words = as_array(self.values[index]) * self.scale
         words += self.base  # (in place: one pass fewer)
         return words.view(np.uint64)
 
@@ -112,7 +114,7 @@ class RecordColumns:
             n=self.n if isinstance(self.n, int) else self.n.copy(),
             args=tuple(
                 replace(value, values=value.values.copy())
-                if isinstance(value, ScaledColumn)
+                if isinstance(value, ScaledColumn) and isinstance(value.values, np.ndarray)
                 else value
                 for value in self.args
             ),

@@ -19,6 +19,7 @@ import numpy as np
 
 from gpuactors.engine.messages import BatchCompletion, EnqueueBatch
 from gpuactors.engine.ops import ArrayParam, OpSpec
+from gpuactors.engine.spacing import IntColumn, bounds, evenly_spaced, shifted, taken
 from gpuactors.errors import InvalidArgument, WrongDevice
 from gpuactors.group import passes
 from gpuactors.group.messages import GroupBatchCompletion
@@ -66,7 +67,7 @@ def split_batch(
         )
     count = _task_count(batch, devices)
     n = int(batch.n) if _is_count(batch.n) else _column(batch.n, "n")
-    offsets = {name: _int_column(v, f"offsets[{name!r}]") for name, v in batch.offsets.items()}
+    offsets = {name: _offset_column(v, f"offsets[{name!r}]") for name, v in batch.offsets.items()}
     sharded = {
         p.name for p, v in zip(op.params, batch.args, strict=True) if isinstance(v, ShardedArray)
     }
@@ -146,8 +147,17 @@ def _int_column(values: Any, what: str) -> np.ndarray:
     return array.astype(np.int64, copy=False)
 
 
-def _check_not_negative(column: np.ndarray, what: str) -> None:
-    if column.size and column.min() < 0:
+def _offset_column(values: Any, what: str) -> IntColumn:
+    """A task's element offsets: a range where evenly spaced (given so, or found so:
+    then its parts are ranges too, a few integers to send), else int64."""
+    if isinstance(values, range):
+        return values
+    array = _int_column(values, what)
+    return evenly_spaced(array) or array
+
+
+def _check_not_negative(column: IntColumn, what: str) -> None:
+    if len(column) and bounds(column)[0] < 0:
         raise InvalidArgument(f"{what} must not be negative")
 
 
@@ -182,7 +192,8 @@ def _task_count(batch: EnqueueBatch, devices: Any) -> int:
         lengths["n"] = len(np.asarray(batch.n))
     for kind, table in (("offsets", batch.offsets), ("scalars", batch.scalars)):
         for name, values in table.items():
-            lengths[f"{kind}[{name!r}]"] = len(np.asarray(values))
+            size = len(values) if isinstance(values, range) else len(np.asarray(values))
+            lengths[f"{kind}[{name!r}]"] = size
     if devices is not None and not _is_count(devices):
         lengths["devices"] = len(np.asarray(devices))
     if batch.count is not None:
@@ -250,18 +261,18 @@ def _part_message(
     key: int,
     tasks: Tasks,
     n: int | np.ndarray,
-    offsets: dict[str, np.ndarray],
+    offsets: dict[str, IntColumn],
 ) -> EnqueueBatch:
     """Engine ``key``'s share of ``batch``: its own base arrays, its tasks' columns, and
     offsets into a ShardedArray made relative to its shard."""
     args: list[Any] = []
-    local_offsets = {name: column[tasks] for name, column in offsets.items()}
+    local_offsets = {name: taken(column, tasks) for name, column in offsets.items()}
     for param, value in zip(op.params, batch.args, strict=True):
         if isinstance(value, ShardedArray):
             shard = value.shard_on(key)
             args.append(shard.array)
             if param.name in local_offsets and shard.start:
-                local_offsets[param.name] = local_offsets[param.name] - shard.start
+                local_offsets[param.name] = shifted(local_offsets[param.name], -shard.start)
         elif isinstance(value, PerDevice):
             args.append(value.on(key, f"argument {param.name!r}"))
         else:

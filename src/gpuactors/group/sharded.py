@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from gpuactors.engine.spacing import IntColumn, as_array, bounds
 from gpuactors.errors import InvalidArgument, WrongDevice
 from gpuactors.group import passes
 from gpuactors.group.runs import Runs
@@ -74,21 +75,22 @@ class ShardedArray:
                 return shard
         raise InvalidArgument(f"this ShardedArray has no shard on device {device}")
 
-    def locate(
-        self, offsets: np.ndarray, lengths: int | np.ndarray, what: str
-    ) -> Runs | np.ndarray:
+    def locate(self, offsets: IntColumn, lengths: int | np.ndarray, what: str) -> Runs | np.ndarray:
         """The device holding each task's elements ``[offset, offset + length)``
         (``lengths``: one for all tasks, or one per task): runs of tasks where the
         offsets fall into the shards in order (the usual case: a min and a max over
-        each run, no search per task), else one device per task. InvalidArgument names
-        the first task whose range crosses a shard's end (a task runs on one engine
-        and sees one shard) or starts before element 0."""
+        each run, no search per task; none at all for evenly spaced offsets), else one
+        device per task. InvalidArgument names the first task whose range crosses a
+        shard's end (a task runs on one engine and sees one shard) or starts before
+        element 0."""
         starts = np.fromiter((s.start for s in self.shards), np.int64, len(self.shards))
         stops = np.fromiter((s.stop for s in self.shards), np.int64, len(self.shards))
+        if isinstance(offsets, range) and offsets.step < 0:
+            offsets = as_array(offsets)  # (not in the shards' order: a device per task)
         # Where sorted offsets would cut the tasks into shards. Whether they are sorted
         # is not asked (a pass and a temporary as large as the batch): each run is
         # checked to lie in its shard instead, which is all the runs need.
-        cuts = [0, *np.searchsorted(offsets, starts[1:], side="left").tolist(), offsets.size]
+        cuts = [0, *_sorted_cuts(offsets, starts[1:]), len(offsets)]
         runs = list(enumerate(itertools.pairwise(cuts)))
 
         def run_held(run: tuple[int, tuple[int, int]]) -> bool:
@@ -97,9 +99,10 @@ class ShardedArray:
             return self._holds(shard, offsets[first:last], length)
 
         if all(first <= last for _, (first, last) in runs) and all(
-            passes.each(run_held, runs, offsets.size)
+            passes.each(run_held, runs, len(offsets))
         ):
             return Runs.of(list(self.devices), cuts)
+        offsets = as_array(offsets)
         if offsets.size and int(offsets.min()) < 0:
             task = int(np.flatnonzero(offsets < 0)[0])
             raise InvalidArgument(
@@ -114,17 +117,18 @@ class ShardedArray:
             raise self._crossing(task, offsets, ends, int(index[task]), what)
         return np.asarray(self.devices, dtype=np.int64)[index]
 
-    def _holds(self, shard: int, offsets: np.ndarray, lengths: int | np.ndarray) -> bool:
+    def _holds(self, shard: int, offsets: IntColumn, lengths: int | np.ndarray) -> bool:
         """Do the tasks with ``offsets`` and ``lengths`` all lie in shard ``shard``?"""
-        if not offsets.size:
+        if not len(offsets):
             return True
         held = self.shards[shard]
-        if int(offsets.min()) < held.start:
+        low, high = bounds(offsets)
+        if low < held.start:
             return False
         if isinstance(lengths, np.ndarray):
-            end = int((offsets + lengths).max())
+            end = int((as_array(offsets) + lengths).max())
         else:
-            end = int(offsets.max()) + lengths
+            end = high + lengths
         return end <= held.stop
 
     def _crossing(
@@ -136,6 +140,16 @@ class ShardedArray:
             f"the shard of device {held.device} ends at {held.stop} (a task's range must lie "
             "in one shard)"
         )
+
+
+def _sorted_cuts(offsets: IntColumn, starts: np.ndarray) -> list[int]:
+    """Where offsets in increasing order would cut the tasks at each of ``starts``:
+    the first task at or past each."""
+    if isinstance(offsets, range):  # (increasing: the first task at or past by division)
+        first, step, count = offsets.start, offsets.step, len(offsets)
+        return [min(count, max(0, -(-(int(start) - first) // step))) for start in starts]
+    cuts: list[int] = np.searchsorted(offsets, starts, side="left").tolist()
+    return cuts
 
 
 @dataclass(frozen=True)

@@ -148,8 +148,10 @@ struct alignas(16) BatchDesc {
     u32 op;                   // 48   physical op id of every task
     u32 reserved;             // 52
     u64 args[kMaxArgs];       // 56   each argument's word; with a column, the base
-    const u64* columns[kMaxArgs];  // 136  per task: args[a] + columns[a][t] * scales[a], or null
-    u64 scales[kMaxArgs];     // 216  e.g. the item size: a column of offsets makes pointers
+    const u64* columns[kMaxArgs];  // 136  per task: args[a] + columns[a][t] * scales[a];
+                                   //      null: args[a] + t * scales[a] (evenly spaced)
+    u64 scales[kMaxArgs];     // 216  e.g. the item size: a column of offsets makes pointers;
+                              //      0 with no column: one word for every task
 };
 
 // Why a kernel instance exited.

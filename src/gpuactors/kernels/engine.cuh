@@ -455,15 +455,15 @@ __device__ __noinline__ i32 run_batch_unit(BatchDesc* desc) {
     // Thread a < kMaxArgs builds argument a of every task, thread kMaxArgs the count.
     const u32 tid = threadIdx.x;
     const u64* column = nullptr;
-    u64 shared_word = 0;  // with a column: the base its values are scaled onto
-    u64 scale = 1;
+    u64 shared_word = 0;  // the word, or the base that values are scaled onto
+    u64 scale = 0;
     if (tid < (u32)kMaxArgs) {
         column = reinterpret_cast<const u64*>(ld_batch(reinterpret_cast<const u64*>(&desc->columns[tid])));
         shared_word = ld_batch(&desc->args[tid]);
         scale = ld_batch(&desc->scales[tid]);
     } else if (tid == (u32)kMaxArgs) {
         column = reinterpret_cast<const u64*>(ld_batch(reinterpret_cast<const u64*>(&desc->n_column)));
-        shared_word = ld_batch(&desc->n);  // (0 with a column, whose scale is 1)
+        shared_word = ld_batch(&desc->n);  // (0 with a column)
     }
     i32* statuses = nullptr;
     bool failed = false;
@@ -482,7 +482,9 @@ __device__ __noinline__ i32 run_batch_unit(BatchDesc* desc) {
         const u64 t = b_index[k];
         if (t >= count) break;
         if (tid < (u32)kMaxArgs) {
-            b_rec.args[tid] = column ? shared_word + ld_batch(column + t) * scale : shared_word;
+            // No column: evenly spaced words (the task's index times the scale), or
+            // one word for every task (scale 0).
+            b_rec.args[tid] = shared_word + (column ? ld_batch(column + t) : t) * scale;
         } else if (tid == (u32)kMaxArgs) {
             b_rec.n = column ? ld_batch(column + t) : shared_word;
             b_rec.seq = t;

@@ -42,6 +42,7 @@ _KEYS = {
         "dict": ("items",),
         "bytes": ("segment",),
         "complex": ("real", "imag"),
+        "range": ("start", "stop", "step"),
         "array": ("dtype", "shape", "segment"),
         "scalar": ("dtype", "hex"),
         "error": ("type", "text", "attributes"),
@@ -88,6 +89,7 @@ class Codec:
             "dict": self._decode_dict,
             "bytes": _decode_bytes,
             "complex": _decode_complex,
+            "range": _decode_range,
             "array": _decode_array,
             "scalar": _decode_scalar,
             "error": self._decode_error,
@@ -138,6 +140,8 @@ class Codec:
             return {"@": "bytes", "segment": len(segments) - 1}
         if isinstance(value, complex):
             return {"@": "complex", "real": value.real, "imag": value.imag}
+        if isinstance(value, range):  # (evenly spaced offsets: three ints, not a column)
+            return {"@": "range", "start": value.start, "stop": value.stop, "step": value.step}
         if isinstance(value, GpuActorsError):
             return {"@": "error", **self._encode_error(value, segments)}
         if isinstance(value, enum.Enum) and self._enums.get(kind.__name__) is kind:
@@ -245,6 +249,13 @@ def _build_dataclass(cls: Callable[..., Any], fields: dict[str, Any]) -> Any:
 
 def _decode_bytes(tree: dict[str, Any], segments: Segments) -> bytes:
     return bytes(_segment(segments, tree))
+
+
+def _decode_range(tree: dict[str, Any], _segments: Segments) -> range:
+    parts = tree["start"], tree["stop"], tree["step"]
+    if not all(type(part) is int for part in parts) or parts[2] == 0:
+        raise WorkerProtocolError("a range's start, stop and step must be ints, its step not 0")
+    return range(*parts)
 
 
 def _decode_complex(tree: dict[str, Any], _segments: Segments) -> complex:
