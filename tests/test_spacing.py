@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuactors.engine.spacing import as_array, bounds, evenly_spaced, shifted, taken
+from gpuactors.engine.spacing import Each, as_array, bounds, evenly_spaced, shifted, taken
+from gpuactors.group import passes
 
 
 @pytest.mark.parametrize(
@@ -20,13 +21,27 @@ def test_an_evenly_spaced_array_is_found_to_be_a_range(start: int, step: int, co
     np.testing.assert_array_equal(as_array(spaced), values)  # (assert: not None above)
 
 
-def test_a_value_off_the_line_anywhere_is_not_a_range() -> None:
-    """The two ends agree with the line; one value in a later chunk does not."""
+@pytest.mark.parametrize("each", [None, passes.each], ids=["in-line", "spans-on-threads"])
+def test_a_value_off_the_line_anywhere_is_not_a_range(each: Each | None) -> None:
+    """The two ends agree with the line; one value in a later chunk (or span) does not.
+    The column is large enough for a group's passes to go to threads."""
     values = np.arange(300_000, dtype=np.int64) * 4
-    for index in (1, 65_536, 65_537, 200_000, 299_998):
+    assert values.size >= passes.THREADED_TASKS
+    assert evenly_spaced(values, each) == range(0, 1_200_000, 4)
+    for index in (1, 37_499, 37_500, 65_536, 65_537, 200_000, 299_998):
         broken = values.copy()
         broken[index] += 1
-        assert evenly_spaced(broken) is None, index
+        assert evenly_spaced(broken, each) is None, index
+
+
+@pytest.mark.parametrize("count", [2, 3, 9, 17])
+def test_a_short_column_shared_out_in_spans_is_checked_whole(count: int) -> None:
+    values = np.arange(count, dtype=np.int64) * 5
+    assert evenly_spaced(values, passes.each) == range(0, 5 * count, 5)
+    for index in range(1, count - 1):
+        broken = values.copy()
+        broken[index] -= 1
+        assert evenly_spaced(broken, passes.each) is None, index
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,9 @@ range when it is one.
 
 from __future__ import annotations
 
-from typing import Final
+import itertools
+from collections.abc import Callable
+from typing import Final, Protocol
 
 import numpy as np
 
@@ -20,11 +22,24 @@ IntColumn = np.ndarray | range
 
 #: Differences compared per pass: a chunk and its temporaries stay in the CPU's cache.
 _CHUNK: Final = 1 << 16
+#: Spans of a column checked apart when ``evenly_spaced`` is given how to share them.
+_SPANS: Final = 8
 
 
-def evenly_spaced(values: np.ndarray) -> range | None:
+class Each(Protocol):
+    """Runs ``function`` on each item, for a column of ``tasks`` values (e.g.
+    ``gpuactors.group.passes.each``, which uses threads for a large one)."""
+
+    def __call__(
+        self, function: Callable[[tuple[int, int]], bool], items: list[tuple[int, int]], tasks: int
+    ) -> list[bool]: ...
+
+
+def evenly_spaced(values: np.ndarray, each: Each | None = None) -> range | None:
     """``values`` (1-D int64) as a range, or None: fewer than two values, a step of 0,
-    or any value off the line through the first two."""
+    or any value off the line through the first two. ``each``: how to share the
+    column's spans out (e.g. over threads, as a group splits a large batch); default:
+    one span, in line, stopping at the first value off the line."""
     count = values.size
     if count < 2:
         return None
@@ -32,10 +47,26 @@ def evenly_spaced(values: np.ndarray) -> range | None:
     step = int(values[1]) - first
     if step == 0 or int(values[-1]) != first + step * (count - 1):
         return None  # (most columns that are not a range stop here, having read three)
-    differences = np.empty(min(_CHUNK, count - 1), dtype=np.int64)
+
+    def on_line(span: tuple[int, int]) -> bool:
+        return _on_line(values, span, step)
+
+    if each is None:
+        spaced = on_line((0, count - 1))
+    else:
+        cuts = np.linspace(0, count - 1, _SPANS + 1, dtype=np.int64).tolist()
+        spaced = all(each(on_line, list(itertools.pairwise(cuts)), count))
+    return range(first, first + step * count, step) if spaced else None
+
+
+def _on_line(values: np.ndarray, span: tuple[int, int], step: int) -> bool:
+    """Does each value from ``span``'s first to one past its last follow the one
+    before it by ``step``?"""
+    first, last = span
+    differences = np.empty(min(_CHUNK, last - first), dtype=np.int64)
     on_step = np.empty(differences.size, dtype=np.bool_)
-    for begin in range(0, count - 1, _CHUNK):
-        end = min(begin + _CHUNK, count - 1)
+    for begin in range(first, last, _CHUNK):
+        end = min(begin + _CHUNK, last)
         part, equal = differences[: end - begin], on_step[: end - begin]
         # A difference that wraps around cannot make a wrong range: the values then
         # agree with the line modulo 2**64, and as int64 values between its two ends
@@ -43,8 +74,8 @@ def evenly_spaced(values: np.ndarray) -> range | None:
         np.subtract(values[begin + 1 : end + 1], values[begin:end], out=part)
         np.equal(part, step, out=equal)
         if not equal.all():
-            return None
-    return range(first, first + step * count, step)
+            return False
+    return True
 
 
 def bounds(values: IntColumn) -> tuple[int, int]:

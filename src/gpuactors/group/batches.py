@@ -153,7 +153,7 @@ def _offset_column(values: Any, what: str) -> IntColumn:
     if isinstance(values, range):
         return values
     array = _int_column(values, what)
-    return evenly_spaced(array) or array
+    return evenly_spaced(array, passes.each) or array
 
 
 def _check_not_negative(column: IntColumn, what: str) -> None:
