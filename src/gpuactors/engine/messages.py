@@ -58,7 +58,9 @@ class EnqueueBatch(Message):
     ``args`` has one entry per op parameter, as in :class:`Enqueue`: a device array
     (the *base* every task indexes into) or a scalar shared by all tasks.
     ``offsets[name]`` gives, per task, the element offset into array parameter
-    ``name``'s base (missing: every task starts at element 0). ``scalars[name]``
+    ``name``'s base (missing: every task starts at element 0); offsets evenly spaced
+    (a ``range``, or an array found to be one) cost nothing per task after they are
+    recognised (docs/architecture.md). ``scalars[name]``
     gives one value per task for scalar parameter ``name`` (overriding ``args``).
     ``n`` is one element count for all tasks or one per task. The number of tasks
     is the length of these arrays (they must agree), or ``count`` when all are
@@ -74,7 +76,7 @@ class EnqueueBatch(Message):
     op: str
     args: tuple[Any, ...] = ()
     n: Any = 0  # int, or a 1-D integer NumPy array (one per task)
-    offsets: dict[str, Any] = Field(default_factory=dict)  # name -> 1-D int array
+    offsets: dict[str, Any] = Field(default_factory=dict)  # name -> 1-D int array or range
     scalars: dict[str, Any] = Field(default_factory=dict)  # name -> 1-D array
     count: int | None = Field(default=None, ge=1, le=MAX_BATCH_TASKS)
     blocks: int = Field(default=1, ge=1)

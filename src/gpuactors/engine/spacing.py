@@ -54,7 +54,7 @@ def evenly_spaced(values: np.ndarray, each: Each | None = None) -> range | None:
     if each is None:
         spaced = on_line((0, count - 1))
     else:
-        cuts = np.linspace(0, count - 1, _SPANS + 1, dtype=np.int64).tolist()
+        cuts = [(count - 1) * k // _SPANS for k in range(_SPANS + 1)]
         spaced = all(each(on_line, list(itertools.pairwise(cuts)), count))
     return range(first, first + step * count, step) if spaced else None
 

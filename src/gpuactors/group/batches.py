@@ -153,7 +153,8 @@ def _offset_column(values: Any, what: str) -> IntColumn:
     if isinstance(values, range):
         return values
     array = _int_column(values, what)
-    return evenly_spaced(array, passes.each) or array
+    large = array.size >= passes.THREADED_TASKS  # (spans only pay where threads take them)
+    return evenly_spaced(array, passes.each if large else None) or array
 
 
 def _check_not_negative(column: IntColumn, what: str) -> None:
