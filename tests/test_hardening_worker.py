@@ -31,6 +31,7 @@ from gpuactors.engine import ArrayParam, EngineConfig, OpSpec
 from gpuactors.engine.messages import Completion
 from gpuactors.errors import InvalidArgument, NoCudaDevice, WorkerProtocolError
 from gpuactors.worker import IsolatedEngine, IsolationConfig, Job, Upload
+from gpuactors.worker.codec import MAX_DEPTH
 from gpuactors.worker.messages import BootSpec, Download, RemoteArray
 from gpuactors.worker.process import WorkerProcess, worker_path
 from gpuactors.worker.wire import (
@@ -222,6 +223,22 @@ def test_what_cannot_be_sent_is_refused_before_it_is_queued() -> None:
     for value in (cycle, 10**5000):  # JSON has no cycles, and no ints of 5000 digits
         with pytest.raises(InvalidArgument, match="cannot be encoded"):
             encode_frame(Answer(rid=1, value=value))
+
+
+def test_a_value_nested_too_deep_is_refused_far_from_pythons_recursion_limit() -> None:
+    """A cycle is refused at a depth of its own, not by a RecursionError (which a
+    collection's finalizer, running that deep, would meet too, failing elsewhere)."""
+
+    def nested(levels: int) -> list[object]:
+        value: list[object] = [1]
+        for _ in range(levels):
+            value = [value]
+        return value
+
+    shallow = decode_frame(encode_frame(Answer(rid=1, value=nested(90)))[4:])
+    assert isinstance(shallow, Answer)
+    with pytest.raises(InvalidArgument, match=f"nests deeper than {MAX_DEPTH} levels"):
+        encode_frame(Answer(rid=1, value=nested(MAX_DEPTH)))
 
 
 def test_a_completion_crosses_as_the_same_named_tuple() -> None:

@@ -35,6 +35,8 @@ from gpuactors.errors import GpuActorsError, InvalidArgument, WorkerProtocolErro
 _NUMERIC_DTYPE = re.compile(r"[<>|=][biufc][0-9]{1,2}")
 _MAX_DIMENSIONS = 32
 _PLAIN = frozenset({type(None), bool, int, float, str})
+#: The deepest a value sent to or from a worker nests (messages nest a few levels).
+MAX_DEPTH = 100
 #: The keys of each tagged object, "@" included: a tree with other keys is malformed.
 _KEYS = {
     tag: frozenset({"@", *names})
@@ -98,24 +100,36 @@ class Codec:
         }
 
     # ---------------------------------------------------------------- encoding
-    def encode(self, value: Any, segments: list[memoryview]) -> Any:
-        """The tree for ``value``; its buffers are appended to ``segments``.
+    def encode(self, value: Any, segments: list[memoryview], depth: int = 0) -> Any:
+        """The tree for ``value``; its buffers are appended to ``segments``. ``depth``:
+        how many values hold this one.
 
         InvalidArgument, saying what it holds, if something in it cannot be sent (an
-        object array, a lambda, an instance of a class not on the list).
+        object array, a lambda, an instance of a class not on the list, a value that
+        holds itself).
         """
         kind = type(value)
         if kind in _PLAIN:
             return value
+        if depth >= MAX_DEPTH:  # refused before Python's own limit, which a finalizer
+            # running that deep (a collection) would reach first, failing apart from us
+            raise InvalidArgument(
+                f"it cannot be encoded: it nests deeper than {MAX_DEPTH} levels "
+                "(a value that holds itself?)"
+            )
+        inner = depth + 1
         # Most items and fields are plain values: no call for them (this runs per request).
         if kind is tuple or kind is list:
-            return [item if type(item) in _PLAIN else self.encode(item, segments) for item in value]
+            return [
+                item if type(item) in _PLAIN else self.encode(item, segments, inner)
+                for item in value
+            ]
         names = self._field_names.get(kind)
         if names is not None:
             fields = {}
             for name in names:
                 item = getattr(value, name)
-                fields[name] = item if type(item) in _PLAIN else self.encode(item, segments)
+                fields[name] = item if type(item) in _PLAIN else self.encode(item, segments, inner)
             return {"@": "object", "type": kind.__name__, "fields": fields}
         if isinstance(value, np.ndarray):
             dtype = _numeric_dtype(value.dtype)  # first: an object array has no bytes to send
@@ -134,7 +148,7 @@ class Codec:
                 "hex": value.tobytes().hex(),
             }
         if isinstance(value, dict):
-            return {"@": "dict", "items": self._encode_items(value, segments)}
+            return {"@": "dict", "items": self._encode_items(value, segments, inner)}
         if isinstance(value, bytes | bytearray):
             segments.append(memoryview(value))
             return {"@": "bytes", "segment": len(segments) - 1}
@@ -143,25 +157,30 @@ class Codec:
         if isinstance(value, range):  # (evenly spaced offsets: three ints, not a column)
             return {"@": "range", "start": value.start, "stop": value.stop, "step": value.step}
         if isinstance(value, GpuActorsError):
-            return {"@": "error", **self._encode_error(value, segments)}
+            return {"@": "error", **self._encode_error(value, segments, inner)}
         if isinstance(value, enum.Enum) and self._enums.get(kind.__name__) is kind:
-            return {"@": "enum", "type": kind.__name__, "value": self.encode(value.value, segments)}
+            encoded = self.encode(value.value, segments, inner)
+            return {"@": "enum", "type": kind.__name__, "value": encoded}
         raise InvalidArgument(
             f"it holds a value of type {kind.__name__} (the worker protocol carries NumPy "
             "arrays and scalars, plain values and its own messages)"
         )
 
-    def _encode_items(self, mapping: dict[Any, Any], segments: list[memoryview]) -> dict[str, Any]:
+    def _encode_items(
+        self, mapping: dict[Any, Any], segments: list[memoryview], depth: int
+    ) -> dict[str, Any]:
         items: dict[str, Any] = {}
         for key, item in mapping.items():
             if type(key) is not str:
                 raise InvalidArgument(
                     f"it holds a dict with a key of type {type(key).__name__} (keys must be str)"
                 )
-            items[key] = self.encode(item, segments)
+            items[key] = self.encode(item, segments, depth)
         return items
 
-    def _encode_error(self, error: GpuActorsError, segments: list[memoryview]) -> dict[str, Any]:
+    def _encode_error(
+        self, error: GpuActorsError, segments: list[memoryview], depth: int
+    ) -> dict[str, Any]:
         """Class name, text and the attributes that encode (others are left behind: the
         text already says what happened)."""
         attributes: dict[str, Any] = {}
@@ -170,7 +189,7 @@ class Codec:
                 continue
             scratch = list(segments)
             try:
-                attributes[key] = self.encode(item, scratch)
+                attributes[key] = self.encode(item, scratch, depth)
             except InvalidArgument:
                 continue
             segments[:] = scratch
