@@ -237,8 +237,22 @@ async def test_a_batch_waiting_for_its_inputs_past_its_deadline_times_out(
         ({"offsets": {"out": range(0, 101, 50)}}, "task 2 needs elements up to 108, the"),
         ({"offsets": {"out": range(20, -40, -20)}}, r"offsets\['out'\] must be in \[0, 2\*\*62\)"),
         ({"offsets": {"out": np.arange(3) * 2**61}}, r"offsets\['out'\] must be in \[0, 2\*\*62\)"),
+        # A range's stop past its last value, far out: its values, not a float's count.
+        (
+            {"n": np.array([8, 8]), "offsets": {"out": range(0, 2**60 + 1, 2**60)}},
+            "task 1 needs elements up to 1152921504606846984, the array has 100",
+        ),
+        ({"n": 8, "offsets": {"out": range(0, 2**64)}}, "holds more than 2"),
     ],
-    ids=["offsets", "per-task-n", "range", "negative-range", "evenly-spaced-too-far"],
+    ids=[
+        "offsets",
+        "per-task-n",
+        "range",
+        "negative-range",
+        "evenly-spaced-too-far",
+        "range-stop-far-past",
+        "range-too-long",
+    ],
 )
 async def test_a_batch_task_past_its_arrays_end_is_refused_before_the_ring(
     system: ActorSystem, fields: dict[str, Any], error: str
@@ -976,3 +990,21 @@ async def test_a_batch_whose_statuses_cannot_be_read_fails_and_is_not_lost(
     with pytest.raises(DeviceFault):
         await asyncio.wait_for(reply, 5)
     assert engine._service.faulted is not None
+
+
+async def test_a_lone_task_given_as_a_range_of_any_step_is_expanded(system: ActorSystem) -> None:
+    """A range of one value may have any step (2**63 here): the value is what counts."""
+    runtime = HostRuntime(auto=False)
+    ref, engine = await start(system, runtime, config=EngineConfig(expand_batches_from=1))
+    array = CupyLikeArray("float32", 1 << 20, ptr=1 << 40)
+    message = EnqueueBatch(
+        op="fill", args=(array, 1.0), n=8, offsets={"out": range(5, 2**63, 2**63)}, after="none"
+    )
+    reply = asyncio.ensure_future(ref.ask(message))
+    await loop_turns_until(lambda: runtime.ring.published == 1)
+    (buffer,) = runtime.buffers.values()
+    desc = buffer.memory[: abi.BATCH_DESC.itemsize].view(abi.BATCH_DESC)[0]
+    assert (int(desc["args"][0]), int(desc["scales"][0])) == ((1 << 40) + 4 * 5, 4)
+    runtime.finish()
+    assert (await asyncio.wait_for(reply, 5)).count == 1
+    assert ref._cell.instance is engine  # (no restart)

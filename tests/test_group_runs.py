@@ -191,6 +191,39 @@ def test_evenly_spaced_offsets_split_into_ranges_from_each_shards_start(given_as
         np.testing.assert_array_equal(part.message.offsets["out"], local)
 
 
+def test_a_range_is_split_by_its_values_whatever_its_stop() -> None:
+    """A caller's range may stop anywhere past its last value, and a lone value may
+    have any step: both are split as their values are; values beyond int64 and
+    ranges too long to count are refused with a clear error."""
+    locator = Locator(range(2))
+    shards = tuple(
+        Shard(
+            d,
+            100 * d,
+            100 * (d + 1),
+            RemoteArray(id=d, shape=(100,), dtype="float32", generation=1),
+        )
+        for d in range(2)
+    )
+    out = ShardedArray(shards, "float32", (200,))
+    fill = next(op for op in BUILTIN_OPS if op.name == "fill")
+
+    def split(offsets: range, n: Any = 1) -> list[Any]:
+        batch = EnqueueBatch(op="fill", args=(out, 1.0), n=n, offsets={"out": offsets})
+        return split_batch(batch, fill, locator, spread_over=range(2))
+
+    with pytest.raises(InvalidArgument, match="task 1 needs elements"):
+        split(range(0, 2**60 + 1, 2**60), n=np.array([1, 1]))  # not one task dropped
+    (part,) = split(range(150, 2**79, 2**79))
+    assert (part.key, part.message.offsets["out"]) == (1, range(50, 51))
+    parts = split(range(195, 0, -10))  # backwards: a device per task
+    assert sum(part.size for part in parts) == 20
+    with pytest.raises(InvalidArgument, match="must hold int64 values"):
+        split(range(0, 2**70, 2**69))
+    with pytest.raises(InvalidArgument, match="holds more than 2"):
+        split(range(0, 2**64))
+
+
 def test_passes_run_on_threads_only_for_a_large_batch_in_order_with_their_errors() -> None:
     def thread_of(item: int) -> tuple[int, str]:
         if item == 99:

@@ -145,7 +145,8 @@ def test_evenly_spaced_offsets_cross_as_a_range_and_others_as_arrays() -> None:
     assert isinstance(frame, Request) and isinstance(frame.message, EnqueueBatch)
     assert frame.message.offsets == {"out": range(7, 7_000_007, 7)}
     np.testing.assert_array_equal(frame.message.scalars["value"], [1.0, 2.0])
-    broken = body.replace(b'"step":7', b'"step":0')
-    assert broken != body
-    with pytest.raises(WorkerProtocolError, match="step not 0"):
-        decode_frame(broken[4:])
+    for part, bad in ((b'"step":7', b'"step":0'), (b'"stop":7000007', b'"stop":true   ')):
+        broken = body.replace(part, bad)
+        assert broken != body
+        with pytest.raises(WorkerProtocolError, match="step not 0"):
+            decode_frame(broken[4:])

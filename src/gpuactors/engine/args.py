@@ -18,7 +18,7 @@ from gpuactors.cuda.arrays import DeviceArrayInfo, check_device, cupy_ndarray, d
 from gpuactors.engine.messages import MAX_BATCH_TASKS, EnqueueBatch
 from gpuactors.engine.ops import ArrayParam, OpSpec, ScalarParam
 from gpuactors.engine.ring import RecordColumns, ScaledColumn
-from gpuactors.engine.spacing import IntColumn, as_array, bounds, evenly_spaced
+from gpuactors.engine.spacing import IntColumn, as_array, bounds, evenly_spaced, normalised
 from gpuactors.engine.wire import MAX_BLOCKS
 from gpuactors.engine.word_encoders import Encoder, word_encoder
 from gpuactors.errors import InvalidArgument
@@ -175,7 +175,8 @@ def _task_count(msg: EnqueueBatch) -> int:
     for kind, table in (("offsets", msg.offsets), ("scalars", msg.scalars)):
         for name, values in table.items():
             what = f"{kind}[{name!r}]"
-            lengths[what] = len(values if isinstance(values, range) else _as_1d(values, what))
+            column = normalised(values, what) if isinstance(values, range) else _as_1d(values, what)
+            lengths[what] = len(column)
     if msg.count is not None:
         lengths["count"] = msg.count
     if not lengths:
@@ -191,15 +192,15 @@ def _task_count(msg: EnqueueBatch) -> int:
 def _int_column(values: Any, what: str) -> tuple[np.ndarray, int]:
     """``values`` as int64 in [0, 2**62), and their largest (0 for none): the one pass
     of reductions the range check makes also bounds the tasks' ends."""
-    column, high = _offset_column(values, what)
+    column, high = _offset_column(values, what, find_spacing=False)
     return as_array(column), high
 
 
-def _offset_column(values: Any, what: str) -> tuple[IntColumn, int]:
+def _offset_column(values: Any, what: str, find_spacing: bool = True) -> tuple[IntColumn, int]:
     """``values`` as int64 in [0, 2**62), a range where they are evenly spaced (given
-    so, or found so), and their largest (0 for none)."""
+    so, or, with ``find_spacing``, found so), and their largest (0 for none)."""
     if isinstance(values, range):
-        column: IntColumn = values
+        column: IntColumn = normalised(values, what)
     else:
         array = _as_1d(values, what)
         if array.dtype.kind not in "iu":
@@ -207,7 +208,7 @@ def _offset_column(values: Any, what: str) -> tuple[IntColumn, int]:
                 f"{what} must be a 1-D integer array, got {array.dtype} {array.shape}"
             )
         array = array.astype(np.int64, copy=False)  # (a uint64 of 2**63 on: below 0)
-        column = evenly_spaced(array) or array
+        column = (evenly_spaced(array) if find_spacing else None) or array
     if not len(column):
         return as_array(column), 0
     low, high = bounds(column)

@@ -17,6 +17,8 @@ from typing import Final, Protocol
 
 import numpy as np
 
+from gpuactors.errors import InvalidArgument
+
 #: A column of integers: one per task, or evenly spaced.
 IntColumn = np.ndarray | range
 
@@ -87,10 +89,27 @@ def bounds(values: IntColumn) -> tuple[int, int]:
 
 
 def as_array(values: IntColumn) -> np.ndarray:
-    """The column as int64, one value per task."""
-    if isinstance(values, range):
-        return np.arange(values.start, values.stop, values.step, dtype=np.int64)
+    """The column as int64, one value per task (a range's values must fit int64)."""
+    if isinstance(values, range):  # (exact: np.arange sizes a range by float division)
+        column = np.arange(len(values), dtype=np.int64)
+        if len(values) > 1:
+            column *= values.step
+        column += values.start
+        return column
     return values
+
+
+def normalised(values: range, what: str) -> range:
+    """``values`` with its stop one step past its last value, and step 1 where it holds
+    one value or none: a caller's stop, and a lone value's step, may be any ints.
+    InvalidArgument if it holds more values than an index can count."""
+    try:
+        count = len(values)
+    except OverflowError:
+        raise InvalidArgument(f"{what} holds more than 2**63 values") from None
+    if count < 2:
+        return range(values.start, values.start + count)
+    return range(values.start, values.start + values.step * count, values.step)
 
 
 def shifted(values: IntColumn, by: int) -> IntColumn:
@@ -105,6 +124,6 @@ def taken(values: IntColumn, tasks: slice | np.ndarray) -> IntColumn:
     if isinstance(values, range):
         if isinstance(tasks, slice):
             return values[tasks]
-        values = as_array(values)
+        return values.start + values.step * tasks  # (a range's values fit int64)
     part: np.ndarray = values[tasks]
     return part

@@ -19,7 +19,14 @@ import numpy as np
 
 from gpuactors.engine.messages import BatchCompletion, EnqueueBatch
 from gpuactors.engine.ops import ArrayParam, OpSpec
-from gpuactors.engine.spacing import IntColumn, bounds, evenly_spaced, shifted, taken
+from gpuactors.engine.spacing import (
+    IntColumn,
+    bounds,
+    evenly_spaced,
+    normalised,
+    shifted,
+    taken,
+)
 from gpuactors.errors import InvalidArgument, WrongDevice
 from gpuactors.group import passes
 from gpuactors.group.messages import GroupBatchCompletion
@@ -151,7 +158,10 @@ def _offset_column(values: Any, what: str) -> IntColumn:
     """A task's element offsets: a range where evenly spaced (given so, or found so:
     then its parts are ranges too, a few integers to send), else int64."""
     if isinstance(values, range):
-        return values
+        spaced = normalised(values, what)
+        if len(spaced) and not all(-(2**63) <= v < 2**63 for v in (*bounds(spaced), spaced.step)):
+            raise InvalidArgument(f"{what} must hold int64 values")
+        return spaced
     array = _int_column(values, what)
     large = array.size >= passes.THREADED_TASKS  # (spans only pay where threads take them)
     return evenly_spaced(array, passes.each if large else None) or array
@@ -193,8 +203,11 @@ def _task_count(batch: EnqueueBatch, devices: Any) -> int:
         lengths["n"] = len(np.asarray(batch.n))
     for kind, table in (("offsets", batch.offsets), ("scalars", batch.scalars)):
         for name, values in table.items():
-            size = len(values) if isinstance(values, range) else len(np.asarray(values))
-            lengths[f"{kind}[{name!r}]"] = size
+            what = f"{kind}[{name!r}]"
+            size = len(
+                normalised(values, what) if isinstance(values, range) else np.asarray(values)
+            )
+            lengths[what] = size
     if devices is not None and not _is_count(devices):
         lengths["devices"] = len(np.asarray(devices))
     if batch.count is not None:

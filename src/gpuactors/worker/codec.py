@@ -10,9 +10,10 @@ decoded in the other process is checked exactly like one built at a call site.
 
 The tree: JSON null, booleans, numbers, strings and arrays (decoded as tuples)
 stand for themselves; everything else is an object tagged by its ``"@"`` key:
-``dict`` (string keys), ``bytes``, ``complex``, ``array`` and ``scalar``
-(NumPy, numeric dtypes only), ``error`` (a gpuactors error: class name, text,
-attributes), ``enum`` and ``object`` (a listed class, by name, and its fields).
+``dict`` (string keys), ``bytes``, ``complex``, ``range`` (evenly spaced offsets),
+``array`` and ``scalar`` (NumPy, numeric dtypes only), ``error`` (a gpuactors error:
+class name, text, attributes), ``enum`` and ``object`` (a listed class, by name, and
+its fields).
 """
 
 from __future__ import annotations
