@@ -191,6 +191,33 @@ def test_evenly_spaced_offsets_split_into_ranges_from_each_shards_start(given_as
         np.testing.assert_array_equal(part.message.offsets["out"], local)
 
 
+def test_evenly_spaced_offsets_are_split_in_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cutting ranges costs nothing per task, so even a large batch's parts are made in
+    line: no thread hand-off in the caller's serial share."""
+    monkeypatch.setattr(passes, "THREADED_TASKS", 4)
+    locator = Locator(range(2))
+    shards = tuple(
+        Shard(
+            d, 50 * d, 50 * (d + 1), RemoteArray(id=d, shape=(50,), dtype="float32", generation=1)
+        )
+        for d in range(2)
+    )
+    out = ShardedArray(shards, "float32", (100,))
+    fill = next(op for op in BUILTIN_OPS if op.name == "fill")
+    made_on: list[str] = []
+    make_part = batches._part_message
+
+    def part_message(*args: Any) -> EnqueueBatch:
+        made_on.append(threading.current_thread().name)
+        return make_part(*args)
+
+    monkeypatch.setattr(batches, "_part_message", part_message)
+    batch = EnqueueBatch(op="fill", args=(out, 1.0), n=1, offsets={"out": np.arange(100)})
+    parts = split_batch(batch, fill, locator, spread_over=range(2))
+    assert [part.message.offsets["out"] for part in parts] == [range(50), range(50)]
+    assert made_on == [threading.current_thread().name] * 2
+
+
 def test_a_range_is_split_by_its_values_whatever_its_stop() -> None:
     """A caller's range may stop anywhere past its last value, and a lone value may
     have any step: both are split as their values are; values beyond int64 and
@@ -252,7 +279,9 @@ def test_a_large_batch_split_on_threads_gives_the_parts_of_the_split_in_line(
     out = ShardedArray(tuple(shards), "float32", (devices * shard_size,))
     count = devices * shard_size  # at the threshold: the passes go to threads
     assert count >= passes.THREADED_TASKS
-    batch = EnqueueBatch(op="fill", args=(out, 1.0), n=1, offsets={"out": np.arange(count)})
+    offsets = np.arange(count)
+    offsets[1] = 0  # (not evenly spaced: sliced task by task, as threads pay for)
+    batch = EnqueueBatch(op="fill", args=(out, 1.0), n=1, offsets={"out": offsets})
     fill = next(op for op in BUILTIN_OPS if op.name == "fill")
     made_on: list[str] = []  # the thread each part was made on
 
@@ -271,8 +300,9 @@ def test_a_large_batch_split_on_threads_gives_the_parts_of_the_split_in_line(
     for device, (ours, theirs) in enumerate(zip(threaded, in_line, strict=True)):
         assert ours.tasks == theirs.tasks == slice(device * shard_size, (device + 1) * shard_size)
         assert ours.message.args[0] is shards[device].array
-        local = range(shard_size)  # each shard's offsets, from its own element 0
-        assert ours.message.offsets["out"] == theirs.message.offsets["out"] == local
+        local = offsets[device * shard_size : (device + 1) * shard_size] - device * shard_size
+        np.testing.assert_array_equal(ours.message.offsets["out"], local)
+        np.testing.assert_array_equal(theirs.message.offsets["out"], local)
 
 
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")

@@ -109,7 +109,10 @@ def split_batch(
         key, tasks = run
         return BatchPart(key, tasks, _part_message(batch, op, key, tasks, n, offsets))
 
-    return passes.each(part, _runs(keys), count)
+    # Threads pay only for columns sliced task by task (ranges are cut by arithmetic).
+    columns = [n, *offsets.values(), *batch.scalars.values()]
+    per_task = any(not isinstance(column, int | range) for column in columns)
+    return passes.each(part, _runs(keys), count if per_task else 0)
 
 
 def join_replies(

@@ -99,7 +99,7 @@ class ShardedArray:
             return self._holds(shard, offsets[first:last], length)
 
         if all(first <= last for _, (first, last) in runs) and all(
-            passes.each(run_held, runs, len(offsets))
+            passes.each(run_held, runs, len(offsets) if isinstance(offsets, np.ndarray) else 0)
         ):
             return Runs.of(list(self.devices), cuts)
         offsets = as_array(offsets)
