@@ -5,8 +5,8 @@ A batch's offsets are most often evenly spaced (``np.arange(count) * stride``: t
 its bounds are its ends, a group splits it by arithmetic, a worker process or a Ray
 actor receives three integers, and the device makes each task's word from the task's
 index (``BatchDesc`` in ``abi.cuh``: no column, a scale). A column given as a ``range``
-is taken as it is; an integer array is read once, in cache-sized chunks, and held as a
-range when it is one.
+is taken by its values (:func:`normalised`); an integer array is read once, in
+cache-sized chunks, and held as a range when it is one.
 """
 
 from __future__ import annotations
