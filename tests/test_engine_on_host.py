@@ -939,8 +939,10 @@ async def test_evenly_spaced_offsets_of_an_expanded_batch_are_not_copied(
     runtime = HostRuntime(auto=False)
     ref, _engine = await start(system, runtime)
     array = CupyLikeArray("float32", 1 << 20, ptr=1 << 40)
-    message = EnqueueBatch(op="fill", args=(array, 1.0), n=8, offsets={"out": offsets})
-    reply = asyncio.ensure_future(ref.ask(message.model_copy(update={"after": "none"})))
+    message = EnqueueBatch(
+        op="fill", args=(array, 1.0), n=8, offsets={"out": offsets}, after="none"
+    )
+    reply = asyncio.ensure_future(ref.ask(message))
     await loop_turns_until(lambda: runtime.ring.published == 1)
     (buffer,) = runtime.buffers.values()
     assert len(buffer.memory) == -(-abi.BATCH_DESC.itemsize // 64) * 64 + 4 * 600

@@ -98,8 +98,10 @@ class ShardedArray:
             length = lengths[first:last] if isinstance(lengths, np.ndarray) else lengths
             return self._holds(shard, offsets[first:last], length)
 
+        # (A range's runs are checked by their ends: no work per task to share out.)
+        per_task = len(offsets) if isinstance(offsets, np.ndarray) else 0
         if all(first <= last for _, (first, last) in runs) and all(
-            passes.each(run_held, runs, len(offsets) if isinstance(offsets, np.ndarray) else 0)
+            passes.each(run_held, runs, per_task)
         ):
             return Runs.of(list(self.devices), cuts)
         offsets = as_array(offsets)
