@@ -12,7 +12,6 @@ import asyncio
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -26,15 +25,14 @@ from gpuactors.errors import (
     TaskFailed,
     UnknownOp,
 )
-from gpuactors.worker import IsolationConfig, Job, JobResult, RemoteArray
+from gpuactors.worker import IsolationConfig, JobResult, RemoteArray
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'gpuactors[ray]')")
 
 from fake_engines import BAD, STAMP, STAMP_V2, start_fake_ray_member  # noqa: E402
 from gpuactors.group import EngineGroup  # noqa: E402
 from gpuactors.ray import start_ray_pool  # noqa: E402
-from gpuactors.ray.host import Outcome, carry, uncarry  # noqa: E402
-from gpuactors.ray.member import RayMember  # noqa: E402
+from gpuactors.ray.host import carry, uncarry  # noqa: E402
 
 pytestmark = pytest.mark.slow
 OPS: tuple[OpSpec, ...] = (STAMP, BAD)
@@ -191,99 +189,3 @@ async def test_an_actor_hosting_an_isolated_engine(ray_cluster: None) -> None:
     np.testing.assert_array_equal(await pool.download(x), np.arange(8))
     assert (await pool.stats()).per_engine[0].processed == 1
     await pool.shutdown()
-
-
-async def test_calls_waiting_for_an_actor_go_together(ray_cluster: None) -> None:
-    """While two calls are out, more wait and go in one Ray call; each caller gets its
-    own answer or its own error."""
-    pool = await fake_pool(actors=1)
-    member = pool.member(0)
-    assert isinstance(member, RayMember)
-    x = np.arange(8, dtype=np.float32)
-    before = member.ray_calls
-
-    async def job(k: int) -> JobResult:
-        op = "nope" if k == 7 else "axpy"
-        return await pool.run(op, np.full(8, float(k), np.float32), x, 1.0, n=8, returns=(0,))
-
-    outcomes = await asyncio.gather(*(job(k) for k in range(40)), return_exceptions=True)
-    assert isinstance(outcomes[7], UnknownOp)
-    for k, outcome in enumerate(outcomes):
-        if k != 7:
-            assert isinstance(outcome, JobResult)
-            np.testing.assert_allclose(outcome.arrays[0], k + x)
-    assert member.ray_calls - before <= 20  # (two alone, then the rest in a few calls)
-    await pool.shutdown()
-
-
-class FakeMethod:
-    def __init__(self, run: Any) -> None:
-        self._run = run
-
-    def remote(self, *args: Any) -> Any:
-        return self._run(*args)
-
-    def options(self, **_: Any) -> FakeMethod:
-        return self
-
-
-class RestartedActor:
-    """An actor that Ray restarted: it has applied no op change until it is replayed,
-    and each call tells how many it has applied (as EngineHost does)."""
-
-    def __init__(self) -> None:
-        self.applied = 0
-        self.calls: list[int] = []  # messages per call
-        self.call = FakeMethod(self._call)
-        self.call_many = FakeMethod(self._call_many)
-        self.replay = FakeMethod(self._replay)
-
-    async def _call(self, message: Any, changes: int) -> Outcome:
-        self.calls.append(1)
-        await asyncio.sleep(0)
-        return self._outcome(message, changes)
-
-    async def _call_many(self, messages: list[Any], changes: int) -> list[Outcome]:
-        self.calls.append(len(messages))
-        await asyncio.sleep(0)
-        return [self._outcome(message, changes) for message in messages]
-
-    async def _replay(self, changes: list[Any], first: int) -> Outcome:
-        self.applied = first + len(changes)
-        return Outcome(value=self.applied)
-
-    def _outcome(self, message: Any, changes: int) -> Outcome:
-        if self.applied < changes:
-            return Outcome(replay_from=self.applied)
-        return Outcome(value=(message.op, self.applied))
-
-
-async def test_calls_sent_together_to_a_restarted_actor_are_replayed_then_answered() -> None:
-    actor = RestartedActor()
-    member = RayMember(actor, 0, idempotent=frozenset())
-    member._changes = [STAMP, STAMP_V2]  # two op changes made before the restart
-    jobs = [Job(op=f"op{k}", args=(), n=1) for k in range(6)]
-    outcomes = await member._send(jobs, idempotent=False)  # one call, all of them behind
-    assert [outcome.value for outcome in outcomes] == [(f"op{k}", 2) for k in range(6)]
-    assert actor.applied == 2 and actor.calls == [6, 6]  # replayed, then sent again
-    actor.applied, actor.calls = 0, []  # restarted again: asked as callers ask
-    answers = await asyncio.gather(*(member.ask(job) for job in jobs))
-    assert answers == [(f"op{k}", 2) for k in range(6)]
-    assert max(actor.calls) > 1  # (those that waited went together)
-
-
-async def test_calls_that_cannot_go_together_each_get_the_error() -> None:
-    """Whatever stops a joint call (here Ray refusing its arguments) reaches every
-    caller it carried: none is left waiting."""
-    actor = RestartedActor()
-
-    async def refuse(messages: list[Any], changes: int) -> list[Outcome]:
-        raise TypeError("could not serialize the arguments")
-
-    actor.call_many = FakeMethod(refuse)
-    member = RayMember(actor, 0, idempotent=frozenset())
-    jobs = [Job(op=f"op{k}", args=(), n=1) for k in range(6)]
-    outcomes = await asyncio.gather(*(member.ask(job) for job in jobs), return_exceptions=True)
-    assert outcomes[:2] == [("op0", 0), ("op1", 0)]  # sent at once, one each
-    assert all(isinstance(outcome, TypeError) for outcome in outcomes[2:])
-    assert not member._waiting and member._in_flight == 0

@@ -152,11 +152,6 @@ class EngineHost:
             self._applied += 1
         return Outcome(value=value)
 
-    async def call_many(self, messages: Sequence[Message], changes: int) -> list[Outcome]:
-        """Several calls sent together, each handled as :meth:`call` is (at once, side
-        by side), answered together."""
-        return list(await asyncio.gather(*(self.call(message, changes) for message in messages)))
-
     async def replay(self, changes: Sequence[Message], first: int) -> Outcome:
         """Apply op changes ``first``, ``first + 1``... that this instance has not applied
         (several callers may replay at once: each change is applied once)."""

@@ -25,11 +25,6 @@ from gpuactors.messages import Message
 from gpuactors.ray.host import CHANGES, Outcome, uncarry
 from gpuactors.worker import Download, Downloaded, Free, Job, JobResult, RemoteArray, Upload
 
-#: Calls to one actor out at once. More wait, and go together in the next call when one
-#: is answered: each Ray call costs the caller's process about as much CPU as a local
-#: engine takes to run a batch of 100,000 tiny tasks, so concurrent batches share it.
-CALLS_IN_FLIGHT = 2
-
 #: Ray's "retry forever": the actor's restart budget (max_restarts) still bounds it, as a
 #: call to an actor that Ray will not restart fails at once. A retry can come while the
 #: actor is still restarting and fail again, so a count of retries would run out early.
@@ -48,10 +43,6 @@ class RayMember:
         self._changes: list[Message] = []  # op changes made on this actor, in order
         self._dead: str | None = None
         self._probing: asyncio.Task[None] | None = None
-        self._in_flight = 0  # calls sent alone or together, not yet answered
-        self._waiting: list[tuple[Message, asyncio.Future[Any]]] = []  # for the next call
-        self._sending: set[asyncio.Task[None]] = set()  # (held: a loop keeps weak refs)
-        self.ray_calls = 0  # Ray calls made to the actor (calls sent together: one)
 
     @property
     def key(self) -> int:
@@ -120,99 +111,29 @@ class RayMember:
         return report
 
     async def _call(self, message: Message, idempotent: bool) -> Any:
-        """Send ``message``: at once while fewer than ``CALLS_IN_FLIGHT`` calls are out,
-        else with every other call waiting for the next one (op changes, and calls of
-        idempotent ops, which Ray may send again, always go alone)."""
+        """Send ``message``; replay op changes first to an actor that Ray restarted."""
         if self._dead is not None:
             raise EngineStopped(f"actor {self._key} serves no more: {self._dead}")
-        if not idempotent and not isinstance(message, CHANGES):
-            if self._in_flight >= CALLS_IN_FLIGHT or self._waiting:
-                answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-                self._waiting.append((message, answer))
-                return await answer
-            self._in_flight += 1
-            try:
-                (outcome,) = await self._send([message], idempotent=False)
-            finally:
-                self._in_flight -= 1
-                self._send_waiting()
-        else:
-            (outcome,) = await self._send([message], idempotent)
-        return self._settled(message, outcome)
-
-    def _send_waiting(self) -> None:
-        """Send every call still waiting (its caller not gone) as one Ray call."""
-        waiting = [(message, answer) for message, answer in self._waiting if not answer.done()]
-        self._waiting.clear()
-        if waiting and self._in_flight < CALLS_IN_FLIGHT:
-            self._in_flight += 1
-            sending = asyncio.get_running_loop().create_task(self._deliver(waiting))
-            self._sending.add(sending)
-            sending.add_done_callback(self._sending.discard)
-        else:
-            self._waiting.extend(waiting)
-
-    async def _deliver(self, calls: list[tuple[Message, asyncio.Future[Any]]]) -> None:
-        """Send ``calls`` together and settle each caller's answer."""
-        try:
-            outcomes = await self._send([message for message, _ in calls], idempotent=False)
-        except Exception as error:  # lost, failed by Ray, not sent: every call of them
-            for _, answer in calls:
-                if not answer.done():
-                    answer.set_exception(error)
-        else:
-            for (message, answer), outcome in zip(calls, outcomes, strict=True):
-                if answer.done():
-                    continue
-                try:
-                    answer.set_result(self._settled(message, outcome))
-                except Exception as error:  # (its own error: uncarry's, as data)
-                    answer.set_exception(error)
-        finally:
-            self._in_flight -= 1
-            self._send_waiting()
-
-    async def _send(self, messages: list[Message], idempotent: bool) -> list[Outcome]:
-        """Each message's outcome, from one Ray call (``call``, or ``call_many`` for
-        several); op changes are replayed first to an actor that Ray restarted."""
-        outcomes: list[Outcome | None] = [None] * len(messages)
-        pending = list(range(len(messages)))
+        method = self.actor.call
+        if idempotent:  # sent again until it runs, or the actor is dead for good
+            method = method.options(max_task_retries=_UNTIL_DEAD)
         while True:
             changes = len(self._changes)
-            self.ray_calls += 1
             try:
-                if len(pending) == 1:
-                    method = self.actor.call
-                    if idempotent:  # sent again until it runs, or the actor is dead for good
-                        method = method.options(max_task_retries=_UNTIL_DEAD)
-                    got = [await method.remote(messages[pending[0]], changes)]
-                else:
-                    together = [messages[index] for index in pending]
-                    got = await self.actor.call_many.remote(together, changes)
+                outcome: Outcome = await method.remote(message, changes)
             except RayTaskError as exc:  # the actor ran the call and failed: not a loss
-                raise EngineError(f"actor {self._key} failed {_what(messages)}: {exc}") from exc
+                what = type(message).__name__
+                raise EngineError(f"actor {self._key} failed {what}: {exc}") from exc
             except RayError as exc:
                 self._lost(exc)
                 retried = " (Ray sent it again, as its op is idempotent)" if idempotent else ""
                 raise EngineLost(
-                    f"actor {self._key} was lost with {_what(messages)} in flight{retried}; "
-                    f"it may or may not have run: {type(exc).__name__}: {exc}"
+                    f"actor {self._key} was lost with this {type(message).__name__} in flight"
+                    f"{retried}; it may or may not have run: {type(exc).__name__}: {exc}"
                 ) from exc
-            behind = [
-                (index, outcome.replay_from)
-                for index, outcome in zip(pending, got, strict=True)
-                if outcome.replay_from is not None
-            ]
-            for index, outcome in zip(pending, got, strict=True):
-                if outcome.replay_from is None:
-                    outcomes[index] = outcome
-            if not behind:
-                return [outcome for outcome in outcomes if outcome is not None]
-            await self._replay(min(first for _, first in behind))
-            pending = [index for index, _ in behind]
-
-    def _settled(self, message: Message, outcome: Outcome) -> Any:
-        """``message``'s value, or its error raised; an op change is counted."""
+            if outcome.replay_from is None:
+                break
+            await self._replay(outcome.replay_from)
         if outcome.error is not None:
             raise uncarry(outcome.error)
         if isinstance(message, CHANGES):
@@ -245,12 +166,6 @@ class RayMember:
                 self._probing = None
 
         self._probing = asyncio.get_running_loop().create_task(probe())
-
-
-def _what(messages: list[Message]) -> str:
-    if len(messages) == 1:
-        return f"this {type(messages[0]).__name__}"
-    return f"{len(messages)} calls sent together"
 
 
 def _op_of(message: Message) -> str | None:
