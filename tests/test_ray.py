@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Iterator
+import socket
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from structlog.testing import capture_logs
 
-from gpuactors.engine import EnqueueBatch, OpSpec
+from gpuactors.engine import BatchCompletion, EnqueueBatch, OpSpec
 from gpuactors.errors import (
     DeviceFault,
     EngineLost,
@@ -25,6 +28,7 @@ from gpuactors.errors import (
     TaskFailed,
     UnknownOp,
 )
+from gpuactors.messages import Message
 from gpuactors.worker import IsolationConfig, JobResult, RemoteArray
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'gpuactors[ray]')")
@@ -32,7 +36,9 @@ ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'gpua
 from fake_engines import BAD, STAMP, STAMP_V2, start_fake_ray_member  # noqa: E402
 from gpuactors.group import EngineGroup  # noqa: E402
 from gpuactors.ray import start_ray_pool  # noqa: E402
-from gpuactors.ray.host import carry, uncarry  # noqa: E402
+from gpuactors.ray.host import Outcome, carry, uncarry  # noqa: E402
+from gpuactors.ray.link import LinkAddress, OpenLink  # noqa: E402
+from gpuactors.ray.member import RayMember  # noqa: E402
 
 pytestmark = pytest.mark.slow
 OPS: tuple[OpSpec, ...] = (STAMP, BAD)
@@ -176,6 +182,101 @@ async def test_an_actor_killed_mid_traffic(ray_cluster: None, idempotent: bool) 
         assert lost == []
     assert await until_served(lambda: stamp_version(pool, 1)) == 2
     await pool.shutdown()
+
+
+async def test_batches_go_over_the_link_unless_told_otherwise(ray_cluster: None) -> None:
+    """A batch goes over the actor's link (no Ray call), one of an idempotent op through
+    Ray (whose retries need a Ray call), and every batch of a pool started with
+    link=False through Ray; the results are the same."""
+    for link in (True, False):
+        pool = await fake_pool(actors=1, idempotent_ops=("fill",), link=link)
+        member = pool.member(0)
+        assert isinstance(member, RayMember)
+        y = await pool.upload(np.ones(8, np.float32))
+        x = await pool.upload(np.arange(8, dtype=np.float32))
+        axpy = EnqueueBatch(op="axpy", args=(y, x, 2.0), n=2, offsets={"y": range(0, 8, 2)})
+        before = member.ray_calls
+        replies = await asyncio.gather(*(pool.enqueue_batch(axpy) for _ in range(10)))
+        assert all(reply.count == 4 and reply.failed == 0 for reply in replies)
+        np.testing.assert_allclose(await pool.download(y), 1.0 + 10 * 2.0 * np.tile([0, 1], 4))
+        ray_calls = member.ray_calls - before - 1  # (the download)
+        assert ray_calls == (1 if link else 10)  # over the link: the one to open it
+        fill = EnqueueBatch(op="fill", args=(y, 5.0), n=8, count=1)
+        before = member.ray_calls
+        await pool.enqueue_batch(fill)
+        assert member.ray_calls == before + 1  # idempotent: through Ray
+        with pytest.raises(UnknownOp):  # an error over the link comes typed
+            await pool.enqueue_batch(EnqueueBatch(op="nope", args=(y,), n=1, count=1))
+        await pool.shutdown()
+
+
+async def test_an_actor_killed_with_batches_on_its_link(ray_cluster: None) -> None:
+    """Batches in flight on the link of a killed actor fail with EngineLost (at most
+    once); the next batch opens a link to the restarted actor, which has been given
+    the op changes first."""
+    pool = await fake_pool(max_restarts=2)
+    await pool.replace("stamp", STAMP_V2)
+    member = pool.member(1)
+    ys = [await pool.upload(np.zeros(64, np.float32), device=1) for _ in range(4)]
+    x = await pool.upload(np.arange(64, dtype=np.float32), device=1)
+
+    async def batch(k: int) -> object:
+        y = ys[k % len(ys)]
+        return await pool.enqueue_batch(EnqueueBatch(op="axpy", args=(y, x, 1.0), n=64, count=1))
+
+    batches = [asyncio.ensure_future(batch(k)) for k in range(2000)]
+    await asyncio.wait(batches, return_when=asyncio.FIRST_COMPLETED)
+    ray.kill(member.actor, no_restart=False)  # type: ignore[attr-defined]
+    outcomes = await asyncio.gather(*batches, return_exceptions=True)
+    errors = [o for o in outcomes if isinstance(o, BaseException)]
+    assert all(isinstance(error, EngineLost) for error in errors), errors
+    assert 0 < len(errors) < len(outcomes)  # some ran before the kill, some were lost
+
+    async def stamped() -> int:
+        out = await pool.upload(np.zeros(1, np.int32), device=1)
+        await pool.enqueue_batch(EnqueueBatch(op="stamp", args=(out,), n=1, count=1))
+        return int((await pool.download(out))[0])
+
+    assert await until_served(stamped) == 2  # the new instance runs v2, over a new link
+    await pool.shutdown()
+
+
+class _ActorCalls:
+    """A Ray actor's ``call`` method as a member sees it, answering in this process."""
+
+    def __init__(self, answer: Callable[[Message], object]) -> None:
+        self.answer = answer
+
+    def remote(self, message: Message, changes: int) -> Awaitable[Outcome]:
+        async def outcome() -> Outcome:
+            return Outcome(value=self.answer(message))
+
+        return outcome()
+
+
+async def test_a_link_that_cannot_be_reached_leaves_batches_to_ray() -> None:
+    """Where the caller cannot reach the actor's node on the link's port (a firewall),
+    the member warns once and sends batches through Ray calls; none fails for it."""
+    with socket.socket() as closed:  # a port where nothing listens
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+
+    def answer(message: Message) -> object:
+        if isinstance(message, OpenLink):
+            return LinkAddress("127.0.0.1", port, "token")
+        assert isinstance(message, EnqueueBatch)
+        return BatchCompletion(first_seq=1, count=message.count or 0, failed=0)
+
+    actor = SimpleNamespace(call=_ActorCalls(answer))
+    member = RayMember(actor, 0, idempotent=frozenset())
+    batch = EnqueueBatch(op="fill", args=(np.zeros(4, np.float32), 1.0), n=1, count=4)
+    with capture_logs() as logs:
+        assert (await member.ask(batch)).count == 4
+        assert (await member.ask(batch)).count == 4
+    assert member.ray_calls == 3  # OpenLink once, then each batch through Ray
+    assert [entry["event"] for entry in logs] == [
+        "a Ray actor's link cannot be reached; its batches go through Ray calls"
+    ]
 
 
 async def test_an_actor_hosting_an_isolated_engine(ray_cluster: None) -> None:

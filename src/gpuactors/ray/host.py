@@ -25,6 +25,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import ray
+
 from gpuactors.actors import ActorSystem
 from gpuactors.engine import (
     AliasOp,
@@ -48,6 +50,7 @@ from gpuactors.errors import (
 )
 from gpuactors.group.members import EngineMember, IsolatedMember, LocalMember
 from gpuactors.messages import Ack, Message
+from gpuactors.ray.link import LinkServer, OpenLink
 from gpuactors.worker import (
     Download,
     Downloaded,
@@ -129,6 +132,7 @@ class EngineHost:
         self._arrays: dict[int, Any] = {}  # RemoteArray id -> the engine's own array
         self._last_id = 0
         self._leaving = False
+        self._link = LinkServer(self._linked)
 
     async def ping(self) -> None:
         """Nothing: a bare call, to measure what Ray itself costs per call."""
@@ -138,19 +142,36 @@ class EngineHost:
         changes (restarted by Ray): then ``replay_from`` says how many it has."""
         if self._applied < changes:
             return Outcome(replay_from=self._applied)
+        try:
+            value = await self._answer(message)
+        except GpuActorsError as error:
+            return Outcome(error=carry(error))
+        return Outcome(value=value)
+
+    async def _answer(self, message: Message) -> Any:
+        """``message``'s answer, or its error raised (always a GpuActorsError)."""
         if self._leaving:  # its context is poisoned: any CUDA call would fail untyped
-            fault = DeviceFault("this actor's engine faulted; Ray is starting it anew")
-            return Outcome(error=carry(fault))
+            raise DeviceFault("this actor's engine faulted; Ray is starting it anew")
         try:
             member = await self._ready()
             value = await self._handle(member, message)
         except Exception as exc:
-            error = exc if isinstance(exc, GpuActorsError) else _unexpected(exc)
             self._leave_if_broken()
-            return Outcome(error=carry(error))
+            if isinstance(exc, GpuActorsError):
+                raise
+            raise _unexpected(exc) from exc
         if isinstance(message, CHANGES):
             self._applied += 1
-        return Outcome(value=value)
+        return value
+
+    async def _linked(self, message: Message) -> Any:
+        """A request that came over the link: batches only. Everything else goes through
+        Ray, which carries NumPy data through its object store and op changes with the
+        count that lets a restarted actor catch up."""
+        if not isinstance(message, EnqueueBatch):
+            name = type(message).__name__
+            raise UnhandledMessage(f"a Ray engine actor's link takes batches, not {name}")
+        return await self._answer(message)
 
     async def replay(self, changes: Sequence[Message], first: int) -> Outcome:
         """Apply op changes ``first``, ``first + 1``... that this instance has not applied
@@ -177,6 +198,7 @@ class EngineHost:
             error = exc if isinstance(exc, GpuActorsError) else _unexpected(exc)
             return Outcome(error=carry(error))
         finally:
+            self._link.close()
             if self._system is not None:
                 await self._system.shutdown()
         return Outcome(value=report)
@@ -216,6 +238,8 @@ class EngineHost:
         if isinstance(message, EnqueueBatch):
             args = self._resolved(member, message.args)
             return await member.ask(message.model_copy(update={"args": args}))
+        if isinstance(message, OpenLink):
+            return await self._link.start(ray.util.get_node_ip_address())
         if isinstance(message, _ENGINE_ASKS):
             return await member.ask(message)
         if isinstance(message, Upload):

@@ -6,6 +6,11 @@ at most once, unless the call's op was declared idempotent, in which case Ray se
 it again to the restarted actor (``max_task_retries``). Ray restarts the actor
 (``max_restarts``); before serving, the new instance is given every op change its
 caller made, in order. Nothing accepted is dropped without an answer.
+
+Batches go over the actor's link (:mod:`gpuactors.ray.link`), a connection of their
+own, unless their op is idempotent (Ray's retries need a Ray call) or the pool was
+started with ``link=False``; losing the link is losing the actor for the batches it
+carried (EngineLost), and the next batch opens a new link through Ray.
 """
 
 from __future__ import annotations
@@ -21,14 +26,20 @@ from ray.exceptions import ActorDiedError, RayActorError, RayError, RayTaskError
 from gpuactors.engine import EnqueueBatch, ShutdownReport
 from gpuactors.errors import AskTimeout, EngineError, EngineLost, EngineStopped
 from gpuactors.group.members import remote_view
+from gpuactors.logs import get_logger
 from gpuactors.messages import Message
 from gpuactors.ray.host import CHANGES, Outcome, uncarry
+from gpuactors.ray.link import Link, LinkAddress, OpenLink
 from gpuactors.worker import Download, Downloaded, Free, Job, JobResult, RemoteArray, Upload
 
 #: Ray's "retry forever": the actor's restart budget (max_restarts) still bounds it, as a
 #: call to an actor that Ray will not restart fails at once. A retry can come while the
 #: actor is still restarting and fail again, so a count of retries would run out early.
 _UNTIL_DEAD = -1
+#: How long a member tries to connect to an actor's link before it sends through Ray.
+LINK_CONNECT_SECONDS = 10.0
+
+log = get_logger(component="ray")
 
 
 class RayMember:
@@ -36,13 +47,19 @@ class RayMember:
 
     isolated = True  # its arrays live in another process: RemoteArrays
 
-    def __init__(self, actor: Any, key: int, *, idempotent: frozenset[str]) -> None:
+    def __init__(
+        self, actor: Any, key: int, *, idempotent: frozenset[str], link: bool = True
+    ) -> None:
         self.actor = actor  # the Ray actor handle (ray.kill(member.actor) ends it)
         self._key = key
         self._idempotent = idempotent
         self._changes: list[Message] = []  # op changes made on this actor, in order
         self._dead: str | None = None
         self._probing: asyncio.Task[None] | None = None
+        self._links = link  # batches over the actor's link (until it cannot be reached)
+        self._link: Link | None = None
+        self._opening = asyncio.Lock()
+        self.ray_calls = 0  # calls made through Ray (batches over the link are not)
 
     @property
     def key(self) -> int:
@@ -99,6 +116,8 @@ class RayMember:
     async def stop(self, *, force: bool = False) -> ShutdownReport:
         """Shut the engine down, then end the actor for good (no restart)."""
         self._dead = "stopped"
+        if self._link is not None:
+            self._link.close()
         try:
             outcome: Outcome = await self.actor.stop.remote(force)
         except RayError as exc:
@@ -114,11 +133,16 @@ class RayMember:
         """Send ``message``; replay op changes first to an actor that Ray restarted."""
         if self._dead is not None:
             raise EngineStopped(f"actor {self._key} serves no more: {self._dead}")
+        if self._links and isinstance(message, EnqueueBatch) and not idempotent:
+            link = await self._linked()
+            if link is not None:
+                return await link.ask(message)
         method = self.actor.call
         if idempotent:  # sent again until it runs, or the actor is dead for good
             method = method.options(max_task_retries=_UNTIL_DEAD)
         while True:
             changes = len(self._changes)
+            self.ray_calls += 1
             try:
                 outcome: Outcome = await method.remote(message, changes)
             except RayTaskError as exc:  # the actor ran the call and failed: not a loss
@@ -139,6 +163,28 @@ class RayMember:
         if isinstance(message, CHANGES):
             self._changes.append(message)
         return outcome.value
+
+    async def _linked(self) -> Link | None:
+        """The actor's link, opened through Ray if there is none that works; None (batches
+        go through Ray from then on, with a warning) if it cannot be reached."""
+        async with self._opening:
+            link = self._link
+            if link is not None and not link.broken:
+                return link
+            address: LinkAddress = await self._call(OpenLink(), False)
+            try:
+                link = await asyncio.wait_for(
+                    Link.connect(address, f"actor {self._key}"), LINK_CONNECT_SECONDS
+                )
+            except (OSError, TimeoutError) as exc:
+                self._links = False
+                log.warning(
+                    "a Ray actor's link cannot be reached; its batches go through Ray calls",
+                    actor=self._key, address=f"{address.host}:{address.port}", error=str(exc),
+                )  # fmt: skip
+                return None
+            self._link = link
+            return link
 
     async def _replay(self, first: int) -> None:
         try:

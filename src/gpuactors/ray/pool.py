@@ -36,6 +36,7 @@ async def start_ray_pool(
     placement: Placement = "least_loaded",
     actor_options: Mapping[str, Any] | None = None,
     start_member: StartMember | None = None,
+    link: bool = True,
 ) -> EngineGroup:
     """Start ``actors`` Ray actors (default: one per GPU of the cluster), each with
     ``num_gpus`` and an engine with ``ops``, and return them as one group.
@@ -46,7 +47,10 @@ async def start_ray_pool(
     engine in a worker process of its own (device faults are recovered inside the
     actor); default: in the actor's process (a fault ends the actor, and Ray restarts
     it). ``actor_options`` go to Ray as they are (``resources``, ``scheduling_strategy``).
-    Call ``ray.init()`` first.
+    ``link``: batches go to each actor over a TCP connection of their own
+    (:mod:`gpuactors.ray.link`), which costs far less per batch than a Ray call; False
+    sends them through Ray calls (where the caller cannot reach the actors' nodes on
+    other ports). Call ``ray.init()`` first.
     """
     if not ray.is_initialized():
         raise InvalidArgument("call ray.init() (or ray.init(address=...)) before start_ray_pool")
@@ -70,7 +74,9 @@ async def start_ray_pool(
     options = {"num_gpus": num_gpus, "max_restarts": max_restarts, **(actor_options or {})}
     host = ray.remote(EngineHost).options(**options)
     idempotent = frozenset(idempotent_ops)
-    members = [RayMember(host.remote(spec), key, idempotent=idempotent) for key in range(actors)]
+    members = [
+        RayMember(host.remote(spec), key, idempotent=idempotent, link=link) for key in range(actors)
+    ]
     # The first engine compiles the op set; the others find it in their node's kernel cache.
     try:
         await members[0].ask(Stats())

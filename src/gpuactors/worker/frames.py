@@ -1,4 +1,5 @@
-"""One end of the socket between an isolated engine and its worker: whole frames.
+"""One end of a socket that carries frames: between an isolated engine and its worker,
+or between a caller and a Ray actor's link (:mod:`gpuactors.ray.link`).
 
 Why not asyncio's ``StreamReader``: a large frame (an ``EnqueueBatch`` of a million
 tasks carries 8 MB of offsets) would reach it in 256 KiB reads, each copied onto
@@ -16,6 +17,7 @@ import asyncio
 import socket
 from collections import deque
 from collections.abc import Callable
+from typing import cast
 
 from gpuactors.errors import WorkerProtocolError
 from gpuactors.worker.wire import LENGTH_BYTES, Frame, decode_frame
@@ -57,6 +59,16 @@ class FrameStream:
         transport, protocol = await loop.create_unix_connection(_FrameProtocol, sock=sock)
         return cls(transport, protocol)
 
+    @classmethod
+    async def connect(cls, host: str, port: int) -> FrameStream:
+        """The stream over a new TCP connection to ``host``:``port`` (a Ray actor's link)."""
+        loop = asyncio.get_running_loop()
+        transport, protocol = await loop.create_connection(_FrameProtocol, host, port)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            enlarge_buffers(sock)
+        return cls(transport, protocol)
+
     async def read(self) -> Frame:
         """The next frame: ``asyncio.IncompleteReadError`` at the end of the stream (or
         ConnectionError where it broke), WorkerProtocolError for a malformed one."""
@@ -87,6 +99,22 @@ class FrameStream:
 
     def close(self) -> None:
         self._transport.close()
+
+
+async def listen(host: str, on_stream: Callable[[FrameStream], None]) -> asyncio.Server:
+    """A TCP server on ``host`` (a free port: ``server.sockets[0]``) that hands each
+    connection to ``on_stream`` as a FrameStream, as soon as it is made."""
+
+    class Accepted(_FrameProtocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            super().connection_made(transport)
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                enlarge_buffers(sock)
+            # (asyncio.Transport in spirit: uvloop's transports do not derive from it)
+            on_stream(FrameStream(cast(asyncio.Transport, transport), self))
+
+    return await asyncio.get_running_loop().create_server(Accepted, host, 0)
 
 
 class _FrameProtocol(asyncio.BufferedProtocol):

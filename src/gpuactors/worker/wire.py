@@ -118,7 +118,14 @@ class Faulted(_Strict):
     reason: str
 
 
-Frame = Boot | Ready | BootFailed | Request | Answer | Failure | Faulted
+class Hello(_Strict):
+    """Caller -> a Ray actor's link (:mod:`gpuactors.ray.link`), first: the token the
+    actor handed out through Ray, so only its caller's process can send it requests."""
+
+    token: str
+
+
+Frame = Boot | Ready | BootFailed | Request | Answer | Failure | Faulted | Hello
 
 
 # ------------------------------------------------- what a worker answers
@@ -169,7 +176,7 @@ _ANSWERS: dict[type[Message], type] = {
 
 _CODEC = Codec(
     [
-        *(Boot, Ready, BootFailed, Request, Answer, Failure, Faulted),
+        *(Boot, Ready, BootFailed, Request, Answer, Failure, Faulted, Hello),
         *(JobRan, LaunchRan, KernelLoaded),
         *_ANSWERS,  # requests ...
         *(t for t in _ANSWERS.values() if issubclass(t, BaseModel)),  # ... and their answers

@@ -1,0 +1,148 @@
+"""A Ray actor's link (gpuactors.ray.link) on its own: a server on this machine's loopback,
+a caller's end, and what each does with answers, errors, strangers and breaks.
+
+No Ray is needed: the link is plain asyncio and the worker protocol's frames.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gpuactors.engine import BatchCompletion, EnqueueBatch, Stats
+from gpuactors.errors import EngineLost, InvalidArgument, TaskFailed
+from gpuactors.messages import Message
+from gpuactors.ray.link import Link, LinkAddress, LinkServer
+from gpuactors.worker import RemoteArray
+from gpuactors.worker.frames import FrameStream, listen
+from gpuactors.worker.wire import Answer, Request, frame_buffers
+
+HOST = "127.0.0.1"
+ARRAY = RemoteArray(id=1, shape=(100,), dtype="<f4", generation=1, owner="test")
+
+
+def batch(count: int = 4, op: str = "fill") -> EnqueueBatch:
+    return EnqueueBatch(op=op, args=(ARRAY, 1.0), n=1, offsets={"out": range(count)})
+
+
+class Handler:
+    """What the actor does with a request: counts the batch's tasks, or fails, or waits."""
+
+    def __init__(self) -> None:
+        self.seen: list[EnqueueBatch] = []
+        self.arrived = asyncio.Event()  # (set at each request)
+        self.hold = asyncio.Event()
+        self.hold.set()
+
+    async def __call__(self, message: Message) -> Any:
+        assert isinstance(message, EnqueueBatch)
+        self.seen.append(message)
+        self.arrived.set()
+        await self.hold.wait()
+        if message.op == "bad":
+            raise TaskFailed("bad", 7, 3)
+        return BatchCompletion(first_seq=1, count=len(message.offsets["out"]), failed=0)
+
+
+async def test_batches_and_their_errors_cross_with_their_types() -> None:
+    handler = Handler()
+    server = LinkServer(handler)
+    link = await Link.connect(await server.start(HOST), "actor 0")
+    replies = await asyncio.gather(*(link.ask(batch(k + 1)) for k in range(50)))
+    assert [reply.count for reply in replies] == list(range(1, 51))
+    assert handler.seen[0].offsets["out"] == range(1)  # a range stays a range
+    assert handler.seen[0].args[0] == ARRAY
+    with pytest.raises(TaskFailed) as failed:
+        await link.ask(batch(op="bad"))
+    assert (failed.value.op, failed.value.seq, failed.value.code) == ("bad", 7, 3)
+    assert (await link.ask(batch(3))).count == 3  # an error breaks nothing
+    link.close()
+    server.close()
+
+
+async def test_a_large_offsets_column_crosses_whole() -> None:
+    handler = Handler()
+    server = LinkServer(handler)
+    link = await Link.connect(await server.start(HOST), "actor 0")
+    offsets = np.random.default_rng(5).permutation(1_000_000)
+    message = EnqueueBatch(op="fill", args=(ARRAY, 1.0), n=1, offsets={"out": offsets})
+    assert (await link.ask(message)).count == 1_000_000
+    np.testing.assert_array_equal(handler.seen[0].offsets["out"], offsets)
+    link.close()
+    server.close()
+
+
+async def test_a_caller_without_the_token_is_refused() -> None:
+    handler = Handler()
+    server = LinkServer(handler)
+    address = await server.start(HOST)
+    stranger = await Link.connect(LinkAddress(address.host, address.port, "0" * 32), "actor 0")
+    with pytest.raises(EngineLost):
+        await stranger.ask(batch())
+    assert handler.seen == []
+    # A request before any Hello is refused the same way.
+    stream = await FrameStream.connect(address.host, address.port)
+    stream.write(*frame_buffers(Request(rid=1, message=batch())))
+    with pytest.raises((asyncio.IncompleteReadError, ConnectionError)):
+        await stream.read()
+    assert handler.seen == []
+    server.close()
+
+
+async def test_what_is_in_flight_when_the_link_breaks_is_lost_typed() -> None:
+    handler = Handler()
+    handler.hold.clear()
+    server = LinkServer(handler)
+    link = await Link.connect(await server.start(HOST), "actor 3")
+    asks = [asyncio.ensure_future(link.ask(batch())) for _ in range(5)]
+    while len(handler.seen) < 5:
+        handler.arrived.clear()
+        await handler.arrived.wait()
+    link.close()  # (as a caller's end sees the actor's process end)
+    outcomes = await asyncio.gather(*asks, return_exceptions=True)
+    assert all(isinstance(o, EngineLost) and "actor 3" in str(o) for o in outcomes)
+    assert link.broken
+    with pytest.raises(EngineLost, match="broken"):
+        await link.ask(batch())
+    handler.hold.set()
+    server.close()
+
+
+async def test_a_request_that_cannot_be_sent_leaves_nothing_out() -> None:
+    server = LinkServer(Handler())
+    link = await Link.connect(await server.start(HOST), "actor 0")
+    unsendable = EnqueueBatch(op="fill", args=(ARRAY, lambda: 1.0), n=1, offsets={"out": [0]})
+    with pytest.raises(InvalidArgument, match="cannot be sent"):
+        await link.ask(unsendable)
+    assert (await link.ask(batch(2))).count == 2
+    link.close()
+    server.close()
+
+
+async def test_an_answer_that_fits_no_request_breaks_the_link() -> None:
+    async def anything(message: Message) -> Any:
+        return BatchCompletion(first_seq=1, count=1, failed=0)
+
+    server = LinkServer(anything)
+    address = await server.start(HOST)
+    link = await Link.connect(address, "actor 0")
+    with pytest.raises(EngineLost, match="does not fit"):  # not what a Stats is answered
+        await link.ask(Stats())
+    server.close()
+
+    # A peer that answers a request never made: the caller trusts nothing after it.
+    async def rogue(stream: FrameStream) -> None:
+        await stream.read()  # Hello
+        await stream.read()  # the request
+        stream.write(*frame_buffers(Answer(rid=99, value=1)))
+
+    served: list[asyncio.Task[None]] = []
+    listener = await listen(HOST, lambda s: served.append(asyncio.ensure_future(rogue(s))))
+    port = int(listener.sockets[0].getsockname()[1])
+    link = await Link.connect(LinkAddress(HOST, port, "t"), "actor 0")
+    with pytest.raises(EngineLost, match="none is out"):
+        await link.ask(batch())
+    listener.close()
