@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from structlog.testing import capture_logs
 
-from gpuactors.engine import BatchCompletion, EnqueueBatch, OpSpec
+from gpuactors.engine import BatchCompletion, EnqueueBatch, OpSpec, ShutdownReport
 from gpuactors.errors import (
     DeviceFault,
     EngineLost,
@@ -33,11 +33,13 @@ from gpuactors.worker import IsolationConfig, JobResult, RemoteArray
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'gpuactors[ray]')")
 
+from ray.exceptions import RayActorError  # noqa: E402
+
 from fake_engines import BAD, STAMP, STAMP_V2, start_fake_ray_member  # noqa: E402
 from gpuactors.group import EngineGroup  # noqa: E402
 from gpuactors.ray import start_ray_pool  # noqa: E402
 from gpuactors.ray.host import Outcome, carry, uncarry  # noqa: E402
-from gpuactors.ray.link import LinkAddress, OpenLink  # noqa: E402
+from gpuactors.ray.link import LinkAddress, LinkServer, NoLink, OpenLink  # noqa: E402
 from gpuactors.ray.member import RayMember  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -229,8 +231,10 @@ async def test_an_actor_killed_with_batches_on_its_link(ray_cluster: None) -> No
     ray.kill(member.actor, no_restart=False)  # type: ignore[attr-defined]
     outcomes = await asyncio.gather(*batches, return_exceptions=True)
     errors = [o for o in outcomes if isinstance(o, BaseException)]
-    assert all(isinstance(error, EngineLost) for error in errors), errors
-    assert 0 < len(errors) < len(outcomes)  # some ran before the kill, some were lost
+    # Lost, or sent to the restarted instance, where the arrays of the old one are stale.
+    assert all(isinstance(error, EngineLost | GpuRefStale) for error in errors), errors
+    assert any(isinstance(error, EngineLost) for error in errors)
+    assert len(errors) < len(outcomes)  # some ran before the kill
 
     async def stamped() -> int:
         out = await pool.upload(np.zeros(1, np.int32), device=1)
@@ -241,42 +245,109 @@ async def test_an_actor_killed_with_batches_on_its_link(ray_cluster: None) -> No
     await pool.shutdown()
 
 
-class _ActorCalls:
-    """A Ray actor's ``call`` method as a member sees it, answering in this process."""
+class _FakeActor:
+    """A Ray actor as a member sees it (``call``, ``watch``, ``stop``), answering in this
+    process: ``answer`` gives each call's value; ``watch`` fails when ``lose`` is called."""
 
-    def __init__(self, answer: Callable[[Message], object]) -> None:
+    def __init__(self, answer: Callable[[Message], Awaitable[object]]) -> None:
         self.answer = answer
+        self.lost = asyncio.Event()
+        self.stopped = asyncio.Event()
+        self.call = SimpleNamespace(remote=self._call)
+        self.watch = SimpleNamespace(remote=self._watch)
+        self.stop = SimpleNamespace(remote=self._stop)
 
-    def remote(self, message: Message, changes: int) -> Awaitable[Outcome]:
-        async def outcome() -> Outcome:
-            return Outcome(value=self.answer(message))
+    async def _call(self, message: Message, changes: int) -> Outcome:
+        return Outcome(value=await self.answer(message))
 
-        return outcome()
+    async def _watch(self) -> None:
+        await self.lost.wait()
+        raise RayActorError()
+
+    async def _stop(self, force: bool) -> Outcome:
+        self.stopped.set()
+        await asyncio.sleep(0.3)  # the engine drains what it accepted
+        return Outcome(value=ShutdownReport(completed=1, cancelled=0))
 
 
-async def test_a_link_that_cannot_be_reached_leaves_batches_to_ray() -> None:
-    """Where the caller cannot reach the actor's node on the link's port (a firewall),
-    the member warns once and sends batches through Ray calls; none fails for it."""
+def _batch() -> EnqueueBatch:
+    return EnqueueBatch(op="fill", args=(np.zeros(4, np.float32), 1.0), n=1, count=4)
+
+
+async def _done(message: Message) -> BatchCompletion:
+    assert isinstance(message, EnqueueBatch)
+    return BatchCompletion(first_seq=1, count=message.count or 0, failed=0)
+
+
+@pytest.mark.parametrize("why", ["unreachable", "cannot listen"])
+async def test_a_link_that_cannot_be_had_leaves_batches_to_ray(why: str) -> None:
+    """Where the caller cannot reach the actor's node on the link's port (a firewall), or
+    the actor cannot listen on its node's address, the member warns once and sends
+    batches through Ray calls; none fails for it."""
     with socket.socket() as closed:  # a port where nothing listens
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
 
-    def answer(message: Message) -> object:
+    async def answer(message: Message) -> object:
         if isinstance(message, OpenLink):
+            if why == "cannot listen":
+                return NoLink("the actor cannot listen on 10.0.0.1")
             return LinkAddress("127.0.0.1", port, "token")
-        assert isinstance(message, EnqueueBatch)
-        return BatchCompletion(first_seq=1, count=message.count or 0, failed=0)
+        return await _done(message)
 
-    actor = SimpleNamespace(call=_ActorCalls(answer))
-    member = RayMember(actor, 0, idempotent=frozenset())
-    batch = EnqueueBatch(op="fill", args=(np.zeros(4, np.float32), 1.0), n=1, count=4)
+    member = RayMember(_FakeActor(answer), 0, idempotent=frozenset())
     with capture_logs() as logs:
-        assert (await member.ask(batch)).count == 4
-        assert (await member.ask(batch)).count == 4
-    assert member.ray_calls == 3  # OpenLink once, then each batch through Ray
+        assert (await member.ask(_batch())).count == 4
+        assert (await member.ask(_batch())).count == 4
+    opened = 2 if why == "unreachable" else 1  # (an unreachable address is asked for twice)
+    assert member.ray_calls == opened + 2
     assert [entry["event"] for entry in logs] == [
-        "a Ray actor's link cannot be reached; its batches go through Ray calls"
+        "a Ray actor's link cannot be had; its batches go through Ray calls"
     ]
+
+
+async def test_batches_on_the_link_are_answered_through_a_stop_and_lost_with_the_actor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stop drains the engine before the link closes, so batches in flight are
+    answered; when Ray reports the actor lost, the batches on its link get EngineLost
+    at once (not when TCP gives up)."""
+    killed: list[object] = []
+    monkeypatch.setattr(
+        "gpuactors.ray.member.ray", SimpleNamespace(kill=lambda a, **_: killed.append(a))
+    )
+    release = asyncio.Event()
+
+    async def slow(message: Message) -> object:
+        if not isinstance(message, OpenLink):
+            await release.wait()
+        return await _done(message)
+
+    server = LinkServer(slow)
+
+    async def answer(message: Message) -> object:
+        return await server.start("127.0.0.1") if isinstance(message, OpenLink) else None
+
+    actor = _FakeActor(answer)
+    member = RayMember(actor, 0, idempotent=frozenset())
+    in_flight = asyncio.ensure_future(member.ask(_batch()))
+    await asyncio.sleep(0.1)
+    stopping = asyncio.ensure_future(member.stop())
+    await actor.stopped.wait()
+    release.set()  # the engine finishes it while it drains
+    assert (await in_flight).count == 4
+    assert (await stopping).completed == 1
+    assert killed == [actor]
+
+    release.clear()
+    member = RayMember(_FakeActor(answer), 1, idempotent=frozenset())
+    in_flight = asyncio.ensure_future(member.ask(_batch()))
+    await asyncio.sleep(0.1)
+    member.actor.lost.set()
+    with pytest.raises(EngineLost, match="Ray reports the actor lost"):
+        await asyncio.wait_for(in_flight, 5)
+    release.set()
+    server.close()
 
 
 async def test_an_actor_hosting_an_isolated_engine(ray_cluster: None) -> None:

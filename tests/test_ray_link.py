@@ -7,18 +7,20 @@ No Ray is needed: the link is plain asyncio and the worker protocol's frames.
 from __future__ import annotations
 
 import asyncio
+import socket
 from typing import Any
 
 import numpy as np
 import pytest
 
+import gpuactors.ray.link as link_module
 from gpuactors.engine import BatchCompletion, EnqueueBatch, Stats
-from gpuactors.errors import EngineLost, InvalidArgument, TaskFailed
+from gpuactors.errors import EngineError, EngineLost, InvalidArgument, TaskFailed
 from gpuactors.messages import Message
 from gpuactors.ray.link import Link, LinkAddress, LinkServer
 from gpuactors.worker import RemoteArray
 from gpuactors.worker.frames import FrameStream, listen
-from gpuactors.worker.wire import Answer, Request, frame_buffers
+from gpuactors.worker.wire import Answer, Hello, Request, frame_buffers
 
 HOST = "127.0.0.1"
 ARRAY = RemoteArray(id=1, shape=(100,), dtype="<f4", generation=1, owner="test")
@@ -26,6 +28,12 @@ ARRAY = RemoteArray(id=1, shape=(100,), dtype="<f4", generation=1, owner="test")
 
 def batch(count: int = 4, op: str = "fill") -> EnqueueBatch:
     return EnqueueBatch(op=op, args=(ARRAY, 1.0), n=1, offsets={"out": range(count)})
+
+
+async def address_of(server: LinkServer) -> LinkAddress:
+    address = await server.start(HOST)
+    assert isinstance(address, LinkAddress)
+    return address
 
 
 class Handler:
@@ -50,7 +58,7 @@ class Handler:
 async def test_batches_and_their_errors_cross_with_their_types() -> None:
     handler = Handler()
     server = LinkServer(handler)
-    link = await Link.connect(await server.start(HOST), "actor 0")
+    link = await Link.connect(await address_of(server), "actor 0")
     replies = await asyncio.gather(*(link.ask(batch(k + 1)) for k in range(50)))
     assert [reply.count for reply in replies] == list(range(1, 51))
     assert handler.seen[0].offsets["out"] == range(1)  # a range stays a range
@@ -66,7 +74,7 @@ async def test_batches_and_their_errors_cross_with_their_types() -> None:
 async def test_a_large_offsets_column_crosses_whole() -> None:
     handler = Handler()
     server = LinkServer(handler)
-    link = await Link.connect(await server.start(HOST), "actor 0")
+    link = await Link.connect(await address_of(server), "actor 0")
     offsets = np.random.default_rng(5).permutation(1_000_000)
     message = EnqueueBatch(op="fill", args=(ARRAY, 1.0), n=1, offsets={"out": offsets})
     assert (await link.ask(message)).count == 1_000_000
@@ -78,7 +86,7 @@ async def test_a_large_offsets_column_crosses_whole() -> None:
 async def test_a_caller_without_the_token_is_refused() -> None:
     handler = Handler()
     server = LinkServer(handler)
-    address = await server.start(HOST)
+    address = await address_of(server)
     stranger = await Link.connect(LinkAddress(address.host, address.port, "0" * 32), "actor 0")
     with pytest.raises(EngineLost):
         await stranger.ask(batch())
@@ -96,7 +104,7 @@ async def test_what_is_in_flight_when_the_link_breaks_is_lost_typed() -> None:
     handler = Handler()
     handler.hold.clear()
     server = LinkServer(handler)
-    link = await Link.connect(await server.start(HOST), "actor 3")
+    link = await Link.connect(await address_of(server), "actor 3")
     asks = [asyncio.ensure_future(link.ask(batch())) for _ in range(5)]
     while len(handler.seen) < 5:
         handler.arrived.clear()
@@ -113,7 +121,7 @@ async def test_what_is_in_flight_when_the_link_breaks_is_lost_typed() -> None:
 
 async def test_a_request_that_cannot_be_sent_leaves_nothing_out() -> None:
     server = LinkServer(Handler())
-    link = await Link.connect(await server.start(HOST), "actor 0")
+    link = await Link.connect(await address_of(server), "actor 0")
     unsendable = EnqueueBatch(op="fill", args=(ARRAY, lambda: 1.0), n=1, offsets={"out": [0]})
     with pytest.raises(InvalidArgument, match="cannot be sent"):
         await link.ask(unsendable)
@@ -127,7 +135,7 @@ async def test_an_answer_that_fits_no_request_breaks_the_link() -> None:
         return BatchCompletion(first_seq=1, count=1, failed=0)
 
     server = LinkServer(anything)
-    address = await server.start(HOST)
+    address = await address_of(server)
     link = await Link.connect(address, "actor 0")
     with pytest.raises(EngineLost, match="does not fit"):  # not what a Stats is answered
         await link.ask(Stats())
@@ -146,3 +154,67 @@ async def test_an_answer_that_fits_no_request_breaks_the_link() -> None:
     with pytest.raises(EngineLost, match="none is out"):
         await link.ask(batch())
     listener.close()
+
+
+async def test_many_large_batches_waiting_for_the_socket_are_all_answered() -> None:
+    """Several callers wait for the socket to take their frames at once; each is woken."""
+    server = LinkServer(Handler())
+    link = await Link.connect(await address_of(server), "actor 0")
+    offsets = np.arange(1_000_000)
+    messages = [
+        EnqueueBatch(op="fill", args=(ARRAY, 1.0), n=1, offsets={"out": offsets}) for _ in range(6)
+    ]
+    replies = await asyncio.wait_for(asyncio.gather(*(link.ask(m) for m in messages)), 60)
+    assert [reply.count for reply in replies] == [1_000_000] * 6
+    link.close()
+    server.close()
+
+
+async def test_closing_a_link_frees_a_caller_whose_peer_stopped_reading() -> None:
+    with socket.socket() as listener:  # accepts, never reads: a hung peer
+        listener.bind((HOST, 0))
+        listener.listen(1)
+        address = LinkAddress(HOST, listener.getsockname()[1], "t")
+        link = await Link.connect(address, "actor 0")
+        big = EnqueueBatch(op="fill", args=(ARRAY, 1.0), n=1, offsets={"out": np.arange(4 << 20)})
+        ask = asyncio.ensure_future(link.ask(big))
+        await asyncio.sleep(0.2)
+        assert not ask.done()
+        link.close()
+        with pytest.raises(EngineLost, match="closed by its caller"):
+            await asyncio.wait_for(ask, 5)
+
+
+async def test_a_stranger_can_neither_fill_memory_nor_linger(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before its Hello a peer's frame may be at most HELLO_BYTES long, and the Hello
+    must come within HELLO_SECONDS; a token that is not ASCII is refused quietly."""
+    monkeypatch.setattr(link_module, "HELLO_SECONDS", 0.2)
+    handler = Handler()
+    server = LinkServer(handler)
+    address = await address_of(server)
+
+    async def closed_on(first: bytes) -> None:
+        reader, writer = await asyncio.open_connection(address.host, address.port)
+        writer.write(first)
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # the server closed it
+        writer.close()
+
+    await closed_on((1 << 31).to_bytes(4, "big"))  # a 2 GiB first frame: refused at once
+    await closed_on(b"")  # no Hello at all: closed after HELLO_SECONDS
+    await closed_on(b"".join(frame_buffers(Hello(token="\u00e9" * 32))))
+    assert handler.seen == []
+    server.close()
+
+
+async def test_a_cancelled_handler_still_answers() -> None:
+    async def cancelled(message: Message) -> Any:
+        raise asyncio.CancelledError
+
+    server = LinkServer(cancelled)
+    link = await Link.connect(await address_of(server), "actor 0")
+    with pytest.raises(EngineError, match="CancelledError"):
+        await asyncio.wait_for(link.ask(batch()), 5)
+    link.close()
+    server.close()

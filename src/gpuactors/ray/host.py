@@ -133,9 +133,15 @@ class EngineHost:
         self._last_id = 0
         self._leaving = False
         self._link = LinkServer(self._linked)
+        self._stopping = asyncio.Event()
 
     async def ping(self) -> None:
         """Nothing: a bare call, to measure what Ray itself costs per call."""
+
+    async def watch(self) -> None:
+        """Answer when this actor stops. A caller keeps this call out to hear from Ray
+        when the actor is lost: its link cannot tell a vanished node from a quiet one."""
+        await self._stopping.wait()
 
     async def call(self, message: Message, changes: int) -> Outcome:
         """Handle one message, unless this actor has applied fewer than ``changes`` op
@@ -191,6 +197,7 @@ class EngineHost:
     async def stop(self, force: bool = False) -> Outcome:
         """Shut the engine down (drained first unless ``force``) and the actor system."""
         self._leaving = True
+        self._stopping.set()
         try:
             member = await self._ready()
             report = await member.stop(force=force)

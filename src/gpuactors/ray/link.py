@@ -11,7 +11,9 @@ call the actor can use its link, and a restarted actor is caught up on op change
 for any call) before its new link is used.
 
 A link that breaks fails the requests it carried with EngineLost (they may or may not
-have run); the caller's next batch opens a new one through Ray.
+have run); the caller's next batch opens a new one through Ray. A node that vanishes
+without closing the connection is found by TCP keepalives (``KEEPALIVE``), or sooner
+by Ray, which the caller asks to say when the actor is lost.
 """
 
 from __future__ import annotations
@@ -20,26 +22,43 @@ import asyncio
 import contextlib
 import itertools
 import secrets
+import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpuactors.errors import EngineLost, InvalidArgument, WorkerProtocolError
+from gpuactors.errors import (
+    EngineError,
+    EngineLost,
+    GpuActorsError,
+    InvalidArgument,
+    WorkerProtocolError,
+)
 from gpuactors.messages import Message
 from gpuactors.worker.frames import FrameStream, listen
 from gpuactors.worker.wire import (
     Answer,
     Failure,
     Frame,
+    FrameBuffers,
     Hello,
     Request,
     check_answer,
     frame_buffers,
-    wire_error,
 )
 
 #: What a link's server does with a request: its answer, or a GpuActorsError raised.
 Handle = Callable[[Message], Awaitable[Any]]
+
+#: Before its Hello, a peer is a stranger: its first frame may be at most this long, and
+#: it must come within ``HELLO_SECONDS``, or the connection is closed.
+HELLO_BYTES = 1024
+HELLO_SECONDS = 10.0
+#: TCP keepalive on the caller's end (seconds idle, seconds between probes, probes) and
+#: how long sent data may go unacknowledged (ms): a vanished node breaks the link
+#: in about half a minute instead of TCP's quarter of an hour.
+KEEPALIVE = (10, 5, 3)
+USER_TIMEOUT_MS = 30_000
 
 
 class OpenLink(Message):
@@ -55,6 +74,13 @@ class LinkAddress:
     token: str
 
 
+@dataclass(frozen=True)
+class NoLink:
+    """The answer to OpenLink from an actor that cannot listen (why)."""
+
+    reason: str
+
+
 # ----------------------------------------------------------------- the actor's side
 class LinkServer:
     """The actor's end: serves requests from every connection that says its token."""
@@ -64,10 +90,13 @@ class LinkServer:
         self._token = secrets.token_hex(16)
         self._server: asyncio.Server | None = None
 
-    async def start(self, host: str) -> LinkAddress:
-        """Listen on ``host`` (a free port) once; the address either way."""
+    async def start(self, host: str) -> LinkAddress | NoLink:
+        """Listen on ``host`` (a free port) once; the address either way, or why not."""
         if self._server is None:
-            self._server = await listen(host, self._accepted)
+            try:
+                self._server = await listen(host, self._accepted)
+            except OSError as exc:  # e.g. an address this host does not have (NAT)
+                return NoLink(f"the actor cannot listen on {host}: {exc}")
         port = int(self._server.sockets[0].getsockname()[1])
         return LinkAddress(host=host, port=port, token=self._token)
 
@@ -85,23 +114,30 @@ class _Served:
 
     def __init__(self, stream: FrameStream, token: str, handle: Handle) -> None:
         self._stream = stream
-        self._token = token
+        self._token = token.encode()
         self._handle = handle
         self._greeted = False
         self._closed = False
         self._serving: set[asyncio.Task[None]] = set()
+        self._hello_timer: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
+        self._stream.limit_frames(HELLO_BYTES)
+        self._hello_timer = asyncio.get_running_loop().call_later(HELLO_SECONDS, self._close)
         self._stream.deliver(self._on_frame, self._on_end)
 
     def _on_frame(self, frame: Frame) -> None:
         if self._closed:
             return
         if not self._greeted:
-            token = frame.token if isinstance(frame, Hello) else ""
-            self._greeted = secrets.compare_digest(token, self._token)
-            if not self._greeted:
+            token = frame.token.encode() if isinstance(frame, Hello) else b""
+            if not secrets.compare_digest(token, self._token):
                 self._close()
+                return
+            self._greeted = True
+            self._stream.limit_frames(None)
+            if self._hello_timer is not None:
+                self._hello_timer.cancel()
             return
         if not isinstance(frame, Request):
             self._close()
@@ -111,11 +147,18 @@ class _Served:
         task.add_done_callback(self._serving.discard)
 
     async def _serve(self, rid: int, message: Message) -> None:
+        """Answer request ``rid`` whatever happens to it (even a cancelled handler)."""
         try:
-            answer: Frame = Answer(rid=rid, value=await self._handle(message))
-            buffers = frame_buffers(answer)
-        except Exception as exc:
-            buffers = frame_buffers(Failure(rid=rid, error=wire_error(exc)))
+            buffers = frame_buffers(Answer(rid=rid, value=await self._handle(message)))
+        except BaseException as exc:
+            error = exc if isinstance(exc, GpuActorsError) else _unexpected(exc)
+            self._write(frame_buffers(Failure(rid=rid, error=error)))
+            if not isinstance(exc, Exception):
+                raise
+            return
+        self._write(buffers)
+
+    def _write(self, buffers: FrameBuffers) -> None:
         if not self._closed:
             self._stream.write(*buffers)
 
@@ -124,7 +167,9 @@ class _Served:
 
     def _close(self) -> None:
         self._closed = True
-        self._stream.close()
+        if self._hello_timer is not None:
+            self._hello_timer.cancel()
+        self._stream.abort()
 
 
 # ---------------------------------------------------------------- the caller's side
@@ -144,6 +189,8 @@ class Link:
     async def connect(cls, address: LinkAddress, name: str) -> Link:
         """A link to the actor at ``address`` (``name`` says whose, in errors)."""
         stream = await FrameStream.connect(address.host, address.port)
+        if stream.socket is not None:
+            keep_alive(stream.socket)
         link = cls(stream, name)
         stream.write(*frame_buffers(Hello(token=address.token)))
         stream.deliver(link._on_frame, link._on_end)
@@ -170,8 +217,9 @@ class Link:
             await self._stream.drain()  # the socket's buffer full: wait until it takes more
         return await answer
 
-    def close(self) -> None:
-        self._break("closed by its caller")
+    def close(self, why: str = "closed by its caller") -> None:
+        """Break the link: every request still out fails with EngineLost (``why``)."""
+        self._break(why)
 
     def _on_frame(self, frame: Frame) -> None:
         try:
@@ -202,7 +250,7 @@ class Link:
         if self._broken is not None:
             return
         self._broken = why
-        self._stream.close()
+        self._stream.abort()  # (close would wait for a peer that may no longer read)
         pending, self._pending = self._pending, {}
         for message, answer in pending.values():
             if not answer.done():
@@ -212,3 +260,22 @@ class Link:
                         f"flight; it may or may not have run: {why}"
                     )
                 )
+
+
+def keep_alive(sock: socket.socket) -> None:
+    """TCP keepalive and a timeout for unacknowledged data, where the platform has them."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    idle, interval, count = KEEPALIVE
+    for name, value in (
+        ("TCP_KEEPIDLE", idle),
+        ("TCP_KEEPINTVL", interval),
+        ("TCP_KEEPCNT", count),
+        ("TCP_USER_TIMEOUT", USER_TIMEOUT_MS),
+    ):
+        option = getattr(socket, name, None)
+        if option is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, option, value)
+
+
+def _unexpected(exc: BaseException) -> EngineError:
+    return EngineError(f"the Ray actor's link raised {type(exc).__name__}: {exc}")

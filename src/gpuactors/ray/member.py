@@ -29,7 +29,7 @@ from gpuactors.group.members import remote_view
 from gpuactors.logs import get_logger
 from gpuactors.messages import Message
 from gpuactors.ray.host import CHANGES, Outcome, uncarry
-from gpuactors.ray.link import Link, LinkAddress, OpenLink
+from gpuactors.ray.link import Link, LinkAddress, NoLink, OpenLink
 from gpuactors.worker import Download, Downloaded, Free, Job, JobResult, RemoteArray, Upload
 
 #: Ray's "retry forever": the actor's restart budget (max_restarts) still bounds it, as a
@@ -59,6 +59,7 @@ class RayMember:
         self._links = link  # batches over the actor's link (until it cannot be reached)
         self._link: Link | None = None
         self._opening = asyncio.Lock()
+        self._watching: asyncio.Task[None] | None = None  # hears from Ray of a loss
         self.ray_calls = 0  # calls made through Ray (batches over the link are not)
 
     @property
@@ -114,15 +115,16 @@ class RayMember:
         return remote_view(array, offset, shape)
 
     async def stop(self, *, force: bool = False) -> ShutdownReport:
-        """Shut the engine down, then end the actor for good (no restart)."""
+        """Shut the engine down, then end the actor for good (no restart). Batches on the
+        link are answered as the engine drains; the link closes after."""
         self._dead = "stopped"
-        if self._link is not None:
-            self._link.close()
         try:
             outcome: Outcome = await self.actor.stop.remote(force)
         except RayError as exc:
             raise EngineLost(f"actor {self._key} was lost while it shut down: {exc}") from exc
         finally:
+            if self._link is not None:
+                self._link.close("the actor was stopped")
             ray.kill(self.actor, no_restart=True)
         if outcome.error is not None:
             raise uncarry(outcome.error)
@@ -166,25 +168,49 @@ class RayMember:
 
     async def _linked(self) -> Link | None:
         """The actor's link, opened through Ray if there is none that works; None (batches
-        go through Ray from then on, with a warning) if it cannot be reached."""
+        go through Ray from then on, with a warning) if it cannot be had."""
         async with self._opening:
             link = self._link
             if link is not None and not link.broken:
                 return link
-            address: LinkAddress = await self._call(OpenLink(), False)
+            if self._dead is not None:
+                raise EngineStopped(f"actor {self._key} serves no more: {self._dead}")
+            why = ""
+            for _ in range(2):  # (the actor may have been lost between answer and connect)
+                address: LinkAddress | NoLink = await self._call(OpenLink(), False)
+                if isinstance(address, NoLink):
+                    why = address.reason
+                    break
+                try:
+                    link = await asyncio.wait_for(
+                        Link.connect(address, f"actor {self._key}"), LINK_CONNECT_SECONDS
+                    )
+                except (OSError, TimeoutError) as exc:
+                    why = f"{address.host}:{address.port} cannot be reached: {exc!r}"
+                    continue
+                self._link = link
+                self._watch()
+                return link
+            self._links = False
+            log.warning(
+                "a Ray actor's link cannot be had; its batches go through Ray calls",
+                actor=self._key, reason=why,
+            )  # fmt: skip
+            return None
+
+    def _watch(self) -> None:
+        """Keep a call out to the actor (``EngineHost.watch``) that Ray fails when the
+        actor is lost: then the link breaks at once rather than at TCP's timeout."""
+        if self._watching is not None and not self._watching.done():
+            return
+
+        async def watch() -> None:
             try:
-                link = await asyncio.wait_for(
-                    Link.connect(address, f"actor {self._key}"), LINK_CONNECT_SECONDS
-                )
-            except (OSError, TimeoutError) as exc:
-                self._links = False
-                log.warning(
-                    "a Ray actor's link cannot be reached; its batches go through Ray calls",
-                    actor=self._key, address=f"{address.host}:{address.port}", error=str(exc),
-                )  # fmt: skip
-                return None
-            self._link = link
-            return link
+                await self.actor.watch.remote()
+            except RayError as exc:
+                self._lost(exc)  # (which breaks the link)
+
+        self._watching = asyncio.get_running_loop().create_task(watch())
 
     async def _replay(self, first: int) -> None:
         try:
@@ -197,8 +223,13 @@ class RayMember:
 
     def _lost(self, error: RayError) -> None:
         """After a loss, find out in the background whether Ray restarts the actor: a call
-        to an actor that will never come back fails at once with ActorDiedError."""
-        if not isinstance(error, RayActorError) or self._probing is not None:
+        to an actor that will never come back fails at once with ActorDiedError. The
+        link to the lost instance, if any, is broken: its batches get EngineLost."""
+        if not isinstance(error, RayActorError):
+            return
+        if self._link is not None:
+            self._link.close(f"Ray reports the actor lost: {type(error).__name__}")
+        if self._probing is not None:
             return
 
         async def probe() -> None:

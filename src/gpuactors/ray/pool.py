@@ -10,6 +10,7 @@ actor in three phases. Keys are actor indices (0, 1, ...).
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -36,7 +37,7 @@ async def start_ray_pool(
     placement: Placement = "least_loaded",
     actor_options: Mapping[str, Any] | None = None,
     start_member: StartMember | None = None,
-    link: bool = True,
+    link: bool | None = None,
 ) -> EngineGroup:
     """Start ``actors`` Ray actors (default: one per GPU of the cluster), each with
     ``num_gpus`` and an engine with ``ops``, and return them as one group.
@@ -49,8 +50,8 @@ async def start_ray_pool(
     it). ``actor_options`` go to Ray as they are (``resources``, ``scheduling_strategy``).
     ``link``: batches go to each actor over a TCP connection of their own
     (:mod:`gpuactors.ray.link`), which costs far less per batch than a Ray call; False
-    sends them through Ray calls (where the caller cannot reach the actors' nodes on
-    other ports). Call ``ray.init()`` first.
+    sends them through Ray calls. Default: a link unless Ray runs with TLS
+    (``RAY_USE_TLS``), as the link's traffic is not encrypted. Call ``ray.init()`` first.
     """
     if not ray.is_initialized():
         raise InvalidArgument("call ray.init() (or ray.init(address=...)) before start_ray_pool")
@@ -74,6 +75,8 @@ async def start_ray_pool(
     options = {"num_gpus": num_gpus, "max_restarts": max_restarts, **(actor_options or {})}
     host = ray.remote(EngineHost).options(**options)
     idempotent = frozenset(idempotent_ops)
+    if link is None:
+        link = os.environ.get("RAY_USE_TLS", "0").lower() not in ("1", "true")
     members = [
         RayMember(host.remote(spec), key, idempotent=idempotent, link=link) for key in range(actors)
     ]

@@ -100,6 +100,22 @@ class FrameStream:
     def close(self) -> None:
         self._transport.close()
 
+    @property
+    def socket(self) -> socket.socket | None:
+        """The socket under the stream (for options such as keepalives)."""
+        sock: socket.socket | None = self._transport.get_extra_info("socket")
+        return sock
+
+    def abort(self) -> None:
+        """Close at once, dropping what is not yet written (a peer that has stopped
+        reading would hold ``close`` forever)."""
+        self._transport.abort()
+
+    def limit_frames(self, max_bytes: int | None) -> None:
+        """From now on a frame longer than ``max_bytes`` breaks the stream (before a
+        peer is trusted: its first frame cannot make this end hold gigabytes)."""
+        self._protocol.max_frame_bytes = max_bytes
+
 
 async def listen(host: str, on_stream: Callable[[FrameStream], None]) -> asyncio.Server:
     """A TCP server on ``host`` (a free port: ``server.sockets[0]``) that hands each
@@ -137,7 +153,8 @@ class _FrameProtocol(asyncio.BufferedProtocol):
         self._broken: Exception | None = None  # ... because the connection broke
         self._lost = False
         self._paused = False
-        self._drain_waiter: asyncio.Future[None] | None = None
+        self._drain_waiters: list[asyncio.Future[None]] = []  # (one per writer waiting)
+        self.max_frame_bytes: int | None = None  # a longer frame breaks the stream
         self._transport: asyncio.BaseTransport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -168,6 +185,9 @@ class _FrameProtocol(asyncio.BufferedProtocol):
         while self._end - self._start >= LENGTH_BYTES:
             body_start = self._start + LENGTH_BYTES
             length = int.from_bytes(small[self._start : body_start], "big")
+            if self.max_frame_bytes is not None and length > self.max_frame_bytes:
+                self._refuse(WorkerProtocolError(f"a frame of {length} bytes is too long here"))
+                return
             body_end = body_start + length
             if body_end <= self._end:
                 self._deliver(bytes(small[body_start:body_end]))
@@ -222,13 +242,17 @@ class _FrameProtocol(asyncio.BufferedProtocol):
         assert self._on_frame is not None
         try:
             frame = decode_frame(body)
-        except WorkerProtocolError as exc:  # nothing after it can be trusted
-            self._refused = True
-            if isinstance(self._transport, asyncio.ReadTransport):
-                self._transport.pause_reading()
-            self._end_stream(exc)
+        except WorkerProtocolError as exc:
+            self._refuse(exc)
             return
         self._on_frame(frame)
+
+    def _refuse(self, why: WorkerProtocolError) -> None:
+        """A malformed frame: nothing after it can be trusted, so none is read."""
+        self._refused = True
+        if isinstance(self._transport, asyncio.ReadTransport):
+            self._transport.pause_reading()
+        self._end_stream(why)
 
     async def next_body(self) -> bytes | bytearray:
         while not self._bodies:
@@ -254,8 +278,9 @@ class _FrameProtocol(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._end_stream(exc)
         self._lost = True
-        if self._drain_waiter is not None and not self._drain_waiter.done():
-            self._drain_waiter.set_exception(ConnectionResetError("the connection is closed"))
+        for waiter in self._drain_waiters:
+            if not waiter.done():
+                waiter.set_exception(ConnectionResetError("the connection is closed"))
 
     def _end_stream(self, exc: Exception | None) -> None:
         """No frame comes after those delivered: the end of the stream (a frame cut
@@ -276,8 +301,9 @@ class _FrameProtocol(asyncio.BufferedProtocol):
 
     def resume_writing(self) -> None:
         self._paused = False
-        if self._drain_waiter is not None and not self._drain_waiter.done():
-            self._drain_waiter.set_result(None)
+        for waiter in self._drain_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     async def drained(self) -> None:
         """Return once the transport's buffer is below its high-water mark."""
@@ -286,8 +312,9 @@ class _FrameProtocol(asyncio.BufferedProtocol):
                 raise ConnectionResetError("the connection is closed")
             if not self._paused:
                 return
-            self._drain_waiter = asyncio.get_running_loop().create_future()
+            waiter = asyncio.get_running_loop().create_future()
+            self._drain_waiters.append(waiter)
             try:
-                await self._drain_waiter
+                await waiter
             finally:
-                self._drain_waiter = None
+                self._drain_waiters.remove(waiter)
