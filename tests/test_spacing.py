@@ -28,7 +28,7 @@ def test_a_value_off_the_line_anywhere_is_not_a_range(each: Each | None) -> None
     values = np.arange(300_000, dtype=np.int64) * 4
     assert values.size >= passes.THREADED_TASKS
     assert evenly_spaced(values, each) == range(0, 1_200_000, 4)
-    for index in (1, 37_499, 37_500, 65_536, 65_537, 200_000, 299_998):
+    for index in (1, 37_499, 37_500, 65_536, 65_537, 200_000, 262_144, 262_145, 299_998):
         broken = values.copy()
         broken[index] += 1
         assert evenly_spaced(broken, each) is None, index

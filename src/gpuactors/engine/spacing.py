@@ -22,8 +22,10 @@ from gpuactors.errors import InvalidArgument
 #: A column of integers: one per task, or evenly spaced.
 IntColumn = np.ndarray | range
 
-#: Differences compared per pass: a chunk and its temporaries stay in the CPU's cache.
-_CHUNK: Final = 1 << 16
+#: Differences compared per pass: a chunk and its temporaries (2.3 MB) stay in a
+#: server core's cache, and spans on threads take the GIL for few enough passes that
+#: they do not queue for it (64K-value chunks made eight threads slower than one).
+_CHUNK: Final = 1 << 18
 #: Spans of a column checked apart when ``evenly_spaced`` is given how to share them.
 _SPANS: Final = 8
 
