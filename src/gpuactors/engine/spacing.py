@@ -22,10 +22,12 @@ from gpuactors.errors import InvalidArgument
 #: A column of integers: one per task, or evenly spaced.
 IntColumn = np.ndarray | range
 
-#: Differences compared per pass: a chunk and its temporaries (2.3 MB) stay in a
-#: server core's cache, and spans on threads take the GIL for few enough passes that
-#: they do not queue for it (64K-value chunks made eight threads slower than one).
-_CHUNK: Final = 1 << 18
+#: Differences compared per pass in line: a chunk and its temporaries stay in a core's
+#: cache.
+_CHUNK: Final = 1 << 16
+#: The same on threads (spans): larger, so that eight threads take the GIL for few
+#: enough passes not to queue for it (with 64K-value chunks they ran no faster than one).
+_SPAN_CHUNK: Final = 1 << 18
 #: Spans of a column checked apart when ``evenly_spaced`` is given how to share them.
 _SPANS: Final = 8
 
@@ -53,24 +55,24 @@ def evenly_spaced(values: np.ndarray, each: Each | None = None) -> range | None:
         return None  # (most columns that are not a range stop here, having read three)
 
     def on_line(span: tuple[int, int]) -> bool:
-        return _on_line(values, span, step)
+        return _on_line(values, span, step, _SPAN_CHUNK)
 
     if each is None:
-        spaced = on_line((0, count - 1))
+        spaced = _on_line(values, (0, count - 1), step, _CHUNK)
     else:
         cuts = [(count - 1) * k // _SPANS for k in range(_SPANS + 1)]
         spaced = all(each(on_line, list(itertools.pairwise(cuts)), count))
     return range(first, first + step * count, step) if spaced else None
 
 
-def _on_line(values: np.ndarray, span: tuple[int, int], step: int) -> bool:
+def _on_line(values: np.ndarray, span: tuple[int, int], step: int, chunk: int) -> bool:
     """Does each value from ``span``'s first to one past its last follow the one
-    before it by ``step``?"""
+    before it by ``step``? (Compared ``chunk`` values at a time.)"""
     first, last = span
-    differences = np.empty(min(_CHUNK, last - first), dtype=np.int64)
+    differences = np.empty(min(chunk, last - first), dtype=np.int64)
     on_step = np.empty(differences.size, dtype=np.bool_)
-    for begin in range(first, last, _CHUNK):
-        end = min(begin + _CHUNK, last)
+    for begin in range(first, last, chunk):
+        end = min(begin + chunk, last)
         part, equal = differences[: end - begin], on_step[: end - begin]
         # A difference that wraps around cannot make a wrong range: the values then
         # agree with the line modulo 2**64, and as int64 values between its two ends
