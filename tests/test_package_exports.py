@@ -23,7 +23,7 @@ INIT = Path(gpuactors.__file__)
 # the first frame a worker reads (the library sends it, never a user).
 # Field-sharing bases, and Submit: the Engine client's own carrier to its actor, which
 # users never build (they call Engine.enqueue).
-NOT_EXPORTED = {"CompileRequest", "HostArgs", "LaunchShape", "BootSpec", "Submit"}
+NOT_EXPORTED = {"CompileRequest", "HostArgs", "LaunchShape", "BootSpec", "Submit", "OpenLink"}
 
 # Top-level modules whose import would make `import gpuactors` heavy or need a GPU.
 HEAVY = ("cupy", "torch", "ray", "cuda", "numpy", "pydantic", "anyio")
