@@ -39,8 +39,8 @@ from fake_engines import BAD, STAMP, STAMP_V2, start_fake_ray_member  # noqa: E4
 from gpuactors.group import EngineGroup  # noqa: E402
 from gpuactors.ray import start_ray_pool  # noqa: E402
 from gpuactors.ray.host import Outcome, carry, uncarry  # noqa: E402
-from gpuactors.ray.link import LinkAddress, LinkServer, NoLink, OpenLink  # noqa: E402
 from gpuactors.ray.member import RayMember  # noqa: E402
+from gpuactors.worker.link import LinkAddress, LinkServer, NoLink, OpenLink  # noqa: E402
 
 pytestmark = pytest.mark.slow
 OPS: tuple[OpSpec, ...] = (STAMP, BAD)

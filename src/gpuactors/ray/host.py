@@ -50,7 +50,6 @@ from gpuactors.errors import (
 )
 from gpuactors.group.members import EngineMember, IsolatedMember, LocalMember
 from gpuactors.messages import Ack, Message
-from gpuactors.ray.link import LinkServer, OpenLink
 from gpuactors.worker import (
     Download,
     Downloaded,
@@ -61,6 +60,7 @@ from gpuactors.worker import (
     Upload,
 )
 from gpuactors.worker.codec import Codec
+from gpuactors.worker.link import LinkServer, OpenLink
 
 #: Op changes: a restarted actor must apply them again, in order, before serving.
 CHANGES = (InstallOp, AliasOp, Rollback)

@@ -7,7 +7,7 @@ it again to the restarted actor (``max_task_retries``). Ray restarts the actor
 (``max_restarts``); before serving, the new instance is given every op change its
 caller made, in order. Nothing accepted is dropped without an answer.
 
-Batches go over the actor's link (:mod:`gpuactors.ray.link`), a connection of their
+Batches go over the actor's link (:mod:`gpuactors.worker.link`), a connection of their
 own, unless their op is idempotent (Ray's retries need a Ray call) or the pool was
 started with ``link=False``; losing the link is losing the actor for the batches it
 carried (EngineLost), and the next batch opens a new link through Ray.
@@ -29,8 +29,8 @@ from gpuactors.group.members import remote_view
 from gpuactors.logs import get_logger
 from gpuactors.messages import Message
 from gpuactors.ray.host import CHANGES, Outcome, uncarry
-from gpuactors.ray.link import Link, LinkAddress, NoLink, OpenLink
 from gpuactors.worker import Download, Downloaded, Free, Job, JobResult, RemoteArray, Upload
+from gpuactors.worker.link import Link, LinkAddress, NoLink, OpenLink
 
 #: Ray's "retry forever": the actor's restart budget (max_restarts) still bounds it, as a
 #: call to an actor that Ray will not restart fails at once. A retry can come while the

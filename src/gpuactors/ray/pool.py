@@ -49,7 +49,7 @@ async def start_ray_pool(
     actor); default: in the actor's process (a fault ends the actor, and Ray restarts
     it). ``actor_options`` go to Ray as they are (``resources``, ``scheduling_strategy``).
     ``link``: batches go to each actor over a TCP connection of their own
-    (:mod:`gpuactors.ray.link`), which costs far less per batch than a Ray call; False
+    (:mod:`gpuactors.worker.link`), which costs far less per batch than a Ray call; False
     sends them through Ray calls. Default: a link unless Ray runs with TLS
     (``RAY_USE_TLS``), as the link's traffic is not encrypted. Call ``ray.init()`` first.
     """

@@ -1,5 +1,5 @@
 """One end of a socket that carries frames: between an isolated engine and its worker,
-or between a caller and a Ray actor's link (:mod:`gpuactors.ray.link`).
+or between a caller and a Ray actor's link (:mod:`gpuactors.worker.link`).
 
 Why not asyncio's ``StreamReader``: a large frame (an ``EnqueueBatch`` of a million
 tasks carries 8 MB of offsets) would reach it in 256 KiB reads, each copied onto

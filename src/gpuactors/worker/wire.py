@@ -119,7 +119,7 @@ class Faulted(_Strict):
 
 
 class Hello(_Strict):
-    """Caller -> a Ray actor's link (:mod:`gpuactors.ray.link`), first: the token the
+    """Caller -> a Ray actor's link (:mod:`gpuactors.worker.link`), first: the token the
     actor handed out through Ray, so only its caller's process can send it requests."""
 
     token: str

@@ -1,4 +1,4 @@
-"""A Ray actor's link (gpuactors.ray.link) on its own: a server on this machine's loopback,
+"""A Ray actor's link (gpuactors.worker.link) on its own: a server on this machine's loopback,
 a caller's end, and what each does with answers, errors, strangers and breaks.
 
 No Ray is needed: the link is plain asyncio and the worker protocol's frames.
@@ -13,13 +13,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-import gpuactors.ray.link as link_module
+import gpuactors.worker.link as link_module
 from gpuactors.engine import BatchCompletion, EnqueueBatch, Stats
 from gpuactors.errors import EngineError, EngineLost, InvalidArgument, TaskFailed
 from gpuactors.messages import Message
-from gpuactors.ray.link import Link, LinkAddress, LinkServer
 from gpuactors.worker import RemoteArray
 from gpuactors.worker.frames import FrameStream, listen
+from gpuactors.worker.link import Link, LinkAddress, LinkServer
 from gpuactors.worker.wire import Answer, Hello, Request, frame_buffers
 
 HOST = "127.0.0.1"
