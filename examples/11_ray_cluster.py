@@ -2,9 +2,12 @@
 
 ``start_ray_pool`` starts one Ray actor per GPU of the cluster (``num_gpus=1``), each
 running an engine, and returns them as an EngineGroup. Arrays travel by value
-(NumPy in, NumPy out) or stay on their GPU as RemoteArrays; a batch amortises Ray's
-per-call cost. A lost actor fails its in-flight calls with EngineLost (ops declared
-idempotent are sent again), and Ray restarts it with the pool's op changes.
+(NumPy in, NumPy out) or stay on their GPU as RemoteArrays. A batch carries many tasks
+in one message: over the actor's link (a TCP connection of its own, far cheaper than a
+Ray call) unless its op is declared idempotent, as ``scale`` is here, so that Ray can
+send it again after a loss. A lost actor fails its in-flight calls with EngineLost
+(ops declared idempotent are sent again), and Ray restarts it with the pool's op
+changes.
 
 Here ``ray.init()`` starts a Ray cluster on this host with its GPUs; to join a running
 cluster use ``ray.init(address="auto")``.  Run on a GPU machine with Ray installed:
