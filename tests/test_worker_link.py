@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from socket import SO_RCVBUF, SO_SNDBUF
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,7 @@ from gpuactors.engine import BatchCompletion, EnqueueBatch, Stats
 from gpuactors.errors import EngineError, EngineLost, InvalidArgument, TaskFailed
 from gpuactors.messages import Message
 from gpuactors.worker import RemoteArray
-from gpuactors.worker.frames import FrameStream, listen
+from gpuactors.worker.frames import FrameStream, enlarge_buffers, listen
 from gpuactors.worker.link import Link, LinkAddress, LinkServer
 from gpuactors.worker.wire import Answer, Hello, Request, frame_buffers
 
@@ -218,3 +219,32 @@ async def test_a_cancelled_handler_still_answers() -> None:
         await asyncio.wait_for(link.ask(batch()), 5)
     link.close()
     server.close()
+
+
+async def test_every_stream_gets_large_socket_buffers() -> None:
+    """Made from a socket pair, by connecting, or by accepting: each end's buffers are
+    enlarged as far as the host allows (the same as a socket given them by hand)."""
+
+    def buffers(sock: socket.socket) -> list[int]:
+        return [sock.getsockopt(socket.SOL_SOCKET, option) for option in (SO_SNDBUF, SO_RCVBUF)]
+
+    accepted: list[FrameStream] = []
+    arrived = asyncio.Event()
+
+    def on_stream(stream: FrameStream) -> None:
+        accepted.append(stream)
+        arrived.set()
+
+    listener = await listen(HOST, on_stream)
+    connected = await FrameStream.connect(HOST, int(listener.sockets[0].getsockname()[1]))
+    one_end, other_end = socket.socketpair()
+    paired = await FrameStream.open(one_end)
+    await arrived.wait()
+    for stream in (connected, accepted[0], paired):
+        assert stream.socket is not None
+        with socket.socket(stream.socket.family, socket.SOCK_STREAM) as reference:
+            enlarge_buffers(reference)
+            assert buffers(stream.socket) == buffers(reference)
+        stream.abort()
+    other_end.close()
+    listener.close()

@@ -53,8 +53,7 @@ class FrameStream:
 
     @classmethod
     async def open(cls, sock: socket.socket) -> FrameStream:
-        """The stream over ``sock`` (one end of a socket pair), its buffers enlarged."""
-        enlarge_buffers(sock)
+        """The stream over ``sock`` (one end of a socket pair)."""
         loop = asyncio.get_running_loop()
         transport, protocol = await loop.create_unix_connection(_FrameProtocol, sock=sock)
         return cls(transport, protocol)
@@ -64,9 +63,6 @@ class FrameStream:
         """The stream over a new TCP connection to ``host``:``port`` (a Ray actor's link)."""
         loop = asyncio.get_running_loop()
         transport, protocol = await loop.create_connection(_FrameProtocol, host, port)
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            enlarge_buffers(sock)
         return cls(transport, protocol)
 
     async def read(self) -> Frame:
@@ -124,9 +120,6 @@ async def listen(host: str, on_stream: Callable[[FrameStream], None]) -> asyncio
     class Accepted(_FrameProtocol):
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             super().connection_made(transport)
-            sock = transport.get_extra_info("socket")
-            if sock is not None:
-                enlarge_buffers(sock)
             # (asyncio.Transport in spirit: uvloop's transports do not derive from it)
             on_stream(FrameStream(cast(asyncio.Transport, transport), self))
 
@@ -158,7 +151,11 @@ class _FrameProtocol(asyncio.BufferedProtocol):
         self._transport: asyncio.BaseTransport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """Every stream's socket gets large buffers, whoever made the connection."""
         self._transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            enlarge_buffers(sock)
 
     # -------------------------------------------------------------- reading
     def get_buffer(self, sizehint: int) -> memoryview:
