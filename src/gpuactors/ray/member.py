@@ -56,7 +56,7 @@ class RayMember:
         self._changes: list[Message] = []  # op changes made on this actor, in order
         self._dead: str | None = None
         self._probing: asyncio.Task[None] | None = None
-        self._links = link  # batches over the actor's link (until it cannot be reached)
+        self._use_link = link  # batches over the link, until it cannot be had
         self._link: Link | None = None
         self._opening = asyncio.Lock()
         self._watching: asyncio.Task[None] | None = None  # hears from Ray of a loss
@@ -135,7 +135,7 @@ class RayMember:
         """Send ``message``; replay op changes first to an actor that Ray restarted."""
         if self._dead is not None:
             raise EngineStopped(f"actor {self._key} serves no more: {self._dead}")
-        if self._links and isinstance(message, EnqueueBatch) and not idempotent:
+        if self._use_link and isinstance(message, EnqueueBatch) and not idempotent:
             link = await self._linked()
             if link is not None:
                 return await link.ask(message)
@@ -191,7 +191,7 @@ class RayMember:
                 self._link = link
                 self._watch()
                 return link
-            self._links = False
+            self._use_link = False
             log.warning(
                 "a Ray actor's link cannot be had; its batches go through Ray calls",
                 actor=self._key, reason=why,
