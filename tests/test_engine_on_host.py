@@ -1010,3 +1010,49 @@ async def test_a_lone_task_given_as_a_range_of_any_step_is_expanded(system: Acto
     runtime.finish()
     assert (await asyncio.wait_for(reply, 5)).count == 1
     assert ref._cell.instance is engine  # (no restart)
+
+
+def event_loops() -> list[Any]:
+    """asyncio's loop, and uvloop's where it is installed (an optional extra)."""
+    try:
+        import uvloop
+    except ImportError:
+        uvloop_case = pytest.param(None, marks=pytest.mark.skip(reason="uvloop not installed"))
+    else:
+        uvloop_case = pytest.param(uvloop.new_event_loop, id="uvloop")
+    return [pytest.param(asyncio.new_event_loop, id="asyncio"), uvloop_case]
+
+
+@pytest.mark.parametrize("new_loop", event_loops())
+def test_the_poller_backs_off_while_a_task_runs_long(new_loop: Any) -> None:
+    """After its spin phase the poller sleeps between rounds, on any event loop: a
+    task that runs 0.3 s costs a few hundred rounds, not a core. (uvloop counts timers
+    in whole milliseconds and runs a shorter sleep at once, a spin.) The reply still
+    comes when the task finishes."""
+
+    async def main() -> int:
+        async with ActorSystem("back-off") as system:
+            runtime = HostRuntime(auto=False)
+            rounds = 0
+            check_fault = runtime.check_fault
+
+            def counted() -> None:  # called once per round of the back-off phase
+                nonlocal rounds
+                rounds += 1
+                check_fault()
+
+            runtime.check_fault = counted  # type: ignore[method-assign]
+            ref, _engine = await start(system, runtime)
+            reply = asyncio.ensure_future(ref.ask(fill()))
+            await asyncio.sleep(0.3)
+            assert not reply.done()
+            runtime.finish()
+            assert isinstance(await asyncio.wait_for(reply, 5), Completion)
+            return rounds
+
+    loop = new_loop()
+    try:
+        rounds = loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert 0 < rounds < 600, rounds

@@ -5,6 +5,11 @@ starve the loop. Both pollers (kernel launches and the engine) hold the loop for
 at most ``SPIN_SECONDS`` at a time, alternate spinning with yielding for
 ``SPIN_PHASE_SECONDS`` after the last progress, then sleep from ``SLEEP_MIN_SECONDS``
 (doubling up to ``SLEEP_MAX_SECONDS`` where the poller backs off).
+
+A sleep is never shorter than a millisecond: event loops count timers in whole
+milliseconds. asyncio's selector rounds a shorter wait up to one, and uvloop runs a
+timer shorter than one at once, so a 0.2 ms sleep there is a spin that holds a core
+for as long as a task runs.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import time
 
 SPIN_SECONDS = 30e-6
 SPIN_PHASE_SECONDS = 2e-3
-SLEEP_MIN_SECONDS = 2e-4
+SLEEP_MIN_SECONDS = 1e-3
 SLEEP_MAX_SECONDS = 2e-3
 
 
