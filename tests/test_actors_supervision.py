@@ -354,3 +354,42 @@ async def test_a_failing_pre_start_stops_the_actor() -> None:
         notice = await asyncio.wait_for(system.watch(ref), 1.0)
         assert isinstance(notice.cause, OSError)
         assert not ref.is_alive
+
+
+class Quit(Message):
+    pass
+
+
+class Quitter(Actor):
+    """Asks for its own stop, then fails: what an escalating parent must not wait on."""
+
+    @handles(Quit)
+    def quit(self, msg: Quit) -> None:
+        self.context.stop(self.context.self_ref)
+        raise ValueError("bad state, stopping")
+
+    @handles(Total)
+    def total(self, msg: Total) -> int:
+        return 0
+
+
+class Escalating(Actor):
+    supervisor_strategy = SupervisorStrategy(decider=lambda exc: Directive.ESCALATE)
+
+    @handles(Total)
+    def spawn_quitter(self, msg: Total) -> ActorRef:
+        return self.context.spawn(Quitter, "quitter")
+
+
+async def test_a_failure_escalated_while_stopping_stops_the_actor() -> None:
+    """An actor already asked to stop whose handler then fails with ESCALATE stops: its
+    parent ignores a stopping child's failure, so waiting for the parent's verdict
+    would hang the actor, and every ask to it, for good."""
+    async with ActorSystem("t", shutdown_timeout=2.0) as system:
+        parent = system.spawn(Escalating, "parent")
+        child = await parent.ask(Total())
+        with pytest.raises(ValueError, match="bad state"):
+            await child.ask(Quit())
+        notice = await asyncio.wait_for(system.watch(child), 2.0)
+        assert isinstance(notice.cause, ValueError)
+        assert parent.is_alive  # the parent was not failed by a child that was stopping

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import time
 from typing import Any
@@ -216,3 +217,40 @@ async def test_a_handler_raising_cancelled_error_is_a_failure_not_a_cancellation
         with pytest.raises(ActorFailed, match="was cancelled"):
             await ref.ask(AwaitCancelled(), timeout=1.0)
         assert await ref.ask(Describe(), timeout=1.0) == "alive"  # restarted, serving
+
+
+class Ping(Message):
+    pass
+
+
+class Stubborn(Actor):
+    """An async handler that (wrongly) survives the cancellation of a kill."""
+
+    released = asyncio.Event()
+
+    @handles(Ping)
+    async def ping(self, msg: Ping) -> str:
+        while not self.released.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.released.wait()
+        return "late"
+
+
+async def test_a_killed_actor_fails_the_ask_its_handler_was_answering() -> None:
+    """A stop that runs out of time kills the actor; the asker of the message its
+    handler was still running gets ActorStopped then, however long the handler goes on."""
+    Stubborn.released = asyncio.Event()
+    async with ActorSystem("t", shutdown_timeout=0.2) as system:
+        actor = system.spawn(Stubborn)
+        asked = asyncio.ensure_future(actor.ask(Ping()))
+        await asyncio.sleep(0.01)
+        with pytest.raises(ShutdownTimeout):
+            await system.stop(actor)
+        try:
+            with pytest.raises(ActorStopped, match="before its handler finished"):
+                await asyncio.wait_for(asked, 1.0)
+        finally:
+            Stubborn.released.set()
+            task = actor._cell.task
+            assert task is not None
+            await asyncio.wait([task], timeout=1.0)  # the handler ends; then the task

@@ -358,6 +358,8 @@ class ActorCell:
                     return
                 continue
             if not user:
+                if mailbox.closed:  # killed while a handler ran on: nothing will come
+                    return
                 burst = 0
                 # Nothing of the last message may outlive its reply while the actor waits.
                 message = reply = result = None
@@ -654,6 +656,9 @@ class ActorCell:
         if parent is None or parent.stopping:
             self.log.error("failure escalated to the guardian; stopping", exc_info=exc)
             return Directive.STOP
+        if self.stopping:  # asked to stop already: a parent ignores a stopping child's failure
+            self.log.error("failure while stopping; stopping", exc_info=exc)
+            return Directive.STOP
         self._suspension = self.loop.create_future()
         parent.mailbox.signal(_ChildFailed(self, exc))
         try:
@@ -732,6 +737,9 @@ class ActorCell:
         if self.terminated.done():
             return
         self.stopping = True
+        reply = self.reply
+        if isinstance(reply, asyncio.Future) and not reply.done():  # killed inside a handler
+            reply.set_exception(ActorStopped(f"{self.path} stopped before its handler finished"))
         self._close_mailbox()
         for child in tuple(self.children.values()):  # (ended without winding down)
             child.request_stop()
