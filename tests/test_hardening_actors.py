@@ -189,6 +189,56 @@ async def test_deadlines_still_expire_after_answered_asks(distinct_first: int) -
         worker(ref).gate.set()
 
 
+def event_loops() -> list[Any]:
+    """asyncio's loop, and uvloop's where it is installed (an optional extra)."""
+    try:
+        import uvloop
+    except ImportError:
+        uvloop_case = pytest.param(None, marks=pytest.mark.skip(reason="uvloop not installed"))
+    else:
+        uvloop_case = pytest.param(uvloop.new_event_loop, id="uvloop")
+    return [pytest.param(asyncio.new_event_loop, id="asyncio"), uvloop_case]
+
+
+@pytest.mark.parametrize("new_loop", event_loops())
+def test_a_deadline_timer_fires_once_per_expiry_on_any_loop(
+    new_loop: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The timer of a timeout queue runs once for each ask that times out. (uvloop's
+    clock counts whole milliseconds: a timer that compared its deadline with the clock
+    found it a hair early and re-armed, which uvloop runs at once, a spin until the
+    next millisecond.)"""
+    from gpuactors.actors import deadlines
+
+    fired = 0
+    expire = deadlines._TimeoutQueue._expire
+
+    def counted(queue: Any) -> None:
+        nonlocal fired
+        fired += 1
+        expire(queue)
+
+    monkeypatch.setattr(deadlines._TimeoutQueue, "_expire", counted)
+
+    async def main() -> None:
+        async with ActorSystem("expiry") as system:
+            ref = system.spawn(Worker)
+            await asyncio.sleep(0.01)
+            ref.tell(Hold())  # the actor stays busy: every ask below times out
+            for timeout in (0.0002, 0.01, 0.023):
+                for _ in range(10):
+                    with pytest.raises(AskTimeout):
+                        await ref.ask(Work(), timeout=timeout)
+            worker(ref).gate.set()
+
+    loop = new_loop()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert fired <= 40, fired  # one per expiry, and a few for answered asks' queues
+
+
 async def test_a_cancelled_asker_settles_its_deadline() -> None:
     async with ActorSystem("cancelled") as system:
         ref = system.spawn(Worker)

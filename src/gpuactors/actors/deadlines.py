@@ -57,14 +57,19 @@ def _is_over(entry: Deadline) -> bool:
 class _TimeoutQueue:
     """Pending asks that share one timeout, oldest first, behind one loop timer."""
 
-    __slots__ = ("_compact_at", "_owner", "_timer", "entries", "timeout")
+    __slots__ = ("_compact_at", "_due", "_owner", "_timer", "entries", "timeout")
 
     def __init__(self, owner: AskDeadlines, timeout: float) -> None:
         self._owner = owner
         self.timeout = timeout
         self.entries: deque[Deadline] = deque()
         self._timer: asyncio.TimerHandle | None = None
+        self._due = 0.0  # the deadline the timer was set for
         self._compact_at = _COMPACT_FLOOR
+
+    def _arm(self, deadline: float) -> None:
+        self._due = deadline
+        self._timer = self._owner.loop.call_at(deadline, self._expire)
 
     def add(self, deadline: float, reply: asyncio.Future[Any], envelope: Envelope) -> Deadline:
         entries = self.entries
@@ -73,7 +78,7 @@ class _TimeoutQueue:
         entry = [deadline, reply, envelope, self]
         entries.append(entry)
         if self._timer is None:
-            self._timer = self._owner.loop.call_at(deadline, self._expire)
+            self._arm(deadline)
         elif len(entries) > self._compact_at:
             live = [item for item in entries if not _is_over(item)]
             self.entries = deque(live)
@@ -92,14 +97,18 @@ class _TimeoutQueue:
             self._timer = None
 
     def _expire(self) -> None:
+        """The timer fired: every entry due by the loop's judgment expires. That is
+        ``_due`` even where ``loop.time()`` reads a hair earlier: uvloop's clock counts
+        whole milliseconds, and it runs a timer set for the past at once, so waiting for
+        the clock to pass ``_due`` would spin until the next millisecond."""
         self._timer = None
-        now = self._owner.loop.time()
+        due = max(self._owner.loop.time(), self._due)
         entries = self.entries
         while entries:
             deadline, reply, envelope, _ = entries[0]
             if reply is not None and not reply.done():
-                if deadline > now:
-                    self._timer = self._owner.loop.call_at(deadline, self._expire)
+                if deadline > due:
+                    self._arm(deadline)
                     return
                 expire(reply, self._owner.path, envelope, self.timeout)
             entries.popleft()
