@@ -110,7 +110,10 @@ class ActorRef:
         above 0, checked before anything is sent (InvalidArgument). ``expect`` checks
         and types the reply. Cancelling the caller leaves nothing behind: an unhandled
         message is skipped, a late reply dropped. Once the ask is over, the runtime
-        holds nothing of it: neither the message nor the reply.
+        holds its reply no longer, nor its message but for one case: an ask given up
+        (timed out, cancelled) while its message still waits in the mailbox leaves it
+        there, holding its place and its slot of the capacity, until the actor reaches
+        it and skips it unhandled, as a queue of mail does.
         """
         if timeout is not None and not (type(timeout) is float and 0.0 < timeout < _INF):
             timeout = seconds(timeout, "ask timeout")  # (NaN fails the comparison above)
