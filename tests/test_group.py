@@ -204,6 +204,26 @@ async def test_a_batch_with_a_task_across_two_devices_is_refused_whole(
         await group.enqueue_batch(
             EnqueueBatch(op="fill", args=(y, 1.0), n=1, offsets={"out": huge})
         )
+    # Beyond an engine's 2**62 elements: refused here, before an offset plus a length
+    # could wrap around int64 while the tasks are located (and pass as held).
+    for n, offsets, what in (
+        (np.array([1, 2**63 - 3]), np.array([0, 5]), "n"),
+        (2, np.array([0, 2**63 - 1]), r"offsets\['out'\]"),
+        (2, range(0, 2**62 + 3, 2**61 + 1), r"offsets\['out'\]"),
+    ):
+        with pytest.raises(InvalidArgument, match=rf"{what} must be below 2\*\*62"):
+            await group.enqueue_batch(
+                EnqueueBatch(op="fill", args=(y, 1.0), n=n, offsets={"out": offsets})
+            )
+    # What one engine refuses, a group refuses alike.
+    for n, offsets, message in (
+        (1, np.array([], dtype=np.int64), r"needs 1 to 2,147,483,648 tasks, got 0"),
+        (np.float64(4.0), np.array([0]), r"n must be a 1-D array, got shape \(\)"),
+    ):
+        with pytest.raises(InvalidArgument, match=message):
+            await group.enqueue_batch(
+                EnqueueBatch(op="fill", args=(y, 1.0), n=n, offsets={"out": offsets})
+            )
     outs = PerDevice({d: await group.upload(np.zeros(4, np.float32), device=d) for d in (0, 1)})
     with pytest.raises(InvalidArgument, match=r"offsets\['out'\] must not be negative"):
         await group.enqueue_batch(

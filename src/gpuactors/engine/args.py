@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -168,7 +169,10 @@ def _as_1d(values: Any, what: str) -> np.ndarray:
     return array
 
 
-def _task_count(msg: EnqueueBatch) -> int:
+def task_count(msg: EnqueueBatch, columns: Mapping[str, Any] = MappingProxyType({})) -> int:
+    """How many tasks ``msg`` holds: what its per-task columns and ``count`` agree on
+    (each column 1-D), from 1 to ``MAX_BATCH_TASKS``, else InvalidArgument. ``columns``:
+    more per-task columns to count, by name (a group's ``devices``)."""
     lengths = {}
     if not _is_count(msg.n):
         lengths["n"] = len(_as_1d(msg.n, "n"))
@@ -177,6 +181,8 @@ def _task_count(msg: EnqueueBatch) -> int:
             what = f"{kind}[{name!r}]"
             column = normalised(values, what) if isinstance(values, range) else _as_1d(values, what)
             lengths[what] = len(column)
+    for name, values in columns.items():
+        lengths[name] = len(_as_1d(values, name))
     if msg.count is not None:
         lengths["count"] = msg.count
     if not lengths:
@@ -259,7 +265,7 @@ def encode_batch(
                 next(p for p in op.params if p.name == name), kind
             ):
                 raise InvalidArgument(f"op {op.name!r} has no {kind.__name__} named {name!r}")
-    count = _task_count(msg)
+    count = task_count(msg)
     if msg.blocks > 1 and not op.multi_block:
         raise InvalidArgument(f"op {op.name!r} runs on one block per task (multi_block=False)")
     n: np.ndarray | int  # one count for every task is kept as one int

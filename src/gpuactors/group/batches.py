@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from gpuactors.engine.args import MAX_ELEMENTS, task_count
 from gpuactors.engine.messages import BatchCompletion, EnqueueBatch
 from gpuactors.engine.ops import ArrayParam, OpSpec
 from gpuactors.engine.spacing import (
@@ -72,15 +73,16 @@ def split_batch(
         raise InvalidArgument(
             f"op {op.name!r} takes {len(op.params)} arguments, got {len(batch.args)}"
         )
-    count = _task_count(batch, devices)
+    count = task_count(batch, {} if devices is None or _is_count(devices) else {"devices": devices})
     n = int(batch.n) if _is_count(batch.n) else _column(batch.n, "n")
+    _check_elements(range(n, n + 1) if isinstance(n, int) else n, "n", signed=True)
     offsets = {name: _offset_column(v, f"offsets[{name!r}]") for name, v in batch.offsets.items()}
     sharded = {
         p.name for p, v in zip(op.params, batch.args, strict=True) if isinstance(v, ShardedArray)
     }
     for name, column in offsets.items():
-        if name not in sharded:  # a sharded argument's offsets: locate checks their sign
-            _check_not_negative(column, f"offsets[{name!r}]")
+        # (a sharded argument's offsets: locate says which task starts below 0)
+        _check_elements(column, f"offsets[{name!r}]", signed=name not in sharded)
     constraints: list[tuple[str, Keys]] = []
     if devices is not None:
         given = _given_keys(devices, count, locator)
@@ -175,6 +177,19 @@ def _check_not_negative(column: IntColumn, what: str) -> None:
         raise InvalidArgument(f"{what} must not be negative")
 
 
+def _check_elements(column: IntColumn, what: str, *, signed: bool) -> None:
+    """Counts or offsets of elements below 2**62, as an engine takes them, so that an
+    offset plus a length stays an int64 while the split locates tasks; and, where
+    ``signed``, not negative. Checked before any engine is sent a part."""
+    if not len(column):
+        return
+    low, high = bounds(column)
+    if signed and low < 0:
+        raise InvalidArgument(f"{what} must not be negative")
+    if high >= MAX_ELEMENTS:
+        raise InvalidArgument(f"{what} must be below 2**62, got {high}")
+
+
 def _given_keys(devices: Any, count: int, locator: Locator) -> Keys:
     """The engine given for each task (one for all, or one each), every one in the group."""
     if _is_count(devices):
@@ -198,28 +213,6 @@ def _check_known(key: int, locator: Locator, what: str) -> None:
             f"{what} {noun} {key}, which has no engine in this group ({noun}s "
             f"{sorted(locator.keys)})"
         )
-
-
-def _task_count(batch: EnqueueBatch, devices: Any) -> int:
-    lengths: dict[str, int] = {}
-    if not _is_count(batch.n):
-        lengths["n"] = len(np.asarray(batch.n))
-    for kind, table in (("offsets", batch.offsets), ("scalars", batch.scalars)):
-        for name, values in table.items():
-            what = f"{kind}[{name!r}]"
-            size = len(
-                normalised(values, what) if isinstance(values, range) else np.asarray(values)
-            )
-            lengths[what] = size
-    if devices is not None and not _is_count(devices):
-        lengths["devices"] = len(np.asarray(devices))
-    if batch.count is not None:
-        lengths["count"] = batch.count
-    if not lengths:
-        raise InvalidArgument("EnqueueBatch needs per-task arrays or a count")
-    if len(set(lengths.values())) != 1:
-        raise InvalidArgument(f"EnqueueBatch arrays disagree on the number of tasks: {lengths}")
-    return next(iter(lengths.values()))
 
 
 def _agreed_keys(
