@@ -5,8 +5,9 @@ worker does, with NumPy for ops and scripted failures: ``bad_write`` faults the
 "context" (every job in flight fails, the worker reports and exits), ``spin_forever``
 hangs until its deadline plus grace (``TaskHung``), ``crash`` exits without a word,
 ``stall`` never answers, ``slow`` is a fill that takes 0.6 s, and uploading an empty
-array crashes the worker outside any job. Only IsolatedEngineActor's logic is tested with it; the
-GPU tests (``test_worker_gpu.py``) run the real worker.
+array crashes the worker outside any job. An engine with the op ``second_boot_dies``
+has its second worker exit right after its ``Ready``. Only IsolatedEngineActor's logic
+is tested with it; the GPU tests (``test_worker_gpu.py``) run the real worker.
 
 It also breaks the protocol on cue, as a subverted worker would: ops named in
 ``MISBEHAVIOUR`` answer with a pickle, garbage, a wrong answer or a wrong request id,
@@ -21,6 +22,7 @@ import pickle
 import socket
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -219,6 +221,16 @@ class FakeWorker:
         asyncio.get_running_loop().call_later(0.01, os._exit, 70)
 
 
+def _second_boot(boot: Boot) -> bool:
+    """Whether this is the second boot of an engine with the op ``second_boot_dies``,
+    whose body names a file that counts the boots."""
+    counter = next(op.body for op in boot.spec.ops if op.name == "second_boot_dies")
+    path = Path(counter)
+    boots = int(path.read_text() or 0) + 1 if path.exists() else 1
+    path.write_text(str(boots))
+    return boots == 2
+
+
 async def main(fd: int) -> None:
     stream = await FrameStream.open(socket.socket(fileno=fd))
     boot = await stream.read()
@@ -232,6 +244,9 @@ async def main(fd: int) -> None:
         await stream.drain()
         await asyncio.sleep(60)  # the parent must not wait for this
     worker.send(Ready(pid=os.getpid(), startup_s=0.0))
+    if "second_boot_dies" in ops and _second_boot(boot):
+        await stream.drain()
+        os._exit(71)  # Ready, then the end of the stream, before any request
 
     def arrived(request: Frame) -> None:  # as the real worker does: in the socket's callback
         assert isinstance(request, Request)

@@ -18,6 +18,7 @@ import pickle
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from hypothesis import strategies as st
 from gpuactors.actors import ActorSystem
 from gpuactors.engine import ArrayParam, EngineConfig, OpSpec
 from gpuactors.engine.messages import Completion
-from gpuactors.errors import InvalidArgument, NoCudaDevice, WorkerProtocolError
+from gpuactors.errors import DeviceFault, InvalidArgument, NoCudaDevice, WorkerProtocolError
 from gpuactors.worker import IsolatedEngine, IsolationConfig, Job, Upload
 from gpuactors.worker.codec import MAX_DEPTH
 from gpuactors.worker.messages import BootSpec, Download, RemoteArray
@@ -124,6 +125,32 @@ async def test_a_broken_answer_fails_what_the_worker_held_at_once(
         np.testing.assert_array_equal(result.arrays[0], np.full(4, 2.0))
         health = await engine.health()
         assert health.restarts == 1 and health.generation == 2 and health.state == "serving"
+        await engine.shutdown()
+
+
+@pytest.mark.usefixtures("cpu_worker_importable")
+async def test_a_replacement_worker_gone_at_once_is_replaced_in_turn(tmp_path: Path) -> None:
+    """A replacement that exits right after its Ready, seen by a busy parent that reads
+    the Ready and the end of the stream together: its loss starts the next replacement,
+    which serves (the engine had stayed "serving" with no worker: every request hung)."""
+    counter = tmp_path / "boots"
+    ops = [op("crash"), op("second_boot_dies", body=str(counter))]
+    async with ActorSystem("hardening") as system:
+        engine = await IsolatedEngine.start(system, ops=ops, isolation=cpu_isolation())
+        y = np.zeros(4, np.float32)
+        with pytest.raises(DeviceFault):
+            await engine.run("crash", y, n=4)  # the first worker goes: the second boots
+        deadline = time.monotonic() + 20.0
+        while not (counter.exists() and counter.read_text() == "2"):
+            time.sleep(0.02)  # noqa: ASYNC251 (the loop is busy while the worker boots, leaves)
+            await asyncio.sleep(0)
+            assert time.monotonic() < deadline, "the second worker never booted"
+        time.sleep(0.3)  # noqa: ASYNC251 (its Ready and its end wait together in the socket)
+        result = await asyncio.wait_for(engine.run("fill", y, 2.0, n=4), 20.0)
+        np.testing.assert_array_equal(result.arrays[0], np.full(4, 2.0, np.float32))
+        health = await engine.health()
+        assert health.state == "serving" and health.pid is not None
+        assert counter.read_text() == "3"
         await engine.shutdown()
 
 

@@ -444,6 +444,8 @@ class IsolatedEngineActor(Actor):
             return
         self._restart_count += 1
         self._adopt(worker)
+        if self._worker is not worker:  # it was gone already: its loss began the next one
+            return
         replay = [self._requests.new(m, None, alone=True) for m in self._history]
         self._requests.queue.extendleft(reversed(replay))
         self._state = "serving"
