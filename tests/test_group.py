@@ -330,6 +330,12 @@ async def test_an_install_refused_by_one_engine_leaves_every_name_on_the_old_ver
     for device in (0, 1):
         out = await group.upload(np.zeros(1, np.int32), device=device)
         assert (await group.enqueue("stamp", out, n=1)).version == 1
+    # Engine 0 holds v2 now: the next replacement takes v3, which every engine accepts.
+    again = await group.replace("stamp", STAMP_V2)
+    assert again.version == 3 and set(again.per_engine) == {0, 1}
+    for device in (0, 1):
+        out = await group.upload(np.zeros(1, np.int32), device=device)
+        assert (await group.enqueue("stamp", out, n=1)).version == 3
 
 
 async def test_alias_and_rollback_reach_every_engine(system: ActorSystem) -> None:

@@ -351,7 +351,12 @@ class EngineGroup:
 
     async def _install(self, op: OpSpec, activate: bool) -> GroupOpInstalled:
         self._ledger.check_new(op)
-        reply = await roll_out(self._serving_members(), op, activate=activate)
+        reply = await roll_out(
+            self._serving_members(),
+            op,
+            activate=activate,
+            on_first_install=lambda: self._ledger.take_number(op),
+        )
         self._ledger.record(op, activate=activate)
         return reply
 

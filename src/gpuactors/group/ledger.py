@@ -22,6 +22,9 @@ class OpLedger:
     def __init__(self, ops: Sequence[OpSpec]) -> None:
         self._versions: dict[str, dict[int, OpSpec]] = {}
         self._active: dict[str, int] = {}
+        #: The highest version number of each op that any engine may hold, installed on
+        #: all of them or, after a change that failed part-way, on some.
+        self._taken: dict[str, int] = {}
         user_names = [op.name for op in ops]
         if len(set(user_names)) != len(user_names):
             raise InvalidArgument(f"an op is declared twice: {sorted(user_names)}")
@@ -47,13 +50,21 @@ class OpLedger:
             raise InvalidArgument(f"op {op.name!r} version {op.version} is installed already")
 
     def replacement(self, msg: ReplaceOp) -> OpSpec:
-        """The next version of ``msg.name`` with its new body (and parameters)."""
-        return msg.applied_to(self.spec(msg.name), max(self._versions[msg.name]) + 1)
+        """The next version of ``msg.name`` with its new body (and parameters): past
+        every number an engine may hold, so a change that failed part-way does not
+        leave a number each later replacement would collide with."""
+        current = self.spec(msg.name)
+        return msg.applied_to(current, self._taken[msg.name] + 1)
+
+    def take_number(self, op: OpSpec) -> None:
+        """Some engine holds ``op`` now: its version number is taken."""
+        self._taken[op.name] = max(self._taken.get(op.name, 0), op.version)
 
     def record(self, op: OpSpec, *, activate: bool) -> None:
         """Every engine holds ``op`` now (and points its name at it: ``activate``, or a new
         name, which an engine points at its first version)."""
         self._versions.setdefault(op.name, {})[op.version] = op
+        self.take_number(op)
         if activate or op.name not in self._active:
             self._active[op.name] = op.version
 

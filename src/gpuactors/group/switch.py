@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, Protocol
 
 from gpuactors.engine.messages import AliasOp, InstallOp, OpAliasSet, OpInstalled, Rollback
@@ -86,11 +86,20 @@ def fail(
     raise PartialFailure(what, done=done, errors=errors, tasks=tasks)
 
 
-async def roll_out(targets: Sequence[Target], op: OpSpec, *, activate: bool) -> GroupOpInstalled:
-    """Install ``op`` on every target in the three phases above."""
+async def roll_out(
+    targets: Sequence[Target],
+    op: OpSpec,
+    *,
+    activate: bool,
+    on_first_install: Callable[[], None] = lambda: None,
+) -> GroupOpInstalled:
+    """Install ``op`` on every target in the three phases above. ``on_first_install``
+    runs once the first engine holds ``op``: from then on its version number is taken,
+    whatever becomes of the other phases."""
     install = InstallOp(op=op, activate=False)
     started = time.perf_counter()
     first = await targets[0].ask(install, None)  # raises before any engine changed
+    on_first_install()
     compiled = time.perf_counter()
     done, errors = await ask_all(targets[1:], install)
     done[targets[0].key] = first
