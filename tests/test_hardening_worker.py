@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 from gpuactors.actors import ActorSystem
 from gpuactors.engine import ArrayParam, EngineConfig, OpSpec
-from gpuactors.engine.messages import Completion
+from gpuactors.engine.messages import BatchCompletion, Completion, EnqueueBatch
 from gpuactors.errors import DeviceFault, InvalidArgument, NoCudaDevice, WorkerProtocolError
 from gpuactors.worker import IsolatedEngine, IsolationConfig, Job, Upload
 from gpuactors.worker.codec import MAX_DEPTH
@@ -288,6 +288,16 @@ def test_an_answer_must_fit_its_request() -> None:
         (job, completion),
         (Upload(array=np.zeros(2)), True),  # a bool is not an array id
         (Download(array=remote), np.zeros(3, np.float32)),
+    ]
+    # A batch's answer covers its tasks, which a group joins by position.
+    batch = EnqueueBatch(op="fill", args=(remote, 1.0), n=1, count=3, per_task=True)
+    statuses = np.zeros(3, np.int32)
+    check_answer(batch, BatchCompletion(first_seq=1, count=3, failed=0, statuses=statuses))
+    wrong += [
+        (batch, BatchCompletion(first_seq=1, count=2, failed=0, statuses=statuses)),
+        (batch, BatchCompletion(first_seq=1, count=3, failed=4, statuses=statuses)),
+        (batch, BatchCompletion(first_seq=1, count=3, failed=0, statuses=statuses[:2])),
+        (batch, BatchCompletion(first_seq=1, count=3, failed=0)),
     ]
     for message, value in wrong:
         with pytest.raises(WorkerProtocolError):

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, InstanceOf
 
+from gpuactors.engine.args import task_count
 from gpuactors.engine.messages import (
     AliasOp,
     BatchCompletion,
@@ -287,11 +288,26 @@ def check_answer(message: Message, value: Any) -> None:
         fits = _arrays_fit(message.args, message.returns, value.arrays)
     if fits and isinstance(message, Download):
         fits = value.shape == message.array.shape
+    if fits and isinstance(message, EnqueueBatch):
+        fits = _batch_fits(message, value)
     if not fits:
         raise WorkerProtocolError(
             f"the worker's answer to {type(message).__name__} does not fit it "
             f"({type(value).__name__})"
         )
+
+
+def _batch_fits(batch: EnqueueBatch, done: BatchCompletion) -> bool:
+    """A reply for every task of ``batch``: its count, at most that many failed, and a
+    status per task where the batch asked for them (a group joins them by position)."""
+    count = task_count(batch)
+    statuses = done.statuses
+    if batch.per_task:
+        if not (isinstance(statuses, np.ndarray) and statuses.shape == (count,)):
+            return False
+    elif statuses is not None:
+        return False
+    return done.count == count and 0 <= done.failed <= count
 
 
 def _arrays_fit(
