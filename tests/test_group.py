@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -100,6 +101,24 @@ async def test_a_sharded_array_cannot_be_one_task_argument(system: ActorSystem) 
     sharded = await group.scatter(np.zeros((4, 2), np.float32))
     with pytest.raises(InvalidArgument, match="one task runs on one engine"):
         await group.enqueue("fill", sharded, 1.0, n=2)
+
+
+async def test_a_scatter_over_one_device_twice_is_refused_before_any_upload(
+    system: ActorSystem,
+) -> None:
+    group, _ = await two_fakes(system)
+    uploads: list[np.ndarray] = []
+    for member in group.members:
+        upload = member.upload
+
+        async def counted(host: np.ndarray, upload: Any = upload) -> Any:
+            uploads.append(host)
+            return await upload(host)
+
+        member.upload = counted  # type: ignore[method-assign]
+    with pytest.raises(InvalidArgument, match=r"one shard per engine, got devices \[0, 0\]"):
+        await group.scatter(np.zeros(8, np.float32), devices=(0, 0))
+    assert uploads == []  # (for an isolated engine, an upload nobody holds stays there)
 
 
 async def test_remote_arrays_route_to_the_engine_that_issued_them() -> None:

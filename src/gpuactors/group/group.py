@@ -300,6 +300,8 @@ class EngineGroup:
         keys = list(self.serving() if devices is None else devices)
         if not keys:
             raise InvalidArgument("scatter needs at least one device")
+        if len(set(keys)) != len(keys):  # before any upload, which would be left behind
+            raise InvalidArgument(f"one shard per engine, got devices {keys}")
         parts = np.array_split(host, len(keys))
         arrays = await asyncio.gather(
             *(self.upload(part, device=k) for k, part in zip(keys, parts, strict=True))
