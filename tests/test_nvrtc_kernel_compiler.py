@@ -78,6 +78,43 @@ def test_concurrent_identical_thread_requests_compile_once(compiler: KernelCompi
     assert len({id(module) for module, _o in results}) == 1
 
 
+def test_a_request_made_while_a_compile_files_its_results_compiles_nothing(
+    tmp_path: Path,
+) -> None:
+    """The identical request that comes while the first compile's manifest is being
+    written finds the module: it was cached before the manifest that leads to it."""
+    writing = threading.Event()
+
+    class SlowManifests(DiskModuleCache):
+        def put_manifest(self, request_key: str, manifest: object) -> None:
+            writing.set()
+            threading.Event().wait(0.3)  # a slow folder (network, fsync'd)
+            super().put_manifest(request_key, manifest)  # type: ignore[arg-type]
+
+    compiler = KernelCompiler(disk=SlowManifests(tmp_path / "kernels"))
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(compiler.get_or_compile, SAXPY, opts=SM90)
+        assert writing.wait(60)
+        _module, origin = compiler.get_or_compile(SAXPY, opts=SM90)
+        assert first.result()[1] == "compiled"
+    assert origin == "memory" and compiler.compiles == 1
+
+
+def test_a_request_looked_up_before_a_compile_landed_compiles_nothing(
+    compiler: KernelCompiler,
+) -> None:
+    """A request whose lookup found no manifest, and whose claim came after the
+    compile that writes it had settled, finds the module under the full key."""
+    early = compiler._look_up(SAXPY, "kernel.cu", SM90, None, {})
+    assert early.key is None
+    compiler.get_or_compile(SAXPY, opts=SM90)
+    claim = compiler._claim(early)
+    assert isinstance(claim, tuple) and claim[1]  # it leads a flight of its own...
+    _module, origin = compiler._load_or_compile(early)
+    compiler._settle(claim[0], early.flight, (_module, origin))
+    assert origin == "memory" and compiler.compiles == 1  # ...which compiles nothing
+
+
 async def test_concurrent_identical_async_requests_compile_once(compiler: KernelCompiler) -> None:
     source = heavy_source(unroll=16, depth=8, salt=2)
     results = await asyncio.gather(

@@ -302,6 +302,20 @@ class KernelCompiler:
     def _load_or_compile(self, looked_up: _Request) -> _Result:
         """From disk, else compiled; a module that can be cached is put in memory (before
         the flight settles: a newcomer finds one or the other) and on disk."""
+        if looked_up.key is None and self.manifests.get(looked_up.request) is not None:
+            # A compile of this request landed between its lookup and its claim: its
+            # manifest now gives the full key, under which the module waits.
+            looked_up = self._look_up(
+                looked_up.source,
+                looked_up.name,
+                looked_up.opts,
+                looked_up.arch,
+                looked_up.headers,
+                disk=False,
+            )
+            module = None if looked_up.key is None else self.memory.get(looked_up.key)
+            if module is not None:
+                return module, "memory"
         if self.disk is not None and looked_up.key is not None:
             module = self.disk.get(looked_up.key)
             if module is not None:
@@ -320,6 +334,13 @@ class KernelCompiler:
                 before=looked_up.states,
             )
         module = traced.module
+        # The module first, then the manifest that leads to it: a newcomer that finds
+        # the manifest (and so looks for the module under its full key, sharing no
+        # flight with this one) must find the module too.
+        if traced.cacheable:
+            self.memory.put(module.cache_key, module)
+            if self.disk is not None:
+                self.disk.put(module)
         if traced.manifest is not None:
             self.manifests.put(looked_up.request, traced.manifest)
             if self.disk is not None:
@@ -330,10 +351,6 @@ class KernelCompiler:
             source=looked_up.name,
             arch=module.arch,
         )
-        if traced.cacheable:
-            self.memory.put(module.cache_key, module)
-            if self.disk is not None:
-                self.disk.put(module)
         return module, "compiled"
 
 
