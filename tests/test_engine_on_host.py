@@ -1056,3 +1056,22 @@ def test_the_poller_backs_off_while_a_task_runs_long(new_loop: Any) -> None:
     finally:
         loop.close()
     assert 0 < rounds < 600, rounds
+
+
+async def test_a_begun_batch_goes_on_when_a_task_behind_it_expires(system: ActorSystem) -> None:
+    """A batch whose asker went away after it began runs to its end, even when a task
+    queued behind it expires (the backlog's expiry dropped it with the task: its other
+    records were never published, and the poller never idled again)."""
+    runtime = HostRuntime(auto=False)  # 64 slots: the batch's 200 records wait for room
+    ref, _engine = await start(system, runtime)
+    batch = asyncio.ensure_future(ref.ask(fill_batch(200)))
+    await loop_turns_until(lambda: runtime.ring.published == 64)
+    batch.cancel()
+    late = asyncio.ensure_future(ref.ask(fill(timeout=0.001)))
+    with pytest.raises(TaskTimeout):
+        await asyncio.wait_for(late, 5)
+    for _ in range(20):
+        runtime.finish()
+        await asyncio.sleep(0.005)
+    assert runtime.consumed == 200  # every record of the batch, and nothing else
+    assert (await ref.ask(Stats())).in_flight == 0

@@ -512,7 +512,7 @@ class Intake:
         backlog = self.backlog
         while backlog:
             item = backlog[0]
-            if item.future.done() and not (isinstance(item, Batch) and item.published):
+            if _gone(item):
                 # Failed already (e.g. a forced shutdown), or its asker went away before
                 # it began: never publish it. A batch already begun goes on: its records
                 # are one range, and its slots come back only as they finish.
@@ -588,8 +588,8 @@ class Intake:
             )
             self._completions.count_failed(count)
             expired += 1
-        if expired:
-            self.backlog = deque(item for item in self.backlog if not item.future.done())
+        if expired:  # (a begun batch stays whatever its asker did: its records go on)
+            self.backlog = deque(item for item in self.backlog if not _gone(item))
 
     # ------------------------------------------------------ stop and failure
     def outstanding(self) -> list[Task | Batch]:
@@ -617,3 +617,11 @@ def unreadable(op: str, exc: Exception) -> InvalidArgument:
     )
     error.__cause__ = exc
     return error
+
+
+def _gone(item: Task | Batch) -> bool:
+    """Whether a backlog item is to be dropped unpublished: its asker went away (or it
+    expired) before it began. A batch that began goes on to its end, whatever its
+    asker does: its published records are on the device, and the harvest waits for
+    them all."""
+    return item.future.done() and not (isinstance(item, Batch) and item.published > 0)
