@@ -1075,3 +1075,47 @@ async def test_a_begun_batch_goes_on_when_a_task_behind_it_expires(system: Actor
         await asyncio.sleep(0.005)
     assert runtime.consumed == 200  # every record of the batch, and nothing else
     assert (await ref.ask(Stats())).in_flight == 0
+
+
+class BrokenStream:
+    """A current stream whose query fails with something other than a CUDA error."""
+
+    @property
+    def done(self) -> bool:
+        raise RuntimeError("stream query failed")
+
+
+async def test_a_lone_caller_whose_stream_cannot_be_read_gets_the_error(
+    system: ActorSystem, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On an idle engine (the in-line path) as on a busy one: InvalidArgument saying
+    why (here: the query's error, or that CuPy, whose errors it tells apart, is
+    missing), and the engine goes on (it had failed the handler: the actor restarted and the
+    caller waited for good)."""
+    monkeypatch.setattr(streams_module, "current_stream", lambda _device_id: BrokenStream())
+    monkeypatch.setattr(streams_module, "device_context", lambda _device_id: nullcontext())
+    ref, engine = await start(system, HostRuntime())
+    client = Engine(ref)
+    with pytest.raises(InvalidArgument, match="could not be read"):
+        await asyncio.wait_for(client.enqueue("fill", CupyLikeArray("float32", 64), 1.0, n=8), 5)
+    assert ref._cell.instance is engine  # not restarted
+    reply = await client.enqueue("fill", CupyLikeArray("float32", 64), 1.0, n=8, after="none")
+    assert isinstance(reply, Completion)
+
+
+async def test_a_submit_whose_handler_fails_fails_its_lone_caller(
+    system: ActorSystem, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug in the Submit handler (an error it did not mean to raise) reaches the
+    caller whose task the handler had already taken, instead of leaving it waiting."""
+    ref, engine = await start(system, HostRuntime())
+
+    def broken(msg: Any) -> None:
+        msg.submissions.take()  # the handler takes the tasks, then fails
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(engine._intake, "submit", broken)
+    with pytest.raises(RuntimeError, match="a bug"):
+        await asyncio.wait_for(
+            Engine(ref).enqueue("fill", CupyLikeArray("float32", 64), 1.0, n=8, after="none"), 5
+        )

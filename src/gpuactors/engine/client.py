@@ -122,8 +122,9 @@ class Engine:
 
     def _ask_failed(self, exc: BaseException, own: asyncio.Future[Completion] | None) -> None:
         """A Submit's ask ended in ``exc`` with tasks perhaps still waiting: none is
-        lost. If the actor stopped, they fail with its error; if the asker was
-        cancelled, its ``own`` task is dropped and another Submit goes for the rest."""
+        lost. If the actor stopped (or its handler failed), they fail with its error,
+        the asker's ``own`` task too; if the asker was cancelled, its own task is
+        dropped and another Submit goes for the rest."""
         entries = self._submissions.entries
         if isinstance(exc, asyncio.CancelledError):
             if own is not None:
@@ -135,6 +136,8 @@ class Engine:
         for future, *_ in self._submissions.take():
             if not future.done():
                 future.set_exception(exc)
+        if own is not None and not own.done():  # taken by the handler before it failed
+            own.set_exception(exc)
 
     def _hand_over_soon(self) -> None:
         """Hand the submitted tasks over from a task of their own: it runs once every

@@ -337,8 +337,8 @@ class Intake:
         if stream is not None:
             try:
                 event = events[id(stream)] = streams.stream_event(stream, service.device_id)
-            except DeviceFault:
-                return False  # (the general path asks again, and says so)
+            except Exception:  # (the general path asks again, and says what went wrong)
+                return False
             if event is not None:
                 return False  # the general path holds it until the event
         deadline = service.deadline_ns(timeout)
