@@ -464,14 +464,33 @@ async def test_a_cancelled_parked_block_leaves_the_kernel_free(
     assert isinstance(await ref.ask(fill(), timeout=2), Completion)
 
 
-async def test_parks_count_until_a_resume(system: ActorSystem) -> None:
+async def test_parks_count_until_each_has_its_resume(system: ActorSystem) -> None:
     runtime = HostRuntime()
     ref, engine = await start(system, runtime)
     await ref.ask(Park())
     await ref.ask(Park())
     assert runtime.hold and engine._parks_on_demand == 2
-    await ref.ask(Resume())  # one Resume resumes every Park
+    await ref.ask(Resume())  # one Park still holds the kernel
+    assert runtime.hold and engine._parks_on_demand == 1
+    await ref.ask(Resume())
     assert not runtime.hold and engine._parks_on_demand == 0
+    await ref.ask(Resume())  # a Resume with no Park left changes nothing
+    assert not runtime.hold and engine._parks_on_demand == 0
+
+
+async def test_overlapping_parked_blocks_each_hold_the_kernel(system: ActorSystem) -> None:
+    """One block that leaves while another is inside leaves the kernel parked."""
+    runtime = HostRuntime()
+    ref, _engine = await start(system, runtime)
+    client = Engine(ref)
+    async with client.parked():
+        async with client.parked():
+            pass
+        assert runtime.hold  # the outer block still relies on it
+        task = asyncio.ensure_future(ref.ask(fill()))
+        await asyncio.sleep(0.02)
+        assert not task.done()  # accepted, not run
+    assert isinstance(await asyncio.wait_for(task, 2), Completion)
 
 
 async def test_two_replaces_sent_together_become_two_versions(system: ActorSystem) -> None:

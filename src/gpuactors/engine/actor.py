@@ -260,7 +260,8 @@ class PersistentEngineActor(Actor):
             return failed_reply(DeviceFault(f"this engine is out of service: {service.faulted}"))
         if service.runtime is None or self._forced:
             return Ack()  # after a forced shutdown, cancelled records must never run
-        self._parks_on_demand = 0
+        # Each Resume ends one Park: overlapping ``parked()`` blocks each hold the kernel.
+        self._parks_on_demand = max(0, self._parks_on_demand - 1)
         self._update_hold()
         service.runtime.kick()
         if self._completions.pending or self._intake.backlog or self._completions.batches:

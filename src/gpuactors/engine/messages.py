@@ -232,7 +232,8 @@ class ShutdownReport(Reply):
 
 
 class Park(Message):
-    """Park the kernel now and keep it parked until ``Resume`` (tasks wait in the ring)."""
+    """Park the kernel now and keep it parked until its ``Resume`` (tasks wait in the
+    ring). Parks count: the kernel stays parked until each has had its Resume."""
 
 
 class Parked(Reply):
@@ -240,4 +241,4 @@ class Parked(Reply):
 
 
 class Resume(Message):
-    """End a ``Park``: the kernel relaunches on the next task."""
+    """End one ``Park``: once none is left, the kernel relaunches on the next task."""
