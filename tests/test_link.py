@@ -202,6 +202,37 @@ def test_the_key_changes_with_every_input_it_covers(
     assert key([library, kernel]) == variants["base"]  # and it is deterministic
 
 
+def test_the_key_names_the_nvjitlink_wheel_of_the_loaded_major(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With a CUDA 13 and a CUDA 12 wheel side by side and CUDA 12's library loaded,
+    the key holds the CUDA 12 wheel's version: its patch release changes the key."""
+    import importlib.metadata
+
+    from gpuactors.nvrtc import linker as linker_module
+
+    installed = {"nvidia-nvjitlink": "13.0.88", "nvidia-nvjitlink-cu12": "12.9.41"}
+
+    def version(wheel: str) -> str:
+        if wheel not in installed:
+            raise importlib.metadata.PackageNotFoundError(wheel)
+        return installed[wheel]
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    monkeypatch.setattr(linker_module, "linker_version", lambda: (12, 9))
+    linker_module.linker_build.cache_clear()
+    try:
+        assert linker_module.linker_build() == "nvidia-nvjitlink-cu12==12.9.41"
+        installed["nvidia-nvjitlink-cu12"] = "12.9.86"
+        linker_module.linker_build.cache_clear()
+        assert linker_module.linker_build() == "nvidia-nvjitlink-cu12==12.9.86"
+        monkeypatch.setattr(linker_module, "linker_version", lambda: (11, 8))
+        linker_module.linker_build.cache_clear()
+        assert linker_module.linker_build() == ""  # the loaded library came from elsewhere
+    finally:
+        linker_module.linker_build.cache_clear()
+
+
 def test_every_link_option_reaches_the_key(pieces: dict[str, tuple[LinkInput, LinkInput]]) -> None:
     linker = KernelLinker(disk=False)
     variants = [

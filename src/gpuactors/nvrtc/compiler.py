@@ -15,7 +15,7 @@ import importlib.metadata
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -94,15 +94,22 @@ def nvrtc_build() -> str:
     invalidates old binaries. Both wheels can be installed side by side: only the one
     whose major version is the loaded library's names it.
     """
-    major = nvrtc_version()[0]
-    for wheel in _NVRTC_WHEELS:
+    found = wheel_of_major(_NVRTC_WHEELS, nvrtc_version()[0])
+    return "" if found is None else found[1]
+
+
+def wheel_of_major(wheels: Sequence[str], major: int) -> tuple[str, str] | None:
+    """The first of ``wheels`` installed whose version has the major version ``major``:
+    its name and version, or None. (A CUDA 12 and a CUDA 13 wheel of one library can be
+    installed side by side: only the one the loaded library came from counts.)"""
+    for wheel in wheels:
         try:
             version = importlib.metadata.version(wheel)
         except importlib.metadata.PackageNotFoundError:
             continue
         if version.split(".")[0] == str(major):
-            return version
-    return ""
+            return wheel, version
+    return None
 
 
 def traces_headers() -> bool:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import importlib
-import importlib.metadata
 import re
 import struct
 import threading
@@ -33,6 +32,7 @@ from ..errors import InvalidArgument, LinkError, LinkerUnavailable
 from ..messages import invalid_argument
 from ..process_wide import ProcessWide
 from .cache import DiskModuleCache, MemoryModuleCache
+from .compiler import wheel_of_major
 from .handle import _ELF_HEADER, _EM_CUDA, _SECTION, _SHT_SYMTAB, _SYMBOL
 from .kernel_compiler import Origin
 from .link_keys import link_key
@@ -94,14 +94,11 @@ def linker_version() -> tuple[int, int]:
 
 @functools.cache
 def linker_build() -> str:
-    """The installed nvJitLink wheel's version ("" if the library comes from elsewhere):
-    part of the key, so a patch release still invalidates old links."""
-    for wheel in _WHEELS:
-        try:
-            return f"{wheel}=={importlib.metadata.version(wheel)}"
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return ""
+    """The installed nvJitLink wheel of the loaded library's major version, as
+    ``name==version`` ("" if the library comes from elsewhere): part of the key, so a
+    patch release still invalidates old links."""
+    found = wheel_of_major(_WHEELS, linker_version()[0])
+    return "" if found is None else f"{found[0]}=={found[1]}"
 
 
 # ---------------------------------------------------------------------- inputs
