@@ -1138,3 +1138,27 @@ async def test_a_submit_whose_handler_fails_fails_its_lone_caller(
         await asyncio.wait_for(
             Engine(ref).enqueue("fill", CupyLikeArray("float32", 64), 1.0, n=8, after="none"), 5
         )
+
+
+async def test_a_drain_waits_for_tasks_whose_callers_went_away(system: ActorSystem) -> None:
+    """A caller that gave up left its task on the device: a drain answers only once
+    it has finished, so a drain followed by reading the buffers races nothing."""
+    runtime = HostRuntime(auto=False)
+    ref, _engine = await start(system, runtime)
+    client = Engine(ref)
+    gone = asyncio.ensure_future(
+        client.enqueue("fill", CupyLikeArray("float32", 64), 1.0, n=8, after="none")
+    )
+    await loop_turns_until(lambda: runtime.ring.published == 1)
+    gone.cancel()
+    batch = asyncio.ensure_future(ref.ask(fill_batch(100)))  # published, then given up
+    await loop_turns_until(lambda: runtime.ring.published == 64)  # 63 of its records
+    batch.cancel()
+    drained = asyncio.ensure_future(client.drain())
+    await asyncio.sleep(0.05)
+    assert not drained.done()  # every record is still on the device
+    for _ in range(10):
+        runtime.finish()
+        await asyncio.sleep(0.005)
+    await asyncio.wait_for(drained, 2)
+    assert runtime.consumed == 101  # the task and the whole batch ran before it answered

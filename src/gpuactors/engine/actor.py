@@ -33,6 +33,7 @@ from gpuactors.cuda.generation import GENERATIONS
 from gpuactors.cuda.polling import SLEEP_MIN_SECONDS, SPIN_PHASE_SECONDS, SPIN_SECONDS
 from gpuactors.engine import abi
 from gpuactors.engine.completions import Completions
+from gpuactors.engine.drains import Drains
 from gpuactors.engine.intake import Intake
 from gpuactors.engine.live_ops import LiveOps, reply_when, wait_until
 from gpuactors.engine.messages import (
@@ -126,6 +127,7 @@ class PersistentEngineActor(Actor):
         self._seen_parks = 0
         self._forced = False  # a forced shutdown holds the kernel parked for good
         self._parks_on_demand = 0  # Parks not yet resumed (or failed)
+        self._drains = Drains()
         self._poller: asyncio.Task[None] | None = None
 
     # ---------------------------------------------------------------- lifecycle
@@ -305,6 +307,7 @@ class PersistentEngineActor(Actor):
         try:
             while True:
                 if not completions.pending and not intake.backlog and not completions.batches:
+                    self._drains.settle(completions)
                     self._wake.clear()
                     await self._wake.wait()
                     continue
@@ -318,6 +321,7 @@ class PersistentEngineActor(Actor):
                     runtime.check_fault()
                 self._note_parks()
                 if progressed:
+                    self._drains.settle(completions)
                     idle_since = None
                     await asyncio.sleep(0)
                     continue
@@ -367,27 +371,34 @@ class PersistentEngineActor(Actor):
     def _fail_all(self, error: GpuActorsError) -> None:
         self._completions.fail_all(error)
         self._intake.fail_all(error)
+        self._drains.settle(self._completions)  # nothing is left to wait for
 
     def _drained(self) -> asyncio.Future[Drained]:
-        """A future that resolves once everything accepted *so far* has finished.
+        """A future that resolves once everything accepted *so far* has finished on the
+        device, its caller waiting or not (``engine/drains.py``).
 
         A snapshot, so it returns under steady traffic too: later tasks do not count.
         """
         waiter: asyncio.Future[Drained] = asyncio.get_running_loop().create_future()
-        outstanding = [item.future for item in self._outstanding() if not item.future.done()]
-        remaining = len(outstanding)
+        items = self._outstanding()
+        batches = [item for item in items if isinstance(item, Batch)]
+        awaited = [item.future for item in items if not item.future.done()]
+        left = len(awaited) + 1
 
-        def one_done(_: object) -> None:
-            nonlocal remaining
-            remaining -= 1
-            if remaining == 0 and not waiter.done():
-                waiter.set_result(Drained(processed=self._completions.processed))
+        def replied(_: object = None) -> None:  # then the ring, where callers gone are
+            nonlocal left
+            left -= 1
+            if left:
+                return
+            runtime = self._service.runtime
+            below = 0 if runtime is None else runtime.ring.published + 1  # (seq = pos + 1)
+            self._drains.add(waiter, below, batches)
+            self._drains.settle(self._completions)
+            self._wake.set()
 
-        if not outstanding:
-            waiter.set_result(Drained(processed=self._completions.processed))
-        for future in outstanding:
-            future.add_done_callback(one_done)
-        self._wake.set()
+        for future in awaited:
+            future.add_done_callback(replied)
+        replied()
         return waiter
 
     @handles(Shutdown)
