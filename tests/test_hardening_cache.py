@@ -252,6 +252,28 @@ def test_has_include_of_a_file_that_appears_misses(
     assert origin == "compiled" and new.image != old.image
 
 
+def test_has_include_of_a_name_a_macro_gives_is_never_served_stale(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scan cannot read which file such a probe looks for, and NVRTC names no read
+    of a file that is absent: the module is compiled each time, never cached. (The
+    usual spelling, ``__has_include("cfg.h")``, is keyed: the test above.)"""
+    monkeypatch.chdir(tmp_path)
+    source = (
+        '#define CFG "cfg.h"\n#if __has_include(CFG)\n#include CFG\n#else\n#define VAL 7\n'
+        "#endif\n" + BODY
+    )
+    compiler = KernelCompiler(disk=False)
+    old, origin = compiler.get_or_compile(source, opts=SM90)
+    assert origin == "compiled" and compiler.get_or_compile(source, opts=SM90)[1] == "compiled"
+    (tmp_path / "cfg.h").write_text("#define VAL 8\n")
+    new, origin = compiler.get_or_compile(source, opts=SM90)
+    assert origin == "compiled" and new.image != old.image
+    guarded = "#if defined(__has_include)\n#endif\n#define VAL 9\n" + BODY  # (no probe)
+    compiler.get_or_compile(guarded, opts=SM90)
+    assert compiler.get_or_compile(guarded, opts=SM90)[1] == "memory"
+
+
 # ---------------------------------------------------------- disk trust (item 5)
 def _warnings(logs: list[MutableMapping[str, Any]]) -> list[str]:
     return [str(e["event"]) for e in logs if e.get("log_level") == "warning"]

@@ -432,7 +432,9 @@ def compile_traced(
         states = path_states(manifest)
         earlier = {**scan.files, **before}
         # A dependency that is no file is an in-memory header, or a name from a #line.
-        cacheable = all(states[d] in (ABSENT, earlier.get(d)) for d in manifest.deps)
+        cacheable = not scan.unseen_probes and all(
+            states[d] in (ABSENT, earlier.get(d)) for d in manifest.deps
+        )
         if cacheable:
             key = full_key(request, manifest, states)
     module = CompiledModule(

@@ -47,6 +47,9 @@ _DIRECTIVE = re.compile(
 # spell them otherwise. A text without any reads no file.
 _FILE_WORDS = (b"include", b"import", b"embed", b"\\u", b"\\U")
 _HAS_INCLUDE = re.compile(rb"__has_include(?:_next)?[ \t\f\v]*\(" + _NAME)
+# A __has_include whose name is not spelled out (a macro names it): the scan cannot say
+# which paths it looks at, and NVRTC reports no read for a file that is absent.
+_UNSEEN_PROBE = re.compile(rb"__has_include(?:_next)?[ \t\f\v]*\((?![ \t\f\v]*[<\"])")
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,9 @@ class IncludeScan:
     probed: tuple[str, ...]
     #: True when the source and the in-memory headers cannot make NVRTC open any file.
     reads_no_file: bool
+    #: True when a text probes for a file whose name the scan cannot read (a
+    #: ``__has_include`` of a macro): no key can cover whether that file exists.
+    unseen_probes: bool = False
 
 
 def _unspliced(text: bytes) -> bytes:
@@ -178,6 +184,13 @@ def _names(text: bytes) -> list[tuple[bool, str]]:
     return [(m.group(1) == b'"', m.group(2).decode("utf-8", "replace").strip()) for m in found]
 
 
+def _probes_unseen(text: bytes) -> bool:
+    """Whether ``text`` has a ``__has_include`` whose name a macro gives."""
+    if b"__has_include" not in text:
+        return False
+    return _UNSEEN_PROBE.search(_COMMENT.sub(b" ", _unspliced(text))) is not None
+
+
 def scan_includes(
     source: str,
     *,
@@ -200,8 +213,10 @@ def scan_includes(
     pending += [(text.encode("utf-8"), source_dir) for text in headers.values()]
     given = reads_no_file([text for text, _here in pending])
     budget = MAX_SCAN_BYTES
+    unseen = False
     while pending:
         text, here = pending.pop()
+        unseen = unseen or _probes_unseen(text)
         for quoted, include in _names(text):
             if include in headers:
                 continue
@@ -233,4 +248,9 @@ def scan_includes(
                 files[candidate] = b"sha256:" + hashlib.sha256(content).digest()
                 pending.append((content, os.path.dirname(candidate)))
                 break
-    return IncludeScan(files=files, probed=tuple(dict.fromkeys(probed)), reads_no_file=given)
+    return IncludeScan(
+        files=files,
+        probed=tuple(dict.fromkeys(probed)),
+        reads_no_file=given,
+        unseen_probes=unseen,
+    )
