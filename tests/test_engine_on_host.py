@@ -7,6 +7,7 @@ hold the kernel parked (a Park, an install, a failed Park) ends on its own."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 from collections.abc import AsyncIterator
 from contextlib import nullcontext
@@ -1162,3 +1163,29 @@ async def test_a_drain_waits_for_tasks_whose_callers_went_away(system: ActorSyst
         await asyncio.sleep(0.005)
     await asyncio.wait_for(drained, 2)
     assert runtime.consumed == 101  # the task and the whole batch ran before it answered
+
+
+async def test_a_stop_waits_for_a_module_swap_under_way(system: ActorSystem) -> None:
+    """The runtime closes only after an install's module swap has ended (it had closed
+    under the swap, and the install then changed a stopped engine's op table)."""
+    events: list[str] = []
+
+    class Traced(HostRuntime):
+        def swap_module(self, image: bytes) -> None:
+            events.append("swap begins")
+            super().swap_module(image)
+            events.append("swap ends")
+
+        def close(self) -> None:
+            events.append("close")
+
+    runtime = Traced()
+    runtime.swap_seconds = 0.3
+    ref, _engine = await start(system, runtime)
+    install = asyncio.ensure_future(ref.ask(InstallOp(op=NEGATE)))
+    await loop_turns_until(lambda: events == ["swap begins"])
+    await Engine(ref).shutdown(timeout=5)
+    await asyncio.wait_for(system.watch(ref), 5)
+    assert events == ["swap begins", "swap ends", "close"]
+    with contextlib.suppress(ActorStopped, EngineStopped):  # installed, or refused: done
+        await asyncio.wait_for(install, 5)

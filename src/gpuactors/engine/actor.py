@@ -151,6 +151,7 @@ class PersistentEngineActor(Actor):
         if self._poller is not None:
             self._poller.cancel()
             await asyncio.gather(self._poller, return_exceptions=True)
+        await self._live_ops.settle()  # no module swap runs while the runtime closes
         service = self._service
         runtime, service.runtime = service.runtime, None
         if runtime is not None and service.faulted is None:

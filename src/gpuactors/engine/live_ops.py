@@ -60,6 +60,7 @@ class LiveOps:
         self._hold_changed = hold_changed
         self._log = log
         self._install_lock = asyncio.Lock()
+        self._stopping = False  # the engine stops: no install starts a swap any more
         self.arch = ""  # the device's, e.g. "sm_90" (set when the engine starts)
         self.modules_built = 0
         self.swapping = False  # an install is handing the ring to a new module
@@ -146,6 +147,14 @@ class LiveOps:
             return failed_reply(exc)
         return OpAliasSet(name=msg.name, version=now, previous=was)
 
+    async def settle(self) -> None:
+        """Wait for an install under way to end, and let none swap a module after it:
+        the engine stops, and its runtime must not close under a module swap (nor the
+        op table change after the engine stopped)."""
+        self._stopping = True
+        async with self._install_lock:
+            pass
+
     async def _install(self, op: OpSpec | Callable[[], OpSpec], activate: bool) -> OpInstalled:
         """Compile a module with ``op`` added (off the mailbox; the old one keeps serving),
         then hand the ring over: park at a task boundary, load, relaunch on demand."""
@@ -159,6 +168,8 @@ class LiveOps:
             image = await self.engine_image(ops, ids)
             codecs = self._ops.codecs_for(op)  # its encoder and publisher, before the park
             compiled = time.perf_counter()
+            if self._stopping:
+                raise EngineStopped(f"the engine stopped before op {op.name!r} was installed")
             # Park without blocking the loop (tasks keep being accepted into the ring),
             # then load in a worker thread; the ring and every accepted task stay put.
             self.swapping = True
