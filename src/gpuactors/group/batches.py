@@ -74,7 +74,7 @@ def split_batch(
             f"op {op.name!r} takes {len(op.params)} arguments, got {len(batch.args)}"
         )
     count = task_count(batch, {} if devices is None or _is_count(devices) else {"devices": devices})
-    n = int(batch.n) if _is_count(batch.n) else _column(batch.n, "n")
+    n = int(batch.n) if _is_count(batch.n) else _int_column(batch.n, "n")
     _check_elements(range(n, n + 1) if isinstance(n, int) else n, "n", signed=True)
     offsets = {name: _offset_column(v, f"offsets[{name!r}]") for name, v in batch.offsets.items()}
     sharded = {
