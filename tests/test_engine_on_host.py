@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from event_loops import event_loops, run_on
 from gpuactors.actors import ActorRef, ActorSystem, Props
 from gpuactors.cuda import arrays as arrays_module
 from gpuactors.engine import abi
@@ -1032,17 +1033,6 @@ async def test_a_lone_task_given_as_a_range_of_any_step_is_expanded(system: Acto
     assert ref._cell.instance is engine  # (no restart)
 
 
-def event_loops() -> list[Any]:
-    """asyncio's loop, and uvloop's where it is installed (an optional extra)."""
-    try:
-        import uvloop
-    except ImportError:
-        uvloop_case = pytest.param(None, marks=pytest.mark.skip(reason="uvloop not installed"))
-    else:
-        uvloop_case = pytest.param(uvloop.new_event_loop, id="uvloop")
-    return [pytest.param(asyncio.new_event_loop, id="asyncio"), uvloop_case]
-
-
 @pytest.mark.parametrize("new_loop", event_loops())
 def test_the_poller_backs_off_while_a_task_runs_long(new_loop: Any) -> None:
     """After its spin phase the poller sleeps between rounds, on any event loop: a
@@ -1070,11 +1060,7 @@ def test_the_poller_backs_off_while_a_task_runs_long(new_loop: Any) -> None:
             assert isinstance(await asyncio.wait_for(reply, 5), Completion)
             return rounds
 
-    loop = new_loop()
-    try:
-        rounds = loop.run_until_complete(main())
-    finally:
-        loop.close()
+    rounds = run_on(new_loop, main())
     assert 0 < rounds < 600, rounds
 
 

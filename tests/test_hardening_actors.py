@@ -26,6 +26,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from event_loops import event_loops, run_on
 from gpuactors.actors import (
     Actor,
     ActorSystem,
@@ -189,17 +190,6 @@ async def test_deadlines_still_expire_after_answered_asks(distinct_first: int) -
         worker(ref).gate.set()
 
 
-def event_loops() -> list[Any]:
-    """asyncio's loop, and uvloop's where it is installed (an optional extra)."""
-    try:
-        import uvloop
-    except ImportError:
-        uvloop_case = pytest.param(None, marks=pytest.mark.skip(reason="uvloop not installed"))
-    else:
-        uvloop_case = pytest.param(uvloop.new_event_loop, id="uvloop")
-    return [pytest.param(asyncio.new_event_loop, id="asyncio"), uvloop_case]
-
-
 @pytest.mark.parametrize("new_loop", event_loops())
 def test_a_deadline_timer_fires_once_per_expiry_on_any_loop(
     new_loop: Any, monkeypatch: pytest.MonkeyPatch
@@ -231,11 +221,7 @@ def test_a_deadline_timer_fires_once_per_expiry_on_any_loop(
                         await ref.ask(Work(), timeout=timeout)
             worker(ref).gate.set()
 
-    loop = new_loop()
-    try:
-        loop.run_until_complete(main())
-    finally:
-        loop.close()
+    run_on(new_loop, main())
     assert fired <= 40, fired  # one per expiry, and a few for answered asks' queues
 
 
