@@ -28,6 +28,7 @@ from gpuactors.engine import streams as streams_module
 from gpuactors.engine.client import Engine
 from gpuactors.engine.host_runtime import CupyLikeArray, HostEngine, HostRuntime
 from gpuactors.engine.messages import (
+    AliasOp,
     BatchCompletion,
     Completion,
     Enqueue,
@@ -54,6 +55,8 @@ from gpuactors.errors import (
     TaskTimeout,
     UnknownOp,
 )
+from gpuactors.messages import Message
+from gpuactors.worker.messages import Job
 
 NEGATE = OpSpec(
     name="negate",
@@ -582,6 +585,14 @@ async def test_concurrent_enqueues_are_published_together(system: ActorSystem) -
         ({"n": 8, "timeout": float("nan")}, "timeout must be None or a number"),
         ({"n": 8, "timeout": 2e6}, "timeout must be None or a number"),
         ({"n": 8, "after": "later"}, "after must be"),
+        # What pydantic's lax mode would convert, both refuse: n=True had run one element.
+        ({"n": True}, "n must be an int"),
+        ({"n": 8.0}, "n must be an int"),
+        ({"n": "8"}, "n must be an int"),
+        ({"n": 8, "blocks": True}, "blocks must be an int"),
+        ({"n": 8, "blocks": 2.0}, "blocks must be an int"),
+        ({"n": 8, "timeout": True}, "timeout must be None or a number"),
+        ({"n": 8, "timeout": "1.5"}, "timeout must be None or a number"),
     ],
 )
 async def test_enqueue_checks_its_fields_as_enqueue_does(
@@ -594,6 +605,30 @@ async def test_enqueue_checks_its_fields_as_enqueue_does(
     with pytest.raises(InvalidArgument):  # the message refuses the same fields
         Enqueue(op="fill", args=(out, 1.0), **fields)
     assert runtime_untouched(engine_actor)
+
+
+@pytest.mark.parametrize(
+    ("message", "fields", "field"),
+    [
+        (EnqueueBatch, {"op": "fill", "count": True}, "count"),
+        (EnqueueBatch, {"op": "fill", "blocks": True}, "blocks"),
+        (EnqueueBatch, {"op": "fill", "timeout": False}, "timeout"),
+        (Job, {"op": "fill", "n": True}, "n"),
+        (Job, {"op": "fill", "n": 1, "timeout": "2"}, "timeout"),
+        (AliasOp, {"name": "fill", "version": True}, "version"),
+    ],
+)
+def test_message_counts_are_ints_never_bools_floats_or_strings(
+    message: type[Message], fields: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(InvalidArgument, match=f"invalid {message.__name__}: {field} must be"):
+        message(**fields)
+
+
+def test_message_counts_take_numpy_ints_and_durations_numpy_floats() -> None:
+    task = Enqueue(op="fill", n=np.int32(8), blocks=np.int64(2), timeout=np.float32(0.5))
+    assert (task.n, task.blocks, task.timeout) == (8, 2, 0.5)
+    assert type(task.n) is int and type(task.timeout) is float
 
 
 def runtime_untouched(engine_actor: HostEngine) -> bool:

@@ -7,9 +7,10 @@ anything is queued) and strict about unknown fields.
 
 from __future__ import annotations
 
-from typing import Any
+import numbers
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, ValidationInfo
 
 from gpuactors.errors import InvalidArgument
 
@@ -39,6 +40,42 @@ def invalid_argument(what: str, exc: ValidationError) -> InvalidArgument:
     wrapped = InvalidArgument(f"invalid {what}: {exc}")
     wrapped.__cause__ = exc
     return wrapped
+
+
+def _whole_number(value: object, info: ValidationInfo) -> object:
+    """An int field takes ints (NumPy's too), never a bool, a float or a string, which
+    pydantic's lax mode would convert (``n=True`` ran one element): the rule that
+    ``Engine.enqueue`` applies to the same fields."""
+    if type(value) is int:
+        return value
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    raise InvalidArgument(
+        f"invalid {_title(info)}: {info.field_name} must be an int, not {value!r}"
+    )
+
+
+def _seconds(value: object, info: ValidationInfo) -> object:
+    """A duration takes None or a real number (an int, a float, NumPy's), never a bool
+    or a string."""
+    if value is None or type(value) is float:
+        return value
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    raise InvalidArgument(
+        f"invalid {_title(info)}: {info.field_name} must be None or a number of seconds,"
+        f" not {value!r}"
+    )
+
+
+def _title(info: ValidationInfo) -> str:
+    return str(info.config.get("title", "message")) if info.config else "message"
+
+
+#: An int field of a message: bounds still come from ``Field(ge=..., lt=...)``.
+WholeNumber = Annotated[int, BeforeValidator(_whole_number)]
+#: A timeout of a message, in seconds, or None.
+Seconds = Annotated[float | None, BeforeValidator(_seconds)]
 
 
 class Reply(BaseModel):

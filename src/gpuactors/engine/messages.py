@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 
 from gpuactors.engine.ops import OpSpec, Param, check_body
 from gpuactors.errors import InvalidArgument
-from gpuactors.messages import Message, Reply
+from gpuactors.messages import Message, Reply, Seconds, WholeNumber
 
 MAX_TIMEOUT_S = 1e6  # about 11.6 days: beyond that a deadline means "never"; say None
 MAX_BATCH_TASKS = 1 << 31
@@ -30,9 +30,9 @@ class Enqueue(Message):
 
     op: str
     args: tuple[Any, ...] = ()
-    n: int = Field(ge=0, lt=2**62)
-    blocks: int = Field(default=1, ge=1)
-    timeout: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
+    n: WholeNumber = Field(ge=0, lt=2**62)
+    blocks: WholeNumber = Field(default=1, ge=1)
+    timeout: Seconds = Field(default=None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
     after: Literal["current_stream", "none"] = "current_stream"
 
 
@@ -78,10 +78,10 @@ class EnqueueBatch(Message):
     n: Any = 0  # int, or a 1-D integer NumPy array (one per task)
     offsets: dict[str, Any] = Field(default_factory=dict)  # name -> 1-D int array or range
     scalars: dict[str, Any] = Field(default_factory=dict)  # name -> 1-D array
-    count: int | None = Field(default=None, ge=1, le=MAX_BATCH_TASKS)
-    blocks: int = Field(default=1, ge=1)
+    count: WholeNumber | None = Field(default=None, ge=1, le=MAX_BATCH_TASKS)
+    blocks: WholeNumber = Field(default=1, ge=1)
     # one device-side deadline for all
-    timeout: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
+    timeout: Seconds = Field(default=None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
     per_task: bool = False
     after: Literal["current_stream", "none"] = "current_stream"
 
@@ -174,7 +174,7 @@ class AliasOp(Message):
     """
 
     name: str
-    version: int = Field(ge=1)
+    version: WholeNumber = Field(ge=1)
 
 
 class Rollback(Message):

@@ -62,12 +62,16 @@ def check_task_fields(
 ) -> tuple[int, int, float | None]:
     """The checks ``Enqueue`` makes of these fields, by hand; InvalidArgument on a bad
     one. Returns ``n``, ``blocks`` and ``timeout`` as an int, an int and a float (or
-    None). Counts must be ints (NumPy's too); the message would also convert a float
-    or a string of digits."""
+    None). Counts must be ints (NumPy's too), never bools, floats or strings, as in the
+    message (``gpuactors.messages.WholeNumber``)."""
     if type(n) is not int and isinstance(n, numbers.Integral) and not isinstance(n, bool):
         n = int(n)
-    if type(blocks) is not int and isinstance(blocks, numbers.Integral):
-        blocks = int(blocks)  # (True is refused below: blocks must be an int above 0)
+    if (
+        type(blocks) is not int
+        and isinstance(blocks, numbers.Integral)
+        and not isinstance(blocks, bool)
+    ):
+        blocks = int(blocks)
     if type(n) is not int or not 0 <= n < _MAX_N:
         raise InvalidArgument(f"invalid Enqueue: n must be an int in [0, 2**62), not {n!r}")
     if type(blocks) is not int or blocks < 1:

@@ -15,7 +15,7 @@ import numpy as np
 from pydantic import Field, field_validator
 
 from gpuactors.errors import InvalidArgument
-from gpuactors.messages import Message, Reply
+from gpuactors.messages import Message, Reply, WholeNumber
 from gpuactors.nvrtc.handle import KernelHandle
 from gpuactors.nvrtc.linker import LinkInput, LinkOpts
 from gpuactors.nvrtc.options import NvrtcOpts
@@ -287,7 +287,7 @@ class Launch(LaunchShape):
     kernel: KernelHandle
     name: str | None = None
     args: tuple[Any, ...] = ()
-    shared_mem: int = Field(default=0, ge=0)
+    shared_mem: WholeNumber = Field(default=0, ge=0)
     stream: Any = None
     after: Literal["current_stream", "none"] = "current_stream"
     timed: bool = False

@@ -18,7 +18,7 @@ from gpuactors.engine.messages import MAX_TIMEOUT_S, Completion
 from gpuactors.engine.ops import OpSpec
 from gpuactors.engine.runtime import EngineConfig
 from gpuactors.errors import InvalidArgument
-from gpuactors.messages import Message, Reply
+from gpuactors.messages import Message, Reply, Seconds, WholeNumber
 from gpuactors.nvrtc.messages import Launched, LaunchShape
 
 
@@ -27,7 +27,7 @@ class BootSpec(Message):
 
     ops: tuple[OpSpec, ...] = ()
     config: InstanceOf[EngineConfig] = Field(default_factory=EngineConfig)
-    device_id: int = Field(default=0, ge=0)
+    device_id: WholeNumber = Field(default=0, ge=0)
     full_policy: Literal["wait", "fail"] = "wait"
 
 
@@ -104,9 +104,9 @@ class Job(HostArgs):
     """
 
     op: str
-    n: int = Field(ge=0, lt=2**62)
-    blocks: int = Field(default=1, ge=1)
-    timeout: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
+    n: WholeNumber = Field(ge=0, lt=2**62)
+    blocks: WholeNumber = Field(default=1, ge=1)
+    timeout: Seconds = Field(default=None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
 
 
 class JobResult(Reply):
@@ -195,7 +195,7 @@ class LaunchJob(LaunchShape, HostArgs):
 
     kernel: RemoteKernel
     name: str | None = None
-    shared_mem: int = Field(default=0, ge=0)
+    shared_mem: WholeNumber = Field(default=0, ge=0)
 
 
 class LaunchResult(Reply):
