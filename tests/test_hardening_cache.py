@@ -274,6 +274,35 @@ def test_has_include_of_a_name_a_macro_gives_is_never_served_stale(
     assert compiler.get_or_compile(guarded, opts=SM90)[1] == "memory"
 
 
+@pytest.mark.parametrize("where", ["source", "header file", "in-memory header"])
+def test_a_module_that_holds_its_compile_time_is_never_cached(
+    where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``__TIME__`` (like ``__DATE__`` and ``__TIMESTAMP__``) makes each compile's module
+    its own: a cached one would hand back an earlier compile's moment."""
+    monkeypatch.chdir(tmp_path)
+    stamp = "#define VAL (__TIME__[7] - '0')\n"
+    headers: dict[str, str] = {}
+    if where == "source":
+        source = stamp + BODY
+    elif where == "header file":
+        (tmp_path / "stamp.h").write_text(stamp)
+        source = '#include "stamp.h"\n' + BODY
+    else:
+        headers = {"stamp.h": stamp}
+        source = '#include "stamp.h"\n' + BODY
+    disk = DiskModuleCache(tmp_path / "kernels")
+    compiler = KernelCompiler(disk=disk)
+    for _ in range(2):
+        assert compiler.get_or_compile(source, opts=SM90, headers=headers)[1] == "compiled"
+    fresh = KernelCompiler(disk=disk)
+    assert fresh.get_or_compile(source, opts=SM90, headers=headers)[1] == "compiled"
+    # A comment that names the macro uses none: that module is cached as usual.
+    quiet = "// built without __TIME__\n#define VAL 3\n" + BODY
+    compiler.get_or_compile(quiet, opts=SM90)
+    assert compiler.get_or_compile(quiet, opts=SM90)[1] == "memory"
+
+
 # ---------------------------------------------------------- disk trust (item 5)
 def _warnings(logs: list[MutableMapping[str, Any]]) -> list[str]:
     return [str(e["event"]) for e in logs if e.get("log_level") == "warning"]

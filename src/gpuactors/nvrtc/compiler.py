@@ -432,7 +432,7 @@ def compile_traced(
         states = path_states(manifest)
         earlier = {**scan.files, **before}
         # A dependency that is no file is an in-memory header, or a name from a #line.
-        cacheable = not scan.unseen_probes and all(
+        cacheable = not (scan.unseen_probes or scan.time_macros) and all(
             states[d] in (ABSENT, earlier.get(d)) for d in manifest.deps
         )
         if cacheable:

@@ -50,6 +50,9 @@ _HAS_INCLUDE = re.compile(rb"__has_include(?:_next)?[ \t\f\v]*\(" + _NAME)
 # A __has_include whose name is not spelled out (a macro names it): the scan cannot say
 # which paths it looks at, and NVRTC reports no read for a file that is absent.
 _UNSEEN_PROBE = re.compile(rb"__has_include(?:_next)?[ \t\f\v]*\((?![ \t\f\v]*[<\"])")
+# The macros whose value is the moment of the compile: a module that uses one differs
+# from every earlier compile of the same text, so no key can name it (as ccache does).
+_TIME_MACROS = re.compile(rb"__(?:DATE|TIME|TIMESTAMP)__")
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,9 @@ class IncludeScan:
     #: True when a text probes for a file whose name the scan cannot read (a
     #: ``__has_include`` of a macro): no key can cover whether that file exists.
     unseen_probes: bool = False
+    #: True when a text uses ``__DATE__``, ``__TIME__`` or ``__TIMESTAMP__``: its module
+    #: holds the moment it was compiled.
+    time_macros: bool = False
 
 
 def _unspliced(text: bytes) -> bytes:
@@ -184,6 +190,13 @@ def _names(text: bytes) -> list[tuple[bool, str]]:
     return [(m.group(1) == b'"', m.group(2).decode("utf-8", "replace").strip()) for m in found]
 
 
+def _uses_time_macros(text: bytes) -> bool:
+    """Whether ``text`` names a macro that expands to the moment of the compile."""
+    if b"__DATE__" not in text and b"__TIME" not in text:  # the usual case, cheaply
+        return False
+    return _TIME_MACROS.search(_COMMENT.sub(b" ", _unspliced(text))) is not None
+
+
 def _probes_unseen(text: bytes) -> bool:
     """Whether ``text`` has a ``__has_include`` whose name a macro gives."""
     if b"__has_include" not in text:
@@ -213,10 +226,11 @@ def scan_includes(
     pending += [(text.encode("utf-8"), source_dir) for text in headers.values()]
     given = reads_no_file([text for text, _here in pending])
     budget = MAX_SCAN_BYTES
-    unseen = False
+    unseen = timed = False
     while pending:
         text, here = pending.pop()
         unseen = unseen or _probes_unseen(text)
+        timed = timed or _uses_time_macros(text)
         for quoted, include in _names(text):
             if include in headers:
                 continue
@@ -253,4 +267,5 @@ def scan_includes(
         probed=tuple(dict.fromkeys(probed)),
         reads_no_file=given,
         unseen_probes=unseen,
+        time_macros=timed,
     )
