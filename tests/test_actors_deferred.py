@@ -176,6 +176,38 @@ async def test_stop_fails_pending_deferred_asks_but_keeps_what_post_stop_settled
         assert ref._cell.pending_deferred == 0
 
 
+class Fail(Message):
+    pass
+
+
+class RestartingLauncher(Launcher):
+    """A Launcher whose ``Fail`` handler raises (supervised: a restart) and whose
+    ``pre_restart`` settles the futures keyed "settle"."""
+
+    @handles(Fail)
+    def fail(self, msg: Fail) -> None:
+        raise RuntimeError("a bug")
+
+    def pre_restart(self, exc: BaseException, message: Message | None) -> None:
+        self.post_stop()
+
+
+async def test_a_restart_fails_what_the_replaced_instance_owes_but_keeps_what_it_settled() -> None:
+    """The fresh instance knows nothing of the old one's futures: without this the
+    asker of "never" would wait forever."""
+    async with ActorSystem() as system:
+        ref = system.spawn(RestartingLauncher, name="gpu")
+        pending = await asking(ref, Launch(key="never"))
+        settled = await asking(ref, Launch(key="settle-me"))
+        with pytest.raises(RuntimeError, match="a bug"):
+            await ref.ask(Fail())
+        assert await settled == "settle-me settled in post_stop"
+        with pytest.raises(ActorStopped, match="restarted before its deferred reply"):
+            await asyncio.wait_for(pending, 5)
+        assert ref._cell.pending_deferred == 0
+        assert await ref.ask(Quick(n=3)) == 3  # the fresh instance serves
+
+
 class Spawner(Message):
     delay: float
 

@@ -132,7 +132,8 @@ class Actor:
 
     def pre_restart(self, exc: BaseException, message: Message | None) -> Awaitable[None] | None:
         """Called on the failed instance, its children stopped, before it is replaced;
-        defaults to ``post_stop``."""
+        defaults to ``post_stop``. Replies it owes and leaves pending then fail with
+        ActorStopped."""
         return self.post_stop()
 
     def post_restart(self, exc: BaseException) -> Awaitable[None] | None:

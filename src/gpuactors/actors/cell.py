@@ -681,6 +681,7 @@ class ActorCell:
             if self._exit is not None:
                 self.cause = failure
                 return False
+        self._fail_owed_replies("restarted")
         try:
             self.instance = self._new_instance()
             self.handlers = bind_handlers(self.instance)
@@ -721,6 +722,22 @@ class ActorCell:
             child.request_stop()
             await asyncio.wait((child.terminated,))  # never cancels the shared future
 
+    def _fail_owed_replies(self, ended: str) -> None:
+        """The replies the instance owes that its last hook (``post_stop``, or
+        ``pre_restart`` before a restart) left pending fail with ActorStopped: nothing
+        that instance started will settle them, and its asker must not wait forever."""
+        for link in tuple(self.links):
+            if link.future.done():  # settled by the hook: its callback has not run yet
+                link.on_result(link.future)
+            elif link.reply is not None and not link.reply.done():
+                link.reply.set_exception(
+                    ActorStopped(f"{self.path} {ended} before its deferred reply")
+                )
+        self.links.clear()
+        self.owed_replies.fail_pending(
+            lambda: ActorStopped(f"{self.path} {ended} before settling a reply future")
+        )
+
     def _close_mailbox(self) -> None:
         for message, reply, _ in self.mailbox.close():
             if reply is not None:
@@ -743,17 +760,7 @@ class ActorCell:
         self._close_mailbox()
         for child in tuple(self.children.values()):  # (ended without winding down)
             child.request_stop()
-        for link in tuple(self.links):
-            if link.future.done():  # settled by post_stop: its callback has not run yet
-                link.on_result(link.future)
-            elif link.reply is not None and not link.reply.done():
-                link.reply.set_exception(
-                    ActorStopped(f"{self.path} stopped before its deferred reply")
-                )
-        self.links.clear()
-        self.owed_replies.fail_pending(
-            lambda: ActorStopped(f"{self.path} stopped before settling a reply future")
-        )
+        self._fail_owed_replies("stopped")
         for target in self.watching:
             target.watchers.discard(self)
         self.watching.clear()

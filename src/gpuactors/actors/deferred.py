@@ -19,7 +19,9 @@ A handler that replies later has two ways to do it:
 
 Either way the actor moves on to its next message at once. When the actor stops,
 ``post_stop`` may still settle what it owes; what is still pending after it fails its
-ask with :class:`~gpuactors.errors.ActorStopped`.
+ask with :class:`~gpuactors.errors.ActorStopped`. A restart ends the failed instance
+the same way: what its ``pre_restart`` leaves pending fails with ActorStopped (the
+fresh instance knows nothing of it).
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ class Deferred(Generic[T]):
     failure belongs to the asker: supervision sees only what the handler raised.
 
     When the actor stops, ``post_stop`` may still complete or fail the futures it
-    owes; those still pending after it fail their asks with ``ActorStopped``.
+    owes; those still pending after it fail their asks with ``ActorStopped``, as do
+    those a restart's ``pre_restart`` leaves pending.
     """
 
     __slots__ = ("future",)
