@@ -504,5 +504,5 @@ class IsolatedEngineActor(Actor):
         self._pump()
         try:
             return await asyncio.wait_for(future, 60.0)
-        except (GpuActorsError, TimeoutError) as exc:
+        except (GpuActorsError, asyncio.TimeoutError) as exc:
             return exc

@@ -97,9 +97,9 @@ class WorkerProcess:
             stream = await FrameStream.open(ours)
             stream.write(*frame_buffers(Boot(spec=boot)))
             frame = await asyncio.wait_for(stream.read(), timeout)
-        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError) as exc:
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError) as exc:
             _abandon(process, stream, ours)
-            what = "did not start in time" if isinstance(exc, TimeoutError) else "exited"
+            what = "did not start in time" if isinstance(exc, asyncio.TimeoutError) else "exited"
             raise WorkerError(
                 f"the worker process {what} (pid {process.pid}, timeout {timeout:g} s); "
                 "its stderr says why"
@@ -163,7 +163,7 @@ class WorkerProcess:
         """The exit code, or None (and a kill) if it is not gone within ``timeout``."""
         try:
             return await asyncio.wait_for(self.process.wait(), timeout)
-        except TimeoutError:
+        except asyncio.TimeoutError:  # (what wait_for raises on Python 3.10 too)
             self.kill()
             return None
 
