@@ -19,17 +19,29 @@ import numpy as np
 import pytest
 from structlog.testing import capture_logs
 
-from gpuactors.engine import BatchCompletion, EnqueueBatch, OpSpec, ShutdownReport
+from gpuactors.engine import (
+    BatchCompletion,
+    Drain,
+    Drained,
+    EnqueueBatch,
+    OpSpec,
+    ShutdownReport,
+    Stats,
+)
 from gpuactors.errors import (
     DeviceFault,
     EngineLost,
+    EngineStopped,
+    GpuActorsError,
     GpuRefStale,
     InvalidArgument,
+    NoCudaDevice,
     TaskFailed,
+    TaskTimeout,
     UnknownOp,
 )
 from gpuactors.messages import Message
-from gpuactors.worker import IsolationConfig, JobResult, RemoteArray
+from gpuactors.worker import IsolationConfig, Job, JobResult, RemoteArray
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'gpuactors[ray]')")
 
@@ -38,7 +50,7 @@ from ray.exceptions import RayActorError  # noqa: E402
 from fake_engines import BAD, STAMP, STAMP_V2, start_fake_ray_member  # noqa: E402
 from gpuactors.group import EngineGroup  # noqa: E402
 from gpuactors.ray import start_ray_pool  # noqa: E402
-from gpuactors.ray.host import Outcome, carry, uncarry  # noqa: E402
+from gpuactors.ray.host import EngineHost, HostSpec, Outcome, carry, uncarry  # noqa: E402
 from gpuactors.ray.member import RayMember  # noqa: E402
 from gpuactors.worker.link import LinkAddress, LinkServer, NoLink, OpenLink  # noqa: E402
 
@@ -253,12 +265,17 @@ class _FakeActor:
         self.answer = answer
         self.lost = asyncio.Event()
         self.stopped = asyncio.Event()
+        self.received: list[Message] = []
         self.call = SimpleNamespace(remote=self._call)
         self.watch = SimpleNamespace(remote=self._watch)
         self.stop = SimpleNamespace(remote=self._stop)
 
     async def _call(self, message: Message, changes: int) -> Outcome:
-        return Outcome(value=await self.answer(message))
+        self.received.append(message)
+        try:
+            return Outcome(value=await self.answer(message))
+        except GpuActorsError as error:
+            return Outcome(error=carry(error))
 
     async def _watch(self) -> None:
         await self.lost.wait()
@@ -306,24 +323,29 @@ async def test_a_link_that_cannot_be_had_leaves_batches_to_ray(why: str) -> None
     ]
 
 
+def _held_link_server(release: asyncio.Event) -> LinkServer:
+    """A link server that answers each batch once ``release`` is set."""
+
+    async def held(message: Message) -> object:
+        await release.wait()
+        return await _done(message)
+
+    return LinkServer(held)
+
+
 async def test_batches_on_the_link_are_answered_through_a_stop_and_lost_with_the_actor(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A stop drains the engine before the link closes, so batches in flight are
-    answered; when Ray reports the actor lost, the batches on its link get EngineLost
-    at once (not when TCP gives up)."""
+    """The batches on the link reach the engine before a stop, which goes through Ray:
+    the stop waits for their answers, then drains the engine before the link closes;
+    when Ray reports the actor lost, the batches on its link get EngineLost at once
+    (not when TCP gives up)."""
     killed: list[object] = []
     monkeypatch.setattr(
         "gpuactors.ray.member.ray", SimpleNamespace(kill=lambda a, **_: killed.append(a))
     )
     release = asyncio.Event()
-
-    async def slow(message: Message) -> object:
-        if not isinstance(message, OpenLink):
-            await release.wait()
-        return await _done(message)
-
-    server = LinkServer(slow)
+    server = _held_link_server(release)
 
     async def answer(message: Message) -> object:
         return await server.start("127.0.0.1") if isinstance(message, OpenLink) else None
@@ -333,11 +355,27 @@ async def test_batches_on_the_link_are_answered_through_a_stop_and_lost_with_the
     in_flight = asyncio.ensure_future(member.ask(_batch()))
     await asyncio.sleep(0.1)
     stopping = asyncio.ensure_future(member.stop())
-    await actor.stopped.wait()
-    release.set()  # the engine finishes it while it drains
+    await asyncio.sleep(0.1)
+    assert not actor.stopped.is_set()  # (the stop had crossed the batch, which then failed)
+    with pytest.raises(EngineStopped):  # nothing new once the stop began
+        await member.ask(_batch())
+    release.set()
     assert (await in_flight).count == 4
     assert (await stopping).completed == 1
     assert killed == [actor]
+    with pytest.raises(EngineStopped, match="stopped already"):  # (not EngineLost)
+        await member.stop()
+
+    release.clear()  # a forced stop does not wait, and still reads the answers after it
+    actor = _FakeActor(answer)
+    member = RayMember(actor, 2, idempotent=frozenset())
+    in_flight = asyncio.ensure_future(member.ask(_batch()))
+    await asyncio.sleep(0.1)
+    stopping = asyncio.ensure_future(member.stop(force=True))
+    await actor.stopped.wait()
+    release.set()
+    assert (await in_flight).count == 4
+    await stopping
 
     release.clear()
     member = RayMember(_FakeActor(answer), 1, idempotent=frozenset())
@@ -348,6 +386,56 @@ async def test_batches_on_the_link_are_answered_through_a_stop_and_lost_with_the
         await asyncio.wait_for(in_flight, 5)
     release.set()
     server.close()
+
+
+async def test_a_drain_waits_for_the_batches_on_the_link_and_timeouts_keep_their_type() -> None:
+    release = asyncio.Event()
+    server = _held_link_server(release)
+
+    async def answer(message: Message) -> object:
+        if isinstance(message, OpenLink):
+            return await server.start("127.0.0.1")
+        if isinstance(message, Job):
+            raise TaskTimeout("task 7 of op 'fill' missed its deadline")
+        return Drained(processed=1)
+
+    actor = _FakeActor(answer)
+    member = RayMember(actor, 0, idempotent=frozenset())
+    in_flight = asyncio.ensure_future(member.ask(_batch()))
+    await asyncio.sleep(0.1)
+    drain = asyncio.ensure_future(member.ask(Drain()))
+    await asyncio.sleep(0.1)
+    assert not any(isinstance(m, Drain) for m in actor.received)  # the batch first
+    release.set()
+    assert (await in_flight).count == 4 and (await drain).processed == 1
+    # The engine's own timeout is no AskTimeout, even under an ask's timeout.
+    job = Job(op="fill", args=(np.zeros(4, np.float32), 1.0), n=4)
+    with pytest.raises(TaskTimeout, match="missed its deadline"):
+        await member.ask(job, timeout=60)
+    server.close()
+
+
+async def test_a_batch_that_reaches_a_stopping_actor_is_refused_as_stopped() -> None:
+    """A batch on the link can cross a forced stop: EngineStopped, not a fault."""
+    host = EngineHost(HostSpec(ops=OPS, start_member=start_fake_ray_member))
+    assert (await host.call(Stats(), 0)).value is not None
+    assert (await host.stop(force=True)).error is None
+    with pytest.raises(EngineStopped, match="stopping"):
+        await host._linked(EnqueueBatch(op="stamp", args=(np.zeros(1, np.int32),), n=1, count=1))
+
+
+async def test_pool_options_are_checked_and_an_unplaceable_pool_fails(ray_cluster: None) -> None:
+    with pytest.raises(InvalidArgument, match="not one string"):
+        await fake_pool(idempotent_ops="stamp")
+    with pytest.raises(InvalidArgument, match="start_timeout"):
+        await fake_pool(start_timeout=0)
+    with pytest.raises(NoCudaDevice, match="the cluster has 0"):  # (Ray waits forever)
+        await asyncio.wait_for(
+            start_ray_pool(
+                actors=1, num_gpus=1, start_timeout=1.0, start_member=start_fake_ray_member
+            ),
+            60,
+        )
 
 
 async def test_an_actor_hosting_an_isolated_engine(ray_cluster: None) -> None:

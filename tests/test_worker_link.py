@@ -72,6 +72,28 @@ async def test_batches_and_their_errors_cross_with_their_types() -> None:
     server.close()
 
 
+async def test_overlapping_starts_share_one_listener_and_settled_waits_for_answers() -> None:
+    handler = Handler()
+    server = LinkServer(handler)
+    first, second = await asyncio.gather(address_of(server), address_of(server))
+    assert first == second  # (two listeners: close() had left one accepting)
+    link = await Link.connect(first, "actor 0")
+    await link.settled()  # nothing out: at once
+    handler.hold.clear()
+    asked = [asyncio.ensure_future(link.ask(batch(k + 1))) for k in range(3)]
+    while len(handler.seen) < 3:  # (no request lands between the check and the clear)
+        handler.arrived.clear()
+        await asyncio.wait_for(handler.arrived.wait(), 5)
+    settled = asyncio.ensure_future(link.settled())
+    await asyncio.sleep(0.05)
+    assert not settled.done()
+    handler.hold.set()
+    await asyncio.wait_for(settled, 5)
+    assert all(ask.done() for ask in asked)
+    link.close()
+    server.close()
+
+
 async def test_a_large_offsets_column_crosses_whole() -> None:
     handler = Handler()
     server = LinkServer(handler)

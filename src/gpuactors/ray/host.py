@@ -44,6 +44,7 @@ from gpuactors.engine import (
 from gpuactors.errors import (
     DeviceFault,
     EngineError,
+    EngineStopped,
     GpuActorsError,
     GpuRefStale,
     UnhandledMessage,
@@ -156,6 +157,8 @@ class EngineHost:
 
     async def _answer(self, message: Message) -> Any:
         """``message``'s answer, or its error raised (always a GpuActorsError)."""
+        if self._stopping.is_set():  # (a batch on the link that crossed a forced stop)
+            raise EngineStopped("this Ray actor's engine is stopping")
         if self._leaving:  # its context is poisoned: any CUDA call would fail untyped
             raise DeviceFault("this actor's engine faulted; Ray is starting it anew")
         try:

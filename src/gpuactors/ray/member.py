@@ -16,6 +16,7 @@ carried (EngineLost), and the next batch opens a new link through Ray.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,8 +24,8 @@ import numpy as np
 import ray
 from ray.exceptions import ActorDiedError, RayActorError, RayError, RayTaskError
 
-from gpuactors.engine import EnqueueBatch, ShutdownReport
-from gpuactors.errors import AskTimeout, EngineError, EngineLost, EngineStopped
+from gpuactors.engine import Drain, EnqueueBatch, ShutdownReport
+from gpuactors.errors import AskTimeout, EngineError, EngineLost, EngineStopped, GpuActorsError
 from gpuactors.group.members import remote_view
 from gpuactors.logs import get_logger
 from gpuactors.messages import Message
@@ -36,8 +37,10 @@ from gpuactors.worker.link import Link, LinkAddress, NoLink, OpenLink
 #: call to an actor that Ray will not restart fails at once. A retry can come while the
 #: actor is still restarting and fail again, so a count of retries would run out early.
 _UNTIL_DEAD = -1
-#: How long a member tries to connect to an actor's link before it sends through Ray.
+#: How long a member tries to connect to an actor's link before it sends through Ray
+#: (and, after a stop, waits for the answers still on their way over it).
 LINK_CONNECT_SECONDS = 10.0
+_STOPPED = "stopped"
 
 log = get_logger(component="ray")
 
@@ -80,7 +83,9 @@ class RayMember:
             return await pending
         try:
             return await asyncio.wait_for(pending, timeout)
-        except TimeoutError:
+        except asyncio.TimeoutError as exc:
+            if isinstance(exc, GpuActorsError):  # the engine's own (TaskTimeout), not the wait's
+                raise
             raise AskTimeout(
                 f"actor {self._key} did not answer {type(message).__name__} in {timeout:g} s"
             ) from None
@@ -115,16 +120,25 @@ class RayMember:
         return remote_view(array, offset, shape)
 
     async def stop(self, *, force: bool = False) -> ShutdownReport:
-        """Shut the engine down, then end the actor for good (no restart). Batches on the
-        link are answered as the engine drains; the link closes after."""
-        self._dead = "stopped"
+        """Shut the engine down, then end the actor for good (no restart). The batches
+        already sent on the link reach the engine before the stop (which goes through
+        Ray): unless ``force``, the stop waits for their answers first. Answers the
+        actor wrote before the stop's reply are read before the link closes."""
+        if self._dead == _STOPPED:
+            raise EngineStopped(f"actor {self._key} was stopped already")
+        self._dead = _STOPPED
+        link = self._link
         try:
+            if link is not None and not force:
+                await link.settled()
             outcome: Outcome = await self.actor.stop.remote(force)
         except RayError as exc:
             raise EngineLost(f"actor {self._key} was lost while it shut down: {exc}") from exc
         finally:
-            if self._link is not None:
-                self._link.close("the actor was stopped")
+            if link is not None:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(link.settled(), LINK_CONNECT_SECONDS)
+                link.close("the actor was stopped")
             ray.kill(self.actor, no_restart=True)
         if outcome.error is not None:
             raise uncarry(outcome.error)
@@ -135,6 +149,8 @@ class RayMember:
         """Send ``message``; replay op changes first to an actor that Ray restarted."""
         if self._dead is not None:
             raise EngineStopped(f"actor {self._key} serves no more: {self._dead}")
+        if isinstance(message, Drain) and self._link is not None:
+            await self._link.settled()  # the batches sent before it, on their way
         if self._use_link and isinstance(message, EnqueueBatch) and not idempotent:
             link = await self._linked()
             if link is not None:
@@ -185,7 +201,7 @@ class RayMember:
                     link = await asyncio.wait_for(
                         Link.connect(address, f"actor {self._key}"), LINK_CONNECT_SECONDS
                     )
-                except (OSError, TimeoutError) as exc:
+                except (OSError, asyncio.TimeoutError) as exc:
                     why = f"{address.host}:{address.port} cannot be reached: {exc!r}"
                     continue
                 self._link = link

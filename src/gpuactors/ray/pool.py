@@ -10,6 +10,7 @@ actor in three phases. Keys are actor indices (0, 1, ...).
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
@@ -17,11 +18,15 @@ from typing import Any, Literal
 import ray
 
 from gpuactors.engine import EngineConfig, OpSpec, Stats
-from gpuactors.errors import InvalidArgument
+from gpuactors.engine.ops import BUILTIN_OPS
+from gpuactors.errors import EngineError, GpuActorsError, InvalidArgument, NoCudaDevice
 from gpuactors.group import EngineGroup, Placement
+from gpuactors.logs import get_logger
 from gpuactors.ray.host import EngineHost, HostSpec, StartMember
 from gpuactors.ray.member import RayMember
 from gpuactors.worker import IsolationConfig
+
+log = get_logger(component="ray")
 
 
 async def start_ray_pool(
@@ -38,6 +43,7 @@ async def start_ray_pool(
     actor_options: Mapping[str, Any] | None = None,
     start_member: StartMember | None = None,
     link: bool | None = None,
+    start_timeout: float | None = 600.0,
 ) -> EngineGroup:
     """Start ``actors`` Ray actors (default: one per GPU of the cluster), each with
     ``num_gpus`` and an engine with ``ops``, and return them as one group.
@@ -51,12 +57,23 @@ async def start_ray_pool(
     ``link``: batches go to each actor over a TCP connection of their own
     (:mod:`gpuactors.worker.link`), which costs far less per batch than a Ray call; False
     sends them through Ray calls. Default: a link unless Ray runs with TLS
-    (``RAY_USE_TLS``), as the link's traffic is not encrypted. Call ``ray.init()`` first.
+    (``RAY_USE_TLS``), as the link's traffic is not encrypted. ``start_timeout``:
+    seconds for every actor to be placed and its engine started (compiles included);
+    then the actors are ended and NoCudaDevice (the cluster lacks the GPUs asked for)
+    or EngineError is raised. None waits as long as Ray does (for an autoscaler, say).
+    Call ``ray.init()`` first.
     """
     if not ray.is_initialized():
         raise InvalidArgument("call ray.init() (or ray.init(address=...)) before start_ray_pool")
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise InvalidArgument(f"max_restarts must be an int >= 0, got {max_restarts!r}")
+    if start_timeout is not None and not (
+        isinstance(start_timeout, int | float)
+        and not isinstance(start_timeout, bool)
+        and 0 < start_timeout < math.inf
+    ):
+        raise InvalidArgument(f"start_timeout must be None or seconds > 0, got {start_timeout!r}")
+    idempotent = _op_names(idempotent_ops, ops)
     gpus = float(ray.cluster_resources().get("GPU", 0.0))  # type: ignore[no-untyped-call, unused-ignore]
     if actors is None:
         actors = int(gpus // num_gpus) if num_gpus > 0 else 0
@@ -74,18 +91,47 @@ async def start_ray_pool(
     )
     options = {"num_gpus": num_gpus, "max_restarts": max_restarts, **(actor_options or {})}
     host = ray.remote(EngineHost).options(**options)
-    idempotent = frozenset(idempotent_ops)
     if link is None:
         link = os.environ.get("RAY_USE_TLS", "0").lower() not in ("1", "true")
     members = [
         RayMember(host.remote(spec), key, idempotent=idempotent, link=link) for key in range(actors)
     ]
-    # The first engine compiles the op set; the others find it in their node's kernel cache.
     try:
-        await members[0].ask(Stats())
-        await asyncio.gather(*(member.ask(Stats()) for member in members[1:]))
-    except BaseException:
+        await asyncio.wait_for(_started(members), start_timeout)
+    except BaseException as exc:
         for member in members:
             ray.kill(member.actor, no_restart=True)
-        raise
+        if not isinstance(exc, asyncio.TimeoutError) or isinstance(exc, GpuActorsError):
+            raise
+        wanted = actors * num_gpus
+        if gpus < wanted:
+            raise NoCudaDevice(
+                f"{actors} actors of {num_gpus:g} GPUs each need {wanted:g} GPUs; the cluster "
+                f"has {gpus:g}, and Ray had not placed them after {start_timeout:g} s"
+            ) from None
+        raise EngineError(
+            f"the pool's {actors} actors did not start within {start_timeout:g} s (Ray "
+            "could not place them, or their engines were still starting)"
+        ) from None
     return EngineGroup(members, ops=ops, placement=placement, noun="actor")
+
+
+async def _started(members: Sequence[RayMember]) -> None:
+    """Every member's engine answers: the first compiles the op set, the others then
+    find it in their node's kernel cache."""
+    await members[0].ask(Stats())
+    await asyncio.gather(*(member.ask(Stats()) for member in members[1:]))
+
+
+def _op_names(names: Iterable[str], ops: Sequence[OpSpec]) -> frozenset[str]:
+    """``idempotent_ops`` as a set of op names (one string would be a set of letters)."""
+    if isinstance(names, str):
+        raise InvalidArgument(f"idempotent_ops takes op names, not one string: ({names!r},)")
+    chosen = frozenset(names)
+    for name in chosen:
+        if not isinstance(name, str):
+            raise InvalidArgument(f"idempotent_ops takes op names (str), not {name!r}")
+    known = {op.name for op in (*BUILTIN_OPS, *ops)}
+    if chosen - known:  # (maybe ops installed later: only a warning)
+        log.warning("idempotent_ops names ops the pool does not have", ops=sorted(chosen - known))
+    return chosen

@@ -89,14 +89,16 @@ class LinkServer:
         self._handle = handle
         self._token = secrets.token_hex(16)
         self._server: asyncio.Server | None = None
+        self._starting = asyncio.Lock()  # overlapping OpenLink asks share one server
 
     async def start(self, host: str) -> LinkAddress | NoLink:
         """Listen on ``host`` (a free port) once; the address either way, or why not."""
-        if self._server is None:
-            try:
-                self._server = await listen(host, self._accepted)
-            except OSError as exc:  # e.g. an address this host does not have (NAT)
-                return NoLink(f"the actor cannot listen on {host}: {exc}")
+        async with self._starting:
+            if self._server is None:
+                try:
+                    self._server = await listen(host, self._accepted)
+                except OSError as exc:  # e.g. an address this host does not have (NAT)
+                    return NoLink(f"the actor cannot listen on {host}: {exc}")
         port = int(self._server.sockets[0].getsockname()[1])
         return LinkAddress(host=host, port=port, token=self._token)
 
@@ -216,6 +218,13 @@ class Link:
         with contextlib.suppress(ConnectionError):  # (then the answer fails with the link)
             await self._stream.drain()  # the socket's buffer full: wait until it takes more
         return await answer
+
+    async def settled(self) -> None:
+        """Wait until every request sent so far is answered, or the link breaks (a stop
+        or a drain waits so for the batches already on their way)."""
+        waiting = [answer for _, answer in self._pending.values() if not answer.done()]
+        if waiting:
+            await asyncio.wait(waiting)  # (never cancels a caller's answer)
 
     def close(self, why: str = "closed by its caller") -> None:
         """Break the link: every request still out fails with EngineLost (``why``)."""
