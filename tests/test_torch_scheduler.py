@@ -1454,3 +1454,11 @@ def test_sparse_and_nested_tensors_are_left_to_pytorch(sched: TorchScheduler) ->
             else:
                 torch.testing.assert_close(b, expected)
     assert sched.stats.replayed >= 1
+
+
+@pytest.mark.parametrize("period", [0.0, -1.0, float("nan"), float("inf"), 1e300])
+def test_a_flush_period_that_no_timer_can_keep_is_refused(period: float) -> None:
+    """An infinite period had passed the check, and its timer's thread then died of
+    an OverflowError at the first batch."""
+    with pytest.raises(InvalidArgument, match="auto_flush_ms must be in"):
+        TorchScheduler(ReferenceExecutor(), auto_flush_ms=period)

@@ -57,6 +57,8 @@ from gpuactors.torch.replay import (
 )
 
 _CONTAINERS = (list, tuple)
+#: The longest ``auto_flush_ms`` (about 11.6 days): the timer's thread sleeps that long.
+MAX_AUTO_FLUSH_MS = 1e9
 #: A plain tensor: ``has_torch_function`` of it says whether a function mode is active.
 _PLAIN_TENSOR = torch.empty(0)
 
@@ -97,8 +99,12 @@ class TorchScheduler:
     ) -> None:
         if size_threshold < 1 or max_batch_ops < 1:
             raise InvalidArgument("size_threshold and max_batch_ops must be >= 1")
-        if auto_flush_ms is not None and not auto_flush_ms > 0:
-            raise InvalidArgument("auto_flush_ms must be > 0 (or None for no timer)")
+        if auto_flush_ms is not None and not 0 < auto_flush_ms <= MAX_AUTO_FLUSH_MS:
+            # (an infinite period passed this check and then killed the timer's thread)
+            raise InvalidArgument(
+                f"auto_flush_ms must be in (0, {MAX_AUTO_FLUSH_MS:g}] (or None for no timer),"
+                f" not {auto_flush_ms!r}"
+            )
         self.executor = executor
         self.device = executor.device
         # PyTorch's current stream is asked by device index where there is one: a
