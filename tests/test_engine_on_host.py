@@ -905,6 +905,27 @@ async def test_a_batch_of_many_records_is_answered_once_all_have_finished(
     with pytest.raises(EngineStopped):
         await asyncio.wait_for(stopped, 5)
     assert report.cancelled == 400  # the two records not finished: 300 + 100 tasks
+    assert report.completed == 996 + 600  # the first batch's, and the two that ran
+
+
+async def test_a_forced_shutdown_counts_what_a_batch_it_cut_short_ran(
+    system: ActorSystem,
+) -> None:
+    """A batch published record by record, four of its ten tasks run (one fails): the
+    report counts them, as it counts single tasks."""
+    runtime = HostRuntime(capacity=64, auto=False)
+    ref, engine_actor = await start(
+        system, runtime, config=EngineConfig(capacity=64, expand_batches_from=None)
+    )
+    reply = asyncio.ensure_future(ref.ask(offsets_batch(10)))
+    await loop_turns_until(lambda: runtime.ring.published == 10)
+    for index, (seq, _record) in enumerate(runtime.consumer.take(limit=4)):
+        runtime.consumer.complete(seq, 3 if index == 0 else 0)
+    report = await ref.ask(Shutdown(force=True), timeout=10)
+    with pytest.raises(EngineStopped):
+        await asyncio.wait_for(reply, 5)
+    assert (report.completed, report.cancelled) == (3, 6)
+    assert engine_actor._completions.failed == 1
 
 
 async def test_a_fault_keeps_an_expanded_batchs_descriptor_alive(system: ActorSystem) -> None:

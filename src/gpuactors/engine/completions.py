@@ -227,9 +227,13 @@ class Completions:
         return cancelled
 
     def cancel_batches(self, error: GpuActorsError) -> int:
-        """Fail every unfinished batch with ``error``; how many of their tasks."""
+        """Fail every unfinished batch with ``error``; how many of their tasks. The
+        tasks they did run count as processed (or failed)."""
         cancelled = 0
         for batch in self.batches:
+            succeeded, failed = batch.finished_tasks()
+            self.processed += succeeded
+            self.failed += failed
             if not batch.future.done():
                 batch.future.set_exception(error)
                 cancelled += batch.tasks_left

@@ -153,6 +153,16 @@ class Expansion:
         """Tasks of the records not ``done`` (a bool per record)."""
         return int(self._sizes[~done].sum())
 
+    def finished_tasks(self, done: np.ndarray, record_statuses: np.ndarray) -> tuple[int, int]:
+        """Of the tasks of the records ``done``, how many succeeded and how many failed."""
+        tasks = int(self._sizes[done].sum())
+        finished_statuses = np.where(done, record_statuses, abi.STATUS_OK)
+        statuses = self.statuses(finished_statuses)
+        if statuses is None:
+            return tasks, 0
+        failed = int(np.count_nonzero(statuses[np.repeat(done, self._sizes)]))
+        return tasks - failed, failed
+
     def statuses(self, record_statuses: np.ndarray) -> np.ndarray | None:
         """Every task's status, from the statuses its records finished with: None where
         every task succeeded; else read from the device, with the record's own status

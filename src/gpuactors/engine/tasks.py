@@ -72,6 +72,14 @@ class Batch:
             return self.expansion.tasks_left(self.done)
         return self.count - self.finished
 
+    def finished_tasks(self) -> tuple[int, int]:
+        """Of the tasks finished so far, how many succeeded and how many failed (what a
+        batch cut short by a forced shutdown still ran)."""
+        if self.expansion is not None:
+            return self.expansion.finished_tasks(self.done, self.statuses)
+        failed = int(np.count_nonzero(self.statuses[self.done]))
+        return self.finished - failed, failed
+
 
 def records_of(tasks: Sequence[Task]) -> np.ndarray:
     """TASK_RECORD rows for ``tasks`` (``seq`` left for the ring to write)."""
