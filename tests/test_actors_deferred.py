@@ -208,6 +208,38 @@ async def test_a_restart_fails_what_the_replaced_instance_owes_but_keeps_what_it
         assert await ref.ask(Quick(n=3)) == 3  # the fresh instance serves
 
 
+class Chained(Message):
+    pass
+
+
+class ChainingLauncher(RestartingLauncher):
+    """Answers ``Chained`` from a done-callback of a future of its own, which its
+    ``pre_restart`` settles: the reply lands a loop turn later (as an engine's Drain)."""
+
+    @handles(Chained)
+    def chained(self, msg: Chained) -> None:
+        reply = self.context.reply_future()
+        inner = self.owed["inner"] = asyncio.get_running_loop().create_future()
+
+        def answer(done: asyncio.Future[Any]) -> None:
+            if not reply.done():
+                reply.set_result(f"chained {done.result()}")
+
+        inner.add_done_callback(answer)
+
+    def pre_restart(self, exc: BaseException, message: Message | None) -> None:
+        self.owed["inner"].set_result("settled")
+
+
+async def test_a_reply_a_restart_hook_settles_through_a_callback_reaches_its_asker() -> None:
+    async with ActorSystem() as system:
+        ref = system.spawn(ChainingLauncher, name="gpu")
+        chained = await asking(ref, Chained())
+        with pytest.raises(RuntimeError, match="a bug"):
+            await ref.ask(Fail())
+        assert await asyncio.wait_for(chained, 5) == "chained settled"
+
+
 class Spawner(Message):
     delay: float
 

@@ -182,6 +182,13 @@ def _task_is_cancelled() -> bool:
     return cancelling is None or bool(cancelling())
 
 
+async def _settled_replies_delivered() -> None:
+    """One loop turn: the replies a hook settled through its futures' done-callbacks (a
+    Drain answered once its tasks are failed, say) reach their askers before what is
+    still owed fails."""
+    await asyncio.sleep(0)
+
+
 async def _settle_hook(result: Awaitable[None] | None) -> None:
     if result is not None and inspect.isawaitable(result):
         await result
@@ -681,6 +688,7 @@ class ActorCell:
             if self._exit is not None:
                 self.cause = failure
                 return False
+        await _settled_replies_delivered()
         self._fail_owed_replies("restarted")
         try:
             self.instance = self._new_instance()
@@ -716,6 +724,7 @@ class ActorCell:
                     raise
                 self._keep_exit(exc)
                 self.log.error("post_stop raised", exc_info=exc)
+            await _settled_replies_delivered()
 
     async def _stop_children(self) -> None:
         for child in reversed(list(self.children.values())):
