@@ -11,6 +11,8 @@ import contextlib
 import functools
 from collections.abc import AsyncIterator
 from contextlib import nullcontext
+from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -41,6 +43,7 @@ from gpuactors.engine.messages import (
 )
 from gpuactors.engine.ops import ArrayParam, OpSpec
 from gpuactors.engine.runtime import EngineConfig
+from gpuactors.engine.submissions import check_task_fields
 from gpuactors.engine.tasks import Batch
 from gpuactors.engine.wire import MAX_BLOCKS
 from gpuactors.errors import (
@@ -625,10 +628,22 @@ def test_message_counts_are_ints_never_bools_floats_or_strings(
         message(**fields)
 
 
-def test_message_counts_take_numpy_ints_and_durations_numpy_floats() -> None:
-    task = Enqueue(op="fill", n=np.int32(8), blocks=np.int64(2), timeout=np.float32(0.5))
+@pytest.mark.parametrize(
+    ("n", "blocks", "timeout"),
+    [
+        (np.int32(8), np.int64(2), np.float32(0.5)),
+        (np.array(8), np.array(2), np.array(0.5)),  # 0-d arrays
+        (8, 2, Decimal("0.5")),
+        (8, 2, Fraction(1, 2)),
+    ],
+)
+def test_counts_take_any_integer_and_durations_any_real_number_in_both_paths(
+    n: Any, blocks: Any, timeout: Any
+) -> None:
+    task = Enqueue(op="fill", n=n, blocks=blocks, timeout=timeout)
     assert (task.n, task.blocks, task.timeout) == (8, 2, 0.5)
     assert type(task.n) is int and type(task.timeout) is float
+    assert check_task_fields(n, blocks, timeout, "none") == (8, 2, 0.5)  # engine.enqueue's
 
 
 def runtime_untouched(engine_actor: HostEngine) -> bool:

@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import math
-import numbers
 from typing import Any, Literal
 
 from gpuactors.engine.messages import MAX_TIMEOUT_S, Completion
 from gpuactors.errors import InvalidArgument
-from gpuactors.messages import Message
+from gpuactors.messages import Message, seconds, whole_number
 
 _MAX_N = 2**62
 
@@ -60,21 +59,14 @@ class Submit(Message):
 def check_task_fields(
     n: object, blocks: object, timeout: object, after: object
 ) -> tuple[int, int, float | None]:
-    """The checks ``Enqueue`` makes of these fields, by hand; InvalidArgument on a bad
-    one. Returns ``n``, ``blocks`` and ``timeout`` as an int, an int and a float (or
-    None). Counts must be ints (NumPy's too), never bools, floats or strings, as in the
-    message (``gpuactors.messages.WholeNumber``)."""
-    if type(n) is not int and isinstance(n, numbers.Integral) and not isinstance(n, bool):
-        n = int(n)
-    if (
-        type(blocks) is not int
-        and isinstance(blocks, numbers.Integral)
-        and not isinstance(blocks, bool)
-    ):
-        blocks = int(blocks)
-    if type(n) is not int or not 0 <= n < _MAX_N:
+    """The checks ``Enqueue`` makes of these fields, by hand, by the same rules
+    (:func:`~gpuactors.messages.whole_number`, :func:`~gpuactors.messages.seconds`);
+    InvalidArgument on a bad one. Returns ``n``, ``blocks`` and ``timeout`` as an int,
+    an int and a float (or None)."""
+    count, width = whole_number(n), whole_number(blocks)
+    if count is None or not 0 <= count < _MAX_N:
         raise InvalidArgument(f"invalid Enqueue: n must be an int in [0, 2**62), not {n!r}")
-    if type(blocks) is not int or blocks < 1:
+    if width is None or width < 1:
         raise InvalidArgument(
             f"invalid Enqueue: blocks must be an int of at least 1, not {blocks!r}"
         )
@@ -83,11 +75,10 @@ def check_task_fields(
             f"invalid Enqueue: after must be 'current_stream' or 'none', not {after!r}"
         )
     if timeout is None:
-        return n, blocks, None
-    if type(timeout) is float or (isinstance(timeout, (int, float)) and type(timeout) is not bool):
-        seconds = float(timeout)
-        if 0.0 < seconds <= MAX_TIMEOUT_S and math.isfinite(seconds):
-            return n, blocks, seconds
+        return count, width, None
+    limit = seconds(timeout)
+    if limit is not None and 0.0 < limit <= MAX_TIMEOUT_S and math.isfinite(limit):
+        return count, width, limit
     raise InvalidArgument(
         f"invalid Enqueue: timeout must be None or a number of seconds in (0, {MAX_TIMEOUT_S:g}],"
         f" not {timeout!r}"
