@@ -297,10 +297,14 @@ def test_a_module_that_holds_its_compile_time_is_never_cached(
         assert compiler.get_or_compile(source, opts=SM90, headers=headers)[1] == "compiled"
     fresh = KernelCompiler(disk=disk)
     assert fresh.get_or_compile(source, opts=SM90, headers=headers)[1] == "compiled"
-    # A comment that names the macro uses none: that module is cached as usual.
-    quiet = "// built without __TIME__\n#define VAL 3\n" + BODY
-    compiler.get_or_compile(quiet, opts=SM90)
-    assert compiler.get_or_compile(quiet, opts=SM90)[1] == "memory"
+    # A comment that names the macro, or a longer name that holds it, uses none: such
+    # modules are cached as usual.
+    for quiet in (
+        "// built without __TIME__\n#define VAL 3\n",
+        "#define MY__TIME__X 3\n#define VAL MY__TIME__X\n",
+    ):
+        compiler.get_or_compile(quiet + BODY, opts=SM90)
+        assert compiler.get_or_compile(quiet + BODY, opts=SM90)[1] == "memory"
 
 
 # ---------------------------------------------------------- disk trust (item 5)

@@ -52,7 +52,7 @@ _HAS_INCLUDE = re.compile(rb"__has_include(?:_next)?[ \t\f\v]*\(" + _NAME)
 _UNSEEN_PROBE = re.compile(rb"__has_include(?:_next)?[ \t\f\v]*\((?![ \t\f\v]*[<\"])")
 # The macros whose value is the moment of the compile: a module that uses one differs
 # from every earlier compile of the same text, so no key can name it (as ccache does).
-_TIME_MACROS = re.compile(rb"__(?:DATE|TIME|TIMESTAMP)__")
+_TIME_MACROS = re.compile(rb"(?<![A-Za-z0-9_$])__(?:DATE|TIME|TIMESTAMP)__(?![A-Za-z0-9_$])")
 
 
 @dataclass(frozen=True)
