@@ -84,8 +84,10 @@ def _whole_number(value: object, info: ValidationInfo) -> int:
 
 
 def _seconds(value: object, info: ValidationInfo) -> float | None:
-    number = None if value is None else seconds(value)
-    if value is not None and number is None:
+    if value is None:
+        return None
+    number = seconds(value)
+    if number is None:
         raise InvalidArgument(
             f"invalid {_title(info)}: {info.field_name} must be None or a number of seconds,"
             f" not {value!r}"

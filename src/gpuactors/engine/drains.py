@@ -30,9 +30,6 @@ class Drains:
     def __init__(self) -> None:
         self._waiting: list[_Drain] = []
 
-    def __bool__(self) -> bool:
-        return bool(self._waiting)
-
     def add(self, waiter: asyncio.Future[Drained], below: int, batches: list[Batch]) -> None:
         self._waiting.append(_Drain(waiter, below, batches))
 

@@ -190,18 +190,12 @@ def _names(text: bytes) -> list[tuple[bool, str]]:
     return [(m.group(1) == b'"', m.group(2).decode("utf-8", "replace").strip()) for m in found]
 
 
-def _uses_time_macros(text: bytes) -> bool:
-    """Whether ``text`` names a macro that expands to the moment of the compile."""
-    if b"__DATE__" not in text and b"__TIME" not in text:  # the usual case, cheaply
+def _in_code(pattern: re.Pattern[bytes], text: bytes, *words: bytes) -> bool:
+    """Whether ``pattern`` matches ``text`` outside its comments (line splices joined);
+    ``words``: one of them is in any match (so most texts are passed over cheaply)."""
+    if not any(word in text for word in words):
         return False
-    return _TIME_MACROS.search(_COMMENT.sub(b" ", _unspliced(text))) is not None
-
-
-def _probes_unseen(text: bytes) -> bool:
-    """Whether ``text`` has a ``__has_include`` whose name a macro gives."""
-    if b"__has_include" not in text:
-        return False
-    return _UNSEEN_PROBE.search(_COMMENT.sub(b" ", _unspliced(text))) is not None
+    return pattern.search(_COMMENT.sub(b" ", _unspliced(text))) is not None
 
 
 def scan_includes(
@@ -229,8 +223,8 @@ def scan_includes(
     unseen = timed = False
     while pending:
         text, here = pending.pop()
-        unseen = unseen or _probes_unseen(text)
-        timed = timed or _uses_time_macros(text)
+        unseen = unseen or _in_code(_UNSEEN_PROBE, text, b"__has_include")
+        timed = timed or _in_code(_TIME_MACROS, text, b"__DATE__", b"__TIME")
         for quoted, include in _names(text):
             if include in headers:
                 continue
