@@ -10,13 +10,13 @@ actor in three phases. Keys are actor indices (0, 1, ...).
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import ray
 
+from gpuactors.actors.checks import optional_seconds
 from gpuactors.engine import EngineConfig, OpSpec, Stats
 from gpuactors.engine.ops import BUILTIN_OPS
 from gpuactors.errors import EngineError, GpuActorsError, InvalidArgument, NoCudaDevice
@@ -67,12 +67,7 @@ async def start_ray_pool(
         raise InvalidArgument("call ray.init() (or ray.init(address=...)) before start_ray_pool")
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise InvalidArgument(f"max_restarts must be an int >= 0, got {max_restarts!r}")
-    if start_timeout is not None and not (
-        isinstance(start_timeout, int | float)
-        and not isinstance(start_timeout, bool)
-        and 0 < start_timeout < math.inf
-    ):
-        raise InvalidArgument(f"start_timeout must be None or seconds > 0, got {start_timeout!r}")
+    start_timeout = optional_seconds(start_timeout, "start_timeout")
     idempotent = _op_names(idempotent_ops, ops)
     gpus = float(ray.cluster_resources().get("GPU", 0.0))  # type: ignore[no-untyped-call, unused-ignore]
     if actors is None:
