@@ -525,10 +525,14 @@ def test_an_abandoned_actor_task_closed_by_the_garbage_collector_ends_quietly() 
 
 # ------------------------------------------------------------ item 12: timeouts
 BAD_TIMEOUTS = [
-    "5", math.nan, -1.0, 0, 0.0, -0.0, math.inf, -math.inf, True, False, [], Decimal("1"),
-    10**400, np.float32("nan"), np.bool_(True),
+    "5", math.nan, -1.0, 0, 0.0, -0.0, math.inf, -math.inf, True, False, [], Decimal("NaN"),
+    10**400, np.float32("nan"), np.bool_(True), np.array([1.0]), 1j,
 ]  # fmt: skip
-GOOD_TIMEOUTS = [1, 0.5, np.float32(0.5), np.int64(2), Fraction(1, 2), 10**20, 1e300]
+# Any real number (gpuactors.numeric): a Decimal and a 0-d array too, as message fields.
+GOOD_TIMEOUTS = [
+    1, 0.5, np.float32(0.5), np.int64(2), Fraction(1, 2), 10**20, 1e300, Decimal("1"),
+    np.array(0.25),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize("message_type", [Work, SyncWork], ids=["mailbox", "at-once"])

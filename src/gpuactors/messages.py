@@ -7,13 +7,12 @@ anything is queued) and strict about unknown fields.
 
 from __future__ import annotations
 
-import operator
 from typing import Annotated, Any
 
-import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, ValidationInfo
 
 from gpuactors.errors import InvalidArgument
+from gpuactors.numeric import real_number, whole_number
 
 
 class Message(BaseModel):
@@ -43,38 +42,8 @@ def invalid_argument(what: str, exc: ValidationError) -> InvalidArgument:
     return wrapped
 
 
-def whole_number(value: object) -> int | None:
-    """``value`` as an int where it is one: an int, a NumPy integer, or anything else
-    that is an integer (``__index__``: a 0-d integer array, an IntEnum); never a bool,
-    a float or a string, which pydantic's lax mode would convert (``n=True`` had run
-    one element). None where it is not."""
-    if type(value) is int:
-        return value
-    if isinstance(value, bool | np.bool_):
-        return None
-    try:
-        return operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        return None
-
-
-def seconds(value: object) -> float | None:
-    """``value`` as a float where it is a real number (an int, a float, NumPy's, a 0-d
-    array, a Decimal); never a bool, a complex or a string. None where it is not."""
-    if type(value) is float:
-        return value
-    if isinstance(value, bool | np.bool_ | str | bytes | complex | np.complexfloating):
-        return None
-    if isinstance(value, np.ndarray) and (value.ndim != 0 or value.dtype.kind not in "iuf"):
-        return None
-    try:
-        return float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None
-
-
 def _whole_number(value: object, info: ValidationInfo) -> int:
-    """The rule ``Engine.enqueue`` applies to the same fields (:func:`whole_number`)."""
+    """The rule ``Engine.enqueue`` applies to the same fields (:mod:`gpuactors.numeric`)."""
     number = whole_number(value)
     if number is None:
         raise InvalidArgument(
@@ -86,7 +55,7 @@ def _whole_number(value: object, info: ValidationInfo) -> int:
 def _seconds(value: object, info: ValidationInfo) -> float | None:
     if value is None:
         return None
-    number = seconds(value)
+    number = real_number(value)
     if number is None:
         raise InvalidArgument(
             f"invalid {_title(info)}: {info.field_name} must be None or a number of seconds,"

@@ -4,7 +4,8 @@ One place decides what a timeout or a count may be, so ``ask``, ``stop``, the
 supervision settings and the mailbox all refuse the same values with the same
 :class:`~gpuactors.errors.InvalidArgument`, before anything is queued or started.
 
-A duration is a real number of seconds above 0 and finite. ``0`` is refused: an ask
+What a number is, :mod:`gpuactors.numeric` says (for message fields too). A
+duration is a real number of seconds above 0 and finite. ``0`` is refused: an ask
 with no time to be answered would still queue its message, and the handler would run
 for nobody. ``inf`` is refused too: where "no limit" is allowed it is spelled
 ``None``, one spelling for one meaning. ``bool`` is refused although Python counts it
@@ -15,20 +16,16 @@ every ``<`` and ``>`` check unnoticed.
 from __future__ import annotations
 
 import math
-import numbers
 
 from gpuactors.errors import InvalidArgument
+from gpuactors.numeric import real_number, whole_number
 
 
 def seconds(value: object, what: str) -> float:
     """``value`` as a duration in seconds (finite, above 0), else InvalidArgument."""
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        try:
-            as_float = float(value)
-        except (OverflowError, ValueError):  # an int past the float range
-            as_float = math.inf
-        if 0.0 < as_float < math.inf:
-            return as_float
+    as_float = real_number(value)
+    if as_float is not None and 0.0 < as_float < math.inf:
+        return as_float
     raise InvalidArgument(
         f"{what} must be a finite number of seconds above 0 (None where there is no "
         f"limit), not {value!r}"
@@ -42,10 +39,9 @@ def optional_seconds(value: object, what: str) -> float | None:
 
 def count(value: object, what: str, minimum: int) -> int:
     """``value`` as a whole number at least ``minimum``, else InvalidArgument."""
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        as_int = int(value)
-        if as_int >= minimum:
-            return as_int
+    as_int = whole_number(value)
+    if as_int is not None and as_int >= minimum:
+        return as_int
     raise InvalidArgument(f"{what} must be a whole number >= {minimum}, not {value!r}")
 
 

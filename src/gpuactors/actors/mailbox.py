@@ -50,7 +50,9 @@ class MailboxConfig:
     policy: Backpressure = Backpressure.WAIT
 
     def __post_init__(self) -> None:
-        optional_count(self.capacity, "mailbox capacity", 1)
+        # Kept as the int it stands for (a NumPy int, a 0-d array): a frozen dataclass
+        # sets a checked field through object.__setattr__.
+        object.__setattr__(self, "capacity", optional_count(self.capacity, "mailbox capacity", 1))
         if not isinstance(self.policy, Backpressure):
             raise InvalidArgument(f"mailbox policy must be a Backpressure, not {self.policy!r}")
 

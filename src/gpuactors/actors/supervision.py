@@ -68,8 +68,12 @@ class SupervisorStrategy:
             raise InvalidArgument(
                 f"decider must be a callable that returns a Directive, not {self.decider!r}"
             )
-        optional_count(self.max_restarts, "max_restarts", 0)
-        optional_seconds(self.within, "within")
+        # Kept as the int and float they stand for (a NumPy int, a Decimal), so the
+        # budget's arithmetic never meets another number type.
+        object.__setattr__(
+            self, "max_restarts", optional_count(self.max_restarts, "max_restarts", 0)
+        )
+        object.__setattr__(self, "within", optional_seconds(self.within, "within"))
 
 
 class RestartBudget:

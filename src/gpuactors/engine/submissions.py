@@ -21,7 +21,8 @@ from typing import Any, Literal
 
 from gpuactors.engine.messages import MAX_TIMEOUT_S, Completion
 from gpuactors.errors import InvalidArgument
-from gpuactors.messages import Message, seconds, whole_number
+from gpuactors.messages import Message
+from gpuactors.numeric import real_number, whole_number
 
 _MAX_N = 2**62
 
@@ -60,9 +61,8 @@ def check_task_fields(
     n: object, blocks: object, timeout: object, after: object
 ) -> tuple[int, int, float | None]:
     """The checks ``Enqueue`` makes of these fields, by hand, by the same rules
-    (:func:`~gpuactors.messages.whole_number`, :func:`~gpuactors.messages.seconds`);
-    InvalidArgument on a bad one. Returns ``n``, ``blocks`` and ``timeout`` as an int,
-    an int and a float (or None)."""
+    (:mod:`gpuactors.numeric`); InvalidArgument on a bad one. Returns ``n``, ``blocks``
+    and ``timeout`` as an int, an int and a float (or None)."""
     count, width = whole_number(n), whole_number(blocks)
     if count is None or not 0 <= count < _MAX_N:
         raise InvalidArgument(f"invalid Enqueue: n must be an int in [0, 2**62), not {n!r}")
@@ -76,7 +76,7 @@ def check_task_fields(
         )
     if timeout is None:
         return count, width, None
-    limit = seconds(timeout)
+    limit = real_number(timeout)
     if limit is not None and 0.0 < limit <= MAX_TIMEOUT_S and math.isfinite(limit):
         return count, width, limit
     raise InvalidArgument(
