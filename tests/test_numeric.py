@@ -18,6 +18,7 @@ from gpuactors.engine.messages import Enqueue
 from gpuactors.engine.submissions import check_task_fields
 from gpuactors.errors import InvalidArgument
 from gpuactors.numeric import real_number, whole_number
+from gpuactors.nvrtc.messages import block_dims, grid_dims
 
 
 class Size(enum.IntEnum):
@@ -103,3 +104,18 @@ def test_settings_keep_the_int_and_float_they_were_given_as() -> None:
     strategy = SupervisorStrategy(max_restarts=np.int64(2), within=Decimal("0.5"))
     assert (strategy.max_restarts, strategy.within) == (2, 0.5)
     assert type(strategy.max_restarts) is int and type(strategy.within) is float
+
+
+@pytest.mark.parametrize("value", WHOLES[:5], ids=repr)
+def test_a_launch_dimension_is_any_whole_number(value: Any) -> None:
+    expected = int(value)
+    assert grid_dims(value) == (expected, 1, 1)
+    assert block_dims((value, 1)) == (expected, 1, 1)
+
+
+@pytest.mark.parametrize("value", NOT_WHOLES[:-1], ids=repr)
+def test_a_launch_dimension_refuses_anything_else(value: Any) -> None:
+    with pytest.raises(InvalidArgument, match="grid"):
+        grid_dims(value)
+    with pytest.raises(InvalidArgument, match=r"block\[0\]"):
+        block_dims((value,))

@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-import numpy as np
 from pydantic import Field, field_validator
 
 from gpuactors.errors import InvalidArgument
 from gpuactors.messages import Message, Reply, WholeNumber
+from gpuactors.numeric import whole_number
 from gpuactors.nvrtc.handle import KernelHandle
 from gpuactors.nvrtc.linker import LinkInput, LinkOpts
 from gpuactors.nvrtc.options import NvrtcOpts
@@ -197,31 +197,26 @@ class NvrtcStats(Reply):
 
 
 # -------------------------------------------------------------------- launching
-_INTEGERS = (int, np.integer)
-_BOOLEANS = (bool, np.bool_)  # ints to Python, never dimensions
-
-
 def _dims(value: object, what: str, limits: tuple[int, int, int]) -> Dims:
     # Plain ints first, the way launches are usually written: one int, or a tuple of them.
     if type(value) is int and 1 <= value <= limits[0]:
         return value, 1, 1
-    if isinstance(value, _INTEGERS) and not isinstance(value, _BOOLEANS):
-        items: Sequence[object] = (value,)
-    elif isinstance(value, tuple | list):
-        items = value
+    if isinstance(value, tuple | list):
+        items: Sequence[object] = value
+    elif whole_number(value) is not None:  # a NumPy integer, a 0-d array (gpuactors.numeric)
+        items = (value,)
     else:
         raise InvalidArgument(f"{what} must be an int or a tuple of 1 to 3 ints, not {value!r}")
     if not 1 <= len(items) <= 3:
         raise InvalidArgument(f"{what} must have 1 to 3 dimensions, got {len(items)}: {value!r}")
     dims = [1, 1, 1]
     for axis, item in enumerate(items):
-        if type(item) is not int:  # a NumPy integer, or not an int at all
-            if isinstance(item, _BOOLEANS) or not isinstance(item, _INTEGERS):
-                raise InvalidArgument(f"{what}[{axis}] must be an int, not {item!r}")
-            item = int(item)
-        if not 1 <= item <= limits[axis]:
-            raise InvalidArgument(f"{what}[{axis}] must be in 1..{limits[axis]}, got {item}")
-        dims[axis] = item
+        number = item if type(item) is int else whole_number(item)
+        if number is None:
+            raise InvalidArgument(f"{what}[{axis}] must be an int, not {item!r}")
+        if not 1 <= number <= limits[axis]:
+            raise InvalidArgument(f"{what}[{axis}] must be in 1..{limits[axis]}, got {number}")
+        dims[axis] = number
     return dims[0], dims[1], dims[2]
 
 
