@@ -35,7 +35,7 @@ from gpuactors.engine import abi
 from gpuactors.engine.completions import Completions
 from gpuactors.engine.drains import Drains
 from gpuactors.engine.intake import Intake
-from gpuactors.engine.live_ops import LiveOps, reply_when, wait_until
+from gpuactors.engine.live_ops import Errands, LiveOps, wait_until
 from gpuactors.engine.messages import (
     AliasOp,
     Completion,
@@ -103,6 +103,7 @@ class PersistentEngineActor(Actor):
         except RuntimeError:  # built by hand, not spawned (tests drive such an engine)
             context = None
         self._completions = Completions()
+        self._errands = Errands()  # this instance's tasks: ended when it stops
         self._intake = Intake(
             self._service,
             self._ops,
@@ -121,6 +122,7 @@ class PersistentEngineActor(Actor):
             block_threads=config.block_threads,
             wake=self._wake,
             hold_changed=self._update_hold,
+            errands=self._errands,
             log=context.log if context is not None else structlog.get_logger(),
         )
         self._park_reasons: Counter[str] = Counter()
@@ -152,6 +154,7 @@ class PersistentEngineActor(Actor):
             self._poller.cancel()
             await asyncio.gather(self._poller, return_exceptions=True)
         await self._live_ops.settle()  # no module swap runs while the runtime closes
+        await self._errands.cancel()  # the rest (after settle: a module swap must end)
         service = self._service
         runtime, service.runtime = service.runtime, None
         if runtime is not None and service.faulted is None:
@@ -161,9 +164,23 @@ class PersistentEngineActor(Actor):
             except Exception as exc:  # the device failed while we stopped: do not wait on it
                 self.log.error("engine close failed; abandoning its kernel", error=str(exc))
                 runtime.abandon(keepalive=self._outstanding())
+            else:
+                self._harvest_parked(runtime)
         elif runtime is not None:
             runtime.abandon(keepalive=self._outstanding())
         self._fail_all(EngineStopped("the engine actor stopped"))
+
+    def _harvest_parked(self, runtime: EngineRuntime) -> None:
+        """Settle what the kernel finished before it parked for good: a park waits for
+        the tasks it took, so they ran, and their callers get their replies, not the
+        EngineStopped of the tasks left unrun."""
+        completions = self._completions
+        try:
+            completions.harvest(runtime.ring)
+            while completions.harvest_batches(runtime.ring):
+                pass
+        except Exception as exc:  # (an expanded batch's statuses unreadable): they fail
+            self.log.error("harvest after the engine parked failed", error=str(exc))
 
     def _mode(self) -> Literal["persistent", "launch-per-batch"]:
         runtime = self._service.runtime
@@ -233,11 +250,12 @@ class PersistentEngineActor(Actor):
     # ------------------------------------------------------------- park, resume
     @handles(Park)
     def park(self, _msg: Park) -> Deferred[Parked]:
+        service = self._service
         try:
-            self._service.check_serving()
+            service.check_serving()
         except GpuActorsError as exc:
             return failed_reply(exc)
-        runtime = self._service.runtime
+        runtime = service.runtime
         assert runtime is not None
         self._parks_on_demand += 1
         self._update_hold()
@@ -245,7 +263,8 @@ class PersistentEngineActor(Actor):
 
         async def parked() -> Parked:
             try:
-                await wait_until(lambda: not runtime.running, "the engine to park")
+                await wait_until(lambda: service.parked_or_faulted(runtime), "the engine to park")
+                service.check_in_service()
             except BaseException:  # (a timeout, or a cancel): this Park holds nothing
                 self._parks_on_demand = max(0, self._parks_on_demand - 1)
                 self._update_hold()
@@ -254,7 +273,7 @@ class PersistentEngineActor(Actor):
             self._note_parks()
             return Parked(launches=runtime.launches)
 
-        return reply_when(parked())
+        return self._errands.reply_when(parked())
 
     @handles(Resume)
     def resume(self, _msg: Resume) -> Ack | Deferred[Ack]:
@@ -406,7 +425,7 @@ class PersistentEngineActor(Actor):
     def shutdown(self, msg: Shutdown) -> Deferred[ShutdownReport]:
         self._service.closing = True
         future: asyncio.Future[ShutdownReport] = asyncio.get_running_loop().create_future()
-        asyncio.get_running_loop().create_task(self._shut_down(msg.force, future))
+        self._errands.start(self._shut_down(msg.force, future))
         return Deferred(future)
 
     async def _shut_down(self, force: bool, future: asyncio.Future[ShutdownReport]) -> None:
@@ -419,7 +438,9 @@ class PersistentEngineActor(Actor):
                 self._forced = True
                 self._update_hold()
                 runtime.request_park()
-                await wait_until(lambda: not runtime.running, "the engine to park")
+                await wait_until(
+                    lambda: self._service.parked_or_faulted(runtime), "the engine to park"
+                )
                 completions.harvest(runtime.ring)
                 stopped = EngineStopped(
                     "the engine was shut down with force=True before this task ran"

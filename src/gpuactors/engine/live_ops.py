@@ -48,16 +48,19 @@ class LiveOps:
         block_threads: int,
         wake: asyncio.Event,
         hold_changed: Callable[[], None],
+        errands: Errands,
         log: Any,
     ) -> None:
         """``hold_changed``: the actor recomputes the kernel's hold (``swapping`` is
-        one of its reasons); ``wake``: set when work may wait for the new module."""
+        one of its reasons); ``wake``: set when work may wait for the new module;
+        ``errands``: the engine instance's, which run the compiles and installs."""
         self._ops = ops
         self._service = service
         self._compiler = compiler
         self._block_threads = block_threads
         self._wake = wake
         self._hold_changed = hold_changed
+        self._errands = errands
         self._log = log
         self._install_lock = asyncio.Lock()
         self._stopping = False  # the engine stops: no install starts a swap any more
@@ -108,7 +111,7 @@ class LiveOps:
             elapsed = (time.perf_counter() - started) * 1e3
             return OpPrepared(name=msg.op.name, version=msg.op.version, compile_ms=elapsed)
 
-        return reply_when(compile_ahead())
+        return self._errands.reply_when(compile_ahead())
 
     def replace(self, msg: ReplaceOp) -> Deferred[OpInstalled]:
         """Install a new version of op ``msg.name`` with the fields ``msg`` changes."""
@@ -131,7 +134,7 @@ class LiveOps:
             self._service.check_serving()
         except GpuActorsError as exc:
             return failed_reply(exc)
-        return reply_when(self._install(op, activate))
+        return self._errands.reply_when(self._install(op, activate))
 
     def alias(self, msg: AliasOp) -> OpAliasSet | Deferred[OpAliasSet]:
         try:
@@ -176,7 +179,9 @@ class LiveOps:
             self._hold_changed()
             try:
                 runtime.request_park()
-                await wait_until(lambda: not runtime.running, "the engine to park")
+                service = self._service
+                await wait_until(lambda: service.parked_or_faulted(runtime), "the engine to park")
+                service.check_in_service()
                 with prompt_handover():  # the loader must not wait 5 ms for the GIL
                     await asyncio.to_thread(runtime.swap_module, image)
             finally:
@@ -202,23 +207,50 @@ class LiveOps:
             )
 
 
-def reply_when(work: Coroutine[Any, Any, T]) -> Deferred[T]:
-    """Run ``work`` as a task; the reply is its outcome (a cancel is ``EngineStopped``)."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[T] = loop.create_future()
+class Errands:
+    """The tasks an engine instance starts to reply later (a Park's wait, a compile,
+    an install, a shutdown), kept until each ends and cancelled when the instance
+    stops.
 
-    def settle(done: asyncio.Task[T]) -> None:
-        if future.done():
-            return
-        if done.cancelled():
-            future.set_exception(EngineStopped("the engine stopped before this finished"))
-        elif (error := done.exception()) is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(done.result())
+    Nothing else holds or ends them (the loop keeps only weak references): one left
+    running outlives its instance, and after a supervised restart, which builds a
+    fresh instance on the same actor, it would go on with the old instance's state
+    and context (a shutdown would stop the fresh instance)."""
 
-    loop.create_task(work).add_done_callback(settle)
-    return Deferred(future)
+    def __init__(self) -> None:
+        self._running: set[asyncio.Task[Any]] = set()
+
+    def start(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        """Run ``work`` as a task of this instance's."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+        return task
+
+    def reply_when(self, work: Coroutine[Any, Any, T]) -> Deferred[T]:
+        """Run ``work`` as a task; the reply is its outcome (a cancel is ``EngineStopped``)."""
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+
+        def settle(done: asyncio.Task[T]) -> None:
+            if future.done():
+                return
+            if done.cancelled():
+                future.set_exception(EngineStopped("the engine stopped before this finished"))
+            elif (error := done.exception()) is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(done.result())
+
+        self.start(work).add_done_callback(settle)
+        return Deferred(future)
+
+    async def cancel(self) -> None:
+        """Cancel every task still running, and wait until each has ended (the instance
+        stops: what they would reply, or do, is no longer theirs to)."""
+        running = list(self._running)
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
 
 
 async def wait_until(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:

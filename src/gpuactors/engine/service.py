@@ -34,11 +34,21 @@ class Service:
 
     def check_serving(self) -> None:
         """Raise why a new task is refused (out of service, closing, stale), if it is."""
-        if self.faulted is not None:
-            raise DeviceFault(f"this engine is out of service: {self.faulted}")
+        self.check_in_service()
         if self.closing or self.runtime is None:
             raise EngineStopped("the engine is shutting down and accepts no new tasks")
         GENERATIONS.check_current("this engine", self.device_id, self.generation)
+
+    def check_in_service(self) -> None:
+        """Raise DeviceFault if the engine has faulted (it is out of service for good)."""
+        if self.faulted is not None:
+            raise DeviceFault(f"this engine is out of service: {self.faulted}")
+
+    def parked_or_faulted(self, runtime: EngineRuntime) -> bool:
+        """Has ``runtime``'s kernel parked, or the engine faulted? A faulted kernel never
+        parks (it is abandoned, and everything it held has failed): a wait for its park
+        ends there, instead of timing out."""
+        return not runtime.running or self.faulted is not None
 
     def deadline_ns(self, timeout: float | None) -> int:
         """A task's deadline in the device's time (``%globaltimer``: host time plus the

@@ -1,0 +1,230 @@
+"""The engine actor stopping, restarting or faulting, on the host ring (no GPU): what a
+shutdown, a restart, a cancelled caller or a fault leaves behind."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from gpuactors.actors import ActorRef, ActorSystem, Props, handles
+from gpuactors.cuda import arrays as arrays_module
+from gpuactors.engine import args as args_module
+from gpuactors.engine import optable as optable_module
+from gpuactors.engine.host_runtime import CupyLikeArray, HostEngine, HostRuntime
+from gpuactors.engine.messages import Completion, Enqueue, InstallOp, Park, Shutdown, Stats
+from gpuactors.engine.ops import ArrayParam, OpSpec
+from gpuactors.errors import ActorStopped, DeviceFault, EngineStopped
+from gpuactors.messages import Message
+
+NEGATE = OpSpec(
+    name="negate",
+    params=(ArrayParam(name="out", dtype="float32", direction="out"),),
+    body="return 0;",
+)
+
+
+class Fail(Message):
+    """Makes the engine's handler raise: a bug, as supervision sees one."""
+
+
+class FailingEngine(HostEngine):
+    """The host engine with one handler that fails (so that supervision restarts it)."""
+
+    @handles(Fail)
+    def fail(self, _msg: Fail) -> None:
+        raise RuntimeError("a handler's bug")
+
+
+@pytest.fixture(autouse=True)
+def cupy_like_arrays(monkeypatch: pytest.MonkeyPatch) -> None:
+    for module in (args_module, arrays_module, optable_module):
+        monkeypatch.setattr(module, "cupy_ndarray", lambda: CupyLikeArray)
+
+
+@pytest.fixture
+async def system() -> AsyncIterator[ActorSystem]:
+    async with ActorSystem("review-h1") as actor_system:
+        yield actor_system
+
+
+async def start(
+    system: ActorSystem, runtime: HostRuntime, engine: type[HostEngine] = HostEngine, **kwargs: Any
+) -> tuple[ActorRef, HostEngine]:
+    ref = system.spawn(Props(engine, args=(runtime,), kwargs=kwargs), "engine")
+    await asyncio.sleep(0.01)  # (pre_start)
+    instance = ref._cell.instance
+    assert isinstance(instance, HostEngine)
+    return ref, instance
+
+
+async def turns(count: int = 100) -> None:
+    for _ in range(count):
+        await asyncio.sleep(0)
+
+
+def fill(**fields: Any) -> Enqueue:
+    fields = {
+        "op": "fill",
+        "args": (CupyLikeArray("float32", 1 << 20), 1.0),
+        "n": 8,
+        "after": "none",
+        **fields,
+    }
+    return Enqueue(**fields)
+
+
+async def test_a_restart_during_a_shutdown_leaves_the_fresh_engine_serving(
+    system: ActorSystem,
+) -> None:
+    """A Shutdown waits for a task; the actor fails meanwhile and is restarted. The old
+    instance's shutdown ends with it (its asker is told): it must not stop the fresh
+    instance, which serves."""
+    runtime = HostRuntime(auto=False)
+    ref, old = await start(system, runtime, FailingEngine)
+    task = asyncio.ensure_future(ref.ask(fill()))
+    await turns()
+    shutdown = asyncio.ensure_future(ref.ask(Shutdown()))
+    await turns()
+    assert not shutdown.done()
+    ref.tell(Fail())
+    with pytest.raises(EngineStopped):
+        await asyncio.wait_for(task, 5)
+    with pytest.raises(ActorStopped, match="restarted"):
+        await asyncio.wait_for(shutdown, 5)
+    await turns()
+    fresh = ref._cell.instance
+    assert fresh is not old
+    runtime.auto = True
+    runtime.hold = False
+    done = await asyncio.wait_for(ref.ask(fill()), 5)
+    assert isinstance(done, Completion)
+    assert (await ref.ask(Stats(), timeout=5)).processed == 1
+
+
+async def test_a_park_waiting_when_the_engine_stops_fails_with_engine_stopped(
+    system: ActorSystem,
+) -> None:
+    """A Park waits for a long task; the engine stops, and closing its runtime parks
+    the kernel. The Park's asker is told the engine stopped (not an AssertionError)."""
+
+    class Parking(HostRuntime):
+        def close(self) -> None:  # (the real runtime's close parks the kernel for good)
+            self.running = False
+
+    runtime = Parking()
+    runtime.running = True  # a long task: the kernel parks only once it ends
+    runtime.parks_on_request = False
+    ref, _engine = await start(system, runtime)
+    park = asyncio.ensure_future(ref.ask(Park()))
+    await turns()
+    assert not park.done()
+    await asyncio.wait_for(system.stop(ref), 5)
+    with pytest.raises(EngineStopped):
+        await asyncio.wait_for(park, 5)
+
+
+class ParksAtATaskBoundary(HostRuntime):
+    """Closes as the real runtime does: the kernel finishes the tasks it took, then
+    parks for good; the tasks it did not take stay unrun."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.running_tasks: list[int] = []
+
+    def take(self, count: int) -> None:
+        """The kernel takes ``count`` tasks and runs them (they finish when it parks)."""
+        self.running_tasks += [seq for seq, _record in self.consumer.take(limit=count)]
+
+    def close(self) -> None:
+        for seq in self.running_tasks:
+            self.consumer.complete(seq, 0)
+        self.running = False
+
+
+async def test_tasks_the_kernel_finished_while_the_engine_stopped_get_their_replies(
+    system: ActorSystem,
+) -> None:
+    """An engine stopped with tasks in flight parks its kernel at a task boundary: the
+    tasks the kernel had taken finish first. Their callers get their Completions (they
+    ran, their outputs are written); only the tasks never run fail with EngineStopped."""
+    runtime = ParksAtATaskBoundary(auto=False)
+    ref, _engine = await start(system, runtime)
+    replies = [asyncio.ensure_future(ref.ask(fill())) for _ in range(3)]
+    await turns()
+    runtime.take(2)
+    await asyncio.wait_for(system.stop(ref), 5)
+    results = await asyncio.gather(*replies, return_exceptions=True)
+    assert [type(result) for result in results] == [Completion, Completion, EngineStopped]
+
+
+def faulted_kernel(runtime: HostRuntime) -> None:
+    """The kernel faults: it never exits (so never parks), and the stream says so."""
+    runtime.running = True
+    runtime.parks_on_request = False
+
+    def fault() -> None:
+        raise DeviceFault("an illegal address")
+
+    runtime.check_fault = fault  # type: ignore[method-assign]
+
+
+async def test_a_forced_shutdown_of_a_faulted_engine_does_not_wait_for_a_park(
+    system: ActorSystem,
+) -> None:
+    """A faulted kernel never parks (it is abandoned): a forced shutdown, the usual
+    response to a fault, reports at once instead of timing out waiting for a park."""
+    runtime = HostRuntime(auto=False)
+    ref, engine = await start(system, runtime)
+    task = asyncio.ensure_future(ref.ask(fill()))
+    await turns()
+    faulted_kernel(runtime)
+    with pytest.raises(DeviceFault):
+        await asyncio.wait_for(task, 5)
+    assert engine._service.faulted is not None
+    report = await ref.ask(Shutdown(force=True), timeout=2)
+    assert (report.completed, report.cancelled) == (0, 0)
+    await asyncio.wait_for(system.watch(ref), 5)
+
+
+async def test_a_park_waiting_when_the_engine_faults_fails_with_the_fault(
+    system: ActorSystem,
+) -> None:
+    """A Park waits for the kernel to park; the kernel faults instead (and never
+    parks): the Park fails with the fault at once, not with a timeout later."""
+    runtime = HostRuntime(auto=False)
+    runtime.running = True  # a long task: the kernel parks only once it ends
+    runtime.parks_on_request = False
+    ref, _engine = await start(system, runtime)
+    task = asyncio.ensure_future(ref.ask(fill()))
+    park = asyncio.ensure_future(ref.ask(Park(), timeout=2))
+    await turns()
+    faulted_kernel(runtime)
+    with pytest.raises(DeviceFault):
+        await asyncio.wait_for(task, 5)
+    with pytest.raises(DeviceFault):
+        await park
+
+
+async def test_an_install_waiting_for_a_park_when_the_engine_faults_fails_with_the_fault(
+    system: ActorSystem,
+) -> None:
+    """An install waits for the kernel to park before its module swap; the kernel
+    faults instead (and never parks): the install fails with the fault at once, and
+    the engine stops without waiting for it."""
+    runtime = HostRuntime(auto=False)
+    runtime.running = True  # a long task: the kernel parks only once it ends
+    runtime.parks_on_request = False
+    ref, engine = await start(system, runtime)
+    task = asyncio.ensure_future(ref.ask(fill()))
+    install = asyncio.ensure_future(ref.ask(InstallOp(op=NEGATE), timeout=2))
+    await turns()
+    assert engine._live_ops.swapping
+    faulted_kernel(runtime)
+    with pytest.raises(DeviceFault):
+        await asyncio.wait_for(task, 5)
+    with pytest.raises(DeviceFault):
+        await install
+    await asyncio.wait_for(system.stop(ref), 2)
