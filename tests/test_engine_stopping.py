@@ -14,10 +14,11 @@ from gpuactors.cuda import arrays as arrays_module
 from gpuactors.engine import args as args_module
 from gpuactors.engine import optable as optable_module
 from gpuactors.engine.host_runtime import CupyLikeArray, HostEngine, HostRuntime
-from gpuactors.engine.messages import Completion, Enqueue, InstallOp, Park, Shutdown, Stats
+from gpuactors.engine.messages import Completion, InstallOp, Park, Shutdown, Stats
 from gpuactors.engine.ops import ArrayParam, OpSpec
 from gpuactors.errors import ActorStopped, DeviceFault, EngineStopped
 from gpuactors.messages import Message
+from test_engine_on_host import fill
 
 NEGATE = OpSpec(
     name="negate",
@@ -46,7 +47,7 @@ def cupy_like_arrays(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 async def system() -> AsyncIterator[ActorSystem]:
-    async with ActorSystem("review-h1") as actor_system:
+    async with ActorSystem("engine-stopping") as actor_system:
         yield actor_system
 
 
@@ -63,17 +64,6 @@ async def start(
 async def turns(count: int = 100) -> None:
     for _ in range(count):
         await asyncio.sleep(0)
-
-
-def fill(**fields: Any) -> Enqueue:
-    fields = {
-        "op": "fill",
-        "args": (CupyLikeArray("float32", 1 << 20), 1.0),
-        "n": 8,
-        "after": "none",
-        **fields,
-    }
-    return Enqueue(**fields)
 
 
 async def test_a_restart_during_a_shutdown_leaves_the_fresh_engine_serving(
