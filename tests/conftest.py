@@ -46,3 +46,23 @@ def cpu_worker_importable(monkeypatch: pytest.MonkeyPatch) -> None:
     for ``IsolationConfig(worker_module="cpu_worker")``."""
     tests = str(Path(__file__).parent)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]))
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[Any]:
+    """One local Ray cluster (no GPU) for the module that asks for it, as the ``ray``
+    module; its workers import this worktree's code (``src/`` and ``tests/``)."""
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'gpuactors[ray]')")
+    root = Path(__file__).parents[1]
+    saved = os.environ.get("PYTHONPATH")
+    paths = [str(root / "src"), str(root / "tests"), saved or ""]
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    ray.init(num_cpus=8, num_gpus=0, include_dashboard=False, log_to_driver=False)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved

@@ -9,11 +9,10 @@ actor mid-traffic). test_ray_gpu.py runs real engines on GPUs.
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
-from collections.abc import Awaitable, Callable, Iterator
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -58,24 +57,6 @@ pytestmark = pytest.mark.slow
 OPS: tuple[OpSpec, ...] = (STAMP, BAD)
 
 
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[None]:
-    """One local Ray cluster for the module; its workers import this worktree's code."""
-    root = Path(__file__).parents[1]
-    saved = os.environ.get("PYTHONPATH")
-    paths = [str(root / "src"), str(root / "tests"), saved or ""]
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
-    ray.init(num_cpus=8, num_gpus=0, include_dashboard=False, log_to_driver=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
-        if saved is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = saved
-
-
 async def fake_pool(actors: int = 2, **kwargs: object) -> EngineGroup:
     return await start_ray_pool(
         actors=actors, ops=OPS, num_gpus=0, start_member=start_fake_ray_member, **kwargs
@@ -102,7 +83,7 @@ async def test_start_needs_ray_init_and_an_actor() -> None:
         await start_ray_pool(actors=1, num_gpus=0)
 
 
-async def test_jobs_uploads_and_batches_through_ray(ray_cluster: None) -> None:
+async def test_jobs_uploads_and_batches_through_ray(ray_cluster: Any) -> None:
     pool = await fake_pool(placement="round_robin")
     with pytest.raises(InvalidArgument, match="at least one actor"):
         await start_ray_pool(actors=0, num_gpus=0)
@@ -143,7 +124,7 @@ async def test_jobs_uploads_and_batches_through_ray(ray_cluster: None) -> None:
     await pool.shutdown()
 
 
-async def test_a_fault_restarts_the_actor_with_every_op_change(ray_cluster: None) -> None:
+async def test_a_fault_restarts_the_actor_with_every_op_change(ray_cluster: Any) -> None:
     """A fault in an engine of the actor's own process ends the actor; Ray starts it
     again, and the pool gives the new instance the op changes made before."""
     pool = await fake_pool(max_restarts=2)
@@ -171,7 +152,7 @@ async def until_served(call: object, seconds: float = 60.0) -> int:
 
 
 @pytest.mark.parametrize("idempotent", [False, True])
-async def test_an_actor_killed_mid_traffic(ray_cluster: None, idempotent: bool) -> None:
+async def test_an_actor_killed_mid_traffic(ray_cluster: Any, idempotent: bool) -> None:
     """In-flight jobs of a killed actor fail with EngineLost (at most once), or are sent
     again by Ray when their op is declared idempotent; then the actor serves again."""
     pool = await fake_pool(max_restarts=2, idempotent_ops=("axpy",) if idempotent else ())
@@ -198,7 +179,7 @@ async def test_an_actor_killed_mid_traffic(ray_cluster: None, idempotent: bool) 
     await pool.shutdown()
 
 
-async def test_batches_go_over_the_link_unless_told_otherwise(ray_cluster: None) -> None:
+async def test_batches_go_over_the_link_unless_told_otherwise(ray_cluster: Any) -> None:
     """A batch goes over the actor's link (no Ray call), one of an idempotent op through
     Ray (whose retries need a Ray call), and every batch of a pool started with
     link=False through Ray; the results are the same."""
@@ -224,7 +205,7 @@ async def test_batches_go_over_the_link_unless_told_otherwise(ray_cluster: None)
         await pool.shutdown()
 
 
-async def test_an_actor_killed_with_batches_on_its_link(ray_cluster: None) -> None:
+async def test_an_actor_killed_with_batches_on_its_link(ray_cluster: Any) -> None:
     """Batches in flight on the link of a killed actor fail with EngineLost (at most
     once); the next batch opens a link to the restarted actor, which has been given
     the op changes first."""
@@ -424,7 +405,7 @@ async def test_a_batch_that_reaches_a_stopping_actor_is_refused_as_stopped() -> 
         await host._linked(EnqueueBatch(op="stamp", args=(np.zeros(1, np.int32),), n=1, count=1))
 
 
-async def test_pool_options_are_checked_and_an_unplaceable_pool_fails(ray_cluster: None) -> None:
+async def test_pool_options_are_checked_and_an_unplaceable_pool_fails(ray_cluster: Any) -> None:
     with pytest.raises(InvalidArgument, match="not one string"):
         await fake_pool(idempotent_ops="stamp")
     with pytest.raises(InvalidArgument, match="start_timeout"):
@@ -438,7 +419,7 @@ async def test_pool_options_are_checked_and_an_unplaceable_pool_fails(ray_cluste
         )
 
 
-async def test_an_actor_hosting_an_isolated_engine(ray_cluster: None) -> None:
+async def test_an_actor_hosting_an_isolated_engine(ray_cluster: Any) -> None:
     """The actor runs its engine in a worker process of its own (the CPU stand-in worker
     of test_worker_supervision.py): spawned from the Ray actor's event loop."""
     isolation = IsolationConfig(worker_module="cpu_worker", start_timeout_s=60.0, standbys=0)

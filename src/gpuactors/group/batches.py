@@ -294,7 +294,7 @@ def _part_message(
         n=n if isinstance(n, int) else n[tasks],
         offsets=local_offsets,
         scalars={name: np.asarray(column)[tasks] for name, column in batch.scalars.items()},
-        count=size if batch.count is not None else None,
+        count=size,  # (always: where only ``devices`` counted the tasks, nothing else does)
         blocks=batch.blocks,
         timeout=batch.timeout,
         per_task=batch.per_task,

@@ -9,14 +9,16 @@ place host data, roll an op change across every engine, and sum their counters.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
 from gpuactors.actors import ActorSystem
+from gpuactors.actors.checks import optional_seconds
 from gpuactors.cuda import cuda_device_count, no_device_reason
 from gpuactors.engine import (
     AliasOp,
@@ -34,7 +36,14 @@ from gpuactors.engine import (
     ShutdownReport,
     Stats,
 )
-from gpuactors.errors import InvalidArgument, NoCudaDevice, UnhandledMessage, WrongDevice
+from gpuactors.errors import (
+    AskTimeout,
+    GpuActorsError,
+    InvalidArgument,
+    NoCudaDevice,
+    UnhandledMessage,
+    WrongDevice,
+)
 from gpuactors.group.batches import join_replies, split_batch
 from gpuactors.group.ledger import OpLedger
 from gpuactors.group.members import EngineMember, IsolatedMember, LocalMember
@@ -47,9 +56,13 @@ from gpuactors.group.messages import (
 from gpuactors.group.placement import LoadBook, Placement, check_placement
 from gpuactors.group.routing import Locator
 from gpuactors.group.sharded import Shard, ShardedArray
-from gpuactors.group.switch import ask_all, ask_each, fail, point_all, roll_out
+from gpuactors.group.switch import ask_all, ask_each, by_key, fail, point_all, roll_out
+from gpuactors.logs import get_logger
 from gpuactors.messages import Message
 from gpuactors.worker import Download, Free, IsolationConfig, Job, JobResult, RemoteArray, Upload
+
+T = TypeVar("T")
+log = get_logger(component="group")
 
 
 class EngineGroup:
@@ -153,7 +166,21 @@ class EngineGroup:
     async def ask(
         self, message: Message, *, device: int | None = None, timeout: float | None = None
     ) -> Any:
-        """Send one of the engine's messages to the engine (or engines) it belongs to."""
+        """Send one of the engine's messages to the engine (or engines) it belongs to.
+        ``timeout``: seconds to wait for the reply, then AskTimeout (an op change goes on
+        to its end all the same; an engine's own deadline, TaskTimeout, keeps its type)."""
+        timeout = optional_seconds(timeout, "ask timeout")
+        if timeout is None or isinstance(message, Enqueue | Drain):  # (these take it along)
+            return await self._answer(message, device, timeout)
+        try:
+            return await asyncio.wait_for(self._answer(message, device, None), timeout)
+        except asyncio.TimeoutError as exc:
+            if isinstance(exc, GpuActorsError):  # the engine's own (TaskTimeout), not the wait's
+                raise
+            what = type(message).__name__
+            raise AskTimeout(f"the group did not answer {what} in {timeout:g} s") from None
+
+    async def _answer(self, message: Message, device: int | None, timeout: float | None) -> Any:
         if isinstance(message, Enqueue):
             return await self._enqueue(message, device, timeout)
         if isinstance(message, Job):
@@ -280,13 +307,21 @@ class EngineGroup:
         return await self._members[self._holder(array)].download(array)
 
     async def free(self, array: Any) -> None:
-        """Let go of an uploaded array (each shard of a ShardedArray)."""
+        """Let go of an uploaded array (each shard of a ShardedArray: every one, even where
+        another cannot be freed, which is then raised as ``ask_all`` would)."""
         shards = array.shards if isinstance(array, ShardedArray) else None
         pieces = [(s.device, s.array) for s in shards] if shards else [(self._holder(array), array)]
-        for key, piece in pieces:
-            await self._members[key].free(piece)
-            nbytes = int(getattr(piece, "nbytes", 0))
-            self._load.placed_bytes[key] = max(0, self._load.placed_bytes[key] - nbytes)
+        outcomes = await asyncio.gather(
+            *(self._free_piece(key, piece) for key, piece in pieces), return_exceptions=True
+        )
+        done, errors = by_key([key for key, _piece in pieces], outcomes)
+        if errors:
+            fail("the array was freed on some engines only", done, errors)
+
+    async def _free_piece(self, key: int, piece: Any) -> None:
+        await self._members[key].free(piece)
+        nbytes = int(getattr(piece, "nbytes", 0))
+        self._load.placed_bytes[key] = max(0, self._load.placed_bytes[key] - nbytes)
 
     async def scatter(
         self, host: np.ndarray, *, devices: Sequence[int] | None = None
@@ -304,14 +339,28 @@ class EngineGroup:
             raise InvalidArgument(f"one shard per engine, got devices {keys}")
         parts = np.array_split(host, len(keys))
         arrays = await asyncio.gather(
-            *(self.upload(part, device=k) for k, part in zip(keys, parts, strict=True))
+            *(self.upload(part, device=k) for k, part in zip(keys, parts, strict=True)),
+            return_exceptions=True,
         )
+        await self._unless_all_uploaded(keys, arrays)
         row = math.prod(host.shape[1:])
         shards, start = [], 0
         for key, part, array in zip(keys, parts, arrays, strict=True):
             shards.append(Shard(key, start, start + part.shape[0] * row, array))
             start += part.shape[0] * row
         return ShardedArray(tuple(shards), host.dtype.str, tuple(host.shape))
+
+    async def _unless_all_uploaded(self, keys: Sequence[int], arrays: Sequence[Any]) -> None:
+        """Where a shard could not be uploaded, free those that were (no one could free
+        them: the caller gets no ShardedArray), then raise the first failure."""
+        failure = next((a for a in arrays if isinstance(a, BaseException)), None)
+        if failure is None:
+            return
+        uploaded = [
+            (k, a) for k, a in zip(keys, arrays, strict=True) if not isinstance(a, BaseException)
+        ]
+        await asyncio.gather(*(self._free_piece(k, a) for k, a in uploaded), return_exceptions=True)
+        raise failure
 
     async def zeros(
         self, shape: int | tuple[int, ...], dtype: Any, *, devices: Sequence[int] | None = None
@@ -329,8 +378,7 @@ class EngineGroup:
     async def install(self, op: OpSpec, *, activate: bool = True) -> GroupOpInstalled:
         """Install ``op`` on every serving engine; with ``activate``, its name points at it
         on all of them once the reply comes. A compile error changes no engine."""
-        async with self._changes:
-            return await self._install(op, activate)
+        return await self._exclusive(functools.partial(self._install, op, activate))
 
     async def replace(
         self, name: str, body: str, *, params: Any = None, multi_block: bool | None = None
@@ -348,8 +396,10 @@ class EngineGroup:
         return await self._point(Rollback(name=name))
 
     async def _replace(self, message: ReplaceOp) -> GroupOpInstalled:
-        async with self._changes:
-            return await self._install(self._ledger.replacement(message), True)
+        return await self._exclusive(functools.partial(self._replaced, message))
+
+    async def _replaced(self, message: ReplaceOp) -> GroupOpInstalled:
+        return await self._install(self._ledger.replacement(message), True)
 
     async def _install(self, op: OpSpec, activate: bool) -> GroupOpInstalled:
         self._ledger.check_new(op)
@@ -363,13 +413,37 @@ class EngineGroup:
         return reply
 
     async def _point(self, message: AliasOp | Rollback) -> GroupAliasSet:
-        async with self._changes:
-            if isinstance(message, AliasOp) and not self._ledger.has(message.name, message.version):
-                self._ledger.spec(message.name)  # UnknownOp for an unknown name
-                raise InvalidArgument(f"op {message.name!r} has no version {message.version}")
-            reply = await point_all(self._serving_members(), message)
-            self._ledger.point(reply.name, reply.version)
-            return reply
+        return await self._exclusive(functools.partial(self._pointed, message))
+
+    async def _pointed(self, message: AliasOp | Rollback) -> GroupAliasSet:
+        if isinstance(message, AliasOp) and not self._ledger.has(message.name, message.version):
+            self._ledger.spec(message.name)  # UnknownOp for an unknown name
+            raise InvalidArgument(f"op {message.name!r} has no version {message.version}")
+        reply = await point_all(self._serving_members(), message)
+        self._ledger.point(reply.name, reply.version)
+        return reply
+
+    async def _exclusive(self, change: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        """Run op change ``change`` once the changes before it have ended, in a task of its
+        own that holds the change lock to its end. An engine applies a change it was sent
+        whether or not its asker still waits, so a caller cancelled (or timed out) once
+        the change began stops waiting, not the change: the ledger then records what the
+        engines hold (a version number an engine took stays taken) and each member its
+        change log. A cancel while the lock is awaited sends nothing."""
+        await self._changes.acquire()
+        task = asyncio.get_running_loop().create_task(change())
+        task.add_done_callback(self._change_ended)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.done():
+                task.add_done_callback(_log_abandoned_failure)
+            raise
+
+    def _change_ended(self, task: asyncio.Task[Any]) -> None:
+        self._changes.release()
+        if not task.cancelled():
+            task.exception()  # (retrieved: a caller that still waits gets it from shield)
 
     def _serving_members(self) -> list[EngineMember]:
         members = [self._members[key] for key in self.serving()]
@@ -414,6 +488,13 @@ class EngineGroup:
         finally:
             for key, count in tasks.items():
                 load[key] -= count
+
+
+def _log_abandoned_failure(task: asyncio.Task[Any]) -> None:
+    """An op change whose caller stopped waiting failed: no one else will hear of it."""
+    error = None if task.cancelled() else task.exception()
+    if error is not None:
+        log.warning("an op change whose caller was cancelled failed", error=repr(error))
 
 
 def _devices(devices: Sequence[int] | None) -> tuple[int, ...]:

@@ -22,7 +22,7 @@ from typing import Any, NoReturn, Protocol
 
 from gpuactors.engine.messages import AliasOp, InstallOp, OpAliasSet, OpInstalled, Rollback
 from gpuactors.engine.ops import OpSpec
-from gpuactors.errors import EngineError, PartialFailure
+from gpuactors.errors import AskTimeout, EngineError, EngineLost, PartialFailure
 from gpuactors.group.messages import GroupAliasSet, GroupOpInstalled
 from gpuactors.messages import Message
 
@@ -61,15 +61,23 @@ async def ask_each(
             *(target.ask(message, timeout) for target, message in requests),
             return_exceptions=True,
         )
+    return by_key([target.key for target, _message in requests], outcomes)
+
+
+def by_key(
+    keys: Sequence[int], outcomes: Sequence[Any]
+) -> tuple[dict[int, Any], dict[int, Exception]]:
+    """Outcomes as ``gather(return_exceptions=True)`` gives them: the replies, and the
+    errors, by key (a cancel, or an exit, is raised: not ours to keep)."""
     done: dict[int, Any] = {}
     errors: dict[int, Exception] = {}
-    for (target, _message), outcome in zip(requests, outcomes, strict=True):
+    for key, outcome in zip(keys, outcomes, strict=True):
         if isinstance(outcome, Exception):
-            errors[target.key] = outcome
-        elif isinstance(outcome, BaseException):  # a cancel, or an exit: not ours to keep
+            errors[key] = outcome
+        elif isinstance(outcome, BaseException):
             raise outcome
         else:
-            done[target.key] = outcome
+            done[key] = outcome
     return done, errors
 
 
@@ -94,11 +102,17 @@ async def roll_out(
     on_first_install: Callable[[], None] = lambda: None,
 ) -> GroupOpInstalled:
     """Install ``op`` on every target in the three phases above. ``on_first_install``
-    runs once the first engine holds ``op``: from then on its version number is taken,
-    whatever becomes of the other phases."""
+    runs once the first engine holds ``op``, or may hold it (its ask ended with no
+    answer): from then on its version number is taken, whatever becomes of the other
+    phases. Only an error the first engine answered leaves the number free."""
     install = InstallOp(op=op, activate=False)
     started = time.perf_counter()
-    first = await targets[0].ask(install, None)  # raises before any engine changed
+    try:
+        first = await targets[0].ask(install, None)
+    except BaseException as exc:
+        if not _refused(exc):  # (lost, or no longer awaited: it may be installed all the same)
+            on_first_install()
+        raise
     on_first_install()
     compiled = time.perf_counter()
     done, errors = await ask_all(targets[1:], install)
@@ -125,6 +139,12 @@ async def roll_out(
         live_on_all_at=time.time(),
         switch_ms=switch_ms,
     )
+
+
+def _refused(error: BaseException) -> bool:
+    """Did the engine answer ``error`` (so it changed nothing), rather than its ask end
+    with no answer (EngineLost, AskTimeout, a cancel), after which it may hold the change?"""
+    return isinstance(error, Exception) and not isinstance(error, EngineLost | AskTimeout)
 
 
 async def point_all(targets: Sequence[Target], message: AliasOp | Rollback) -> GroupAliasSet:

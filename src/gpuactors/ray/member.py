@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+import functools
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 import numpy as np
@@ -162,7 +163,7 @@ class RayMember:
             changes = len(self._changes)
             self.ray_calls += 1
             try:
-                outcome: Outcome = await method.remote(message, changes)
+                outcome: Outcome = await self._noted(method.remote(message, changes), message)
             except RayTaskError as exc:  # the actor ran the call and failed: not a loss
                 what = type(message).__name__
                 raise EngineError(f"actor {self._key} failed {what}: {exc}") from exc
@@ -178,9 +179,26 @@ class RayMember:
             await self._replay(outcome.replay_from)
         if outcome.error is not None:
             raise uncarry(outcome.error)
-        if isinstance(message, CHANGES):
-            self._changes.append(message)
         return outcome.value
+
+    def _noted(self, reply: Awaitable[Outcome], message: Message) -> Awaitable[Outcome]:
+        """``reply``; for an op change, noted in the change log as soon as the actor says
+        it applied it, whether or not its caller still waits: a timeout or a cancel ends
+        the wait, not the call, and an instance that Ray restarts must be given every
+        change the lost one had applied (a change missing from the log would be missing
+        from it, and the actors of the pool would disagree)."""
+        if not isinstance(message, CHANGES):
+            return reply
+        pending = asyncio.ensure_future(reply)
+        pending.add_done_callback(functools.partial(self._note_change, message))
+        return asyncio.shield(pending)
+
+    def _note_change(self, message: Message, pending: asyncio.Future[Outcome]) -> None:
+        if pending.cancelled() or pending.exception() is not None:
+            return  # (a loss: the caller, if it still waits, hears of it)
+        outcome = pending.result()
+        if outcome.replay_from is None and outcome.error is None:
+            self._changes.append(message)
 
     async def _linked(self) -> Link | None:
         """The actor's link, opened through Ray if there is none that works; None (batches
@@ -191,6 +209,8 @@ class RayMember:
                 return link
             if self._dead is not None:
                 raise EngineStopped(f"actor {self._key} serves no more: {self._dead}")
+            if not self._use_link:  # (given up while this batch waited: no second try)
+                return None
             why = ""
             for _ in range(2):  # (the actor may have been lost between answer and connect)
                 address: LinkAddress | NoLink = await self._call(OpenLink(), False)
