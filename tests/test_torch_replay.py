@@ -268,3 +268,16 @@ def test_a_plan_of_a_batch_cut_short_gives_way_to_the_whole_batch(sched: TorchSc
                 got = tail(head(x, y), y)
     torch.testing.assert_close(got, tail(head(x, y), y))
     assert sched.stats.flushes["replay ended"] == ended and sched.stats.replayed == replayed + 3
+
+
+def test_nan_scalars_do_not_fill_the_table_of_scalar_bits() -> None:
+    """Each NaN is unequal to every key, so each took a place of its own until the
+    table was full and remembered no scalar from then on."""
+    from gpuactors.torch import dtypes, record
+
+    before = len(record._BITS)
+    for _ in range(100):
+        assert record._bits(float("nan"), dtypes.F32) == record._bits(float("nan"), dtypes.F32)
+    assert len(record._BITS) == before
+    record._bits(0.125, dtypes.F32)
+    assert (0.125, dtypes.F32) in record._BITS

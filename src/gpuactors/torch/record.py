@@ -259,12 +259,13 @@ _BITS: dict[tuple[Any, int], int] = {}
 
 def _bits(value: Any, dtype: int) -> int:
     """f32 bits of a Python scalar as ``dtype`` holds it; remembered (loops repeat them),
-    but for zero, whose two signs are one key."""
+    but for zero, whose two signs are one key, and NaN, which equals no key (each NaN
+    would take a place of its own, and a full table remembers nothing new)."""
     key = (value, dtype)
     bits = _BITS.get(key) if value != 0 else None
     if bits is None:
         bits = P.f32_bits(D.scalar_as(float(value), dtype))
-        if len(_BITS) < 4096 and value != 0:
+        if len(_BITS) < 4096 and value != 0 and value == value:
             _BITS[key] = bits
     return bits
 
