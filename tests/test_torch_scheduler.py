@@ -1392,6 +1392,21 @@ def test_a_timer_flush_that_fails_is_raised_by_the_next_flush_and_the_timer_goes
     sched.close()
 
 
+def test_the_flush_that_reports_a_timer_failure_runs_the_open_batch_first() -> None:
+    """It raised before running the batch open at that moment, whose ops then waited
+    for some later flush."""
+    sched = TorchScheduler(_FailsOnce(), auto_flush_ms=300.0)
+    with torch.no_grad():
+        with pytest.raises(TaskFailed), sched:
+            torch.ones(4) * 0 + 7
+            deadline = time.monotonic() + 10
+            while sched._timer_error is None and time.monotonic() < deadline:
+                time.sleep(0.005)
+            w = torch.ones(4) * 0 + 3  # a new batch, open when the context exits
+        assert w.tolist() == [3.0] * 4 and sched.stats.flushes["exit"] == 1
+    sched.close()
+
+
 def test_max_batch_ops_counts_a_batch_s_first_op_too() -> None:
     sched = TorchScheduler(KeepsPrograms(), auto_flush_ms=None, max_batch_ops=1)
     x = rand(16)

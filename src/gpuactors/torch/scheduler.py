@@ -250,11 +250,22 @@ class TorchScheduler:
             self._flush_locked("size")
 
     def _flush_locked(self, reason: str) -> None:
-        if self._timer_error is not None and not (
-            self._timer is not None and self._timer.is_timer_thread()
-        ):
-            error, self._timer_error = self._timer_error, None
-            raise error
+        """Run the open batch (lock held); then raise an earlier timer flush's failure,
+        if one is unreported. The open batch runs first: its ops are the caller's, and
+        left open they would run at some later flush, long after the caller was told."""
+        earlier = None
+        if self._timer is None or not self._timer.is_timer_thread():
+            earlier, self._timer_error = self._timer_error, None
+        try:
+            self._run_open_batch(reason)
+        except Exception:
+            if earlier is not None:  # (still to be told: at the next flush)
+                self._timer_error = earlier
+            raise
+        if earlier is not None:
+            raise earlier
+
+    def _run_open_batch(self, reason: str) -> None:
         batch = self._batch
         if not batch.ops:
             if isinstance(batch, Replay):
