@@ -468,7 +468,7 @@ async def test_a_cancelled_parked_block_leaves_the_kernel_free(
     with pytest.raises(asyncio.CancelledError):
         await holder
     runtime.running = False  # the long task ended: the Park's wait succeeds now
-    await loop_turns_until(lambda: engine._parks_on_demand == 0 and not runtime.hold)
+    await loop_turns_until(lambda: len(engine._parks) == 0 and not runtime.hold)
     assert isinstance(await ref.ask(fill(), timeout=2), Completion)
 
 
@@ -477,13 +477,13 @@ async def test_parks_count_until_each_has_its_resume(system: ActorSystem) -> Non
     ref, engine = await start(system, runtime)
     await ref.ask(Park())
     await ref.ask(Park())
-    assert runtime.hold and engine._parks_on_demand == 2
+    assert runtime.hold and len(engine._parks) == 2
     await ref.ask(Resume())  # one Park still holds the kernel
-    assert runtime.hold and engine._parks_on_demand == 1
+    assert runtime.hold and len(engine._parks) == 1
     await ref.ask(Resume())
-    assert not runtime.hold and engine._parks_on_demand == 0
+    assert not runtime.hold and len(engine._parks) == 0
     await ref.ask(Resume())  # a Resume with no Park left changes nothing
-    assert not runtime.hold and engine._parks_on_demand == 0
+    assert not runtime.hold and len(engine._parks) == 0
 
 
 async def test_overlapping_parked_blocks_each_hold_the_kernel(system: ActorSystem) -> None:

@@ -4,17 +4,28 @@ shutdown, a restart, a cancelled caller or a fault leaves behind."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 
 from gpuactors.actors import ActorRef, ActorSystem, Props, handles
 from gpuactors.cuda import arrays as arrays_module
+from gpuactors.engine import actor as actor_module
 from gpuactors.engine import args as args_module
+from gpuactors.engine import live_ops as live_ops_module
 from gpuactors.engine import optable as optable_module
+from gpuactors.engine.client import Engine
 from gpuactors.engine.host_runtime import CupyLikeArray, HostEngine, HostRuntime
-from gpuactors.engine.messages import Completion, InstallOp, Park, Shutdown, Stats
+from gpuactors.engine.messages import (
+    Completion,
+    InstallOp,
+    Park,
+    Parked,
+    Resume,
+    Shutdown,
+    Stats,
+)
 from gpuactors.engine.ops import ArrayParam, OpSpec
 from gpuactors.errors import ActorStopped, DeviceFault, EngineStopped
 from gpuactors.messages import Message
@@ -114,6 +125,77 @@ async def test_a_park_waiting_when_the_engine_stops_fails_with_engine_stopped(
     await asyncio.wait_for(system.stop(ref), 5)
     with pytest.raises(EngineStopped):
         await asyncio.wait_for(park, 5)
+
+
+async def test_a_park_whose_caller_left_never_ends_a_later_parks_hold(
+    system: ActorSystem, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``parked()`` block is cancelled while its Park waits for a long task; its
+    Park's wait then times out. A second Park, asked meanwhile, still holds the kernel
+    once it has parked: each Park's hold ends once (a Park whose caller left, once)."""
+    timeouts = iter([0.2, 5.0])  # the first Park's wait, then the second's
+
+    async def wait_until(condition: Callable[[], bool], what: str) -> None:
+        await live_ops_module.wait_until(condition, what, next(timeouts))
+
+    monkeypatch.setattr(actor_module, "wait_until", wait_until)
+    runtime = HostRuntime()
+    runtime.running = True  # a long task: the kernel parks only once it ends
+    runtime.parks_on_request = False
+    ref, engine = await start(system, runtime)
+    holder = asyncio.ensure_future(hold_parked(Engine(ref)))
+    await turns()
+    holder.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await holder
+    later = asyncio.ensure_future(ref.ask(Park(), timeout=5))
+    await asyncio.sleep(0.4)  # the first Park's wait (0.2 s) is over by now
+    runtime.running = False  # the long task ended: the kernel parks
+    assert isinstance(await later, Parked)
+    assert runtime.hold and len(engine._parks) == 1  # the second Park holds
+    await ref.ask(Resume())
+    assert not runtime.hold
+
+
+class AnswersAsItsCallerIsCancelled(HostRuntime):
+    """Cancels ``caller`` as the Park answers: the engine reads ``launches`` for the
+    reply, and the cancel lands after the reply is set, before the caller sees it."""
+
+    caller: asyncio.Task[None] | None = None
+
+    @property
+    def launches(self) -> int:
+        if self.caller is not None:
+            asyncio.get_running_loop().call_soon(self.caller.cancel)
+        return self._launches
+
+    @launches.setter
+    def launches(self, value: int) -> None:
+        self._launches = value
+
+
+async def test_a_parked_block_cancelled_as_its_park_answers_leaves_the_kernel_free(
+    system: ActorSystem,
+) -> None:
+    """The Park answered, but its caller was cancelled before it saw the reply: the
+    block's Resume (named) still ends that Park, and the kernel is free."""
+    runtime = AnswersAsItsCallerIsCancelled()
+    runtime.running = True  # a long task: the kernel parks only once it ends
+    runtime.parks_on_request = False
+    ref, engine = await start(system, runtime)
+    runtime.caller = holder = asyncio.ensure_future(hold_parked(Engine(ref)))
+    await turns()
+    runtime.running = False  # the long task ended: the Park answers
+    with pytest.raises(asyncio.CancelledError):
+        await holder
+    await turns()
+    assert not runtime.hold and len(engine._parks) == 0
+    assert isinstance(await ref.ask(fill(), timeout=2), Completion)
+
+
+async def hold_parked(engine: Engine) -> None:
+    async with engine.parked():
+        await asyncio.sleep(10)
 
 
 class ParksAtATaskBoundary(HostRuntime):

@@ -60,6 +60,7 @@ from gpuactors.engine.messages import (
 )
 from gpuactors.engine.ops import BUILTIN_OPS, OpSpec
 from gpuactors.engine.optable import OpTable
+from gpuactors.engine.parks import ParkHolds
 from gpuactors.engine.runtime import EngineConfig, EngineRuntime, check_start_options
 from gpuactors.engine.service import Service
 from gpuactors.engine.submissions import Submit
@@ -128,7 +129,7 @@ class PersistentEngineActor(Actor):
         self._park_reasons: Counter[str] = Counter()
         self._seen_parks = 0
         self._forced = False  # a forced shutdown holds the kernel parked for good
-        self._parks_on_demand = 0  # Parks not yet resumed (or failed)
+        self._parks = ParkHolds()  # Parks not yet resumed (nor failed, nor left)
         self._drains = Drains()
         self._poller: asyncio.Task[None] | None = None
 
@@ -249,41 +250,65 @@ class PersistentEngineActor(Actor):
 
     # ------------------------------------------------------------- park, resume
     @handles(Park)
-    def park(self, _msg: Park) -> Deferred[Parked]:
+    def park(self, msg: Park) -> Deferred[Parked] | None:
         service = self._service
         try:
             service.check_serving()
+            key = self._parks.take(msg.hold)
         except GpuActorsError as exc:
             return failed_reply(exc)
         runtime = service.runtime
         assert runtime is not None
-        self._parks_on_demand += 1
         self._update_hold()
         runtime.request_park()
+        self._errands.start(self._answer_park(self.context.reply_future(), key, runtime))
+        return None
 
-        async def parked() -> Parked:
-            try:
-                await wait_until(lambda: service.parked_or_faulted(runtime), "the engine to park")
-                service.check_in_service()
-            except BaseException:  # (a timeout, or a cancel): this Park holds nothing
-                self._parks_on_demand = max(0, self._parks_on_demand - 1)
-                self._update_hold()
-                self._wake.set()
-                raise
-            self._note_parks()
-            return Parked(launches=runtime.launches)
+    async def _answer_park(
+        self, reply: asyncio.Future[Parked], key: object, runtime: EngineRuntime
+    ) -> None:
+        """Answer a Park once the kernel has parked. Its hold ends here if it fails, or
+        if its asker has left first (the asker settles ``reply``, its own future): an
+        asker that never had the answer need not send a Resume (a named one it sends
+        anyway ends nothing then). Settling ``reply`` decides, once, which happened."""
+        service = self._service
+        try:
+            await wait_until(
+                lambda: reply.done() or service.parked_or_faulted(runtime), "the engine to park"
+            )
+            service.check_in_service()
+        except asyncio.CancelledError:  # the engine stops
+            self._end_park(key)
+            if not reply.done():
+                reply.set_exception(EngineStopped("the engine stopped before this finished"))
+            raise
+        except Exception as exc:  # (a timeout, or a fault): the asker's error
+            self._end_park(key)
+            if not reply.done():
+                reply.set_exception(exc)
+            return
+        if reply.done():  # its asker left before the kernel parked: it holds nothing
+            self._end_park(key)
+            return
+        self._note_parks()
+        self._parks.answered(key)
+        reply.set_result(Parked(launches=runtime.launches))
 
-        return self._errands.reply_when(parked())
+    def _end_park(self, key: object) -> None:
+        """The Park of ``key`` no longer holds the kernel (once: a second end is nothing)."""
+        self._parks.release(key)
+        self._update_hold()
+        self._wake.set()
 
     @handles(Resume)
-    def resume(self, _msg: Resume) -> Ack | Deferred[Ack]:
+    def resume(self, msg: Resume) -> Ack | Deferred[Ack]:
         service = self._service
         if service.faulted is not None:
             return failed_reply(DeviceFault(f"this engine is out of service: {service.faulted}"))
         if service.runtime is None or self._forced:
             return Ack()  # after a forced shutdown, cancelled records must never run
         # Each Resume ends one Park: overlapping ``parked()`` blocks each hold the kernel.
-        self._parks_on_demand = max(0, self._parks_on_demand - 1)
+        self._parks.resume(msg.hold)
         self._update_hold()
         service.runtime.kick()
         if self._completions.pending or self._intake.backlog or self._completions.batches:
@@ -300,7 +325,7 @@ class PersistentEngineActor(Actor):
         runtime = self._service.runtime
         if runtime is not None:
             runtime.hold = bool(
-                self._parks_on_demand
+                self._parks
                 or self._live_ops.swapping
                 or self._forced
                 or self._service.faulted is not None

@@ -7,6 +7,7 @@ submissions (:mod:`gpuactors.engine.submissions`); everything else is one ask.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
 from typing import Any, Literal
@@ -31,6 +32,8 @@ from gpuactors.engine.runtime import EngineConfig
 from gpuactors.engine.submissions import After, Submissions, Submit, check_task_fields
 from gpuactors.errors import ActorStopped, AskTimeout, MailboxFull
 from gpuactors.nvrtc import KernelCompiler
+
+_PARK_NAMES = itertools.count(1)  # each ``parked()`` block's Park, told apart by its Resume
 
 
 class Engine:
@@ -162,15 +165,19 @@ class Engine:
 
     @asynccontextmanager
     async def parked(self) -> AsyncIterator[Parked]:
-        """Keep the kernel parked inside the block (e.g. to load modules, or to measure)."""
+        """Keep the kernel parked inside the block (e.g. to load modules, or to measure).
+
+        Its Park is named, and its Resume names it: a caller cancelled just as the Park
+        answered (the reply never reached it) still ends that Park, and only that one;
+        for a Park that had not answered, that Resume does nothing (it ended itself)."""
+        hold = next(_PARK_NAMES)
         try:
-            parked: Parked = await self.ref.ask(Park(), timeout=30.0)
+            parked: Parked = await self.ref.ask(Park(hold=hold), timeout=30.0)
         except (asyncio.CancelledError, AskTimeout):
-            # The Park may still take effect after its asker has gone: undo it then.
             with suppress(MailboxFull):
-                self.ref.tell(Resume())
+                self.ref.tell(Resume(hold=hold))
             raise
         try:
             yield parked
         finally:
-            await self.ref.ask(Resume(), timeout=30.0)
+            await self.ref.ask(Resume(hold=hold), timeout=30.0)

@@ -233,7 +233,14 @@ class ShutdownReport(Reply):
 
 class Park(Message):
     """Park the kernel now and keep it parked until its ``Resume`` (tasks wait in the
-    ring). Parks count: the kernel stays parked until each has had its Resume."""
+    ring). Parks count: the kernel stays parked until each has had its Resume.
+
+    ``hold`` names this Park (unique while it holds): only ``Resume(hold=...)`` ends it
+    then, and that Resume is harmless once the Park has ended, so a caller cancelled
+    while it waits can always send it (``Engine.parked()`` does). A Park whose asker
+    leaves (cancelled, timed out) before it answers holds nothing."""
+
+    hold: int | None = None
 
 
 class Parked(Reply):
@@ -241,4 +248,8 @@ class Parked(Reply):
 
 
 class Resume(Message):
-    """End one ``Park``: once none is left, the kernel relaunches on the next task."""
+    """End one ``Park``: the one named ``hold`` (nothing if it has ended already), or,
+    without a name, one unnamed Park that has answered. Once none is left, the kernel
+    relaunches on the next task."""
+
+    hold: int | None = None
