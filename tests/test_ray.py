@@ -44,7 +44,7 @@ from gpuactors.worker import IsolationConfig, Job, JobResult, RemoteArray
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'gpuactors[ray]')")
 
-from ray.exceptions import RayActorError  # noqa: E402
+from ray.exceptions import ActorDiedError, RayActorError  # noqa: E402
 
 from fake_engines import BAD, STAMP, STAMP_V2, start_fake_ray_member  # noqa: E402
 from gpuactors.group import EngineGroup  # noqa: E402
@@ -121,6 +121,20 @@ async def test_jobs_uploads_and_batches_through_ray(ray_cluster: Any) -> None:
     reply = await pool.enqueue_batch(batch)
     assert reply.count == rows and reply.failed == 0 and set(reply.per_engine) == {0, 1}
     np.testing.assert_allclose(await pool.download(y_sharded), y_host + 2.0 * x_host)
+    await pool.shutdown()
+
+
+async def test_freeing_a_view_frees_its_whole_upload_and_all_its_bytes(ray_cluster: Any) -> None:
+    """A RemoteArray's view names its upload by id, and the actor frees by id: freeing
+    the view frees the whole upload, so the bytes placed on the actor go, all of them."""
+    pool = await fake_pool()  # (least_loaded: fewest bytes placed)
+    big = await pool.upload(np.zeros(4000, np.uint8), device=0)
+    await pool.upload(np.zeros(1000, np.uint8), device=1)
+    assert pool.pick() == 1
+    await pool.free(big[0:100])
+    with pytest.raises(GpuRefStale, match="freed"):
+        await pool.download(big)  # the whole upload went
+    assert pool.pick() == 0  # and its 4000 bytes count no more
     await pool.shutdown()
 
 
@@ -239,8 +253,9 @@ async def test_an_actor_killed_with_batches_on_its_link(ray_cluster: Any) -> Non
 
 
 class _FakeActor:
-    """A Ray actor as a member sees it (``call``, ``watch``, ``stop``), answering in this
-    process: ``answer`` gives each call's value; ``watch`` fails when ``lose`` is called."""
+    """A Ray actor as a member sees it (``call``, ``watch``, ``stop``, ``ping``), answering
+    in this process: ``answer`` gives each call's value; once ``lost`` is set, ``watch``
+    fails, and so do ``ping`` and ``stop`` (the actor died for good)."""
 
     def __init__(self, answer: Callable[[Message], Awaitable[object]]) -> None:
         self.answer = answer
@@ -250,6 +265,7 @@ class _FakeActor:
         self.call = SimpleNamespace(remote=self._call)
         self.watch = SimpleNamespace(remote=self._watch)
         self.stop = SimpleNamespace(remote=self._stop)
+        self.ping = SimpleNamespace(remote=self._ping)
 
     async def _call(self, message: Message, changes: int) -> Outcome:
         self.received.append(message)
@@ -263,9 +279,15 @@ class _FakeActor:
         raise RayActorError()
 
     async def _stop(self, force: bool) -> Outcome:
+        if self.lost.is_set():
+            raise ActorDiedError()
         self.stopped.set()
         await asyncio.sleep(0.3)  # the engine drains what it accepted
         return Outcome(value=ShutdownReport(completed=1, cancelled=0))
+
+    async def _ping(self) -> None:
+        if self.lost.is_set():
+            raise ActorDiedError()
 
 
 def _batch() -> EnqueueBatch:
@@ -304,10 +326,13 @@ async def test_a_link_that_cannot_be_had_leaves_batches_to_ray(why: str) -> None
     ]
 
 
-def _held_link_server(release: asyncio.Event) -> LinkServer:
-    """A link server that answers each batch once ``release`` is set."""
+def _held_link_server(release: asyncio.Event, arrived: asyncio.Event | None = None) -> LinkServer:
+    """A link server that answers each batch once ``release`` is set (and sets
+    ``arrived`` as each comes: it is on the link)."""
 
     async def held(message: Message) -> object:
+        if arrived is not None:
+            arrived.set()
         await release.wait()
         return await _done(message)
 
@@ -369,9 +394,37 @@ async def test_batches_on_the_link_are_answered_through_a_stop_and_lost_with_the
     server.close()
 
 
+async def test_a_stopped_member_stays_stopped_when_ray_reports_the_kill_late(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stop kills the actor; Ray reports that death afterwards (the watch on the link
+    fails, and the probe finds the actor dead for good). The member is still stopped:
+    a second stop says EngineStopped, not EngineLost."""
+    monkeypatch.setattr(
+        "gpuactors.ray.member.ray", SimpleNamespace(kill=lambda actor, **_: actor.lost.set())
+    )
+    server = _held_link_server(asyncio.Event())
+
+    async def answer(message: Message) -> object:
+        return await server.start("127.0.0.1") if isinstance(message, OpenLink) else None
+
+    actor = _FakeActor(answer)
+    member = RayMember(actor, 0, idempotent=frozenset())
+    assert await member._linked() is not None  # the link, and the watch on the actor
+    assert (await member.stop()).completed == 1
+    assert member._watching is not None
+    await asyncio.wait_for(member._watching, 5)  # Ray reported the death
+    probing = member._probing
+    if probing is not None:
+        await asyncio.wait_for(probing, 5)  # and the probe found it for good
+    with pytest.raises(EngineStopped, match="stopped already"):
+        await member.stop()
+    server.close()
+
+
 async def test_a_drain_waits_for_the_batches_on_the_link_and_timeouts_keep_their_type() -> None:
-    release = asyncio.Event()
-    server = _held_link_server(release)
+    release, arrived = asyncio.Event(), asyncio.Event()
+    server = _held_link_server(release, arrived)
 
     async def answer(message: Message) -> object:
         if isinstance(message, OpenLink):
@@ -383,7 +436,7 @@ async def test_a_drain_waits_for_the_batches_on_the_link_and_timeouts_keep_their
     actor = _FakeActor(answer)
     member = RayMember(actor, 0, idempotent=frozenset())
     in_flight = asyncio.ensure_future(member.ask(_batch()))
-    await asyncio.sleep(0.1)
+    await asyncio.wait_for(arrived.wait(), 10)  # the link is open, the batch on it
     drain = asyncio.ensure_future(member.ask(Drain()))
     await asyncio.sleep(0.1)
     assert not any(isinstance(m, Drain) for m in actor.received)  # the batch first

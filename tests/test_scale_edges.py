@@ -8,6 +8,7 @@ engines (fake_engines.py) and a local Ray cluster.
 * ``group.ask``'s timeout, for every message it takes.
 * A batch whose tasks only its ``devices`` column counts.
 * Sharded arrays: a scatter that fails part-way, a free that fails on one shard.
+* A shutdown where one engine's stop ends in an exit.
 * Batches waiting for a Ray actor's link that cannot be had.
 """
 
@@ -31,6 +32,7 @@ from gpuactors.engine import (
     InstallOp,
     OpSpec,
     ReplaceOp,
+    ShutdownReport,
     Stats,
 )
 from gpuactors.engine.args import task_count
@@ -225,6 +227,35 @@ async def test_freeing_a_sharded_array_frees_every_shard_where_one_fails(
         await group.free(sharded)
     assert list(caught.value.done) == [1] and isinstance(caught.value.errors[0], GpuRefStale)
     assert group.pick() == 1  # device 1's shard was freed: its bytes count no more
+
+
+class _Exit(BaseException):
+    """An exit, not an error (as KeyboardInterrupt is: asyncio would stop the loop for
+    that one itself)."""
+
+
+class _ExitsOnStop(FakeLocalMember):
+    """An engine whose stop ends in an exit."""
+
+    async def stop(self, *, force: bool = False) -> ShutdownReport:
+        await super().stop(force=force)
+        raise _Exit("stopping")
+
+
+async def test_a_shutdown_raises_an_engines_exit_once_every_other_has_stopped(
+    system: ActorSystem,
+) -> None:
+    """An exit (a BaseException, not an Exception) from one engine's stop is raised, as
+    an ask of every engine raises it, not dropped; the other engine stopped first."""
+    journal = Journal([])
+    members = [
+        await _ExitsOnStop.start_fake(system, 0, journal),
+        await FakeLocalMember.start_fake(system, 1, journal),
+    ]
+    group = EngineGroup(members)
+    with pytest.raises(_Exit, match="stopping"):
+        await group.shutdown()
+    await asyncio.wait_for(system.watch(members[1].ref), 5)  # (it stopped all the same)
 
 
 # ------------------------------------------------------ a Ray member's link

@@ -294,7 +294,7 @@ class EngineGroup:
         array = await self._members[key].upload(host)
         if isinstance(array, RemoteArray):
             self._locator.learn(array, key)
-        self._load.placed_bytes[key] += host.nbytes
+        self._load.placed(key, array, host.nbytes)
         return array
 
     async def download(self, array: Any) -> np.ndarray:
@@ -320,8 +320,7 @@ class EngineGroup:
 
     async def _free_piece(self, key: int, piece: Any) -> None:
         await self._members[key].free(piece)
-        nbytes = int(getattr(piece, "nbytes", 0))
-        self._load.placed_bytes[key] = max(0, self._load.placed_bytes[key] - nbytes)
+        self._load.freed(key, piece)
 
     async def scatter(
         self, host: np.ndarray, *, devices: Sequence[int] | None = None
@@ -465,13 +464,13 @@ class EngineGroup:
         return done
 
     async def shutdown(self, *, force: bool = False) -> dict[int, ShutdownReport]:
-        """Stop every engine (by default each drains first: nothing accepted is lost)."""
+        """Stop every engine (by default each drains first: nothing accepted is lost).
+        A cancel or an exit of one is raised once every other has stopped, as an ask of
+        every engine raises it (``switch.by_key``): never dropped."""
         reports = await asyncio.gather(
             *(member.stop(force=force) for member in self.members), return_exceptions=True
         )
-        outcomes = dict(zip(self.devices, reports, strict=True))
-        done = {key: r for key, r in outcomes.items() if isinstance(r, ShutdownReport)}
-        errors = {key: r for key, r in outcomes.items() if isinstance(r, Exception)}
+        done, errors = by_key(self.devices, reports)
         if errors:
             fail("some engines did not shut down cleanly", done, errors)
         return done

@@ -272,13 +272,20 @@ class RayMember:
             try:
                 await self.actor.ping.remote()
             except ActorDiedError as exc:
-                self._dead = f"the actor died and Ray will not restart it: {exc}"
+                self._end(f"the actor died and Ray will not restart it: {exc}")
             except RayError:
                 pass  # unavailable for now (restarting): a later call finds out
             finally:
                 self._probing = None
 
         self._probing = asyncio.get_running_loop().create_task(probe())
+
+    def _end(self, why: str) -> None:
+        """This member serves no more, for ``why``, unless it has ended already: the
+        first end stays (a stop kills the actor, and Ray's late report of that death
+        must not turn the stop into a loss: a second ``stop()`` says EngineStopped)."""
+        if self._dead is None:
+            self._dead = why
 
 
 def _op_of(message: Message) -> str | None:
