@@ -265,6 +265,7 @@ async def test_batches_waiting_for_a_link_that_cannot_be_had_try_it_once(
     """Batches that waited while the first gave the link up go through Ray at once: each
     had asked for the link again (two Ray calls and two connects each, one after another,
     up to LINK_CONNECT_SECONDS apiece where a firewall drops the packets) and warned."""
+    pytest.importorskip("ray", reason="Ray is not installed (pip install 'gpuactors[ray]')")
     from gpuactors.ray.host import Outcome
     from gpuactors.ray.member import RayMember
     from gpuactors.worker.link import LinkAddress, OpenLink
