@@ -202,7 +202,8 @@ async def test_compile_async_keeps_the_loop_responsive(tmp_path: Path) -> None:
     turns = await loop_turns_while(lambda: not compiling.done())
     module, origin = await compiling
     assert origin == "compiled" and compiler.compiles == 1
-    assert module.compile_seconds >= 0.2, "the heavy source must really take >= 0.2 s"
+    # (long enough that a loop blocked by it would take no turn; NVRTC 12 is the faster)
+    assert module.compile_seconds >= 0.1, "the heavy source must really take >= 0.1 s"
     assert turns >= 10, (
         f"the loop took {turns} turns during a {module.compile_seconds:.2f} s compile"
     )
