@@ -210,14 +210,19 @@ class KernelCompiler:
         gets its :class:`CompileError`; failures are not cached).
         """
         looked_up = self._look_up(source, name, opts, arch, headers)
-        claim = self._claim(looked_up)
-        if isinstance(claim, CompiledModule):
-            return claim, "memory"
-        flight, leader = claim
-        if not leader:
-            return flight.result()[0], "memory"
-        self._fly(flight, looked_up)
-        return flight.result()
+        while True:
+            claim = self._claim(looked_up)
+            if isinstance(claim, CompiledModule):
+                return claim, "memory"
+            flight, leader = claim
+            if leader:
+                self._fly(flight, looked_up)
+                return flight.result()
+            shared = flight.result()[0]
+            again = self._joined(looked_up, shared)
+            if again is None:
+                return shared, "memory"
+            looked_up = again
 
     # ------------------------------------------------------------------ async
     async def get_or_compile_async(
@@ -241,23 +246,52 @@ class KernelCompiler:
         if not nvrtc_loaded():
             await asyncio.to_thread(load_nvrtc)  # a first use loads a big library: not here
         looked_up = await asyncio.to_thread(self._look_up, source, name, opts, arch, headers)
-        claim = self._claim(looked_up)
-        if isinstance(claim, CompiledModule):
-            return claim, "memory"
-        flight, leader = claim
-        if leader:
-            context = contextvars.copy_context()  # (as to_thread: the logs keep their context)
-            try:
-                self._threads.submit(lambda: context.run(self._fly, flight, looked_up))
-            except RuntimeError as exc:  # no thread could be started: settle for everyone
-                self._settle(flight, looked_up.flight, exc)
-                raise
-            # Shielded: a cancelled leader leaves the compile (and its followers) alone.
-            return await asyncio.shield(asyncio.wrap_future(flight))
-        shared, _origin = await asyncio.wrap_future(flight)
-        return shared, "memory"
+        while True:
+            claim = self._claim(looked_up)
+            if isinstance(claim, CompiledModule):
+                return claim, "memory"
+            flight, leader = claim
+            if leader:
+                return await self._lead_async(flight, looked_up)
+            shared, _origin = await asyncio.wrap_future(flight)
+            again = await asyncio.to_thread(self._joined, looked_up, shared)
+            if again is None:
+                return shared, "memory"
+            looked_up = again
+
+    async def _lead_async(self, flight: Future[_Result], looked_up: _Request) -> _Result:
+        """Run the compile of a flight this request leads on a thread of the compiler's."""
+        context = contextvars.copy_context()  # (as to_thread: the logs keep their context)
+        try:
+            self._threads.submit(lambda: context.run(self._fly, flight, looked_up))
+        except RuntimeError as exc:  # no thread could be started: settle for everyone
+            self._settle(flight, looked_up.flight, exc)
+            raise
+        # Shielded: a cancelled leader leaves the compile (and its followers) alone.
+        return await asyncio.shield(asyncio.wrap_future(flight))
 
     # ---------------------------------------------------------------- flights
+    def _joined(self, looked_up: _Request, shared: CompiledModule) -> _Request | None:
+        """None if ``shared``, the module of a flight this request joined, is what the
+        request gets now; else the request looked up again, to be served afresh.
+
+        A flight may have read its files before this request was made (a follower of a
+        request with no manifest yet shares the compile whatever the files hold), so
+        the files are hashed again under the manifest the flight left: a module whose
+        key is not the key they give now (a header edited since, or a module no key
+        names, which is never cached either) is not handed over. Without a manifest
+        (an NVRTC that cannot report its reads) nothing can be checked: it is shared.
+        """
+        now = self._look_up(
+            looked_up.source,
+            looked_up.name,
+            looked_up.opts,
+            looked_up.arch,
+            looked_up.headers,
+            disk=False,
+        )
+        return None if now.key is None or now.key == shared.cache_key else now
+
     def _claim(self, looked_up: _Request) -> CompiledModule | tuple[Future[_Result], bool]:
         """The cached module, else the in-flight future for the request and whether the
         caller leads it (and so must run :meth:`_fly`)."""

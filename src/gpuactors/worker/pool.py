@@ -75,12 +75,17 @@ class WorkerPool:
             self.refill()
 
     async def next_worker(self) -> WorkerProcess:
-        """A booted spare if there is one, else the next spare being booted, else a new one."""
+        """A booted spare if there is one, else the next spare being booted, else a new one.
+
+        The wait for a spare is a task of its own: it is cancelled however the wait ends
+        (the engine stopping cancels this), or it would wait on the event for good."""
         while not self.standbys and self.booting:
             self._standby_arrived.clear()
-            booting = asyncio.ensure_future(self._standby_arrived.wait())
-            await asyncio.wait({booting, *self.booting}, return_when=asyncio.FIRST_COMPLETED)
-            booting.cancel()
+            arrived = asyncio.ensure_future(self._standby_arrived.wait())
+            try:
+                await asyncio.wait({arrived, *self.booting}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                arrived.cancel()
         if self.standbys:
             return self.standbys.pop(0)
         return await self.spawn()
