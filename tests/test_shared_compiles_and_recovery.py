@@ -155,3 +155,23 @@ async def test_stopping_while_recovery_waits_for_a_standby_leaves_no_task_behind
         await asyncio.sleep(0.05)
         left = [t for t in asyncio.all_tasks() if _waits_on_a_standby(t)]
         assert left == []
+
+
+def test_a_kernel_compile_in_a_worker_gets_the_cold_compile_allowance_of_an_install() -> None:
+    """A Compile or CompileAsync had only a task's deadline: a compile longer than that
+    (heavy templates, or queued behind others) got a healthy worker replaced."""
+    from gpuactors.engine.messages import InstallOp, Stats
+    from gpuactors.engine.ops import BUILTIN_OPS
+    from gpuactors.engine.runtime import EngineConfig
+    from gpuactors.nvrtc.messages import Compile, CompileAsync
+    from gpuactors.worker.config import IsolationConfig
+    from gpuactors.worker.watchdog import DeadlineWatchdog
+
+    isolation = IsolationConfig(start_timeout_s=500.0)
+    watchdog = DeadlineWatchdog(EngineConfig(), isolation, list, lambda why: None)
+    source = 'extern "C" __global__ void k() {}'
+    ordinary = watchdog.deadline_of(Stats())
+    install = watchdog.deadline_of(InstallOp(op=BUILTIN_OPS[0]))
+    for compile_message in (Compile, CompileAsync):
+        deadline = watchdog.deadline_of(compile_message(source=source, kernel_names=("k",)))
+        assert deadline - ordinary >= 499.0 and abs(deadline - install) < 1.0

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from gpuactors.engine.messages import InstallOp, PrepareOp, ReplaceOp
 from gpuactors.engine.runtime import EngineConfig
 from gpuactors.messages import Message
+from gpuactors.nvrtc.messages import CompileRequest
 from gpuactors.worker.config import IsolationConfig
 from gpuactors.worker.requests import PendingRequest
 
@@ -42,8 +43,8 @@ class DeadlineWatchdog:
     def _budget(self, message: Message) -> float:
         timeout = getattr(message, "timeout", None) or self._engine_config.default_task_timeout_s
         budget = (timeout or 0.0) + self._engine_config.hang_grace_ms / 1e3
-        if isinstance(message, InstallOp | ReplaceOp | PrepareOp):
-            budget += self._isolation.start_timeout_s  # a cold compile
+        if isinstance(message, InstallOp | ReplaceOp | PrepareOp | CompileRequest):
+            budget += self._isolation.start_timeout_s  # a cold compile, an op's or a kernel's
         return budget + self._isolation.unresponsive_s if timeout else float("inf")
 
     def start(self) -> None:
