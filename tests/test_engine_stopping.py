@@ -26,16 +26,9 @@ from gpuactors.engine.messages import (
     Shutdown,
     Stats,
 )
-from gpuactors.engine.ops import ArrayParam, OpSpec
 from gpuactors.errors import ActorStopped, DeviceFault, EngineStopped
 from gpuactors.messages import Message
-from test_engine_on_host import fill
-
-NEGATE = OpSpec(
-    name="negate",
-    params=(ArrayParam(name="out", dtype="float32", direction="out"),),
-    body="return 0;",
-)
+from test_engine_on_host import NEGATE, fill
 
 
 class Fail(Message):

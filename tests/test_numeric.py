@@ -14,7 +14,7 @@ import pytest
 
 from gpuactors.actors import MailboxConfig, SupervisorStrategy
 from gpuactors.actors.checks import count, seconds
-from gpuactors.engine.messages import Enqueue
+from gpuactors.engine.messages import Enqueue, Park, Resume
 from gpuactors.engine.submissions import check_task_fields
 from gpuactors.errors import InvalidArgument
 from gpuactors.numeric import real_number, whole_number
@@ -92,6 +92,11 @@ def test_anything_else_is_refused_as_a_count_everywhere(value: Any) -> None:
         check_task_fields(value, 1, None, "none")
     with pytest.raises(InvalidArgument, match="n"):
         Enqueue(op="axpy", args=(), n=value)
+    if value is not None:  # (a Park or Resume without a name is None)
+        with pytest.raises(InvalidArgument, match="hold"):
+            Park(hold=value)
+        with pytest.raises(InvalidArgument, match="hold"):
+            Resume(hold=value)
 
 
 def test_settings_keep_the_int_and_float_they_were_given_as() -> None:

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -1374,20 +1375,24 @@ class _FailsOnce(ReferenceExecutor):
         super().run(words, n, units, stream)
 
 
+def _poll_until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
+    """Wait (up to ``seconds``) for the timer thread to make ``condition`` hold; the
+    caller asserts what it needs."""
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
 def test_a_timer_flush_that_fails_is_raised_by_the_next_flush_and_the_timer_goes_on() -> None:
     sched = TorchScheduler(_FailsOnce(), auto_flush_ms=1.0)
     with torch.no_grad():
         with pytest.raises(TaskFailed), sched:
             torch.ones(4) * 0 + 7
-            deadline = time.monotonic() + 10
-            while sched._timer_error is None and time.monotonic() < deadline:
-                time.sleep(0.005)
+            _poll_until(lambda: sched._timer_error is not None)
         assert sched.stats.flushes["timer"] == 1  # (counted, though it failed)
         with sched:  # the timer still flushes
             z = torch.ones(4) * 0 + 5
-            deadline = time.monotonic() + 10
-            while sched.stats.flushes["timer"] < 2 and time.monotonic() < deadline:
-                time.sleep(0.005)
+            _poll_until(lambda: sched.stats.flushes["timer"] >= 2)
         assert sched.stats.flushes["timer"] == 2 and z.tolist() == [5.0] * 4
     sched.close()
 
@@ -1399,9 +1404,7 @@ def test_the_flush_that_reports_a_timer_failure_runs_the_open_batch_first() -> N
     with torch.no_grad():
         with pytest.raises(TaskFailed), sched:
             torch.ones(4) * 0 + 7
-            deadline = time.monotonic() + 10
-            while sched._timer_error is None and time.monotonic() < deadline:
-                time.sleep(0.005)
+            _poll_until(lambda: sched._timer_error is not None)
             w = torch.ones(4) * 0 + 3  # a new batch, open when the context exits
         assert w.tolist() == [3.0] * 4 and sched.stats.flushes["exit"] == 1
     sched.close()

@@ -240,7 +240,7 @@ class Park(Message):
     while it waits can always send it (``Engine.parked()`` does). A Park whose asker
     leaves (cancelled, timed out) before it answers holds nothing."""
 
-    hold: int | None = None
+    hold: WholeNumber | None = None
 
 
 class Parked(Reply):
@@ -252,4 +252,4 @@ class Resume(Message):
     without a name, one unnamed Park that has answered. Once none is left, the kernel
     relaunches on the next task."""
 
-    hold: int | None = None
+    hold: WholeNumber | None = None
