@@ -45,10 +45,11 @@ def test_a_speedup_is_a_rate_over_one_gpus_or_one_gpus_time_over_this() -> None:
 def test_every_group_size_gets_a_row_with_its_ratio_to_one_gpu(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    one_at_a_time = {"tiny_one_at_a_time_per_s": 5e6, "scan_ms": 9.0}  # (no targets)
     figures = {
-        1: {"start_s": 1.0, "tiny_tasks_per_s": 10e6, "scan_ms": 2.0},
-        2: {"start_s": 1.5, "tiny_tasks_per_s": 19.5e6, "scan_ms": 1.1},
-        4: {"start_s": 2.0, "tiny_tasks_per_s": 30e6, "scan_ms": 0.5},
+        1: {"start_s": 1.0, "tiny_tasks_per_s": 10e6, "scan_jobs_per_s": 5e6, **one_at_a_time},
+        2: {"start_s": 1.5, "tiny_tasks_per_s": 19.5e6, "scan_jobs_per_s": 9.1e6, **one_at_a_time},
+        4: {"start_s": 2.0, "tiny_tasks_per_s": 30e6, "scan_jobs_per_s": 20e6, **one_at_a_time},
     }
     results = ScriptResults.start("bench_scale")
     bench_scale.record_scaling("in-process engines", figures, results)
@@ -60,7 +61,7 @@ def test_every_group_size_gets_a_row_with_its_ratio_to_one_gpu(
     ]
     assert "= 1.00x" in rows[0] and "= 1.95x (target >= 1.9x: MET)" in rows[1]
     assert "= 3.00x (target >= 3.6x: NOT MET)" in rows[2]  # tiny tasks
-    assert "= 4.00x (target >= 3.6x: MET)" in rows[2]  # scan jobs: 2.0 ms / 0.5 ms
+    assert "= 4.00x (target >= 3.6x: MET)" in rows[2]  # scan jobs: 20M / 5M jobs/s
     targets = {t.name: (t.met, t.value) for t in results.targets}
     assert targets == {
         "in-process engines, 2 GPUs: 1. tiny tasks >= 1.9x 1 GPU": (True, "1.95x"),
@@ -70,5 +71,8 @@ def test_every_group_size_gets_a_row_with_its_ratio_to_one_gpu(
     }
     # Each larger group is compared with one GPU's figure of the same run.
     baselines = {(c.label, c.baseline_value) for c in results.comparisons}
-    assert ("in-process engines, 4 GPUs: 2. scan jobs", 2.0) in baselines
-    assert len(results.comparisons) == 4 and len(results.figures) == 6
+    assert ("in-process engines, 4 GPUs: 2. scan jobs", 5e6) in baselines
+    assert ("in-process engines, 2 GPUs: 2a. one batch at a time", 9.0) in baselines
+    assert len(results.comparisons) == 8 and len(results.figures) == 12
+    # One batch at a time is reported beside, with no target.
+    assert not any("one batch at a time" in t.name for t in results.targets)
