@@ -4,11 +4,14 @@ and what it records. The measurements themselves need GPUs (nvidia-h100-x2 or -x
 from __future__ import annotations
 
 import argparse
+import asyncio
+import time
 
 import pytest
 
 from gpuactors.benchmarks import bench_scale
 from gpuactors.benchmarks.results import ScriptResults
+from gpuactors.engine import BatchCompletion
 from gpuactors.errors import InvalidArgument
 
 
@@ -76,3 +79,23 @@ def test_every_group_size_gets_a_row_with_its_ratio_to_one_gpu(
     assert len(results.comparisons) == 8 and len(results.figures) == 12
     # One batch at a time is reported beside, with no target.
     assert not any("one batch at a time" in t.name for t in results.targets)
+
+
+def test_a_streams_rate_is_its_steady_state_after_the_pipeline_filled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first ``depth`` batches fill the pipeline; the rate counts the batches
+    answered after the depth-th, over the time from its answer to the last one."""
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    sent: list[int] = []
+
+    async def send() -> BatchCompletion:
+        sent.append(len(sent))
+        await asyncio.sleep(0)
+        clock[0] += 10.0 if len(sent) <= 3 else 2.0  # a slow start, then 2 s a batch
+        return BatchCompletion(first_seq=1, count=10, failed=0)
+
+    rate = asyncio.run(bench_scale.streamed(send, 10, batches=12, depth=3))
+    assert len(sent) == 3 + 12
+    assert rate == pytest.approx(12 * 10 / (12 * 2.0))  # the slow start left out

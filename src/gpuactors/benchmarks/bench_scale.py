@@ -54,7 +54,9 @@ COUNTS = (1, 2, 4)  # group sizes measured where the machine has the GPUs
 RAY_BATCH_TARGET = 0.8
 JOBS = 10_000
 BATCH_TASKS = 100_000
-#: Batches kept in flight for a throughput figure.
+#: Batches kept in flight for a throughput figure. Each stream is timed over at
+#: least about a tenth of a second (tens to hundreds of batches): over a few
+#: milliseconds, one stall of the host would set the figure.
 DEPTH = 4
 #: The figures the speed-up targets apply to: throughput, batches in flight.
 TARGETED = ("tiny_tasks_per_s", "scan_jobs_per_s")
@@ -78,7 +80,7 @@ async def group_figures(
         times = [await timed(group.enqueue_batch(fill), count * tiny) for _ in range(1 + repeats)]
         figures["tiny_one_at_a_time_per_s"] = count * tiny / statistics.median(times[1:])
         figures["tiny_tasks_per_s"] = await streamed(
-            lambda: group.enqueue_batch(fill), count * tiny, DEPTH * repeats
+            lambda: group.enqueue_batch(fill), count * tiny, 10 * repeats
         )
         assert bool((await group.download(out) == 1.0).all()), "a tiny task did not run"
 
@@ -94,14 +96,14 @@ async def group_figures(
         )
         scans = [await timed(group.enqueue_batch(scan), JOBS) for _ in range(1 + 3 * repeats)]
         figures["scan_ms"] = statistics.median(scans[1:]) * 1e3
-        streamed_scans = 3 * DEPTH * repeats
+        streamed_scans = 40 * repeats
         figures["scan_jobs_per_s"] = await streamed(
             lambda: group.enqueue_batch(scan), JOBS, streamed_scans
         )
         rows = np.arange(JOBS)[:, None] * 256
         once = np.bincount((rows + data_host).ravel(), minlength=JOBS * 256)
         found = (await group.download(hist)).ravel()  # byte_hist adds: every run counted
-        np.testing.assert_array_equal(found, once * (len(scans) + 1 + streamed_scans))
+        np.testing.assert_array_equal(found, once * (len(scans) + DEPTH + streamed_scans))
         if not isolated:
             figures["clients_tasks_per_s"] = await many_clients(group, 1000, 20)
         await group.shutdown()
@@ -123,18 +125,21 @@ async def streamed(
     batches: int,
     depth: int = DEPTH,
 ) -> float:
-    """Tasks/s of ``batches`` batches of ``tasks`` tasks each, ``depth`` of them in flight
-    at any time (after one to warm up)."""
+    """Tasks/s in the steady state of a stream of batches of ``tasks`` tasks, ``depth``
+    of them in flight at any time: ``batches`` batches' tasks over the time from the
+    answer of the ``depth``-th batch sent to that of the last. The first ``depth``
+    batches fill the pipeline: their host work runs back to back before the devices
+    have anything queued, a start that a long stream does not see again."""
     gate = asyncio.Semaphore(depth)
+    answered: list[float] = []
 
     async def one() -> None:
         async with gate:
             await timed(send(), tasks)
+            answered.append(time.perf_counter())
 
-    await timed(send(), tasks)
-    began = time.perf_counter()
-    await asyncio.gather(*(one() for _ in range(batches)))
-    return batches * tasks / (time.perf_counter() - began)
+    await asyncio.gather(*(one() for _ in range(depth + batches)))
+    return batches * tasks / (answered[-1] - answered[depth - 1])
 
 
 async def many_clients(group: EngineGroup, clients: int, per_client: int) -> float:
@@ -358,7 +363,7 @@ def measure(args: argparse.Namespace, results: ScriptResults) -> None:
         print("3. Ray: not installed, skipped (see tools/fetch-ray-bundle.sh)")
         return
     start_ray(gpus)
-    batches = 10 if args.quick else 20
+    batches = 50 if args.quick else 200
     record_ray(asyncio.run(ray_figures(200 if args.quick else 500, batches, DEPTH)), results)
 
 
