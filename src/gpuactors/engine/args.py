@@ -23,6 +23,7 @@ from gpuactors.engine.spacing import IntColumn, as_array, bounds, evenly_spaced,
 from gpuactors.engine.wire import MAX_BLOCKS
 from gpuactors.engine.word_encoders import Encoder, word_encoder
 from gpuactors.errors import InvalidArgument
+from gpuactors.numeric import whole_number
 
 MAX_ELEMENTS = 2**62
 
@@ -156,7 +157,9 @@ def _encode_generally(
 
 
 def _is_count(value: object) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+    """One count for every task: a whole number by the library's rule (a 0-d integer
+    array too, as every other count takes it), not a column."""
+    return whole_number(value) is not None
 
 
 def _as_1d(values: Any, what: str) -> np.ndarray:

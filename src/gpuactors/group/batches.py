@@ -34,6 +34,7 @@ from gpuactors.group.messages import GroupBatchCompletion
 from gpuactors.group.routing import Locator
 from gpuactors.group.runs import Runs
 from gpuactors.group.sharded import PerDevice, ShardedArray
+from gpuactors.numeric import whole_number
 
 Tasks = slice | np.ndarray  # a batch's tasks: a run of them, or their indices
 Keys = Runs | np.ndarray  # the engine of each task: as runs, or one int64 per task
@@ -109,7 +110,7 @@ def split_batch(
 
     def part(run: tuple[int, Tasks]) -> BatchPart:
         key, tasks = run
-        return BatchPart(key, tasks, _part_message(batch, op, key, tasks, n, offsets))
+        return BatchPart(key, tasks, _part_message(batch, op, key, tasks, n, offsets, locator))
 
     # Threads pay only for columns sliced task by task (ranges are cut by arithmetic).
     columns = [n, *offsets.values(), *batch.scalars.values()]
@@ -134,7 +135,9 @@ def join_replies(
 
 
 def _is_count(value: object) -> bool:
-    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+    """One value for every task: a whole number by the library's rule (a 0-d integer
+    array too), not a column."""
+    return whole_number(value) is not None
 
 
 def _column(values: Any, what: str) -> np.ndarray:
@@ -154,7 +157,7 @@ def _int_column(values: Any, what: str) -> np.ndarray:
         raise InvalidArgument(
             f"{what} must be a 1-D integer array, got {array.dtype} {array.shape}"
         )
-    if array.dtype == np.uint64 and array.size and int(array.max()) >> 63:
+    if array.dtype.kind == "u" and array.size and int(array.max()) >> 63:  # (any byte order)
         raise InvalidArgument(f"{what} must be below 2**63")
     return array.astype(np.int64, copy=False)
 
@@ -272,9 +275,11 @@ def _part_message(
     tasks: Tasks,
     n: int | np.ndarray,
     offsets: dict[str, IntColumn],
+    locator: Locator,
 ) -> EnqueueBatch:
     """Engine ``key``'s share of ``batch``: its own base arrays, its tasks' columns, and
-    offsets into a ShardedArray made relative to its shard."""
+    offsets into a ShardedArray made relative to its shard. WrongDevice where a
+    PerDevice's array for ``key`` lives on another engine."""
     args: list[Any] = []
     local_offsets = {name: taken(column, tasks) for name, column in offsets.items()}
     for param, value in zip(op.params, batch.args, strict=True):
@@ -284,7 +289,19 @@ def _part_message(
             if param.name in local_offsets and shard.start:
                 local_offsets[param.name] = shifted(local_offsets[param.name], -shard.start)
         elif isinstance(value, PerDevice):
-            args.append(value.on(key, f"argument {param.name!r}"))
+            where = f"argument {param.name!r}"
+            array = value.on(key, where)
+            # Checked before any part is sent: that engine would refuse its part while
+            # the others ran theirs.
+            held = locator.key_of(array, where)
+            if held is not None and held != key:
+                first = tasks.start if isinstance(tasks, slice) else int(tasks[0])
+                noun = locator.noun
+                raise WrongDevice(
+                    f"task {first} runs on {noun} {key}, but the array {where} gives for "
+                    f"{noun} {key} lives on {noun} {held}"
+                )
+            args.append(array)
         else:
             args.append(value)
     size = tasks.stop - tasks.start if isinstance(tasks, slice) else len(tasks)
