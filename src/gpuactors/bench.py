@@ -148,6 +148,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """The options, checked; argparse exits (SystemExit) on --help or a bad value."""
+    parser = build_parser()
+    args = parser.parse_args(list(argv))
+    try:
+        select_scripts(args.only)
+    except ValueError as exc:
+        parser.error(f"argument --only: {exc}")
+    if not args.timeout > 0:  # also refuses NaN, with which no script would ever time out
+        parser.error("argument --timeout: must be a number of seconds above 0")
+    return args
+
+
 def select_scripts(only: str) -> list[BenchScript]:
     """The scripts ``--only`` names (all when empty); ValueError for an unknown name."""
     wanted = [name.strip() for name in only.split(",") if name.strip()]
@@ -178,7 +191,14 @@ def missing_scripts(scripts: Sequence[BenchScript], folder: Path | None) -> list
     """The scripts that cannot be started (not installed, or not in ``folder``)."""
     if folder is None:
         return [s.module for s in scripts if importlib.util.find_spec(s.module) is None]
-    return [s.name for s in scripts if not (folder / s.name).is_file()]
+    return [s.name for s in scripts if not _is_file(folder / s.name)]
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # e.g. a folder this user may not search: nothing there can be started
+        return False
 
 
 # ---------------------------------------------------------------- running
@@ -351,8 +371,8 @@ def _exit(returncode: int | None) -> str:
 
 
 def _cell(text: str) -> str:
-    """Text for a Markdown table cell (a ``|`` would end it)."""
-    return text.replace("|", "\\|")
+    """Text for a Markdown table cell (a ``|`` would end it, a line break its row)."""
+    return " ".join(text.replace("|", "\\|").split())
 
 
 def render_report(
@@ -426,31 +446,40 @@ def render_report(
 # ---------------------------------------------------------------- entry point
 def _unwritable(out: Path) -> str | None:
     """Why a file could not be written to ``out`` (None: it can)."""
-    if not out.name or out.is_dir():
-        return "is a folder; give the file's name"
     try:
+        if not out.name or out.is_dir():
+            return "is a folder; give the file's name"
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         return f"its folder cannot be made ({exc.strerror})"
     if not os.access(out.parent, os.W_OK):
         return "its folder is not writable"
+    # Opened as the end of the run will open it: a read-only file, or a folder that
+    # takes no new files whatever its mode says, is found now rather than after the run.
+    try:
+        existed = out.exists()
+        with out.open("a", encoding="utf-8"):
+            pass
+        if not existed:
+            out.unlink()
+    except OSError as exc:
+        return f"cannot be written ({exc.strerror or exc})"
     return None
 
 
 def run_bench(argv: Sequence[str], *, err: TextIO | None = None) -> int:
     """Entry point of ``gpuactors bench``: 0 only if every script exited 0."""
     err = err or sys.stderr
-    parser = build_parser()
     try:
-        args = parser.parse_args(list(argv))
-        scripts = select_scripts(args.only)
+        args = parse_args(argv)
     except SystemExit as exc:  # --help, or a bad option (argparse printed why)
         return exc.code if isinstance(exc.code, int) else 2
-    except ValueError as exc:
-        err.write(f"gpuactors bench: {exc}\n")
-        return 2
+    scripts = select_scripts(args.only)
     out: Path = args.out
     json_out = None if args.json is None else Path(args.json or out.with_suffix(".json"))
+    if json_out is not None and os.path.abspath(json_out) == os.path.abspath(out):
+        err.write(f"gpuactors bench: --json {json_out} is the report's own file (--out)\n")
+        return 2
     # Checked first: the scripts may take an hour.
     for option, path in (("--out", out), ("--json", json_out)):
         problem = None if path is None else _unwritable(path)

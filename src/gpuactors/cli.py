@@ -7,8 +7,9 @@ library itself only logs, and this is where its logs are routed to stderr
 ``demo`` and ``bench`` hand their remaining arguments to
 ``gpuactors.demo:run_demo(argv)`` / ``gpuactors.bench:run_bench(argv)``, imported
 only then (so the CLI starts fast and works where those modules, or CuPy, are
-missing). Their arguments are parsed first, with the module's ``build_parser()``,
-so ``--help`` and a bad option are answered on any machine; only then is a CUDA
+missing). Their arguments are parsed first, with the module's ``parse_args(argv)``
+where it has one (it also checks the values), else its ``build_parser()``, so
+``--help`` and a bad option or value are answered on any machine; only then is a CUDA
 device required. The functions return an exit code (``None`` means 0); an
 awaitable result is run with :func:`asyncio.run`.
 """
@@ -125,8 +126,9 @@ def _run_doctor(as_json: bool) -> int:
 # ---------------------------------------------------------------- demo/bench
 def _load_command(
     name: str,
-) -> tuple[Callable[[list[str]], Any], Callable[[], argparse.ArgumentParser]] | str:
-    """The entry point and parser of a GPU command, or a message saying why it can't run."""
+) -> tuple[Callable[[list[str]], Any], Callable[[list[str]], object]] | str:
+    """The entry point and argument check of a GPU command, or a message saying why it
+    can't run."""
     module_name, func_name, _help = _GPU_COMMANDS[name]
     try:
         module = importlib.import_module(module_name)
@@ -145,7 +147,10 @@ def _load_command(
     for attribute in (func_name, "build_parser"):
         if not callable(getattr(module, attribute, None)):
             return f"gpuactors {name} is not available in this build ({module_name}.{attribute})"
-    return getattr(module, func_name), module.build_parser
+    parse_args = getattr(module, "parse_args", None)
+    if not callable(parse_args):
+        parse_args = module.build_parser().parse_args
+    return getattr(module, func_name), parse_args
 
 
 def _run_gpu_command(name: str, argv: list[str]) -> int:
@@ -153,9 +158,9 @@ def _run_gpu_command(name: str, argv: list[str]) -> int:
     if isinstance(loaded, str):
         sys.stderr.write(loaded + "\n")
         return EXIT_UNAVAILABLE
-    entry, build_parser = loaded
+    entry, parse_args = loaded
     try:
-        build_parser().parse_args(argv)  # --help, or a bad option: answered without a GPU
+        parse_args(argv)  # --help, or a bad option or value: answered without a GPU
     except SystemExit as exc:  # argparse printed the help, or why
         return exc.code if isinstance(exc.code, int) else EXIT_UNAVAILABLE
     if doctor.cuda_device_count() == 0:

@@ -84,8 +84,8 @@ HIST_OP = OpSpec(
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpuactors demo",
-        description="Run many concurrent clients through the persistent engine, park and "
-        "resume it midway, and verify every result exactly.",
+        description="Run many concurrent clients through the persistent engine, hot-swap "
+        "its op to a second version midway, and verify every result exactly.",
     )
     parser.add_argument("--clients", type=int, default=100, help="concurrent clients (100)")
     parser.add_argument("--tasks", type=int, default=100_000, help="tasks in all (100000)")
@@ -445,7 +445,9 @@ def render_summary(result: DemoResult) -> str:
 def _cannot_run(device: int) -> str | None:
     """Why the demo cannot run here (no CuPy, no such device), said before it starts."""
     if importlib.util.find_spec("cupy") is None:
-        return "needs CuPy: pip install 'gpuactors[cuda13]'"
+        return (
+            "needs CuPy: pip install 'gpuactors[cu13]' (or [cu12]; `gpuactors doctor` says which)"
+        )
     count = cuda_device_count()
     if device >= count:
         return f"--device {device}: this machine has {count} CUDA device(s)"

@@ -396,14 +396,16 @@ def gather_facts(environ: Mapping[str, str] | None = None) -> Facts:
     nvrtc_test, nvrtc_test_error = (None, None)
     if nvrtc_version is not None:
         nvrtc_test, nvrtc_test_error = probe_nvrtc_compile(devices)
-    cache_dir, from_env = kernel_cache_dir(env)
+    # As given, where kernel_cache_dir cannot expand it ("~name/..." of no such user).
+    cache_dir, from_env = Path(env.get(CACHE_DIR_ENV, "").strip(), "kernels"), True
     cache_error = None
     try:
+        cache_dir, from_env = kernel_cache_dir(env)
         exists = cache_dir.is_dir()
         files, size = directory_usage(cache_dir)
         if cache_dir.exists() and not exists:
             cache_error = "exists but is not a directory"
-    except OSError as exc:
+    except (OSError, RuntimeError) as exc:
         exists, files, size, cache_error = False, 0, 0, _describe(exc)
     v = sys.version_info
     return Facts(

@@ -24,7 +24,9 @@ SCHEMA_VERSION: Literal[1] = 1  # raised when a field changes meaning or goes
 
 
 class _Record(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NaN and infinity written as JSON's common NaN/Infinity, not null: read back, a null
+    # would make the whole document invalid and the run's targets would be lost.
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
 
 
 class Latency(_Record):
