@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import os
 from collections.abc import AsyncIterator, Iterator, MutableMapping
 from pathlib import Path
@@ -11,6 +12,19 @@ from typing import Any
 
 import pytest
 import structlog
+
+from gpuactors.logs import LOGGER_NAME
+
+
+@pytest.fixture
+def cli_logging_restored() -> Iterator[None]:
+    """cli.main configures gpuactors' logging for the process: put it back afterwards."""
+    saved_structlog = structlog.get_config()
+    logger = logging.getLogger(LOGGER_NAME)
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    yield
+    structlog.configure(**saved_structlog)
+    logger.handlers[:], logger.level, logger.propagate = saved
 
 
 @pytest.fixture

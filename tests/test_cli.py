@@ -10,23 +10,20 @@ import argparse
 import dataclasses
 import importlib
 import json
-import logging
 import os
 import subprocess
 import sys
 import types
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
 
 import gpuactors
 from gpuactors import cli, compiled, doctor
 from gpuactors.doctor import Check, DeviceInfo, Facts, Verdict
-from gpuactors.logs import LOGGER_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
@@ -221,15 +218,7 @@ def test_version_and_help(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------ in process
-@pytest.fixture(autouse=True)
-def logging_restored() -> Iterator[None]:
-    """cli.main configures gpuactors' logging for the process: put it back afterwards."""
-    saved_structlog = structlog.get_config()
-    logger = logging.getLogger(LOGGER_NAME)
-    saved = (list(logger.handlers), logger.level, logger.propagate)
-    yield
-    structlog.configure(**saved_structlog)
-    logger.handlers[:], logger.level, logger.propagate = saved
+pytestmark = pytest.mark.usefixtures("cli_logging_restored")
 
 
 def fake_gpu_module(name: str, entry: str, func: Callable[[list[str]], Any]) -> types.ModuleType:

@@ -4,33 +4,21 @@ benchmarks' results documents: each test failed before its fix. None needs a GPU
 from __future__ import annotations
 
 import io
-import logging
 import math
 import os
-from collections.abc import Iterator
-from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-import structlog
 
 from gpuactors import bench, cli, demo, doctor
 from gpuactors.benchmarks import plots
 from gpuactors.benchmarks.results import BenchDocument, ScriptResults, ScriptRunRecord
-from gpuactors.logs import LOGGER_NAME
+from test_demo_bench import document_with
 
 WRITES_NO_RESULTS = "print('ran')\n"
 
 
-@pytest.fixture(autouse=True)
-def logging_restored() -> Iterator[None]:
-    """cli.main configures gpuactors' logging for the process: put it back afterwards."""
-    saved_structlog = structlog.get_config()
-    logger = logging.getLogger(LOGGER_NAME)
-    saved = (list(logger.handlers), logger.level, logger.propagate)
-    yield
-    structlog.configure(**saved_structlog)
-    logger.handlers[:], logger.level, logger.propagate = saved
+pytestmark = pytest.mark.usefixtures("cli_logging_restored")
 
 
 @pytest.fixture
@@ -164,17 +152,8 @@ def test_nan_and_infinity_survive_a_results_document(tmp_path: Path) -> None:
     back = ScriptResults.read(path)
     assert math.isnan(back.figures[0].value) and back.latencies[0].p50_us == math.inf
     assert back.targets == results.targets
-    document = BenchDocument(
-        gpuactors_version="0",
-        python="3",
-        platform="x86_64",
-        date=datetime(2026, 1, 1, tzinfo=timezone.utc),
-        card="Stand-in",
-        arch=None,
-        cupy=None,
-        quick=False,
-        module_loading="EAGER",
-        scripts=[ScriptRunRecord(name="x", command="c", returncode=0, seconds=1.0, results=back)],
+    document = document_with(
+        ScriptRunRecord(name="x", command="c", returncode=0, seconds=1.0, results=back)
     )
     document.write(tmp_path / "all.json")
     again = BenchDocument.model_validate_json((tmp_path / "all.json").read_text())
