@@ -5,7 +5,8 @@ handlers one at a time, in the task itself (no task per message). The cell
 outlives the actor instances it builds: a restart swaps the instance and keeps the
 mailbox, the ref, the context and the watchers.
 
-Stopping, in order: the current message finishes; the mailbox closes (queued
+Stopping, in order: the current message finishes (if it fails, the actor is not
+restarted: a fresh instance would only be stopped); the mailbox closes (queued
 messages go to dead letters, their askers get ``ActorStopped``); children stop,
 youngest first; ``post_stop`` runs, the place to finish or fail work in flight;
 deferred replies still pending then fail with ``ActorStopped``; watchers get
@@ -214,7 +215,8 @@ class ActorCell:
         self.children: dict[str, ActorCell] = {}
         self.watchers: set[ActorCell] = set()
         self.watching: set[ActorCell] = set()
-        self.waiters: list[asyncio.Future[Terminated]] = []
+        #: ``watch_future``'s futures, in order (a dict: one given up leaves at once).
+        self.waiters: dict[asyncio.Future[Terminated], None] = {}
         self.links: set[_DeferredLink] = set()
         #: Reply futures handlers took (``take_reply``), failed if still pending at stop.
         self.owed_replies = OwedReplies()
@@ -307,14 +309,29 @@ class ActorCell:
     def remove_watcher(self, watcher: ActorCell) -> None:
         self.watchers.discard(watcher)
         watcher.watching.discard(self)
+        if self.terminated.done():  # its notice may wait in the watcher's mailbox already
+            ref = self.ref
+            watcher.mailbox.drop(
+                lambda envelope: (
+                    envelope[1] is None
+                    and isinstance(envelope[0], Terminated)
+                    and envelope[0].ref == ref
+                )
+            )
 
     def watch_future(self) -> asyncio.Future[Terminated]:
         waiter: asyncio.Future[Terminated] = self.loop.create_future()
         if self.terminated.done():
             waiter.set_result(self._notice())
         else:
-            self.waiters.append(waiter)
+            # A watcher that gives up (wait_for, a cancel) must not leave its future
+            # here for the rest of the actor's life.
+            self.waiters[waiter] = None
+            waiter.add_done_callback(self._forget_waiter)
         return waiter
+
+    def _forget_waiter(self, waiter: asyncio.Future[Terminated]) -> None:
+        self.waiters.pop(waiter, None)
 
     # ---------------------------------------------------------------- the task
     async def _run(self) -> None:
@@ -623,6 +640,9 @@ class ActorCell:
                 failed_child.resume()
             return False
         if directive is Directive.RESTART:
+            if self.stopping:  # asked to stop already: a fresh instance would only be stopped
+                self.cause = exc
+                return True
             if self.restarts.try_spend(strategy, self.loop.time()):
                 return not await self._restart(exc, message)
             self.cause = ActorFailed(

@@ -92,5 +92,6 @@ class ActorContext:
         return ref
 
     def unwatch(self, ref: ActorRef) -> None:
-        """Stop watching ``ref``."""
+        """Stop watching ``ref``: no ``Terminated`` for it arrives after this, not even
+        one already waiting in the mailbox (its actor stopped just before)."""
         cell_of(ref, "unwatch").remove_watcher(self._cell)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -151,6 +152,19 @@ class Mailbox:
         self.user.append(envelope)
         self.wake()
         return True
+
+    def drop(self, unwanted: Callable[[Envelope], bool]) -> None:
+        """Take the queued envelopes ``unwanted`` picks out of the user lane; the room
+        they leave goes to the senders waiting for it."""
+        kept = [envelope for envelope in self.user if not unwanted(envelope)]
+        if len(kept) < len(self.user):
+            self.user.clear()  # in place: the consumer holds this deque
+            self.user.extend(kept)
+            capacity = self.capacity
+            while (
+                self.putters and capacity is not None and len(self.user) + self.reserved < capacity
+            ):
+                self.grant()
 
     def signal(self, signal: object, *, first: bool = False) -> None:
         """Queue a runtime signal ahead of every user message (``first``: ahead of the

@@ -160,11 +160,18 @@ class ActorRef:
                     result = await reply
                 finally:
                     cell.askers_waiting -= 1
-        except BaseException:
+        except BaseException as exc:
             if not reply.done():
                 reply.cancel()
             elif not reply.cancelled():
                 reply.exception()  # mark retrieved: the caller went away
+            elif isinstance(exc, asyncio.CancelledError) and not _asker_cancelled():
+                # The handler cancelled the reply future it took; the asker was not
+                # cancelled, so it must not unwind as if it were (as a Deferred's).
+                raise ActorStopped(
+                    f"{cell.path}: the reply to {type(message).__name__} was cancelled "
+                    f"(correlation id {cid})"
+                ) from None
             raise
         finally:
             if timer is not None:
@@ -205,6 +212,13 @@ class ActorRef:
         if reply is None:
             return None
         raise ActorStopped(f"{cell.path} has stopped; {type(message).__name__} was not handled")
+
+
+def _asker_cancelled() -> bool:
+    """Was the asking task cancelled (rather than its reply future)? Python 3.10
+    cannot tell the two apart: there, assume the task was."""
+    cancelling = getattr(asyncio.current_task(), "cancelling", None)
+    return cancelling is None or bool(cancelling())
 
 
 def cell_of(ref: object, what: str) -> ActorCell:

@@ -159,9 +159,13 @@ class ActorSystem:
     def _spawn(
         self, target: type[Actor] | Props, name: str | None, parent: ActorCell | None
     ) -> ActorRef:
-        if self._closing:
+        # A child is refused only once its parent's stop sequence has begun (its mailbox
+        # closes before its children stop): an actor still starting while a stop or a
+        # shutdown waits (its pre_start, a restart's post_restart) may spawn children,
+        # which it stops before itself like any other.
+        if parent is None and self._closing:
             raise ActorStopped(f"actor system {self.name!r} is shutting down")
-        if parent is not None and parent.stopping:
+        if parent is not None and parent.mailbox.closed:
             raise ActorStopped(f"{parent.path} is stopping and cannot spawn children")
         props = target if isinstance(target, Props) else Props(target)
         siblings = self._top if parent is None else parent.children
