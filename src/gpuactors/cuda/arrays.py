@@ -8,12 +8,14 @@ clear error: nothing is copied behind the caller's back.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from gpuactors.errors import GpuActorsError, InvalidArgument, WrongDevice
+from gpuactors.numeric import whole_number
 
 
 @dataclass(frozen=True)
@@ -29,7 +31,7 @@ class DeviceArrayInfo:
 
 
 def _c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...] | None, itemsize: int) -> bool:
-    if strides is None:
+    if strides is None or 0 in shape:  # an empty array is contiguous whatever its strides
         return True
     expected = itemsize
     for extent, stride in zip(reversed(shape), reversed(strides), strict=True):
@@ -106,24 +108,47 @@ def _describe_foreign(value: Any, what: str) -> DeviceArrayInfo:
             f"{what} must be a device array (CuPy, __cuda_array_interface__ or DLPack), "
             f"not {type(value).__name__}"
         )
-    ptr, readonly = interface["data"]
-    if not 0 <= int(ptr) < 1 << 64:
-        raise InvalidArgument(f"{what} has a data pointer out of range: {ptr!r}")
-    shape = tuple(int(extent) for extent in interface["shape"])
+    if interface.get("mask") is not None:
+        raise InvalidArgument(
+            f"{what} is a masked array: an op reads and writes every element, masked or not"
+        )
+    data, readonly = interface["data"]
+    ptr = whole_number(data)
+    if ptr is None or not 0 <= ptr < 1 << 64:
+        raise InvalidArgument(f"{what} has a data pointer out of range (not an address): {data!r}")
+    extents = [whole_number(extent) for extent in interface["shape"]]
+    shape = tuple(extent for extent in extents if extent is not None and extent >= 0)
+    if len(shape) != len(extents):
+        raise InvalidArgument(
+            f"{what} has a shape of other than whole numbers from 0: {interface['shape']!r}"
+        )
     dtype = np.dtype(interface["typestr"])
     strides = interface.get("strides")
-    size = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    size = math.prod(shape)  # (exact: NumPy's int64 product wraps round for a huge shape)
+    if ptr + size * dtype.itemsize > 1 << 64:
+        raise InvalidArgument(
+            f"{what} claims {size} elements of {dtype.itemsize} bytes from {ptr:#x}: "
+            "more than the address space holds"
+        )
+    # A device load of a number from an address that is not a multiple of its size
+    # faults the context (a misaligned address), ending every task in flight with it.
+    if dtype.kind in "biufc" and ptr % dtype.itemsize:
+        raise InvalidArgument(
+            f"{what} starts at {ptr:#x}, not a multiple of its {dtype.itemsize}-byte elements"
+        )
     if isinstance(cupy_device, int):
         device_id = cupy_device
     else:
         torch_device = getattr(value, "device", None)
         index = getattr(torch_device, "index", None)
-        device_id = int(index) if isinstance(index, int) else _device_of_pointer(int(ptr))
+        device_id = int(index) if isinstance(index, int) else _device_of_pointer(ptr)
     return DeviceArrayInfo(
-        ptr=int(ptr),
+        ptr=ptr,
         dtype=dtype,
         size=size,
-        contiguous=_c_contiguous(shape, tuple(strides) if strides else None, dtype.itemsize),
+        contiguous=_c_contiguous(
+            shape, None if strides is None else tuple(strides), dtype.itemsize
+        ),
         readonly=bool(readonly),
         device_id=device_id,
     )

@@ -17,6 +17,7 @@ from pydantic import Field, field_validator, model_validator
 from gpuactors.checked import CheckedModel
 from gpuactors.engine.abi import MAX_ARGS
 from gpuactors.errors import InvalidArgument
+from gpuactors.messages import WholeNumber
 from gpuactors.nvrtc.linker import LinkInput
 from gpuactors.nvrtc.module import CompiledModule
 from gpuactors.nvrtc.text import check_no_nul
@@ -67,6 +68,29 @@ def _check_identifier(name: str) -> str:
         raise ValueError(
             f"{name!r} is reserved: the body sees ctx and n (and rank, units are kept), and "
             "C++ keywords, names starting with '__' or 'GPA_' and gpa are taken"
+        )
+    return name
+
+
+#: What a parameter's name may not start with, beyond :func:`_check_identifier`'s rule
+#: (which op names keep: theirs only appear inside gpa_op_<name>_v<version>). A parameter
+#: is named in the wrapper's own scope, where such a name would break the module or hide
+#: the parameter: "_" and a capital is reserved to the compiler (``_Pragma`` is an
+#: operator); NVRTC predefines object-like macros (``CUDART_VERSION``,
+#: ``CUDA_IPC_HANDLE_SIZE``, ``NV_IS_DEVICE``, ``cudaStreamLegacy``...) that would replace
+#: the name; ``gpa_`` names the wrapper's locals (``gpa_body_scope``: a clash read as a
+#: body leaving its function) and ``_gpa`` those of ``GPA_FOR_EACH``, which would hide a
+#: parameter of that name inside the loop.
+_PARAM_RESERVED_PREFIX = re.compile(r"_[A-Z]|_gpa|gpa_|CUDA|CU_|NV_|cuda[A-Z]")
+
+
+def _check_param_name(name: str) -> str:
+    _check_identifier(name)
+    if _PARAM_RESERVED_PREFIX.match(name):
+        raise ValueError(
+            f"{name!r} is reserved: a parameter name may not start with '_' and a capital, "
+            "'_gpa', 'gpa_' (the compiler's and the engine's), 'CUDA', 'CU_', 'NV_' or "
+            "'cuda' and a capital (macros NVRTC defines)"
         )
     return name
 
@@ -146,9 +170,10 @@ class ArrayParam(CheckedModel):
     name: str
     dtype: Dtype
     direction: Literal["in", "out", "inout"] = "in"
-    length: Literal["n"] | Annotated[int, Field(ge=0)] = "n"
+    #: Below 2**62, as a task's ``n``: a batch adds it to offsets in int64.
+    length: Literal["n"] | Annotated[WholeNumber, Field(ge=0, lt=2**62)] = "n"
 
-    _check_name = field_validator("name")(classmethod(lambda cls, v: _check_identifier(v)))
+    _check_name = field_validator("name")(classmethod(lambda cls, v: _check_param_name(v)))
 
     def required_length(self, n: int) -> int:
         return n if self.length == "n" else int(self.length)
@@ -169,7 +194,7 @@ class ScalarParam(CheckedModel):
     name: str
     dtype: Dtype
 
-    _check_name = field_validator("name")(classmethod(lambda cls, v: _check_identifier(v)))
+    _check_name = field_validator("name")(classmethod(lambda cls, v: _check_param_name(v)))
 
     @property
     def c_type(self) -> str:
@@ -237,7 +262,7 @@ class OpSpec(CheckedModel):
     params: tuple[Param, ...] = ()
     body: str = Field(max_length=1 << 20)
     multi_block: bool = True
-    version: int = Field(default=1, ge=1)
+    version: WholeNumber = Field(default=1, ge=1)
     #: Device code this op's body calls, linked into the engine module (see docs/linking.md).
     device_libraries: tuple[DeviceLibrary, ...] = ()
 
