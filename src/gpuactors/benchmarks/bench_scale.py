@@ -243,15 +243,14 @@ async def ray_figures(calls: int, batches: int, depth: int) -> dict[str, Any]:
 
     offsets = {"out": np.arange(BATCH_TASKS)}
 
-    async def rate(send: Callable[[], Awaitable[GroupBatchCompletion | BatchCompletion]]) -> float:
-        return await streamed(send, BATCH_TASKS, batches, depth)
-
     async with ActorSystem("bench-local") as system:
         engine = await Engine.start(system, config=CONFIG)
         out = cp.zeros(BATCH_TASKS, dtype=cp.float32)
         cp.cuda.runtime.deviceSynchronize()
         local = EnqueueBatch(op="fill", args=(out, 1.0), n=1, offsets=offsets, after="none")
-        local_rate = await rate(lambda: engine.ref.ask(local, timeout=300.0))
+        local_rate = await streamed(
+            lambda: engine.ref.ask(local, timeout=300.0), BATCH_TASKS, batches, depth
+        )
         assert bool((out == 1.0).all())
         await engine.shutdown(timeout=60)
 
@@ -271,7 +270,7 @@ async def ray_figures(calls: int, batches: int, depth: int) -> dict[str, Any]:
         assert bool((result.arrays[0] == 1.0).all())
     remote_out = await pool.upload(np.zeros(BATCH_TASKS, np.float32), device=0)
     through_ray = EnqueueBatch(op="fill", args=(remote_out, 1.0), n=1, offsets=offsets)
-    ray_rate = await rate(lambda: pool.enqueue_batch(through_ray))
+    ray_rate = await streamed(lambda: pool.enqueue_batch(through_ray), BATCH_TASKS, batches, depth)
     assert bool((await pool.download(remote_out) == 1.0).all())
     await pool.shutdown()
     return {"bare": bare, "job": job, "local_rate": local_rate, "ray_rate": ray_rate}
