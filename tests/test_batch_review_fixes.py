@@ -6,6 +6,8 @@
 * A PerDevice whose array for a device lives on another device is refused whole, before
   any engine gets a part (the engine of that device refused its part while the others
   ran theirs: a PartialFailure for a batch the group should have refused).
+* A ShardedArray built by hand whose shard for one device holds an array of another
+  device is refused whole, before any engine gets a part, as such a PerDevice is.
 * A big-endian uint64 column of values from 2**63 on is refused for its size, not as
   "must not be negative" (its values had been wrapped to int64 first).
 """
@@ -18,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fake_engines import FakeDeviceArray, fake_group_members
+from fake_engines import FakeDeviceArray, Journal, fake_group_members
 from gpuactors.actors import ActorSystem
 from gpuactors.engine import BUILTIN_OPS, EnqueueBatch
 from gpuactors.engine.args import encode_batch, task_count
@@ -81,13 +83,19 @@ def test_a_group_takes_a_0d_integer_n_and_device_as_one_for_every_task() -> None
 
 
 # ------------------------------------------- a PerDevice array on another device
-async def test_a_per_device_array_living_on_another_device_is_refused_before_any_part(
-    system: ActorSystem,
-) -> None:
+@pytest.fixture
+async def two_on_device_0(system: ActorSystem) -> tuple[EngineGroup, Journal, Any, Any]:
+    """A group of devices 0 and 1, its journal, and two arrays both on device 0."""
     members, journal = await fake_group_members(system, (0, 1))
     group = EngineGroup(members)
     on_0 = await group.upload(np.zeros(4, np.float32), device=0)
-    also_on_0 = await group.upload(np.zeros(4, np.float32), device=0)
+    return group, journal, on_0, await group.upload(np.zeros(4, np.float32), device=0)
+
+
+async def test_a_per_device_array_living_on_another_device_is_refused_before_any_part(
+    two_on_device_0: tuple[EngineGroup, Journal, Any, Any],
+) -> None:
+    group, journal, on_0, also_on_0 = two_on_device_0
     outs = PerDevice({0: on_0, 1: also_on_0})  # device 1's array is on device 0
     batch = EnqueueBatch(op="fill", args=(outs, 7.0), n=1, offsets={"out": np.array([0, 1, 2])})
     with pytest.raises(WrongDevice, match=r"task 1 runs on device 1, but .* lives on device 0"):
@@ -102,6 +110,23 @@ async def test_a_per_device_array_living_on_another_device_is_refused_before_any
     )
     assert reply.failed == 0 and {k: p.count for k, p in reply.per_engine.items()} == {0: 1, 1: 2}
     np.testing.assert_array_equal(await group.download(fine.on(1, "out")), [0, 7, 7, 0])
+
+
+async def test_a_shard_holding_another_devices_array_is_refused_before_any_part(
+    two_on_device_0: tuple[EngineGroup, Journal, Any, Any],
+) -> None:
+    group, journal, on_0, also_on_0 = two_on_device_0
+    out = ShardedArray((Shard(0, 0, 4, on_0), Shard(1, 4, 8, also_on_0)), "float32", (8,))
+    batch = EnqueueBatch(op="fill", args=(out, 7.0), n=1, offsets={"out": np.arange(8)})
+    with pytest.raises(WrongDevice, match=r"shard of argument 'out' for device 1 .* on device 0"):
+        await group.enqueue_batch(batch)
+    assert journal.entries == []  # no engine received any of it
+    np.testing.assert_array_equal(await group.download(on_0), np.zeros(4))
+    on_1 = await group.upload(np.zeros(4, np.float32), device=1)
+    fine = ShardedArray((Shard(0, 0, 4, on_0), Shard(1, 4, 8, on_1)), "float32", (8,))
+    reply = await group.enqueue_batch(batch.model_copy(update={"args": (fine, 7.0)}))
+    assert reply.failed == 0 and {k: p.count for k, p in reply.per_engine.items()} == {0: 4, 1: 4}
+    np.testing.assert_array_equal(await group.download(on_1), np.full(4, 7.0))
 
 
 # ----------------------------------------------- big-endian uint64 columns

@@ -27,6 +27,15 @@ from gpuactors.worker.messages import RemoteArray
 RUN_LISTS = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 5)), max_size=8)
 
 
+def issued(locator: Locator, device: int, shape: tuple[int, ...]) -> RemoteArray:
+    """A RemoteArray that the engine of ``device`` issued, as ``locator`` has learned."""
+    remote = RemoteArray(
+        id=device, shape=shape, dtype="float32", generation=1, owner=f"engine-{device}"
+    )
+    locator.learn(remote, device)
+    return remote
+
+
 def runs_of(pairs: list[tuple[int, int]]) -> tuple[Runs, np.ndarray]:
     """Runs made from ``pairs``, and the key of each task spelt out one by one."""
     cuts = [0]
@@ -167,11 +176,9 @@ def test_evenly_spaced_offsets_split_into_ranges_from_each_shards_start(given_as
     counted from its shard's first element."""
     locator = Locator(range(3))
     shards = tuple(
-        Shard(device, 100 * device, 100 * (device + 1), RemoteArray(
-            id=device, shape=(100,), dtype="float32", generation=1
-        ))
+        Shard(device, 100 * device, 100 * (device + 1), issued(locator, device, (100,)))
         for device in range(3)
-    )  # fmt: skip
+    )
     out = ShardedArray(shards, "float32", (300,))
     spaced = range(5, 295, 10)  # 29 tasks: 10 on device 0, 10 on 1, 9 on 2
     offsets: Any = np.array(spaced) if given_as == "array" else spaced
@@ -196,12 +203,7 @@ def test_evenly_spaced_offsets_are_split_in_line(monkeypatch: pytest.MonkeyPatch
     line: no thread hand-off in the caller's serial share."""
     monkeypatch.setattr(passes, "THREADED_TASKS", 4)
     locator = Locator(range(2))
-    shards = tuple(
-        Shard(
-            d, 50 * d, 50 * (d + 1), RemoteArray(id=d, shape=(50,), dtype="float32", generation=1)
-        )
-        for d in range(2)
-    )
+    shards = tuple(Shard(d, 50 * d, 50 * (d + 1), issued(locator, d, (50,))) for d in range(2))
     out = ShardedArray(shards, "float32", (100,))
     fill = next(op for op in BUILTIN_OPS if op.name == "fill")
     made_on: list[str] = []
@@ -223,15 +225,7 @@ def test_a_range_is_split_by_its_values_whatever_its_stop() -> None:
     have any step: both are split as their values are; values beyond int64 and
     ranges too long to count are refused with a clear error."""
     locator = Locator(range(2))
-    shards = tuple(
-        Shard(
-            d,
-            100 * d,
-            100 * (d + 1),
-            RemoteArray(id=d, shape=(100,), dtype="float32", generation=1),
-        )
-        for d in range(2)
-    )
+    shards = tuple(Shard(d, 100 * d, 100 * (d + 1), issued(locator, d, (100,))) for d in range(2))
     out = ShardedArray(shards, "float32", (200,))
     fill = next(op for op in BUILTIN_OPS if op.name == "fill")
 
@@ -273,7 +267,7 @@ def test_a_large_batch_split_on_threads_gives_the_parts_of_the_split_in_line(
     locator = Locator(range(devices))
     shards = []
     for device in range(devices):
-        remote = RemoteArray(id=device, shape=(shard_size,), dtype="float32", generation=1)
+        remote = issued(locator, device, (shard_size,))
         start = device * shard_size
         shards.append(Shard(device, start, start + shard_size, remote))
     out = ShardedArray(tuple(shards), "float32", (devices * shard_size,))
