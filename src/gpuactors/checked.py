@@ -10,18 +10,14 @@ its cause. So settings are strict as well: no coercion (``"1000"`` is not 1000,
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ConfigDict, ValidationError
 
-from gpuactors.messages import invalid_argument
-
-if TYPE_CHECKING:  # typing.Self is Python 3.11+; only an annotation needs it here
-    from typing import Self
+from gpuactors.messages import CheckedCopies, invalid_argument
 
 
-class CheckedModel(BaseModel):
+class CheckedModel(CheckedCopies):
     """Frozen; a bad field raises InvalidArgument naming it, in a copy too."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -31,12 +27,6 @@ class CheckedModel(BaseModel):
             super().__init__(**data)
         except ValidationError as exc:
             raise invalid_argument(type(self).__name__, exc) from None
-
-    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
-        """A copy with ``update`` applied, checked as a new object would be (pydantic's
-        own copy skips validation, which would let a bad value in after all)."""
-        del deep  # the fields are immutable values: a shallow copy is a deep one
-        return type(self)(**{**dict(self), **(update or {})})
 
 
 class Settings(CheckedModel):

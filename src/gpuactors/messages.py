@@ -7,15 +7,29 @@ anything is queued) and strict about unknown fields.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, ValidationInfo
 
 from gpuactors.errors import InvalidArgument
 from gpuactors.numeric import real_number, whole_number
 
+if TYPE_CHECKING:  # typing.Self is Python 3.11+; only an annotation needs it here
+    from typing import Self
 
-class Message(BaseModel):
+
+class CheckedCopies(BaseModel):
+    """A frozen model whose copies are checked as new objects are: pydantic's own
+    ``model_copy(update=...)`` skips validation, which would let a bad value in after
+    all (a copy is how a frozen model is changed)."""
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        del deep  # the fields are not changed in place: a shallow copy is as good
+        return type(self)(**{**dict(self), **(update or {})})
+
+
+class Message(CheckedCopies):
     """Base class of everything sent to an actor with ``tell`` or ``ask``.
 
     A field that fails validation raises :class:`~gpuactors.errors.InvalidArgument`
