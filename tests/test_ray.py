@@ -83,9 +83,29 @@ async def test_start_needs_ray_init_and_an_actor() -> None:
         await start_ray_pool(actors=1, num_gpus=0)
 
 
+async def test_start_checks_its_numbers_by_the_librarys_rules(ray_cluster: Any) -> None:
+    """Counts are whole numbers (a NumPy integer too) and ``num_gpus`` a finite number
+    >= 0, each refused by name before any actor starts; -1 restarts without limit, as
+    in Ray."""
+    for bad in ({"max_restarts": -2}, {"max_restarts": "3"}, {"max_restarts": True}):
+        with pytest.raises(InvalidArgument, match="max_restarts must be a whole number"):
+            await start_ray_pool(actors=1, num_gpus=0, **bad)
+    for gpus in (-1, float("nan"), float("inf"), "1", None):
+        with pytest.raises(InvalidArgument, match="num_gpus must be a finite number"):
+            await start_ray_pool(actors=1, num_gpus=gpus)  # type: ignore[arg-type]
+    for actors in (True, 1.5, -1):
+        with pytest.raises(InvalidArgument, match="actors must be a whole number >= 1"):
+            await start_ray_pool(actors=actors, num_gpus=0)
+    with pytest.raises(InvalidArgument, match="not one actor of 2 GPUs fits"):
+        await start_ray_pool(num_gpus=2)  # (this cluster has no GPU)
+    pool = await fake_pool(actors=np.int64(1), max_restarts=np.int64(-1))
+    assert sorted((await pool.stats()).per_engine) == [0]
+    await pool.shutdown()
+
+
 async def test_jobs_uploads_and_batches_through_ray(ray_cluster: Any) -> None:
     pool = await fake_pool(placement="round_robin")
-    with pytest.raises(InvalidArgument, match="at least one actor"):
+    with pytest.raises(InvalidArgument, match="actors must be a whole number >= 1"):
         await start_ray_pool(actors=0, num_gpus=0)
     ys = [np.full(8, float(i), np.float32) for i in range(6)]
     x = np.arange(8, dtype=np.float32)

@@ -16,12 +16,13 @@ from typing import Any, Literal
 
 import ray
 
-from gpuactors.actors.checks import optional_seconds
+from gpuactors.actors.checks import count, optional_count, optional_seconds
 from gpuactors.engine import EngineConfig, OpSpec, Stats
 from gpuactors.engine.ops import BUILTIN_OPS
 from gpuactors.errors import EngineError, GpuActorsError, InvalidArgument, NoCudaDevice
 from gpuactors.group import EngineGroup, Placement
 from gpuactors.logs import get_logger
+from gpuactors.numeric import real_number
 from gpuactors.ray.host import EngineHost, HostSpec, StartMember
 from gpuactors.ray.member import RayMember
 from gpuactors.worker import IsolationConfig
@@ -48,35 +49,36 @@ async def start_ray_pool(
     """Start ``actors`` Ray actors (default: one per GPU of the cluster), each with
     ``num_gpus`` and an engine with ``ops``, and return them as one group.
 
-    ``max_restarts``: how often Ray starts a lost actor anew. ``idempotent_ops``: ops
-    whose tasks may run twice (Ray sends them again after a loss, for as long as the
-    actor may come back); every other call is sent at most once. ``isolation``: each actor runs its
-    engine in a worker process of its own (device faults are recovered inside the
-    actor); default: in the actor's process (a fault ends the actor, and Ray restarts
-    it). ``actor_options`` go to Ray as they are (``resources``, ``scheduling_strategy``).
-    ``link``: batches go to each actor over a TCP connection of their own
-    (:mod:`gpuactors.worker.link`), which costs far less per batch than a Ray call; False
-    sends them through Ray calls. Default: a link unless Ray runs with TLS
-    (``RAY_USE_TLS``), as the link's traffic is not encrypted. ``start_timeout``:
-    seconds for every actor to be placed and its engine started (compiles included);
-    then the actors are ended and NoCudaDevice (the cluster lacks the GPUs asked for)
-    or EngineError is raised. None waits as long as Ray does (for an autoscaler, say).
-    Call ``ray.init()`` first.
+    ``max_restarts``: how often Ray starts a lost actor anew (-1: with no limit).
+    ``idempotent_ops``: ops whose tasks may run twice (Ray sends them again after a
+    loss, for as long as the actor may come back); every other call is sent at most
+    once. ``isolation``: each actor runs its engine in a worker process of its own
+    (device faults are recovered inside the actor); default: in the actor's process (a
+    fault ends the actor, and Ray restarts it). ``actor_options`` go to Ray as they are
+    (``resources``, ``scheduling_strategy``). ``link``: batches go to each actor over a
+    TCP connection of their own (:mod:`gpuactors.worker.link`), which costs far less
+    per batch than a Ray call; False sends them through Ray calls. Default: a link
+    unless Ray runs with TLS (``RAY_USE_TLS``), as the link's traffic is not encrypted.
+    ``start_timeout``: seconds for every actor to be placed and its engine started
+    (compiles included); then the actors are ended and NoCudaDevice (the cluster lacks
+    the GPUs asked for) or EngineError is raised. None waits as long as Ray does (for
+    an autoscaler, say). Call ``ray.init()`` first.
     """
     if not ray.is_initialized():
         raise InvalidArgument("call ray.init() (or ray.init(address=...)) before start_ray_pool")
-    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
-        raise InvalidArgument(f"max_restarts must be an int >= 0, got {max_restarts!r}")
+    max_restarts = count(max_restarts, "max_restarts", -1)  # (-1: without limit, as Ray has it)
     start_timeout = optional_seconds(start_timeout, "start_timeout")
+    num_gpus = _gpus_each(num_gpus)
+    actors = optional_count(actors, "actors", 1)
     idempotent = _op_names(idempotent_ops, ops)
     gpus = float(ray.cluster_resources().get("GPU", 0.0))  # type: ignore[no-untyped-call, unused-ignore]
     if actors is None:
         actors = int(gpus // num_gpus) if num_gpus > 0 else 0
-    if isinstance(actors, bool) or not isinstance(actors, int) or actors < 1:
-        raise InvalidArgument(
-            f"a pool needs at least one actor, got {actors!r} (the cluster has {gpus:g} "
-            "GPUs; pass actors= to choose)"
-        )
+        if actors < 1:
+            raise InvalidArgument(
+                f"the cluster has {gpus:g} GPUs: not one actor of {num_gpus:g} GPUs fits (pass "
+                "actors= to choose)"
+            )
     spec = HostSpec(
         ops=tuple(ops),
         config=config,
@@ -116,6 +118,14 @@ async def _started(members: Sequence[RayMember]) -> None:
     find it in their node's kernel cache."""
     await members[0].ask(Stats())
     await asyncio.gather(*(member.ask(Stats()) for member in members[1:]))
+
+
+def _gpus_each(value: object) -> float:
+    """``num_gpus`` as Ray takes it: a finite number of GPUs, 0 or more."""
+    gpus = real_number(value)
+    if gpus is None or not 0 <= gpus < float("inf"):
+        raise InvalidArgument(f"num_gpus must be a finite number >= 0, not {value!r}")
+    return gpus
 
 
 def _op_names(names: Iterable[str], ops: Sequence[OpSpec]) -> frozenset[str]:
