@@ -103,6 +103,40 @@ async def test_start_checks_its_numbers_by_the_librarys_rules(ray_cluster: Any) 
     await pool.shutdown()
 
 
+async def test_an_upload_whose_caller_stops_waiting_is_freed_when_it_lands(
+    ray_cluster: Any,
+) -> None:
+    pool = await fake_pool(actors=1)
+    member = pool.member(0)
+    assert isinstance(member, RayMember)
+
+    async def made_and_held() -> tuple[int, int]:
+        """How many arrays the actor has made, and how many it holds."""
+        counts: tuple[int, int] = await member.actor.__ray_call__.remote(
+            lambda host: (host._last_id, len(host._arrays))
+        )
+        return counts
+
+    calls = member.ray_calls
+    upload = asyncio.ensure_future(pool.upload(np.zeros(1 << 20, np.float32), device=0))
+    for _ in range(10_000):  # (until the call is out to the actor)
+        if member.ray_calls > calls:
+            break
+        await asyncio.sleep(0)
+    upload.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await upload
+    for _ in range(200):  # (the upload lands after its caller left; then the free)
+        if await made_and_held() == (1, 0):
+            break
+        await asyncio.sleep(0.02)
+    assert await made_and_held() == (1, 0)
+    kept = await pool.upload(np.ones(4, np.float32), device=0)
+    assert await made_and_held() == (2, 1)
+    np.testing.assert_array_equal(await pool.download(kept), np.ones(4))
+    await pool.shutdown()
+
+
 async def test_jobs_uploads_and_batches_through_ray(ray_cluster: Any) -> None:
     pool = await fake_pool(placement="round_robin")
     with pytest.raises(InvalidArgument, match="actors must be a whole number >= 1"):

@@ -65,6 +65,7 @@ class RayMember:
         self._opening = asyncio.Lock()
         self._watching: asyncio.Task[None] | None = None  # hears from Ray of a loss
         self.ray_calls = 0  # calls made through Ray (batches over the link are not)
+        self._freeing: set[asyncio.Task[None]] = set()  # uploads whose caller left
 
     @property
     def key(self) -> int:
@@ -106,8 +107,29 @@ class RayMember:
         return result
 
     async def upload(self, host: np.ndarray) -> RemoteArray:
-        remote: RemoteArray = await self._call(Upload(array=host), False)
+        """``host`` copied into the actor's engine. A caller that stops waiting does not
+        stop the call: the array it makes is freed when it lands, as no one else could
+        ever name it."""
+        pending = asyncio.ensure_future(self._call(Upload(array=host), False))
+        try:
+            remote: RemoteArray = await asyncio.shield(pending)
+        except asyncio.CancelledError:
+            pending.add_done_callback(self._free_unclaimed)
+            raise
         return remote
+
+    def _free_unclaimed(self, pending: asyncio.Future[RemoteArray]) -> None:
+        if pending.cancelled() or pending.exception() is not None:
+            return  # (nothing was made, or the actor that held it was lost)
+        freeing = asyncio.get_running_loop().create_task(self._free_quietly(pending.result()))
+        self._freeing.add(freeing)  # (the loop keeps only a weak reference)
+        freeing.add_done_callback(self._freeing.discard)
+
+    async def _free_quietly(self, array: RemoteArray) -> None:
+        try:
+            await self.free(array)
+        except GpuActorsError as exc:  # (a stopped or lost actor freed it with itself)
+            log.debug("an unclaimed upload was not freed", actor=self._key, error=str(exc))
 
     async def download(self, array: Any) -> np.ndarray:
         reply: Downloaded = await self._call(Download(array=array), False)
