@@ -155,6 +155,7 @@ async def test_bad_arguments_are_refused_before_the_ring(engine: Engine) -> None
     import cupy as cp
 
     x = cp.zeros(100, dtype=cp.float32)
+    misaligned = cp.ndarray((99,), cp.float32, memptr=x.data + 2)  # (CuPy makes any view)
     cases: list[tuple[type[Exception], Enqueue]] = [
         (UnknownOp, Enqueue(op="nope", args=(), n=1)),
         (InvalidArgument, Enqueue(op="fill", args=(x,), n=100)),  # arity
@@ -168,12 +169,15 @@ async def test_bad_arguments_are_refused_before_the_ring(engine: Engine) -> None
         (InvalidArgument, Enqueue(op="fail_if_negative", args=(2**40,), n=1)),  # int32 range
         (InvalidArgument, Enqueue(op="fail_if_negative", args=(np.int64(2**40),), n=1)),
         (InvalidArgument, Enqueue(op="fill", args=(HostDlpack(100), 1.0), n=10)),  # host DLPack
+        (InvalidArgument, Enqueue(op="fill", args=(misaligned, 1.0), n=10)),  # a device fault
     ]
     for error, message in cases:
         with pytest.raises(error):
             await engine.ref.ask(message, timeout=10)
     stats = await engine.stats()
     assert stats.in_flight == 0 and stats.queue_depth == 0
+    with pytest.raises(InvalidArgument, match="not a multiple of its 4-byte elements"):
+        await engine.enqueue("fill", misaligned, 1.0, n=10)
     await engine.enqueue("fill", x, 7.0, n=100)  # the engine still serves
     assert bool((x == 7.0).all())
     if cp.cuda.runtime.getDeviceCount() > 1:  # pragma: no cover - multi-GPU hosts only

@@ -1246,3 +1246,21 @@ async def test_a_stop_waits_for_a_module_swap_under_way(system: ActorSystem) -> 
     assert events == ["swap begins", "swap ends", "close"]
     with contextlib.suppress(ActorStopped, EngineStopped):  # installed, or refused: done
         await asyncio.wait_for(install, 5)
+
+
+async def test_a_misaligned_cupy_view_is_refused_on_every_path(system: ActorSystem) -> None:
+    """A CuPy array can be a view at any byte offset; a device load from a misaligned
+    address would fault the engine's context, so each path refuses it up front."""
+    runtime = HostRuntime()
+    ref, engine = await start(system, runtime)
+    client = Engine(ref)
+    misaligned = CupyLikeArray("float32", 1 << 10, ptr=0x7F00_0000_0002)
+    refused = "starts at 0x7f0000000002, not a multiple of its 4-byte elements"
+    with pytest.raises(InvalidArgument, match=refused):
+        await ref.ask(Enqueue(op="fill", args=(misaligned, 1.0), n=8, after="none"))
+    with pytest.raises(InvalidArgument, match=refused):
+        await client.enqueue("fill", misaligned, 1.0, n=8, after="none")
+    with pytest.raises(InvalidArgument, match=refused):
+        await ref.ask(EnqueueBatch(op="fill", args=(misaligned, 1.0), n=8, count=3, after="none"))
+    assert isinstance(await client.enqueue("fill", *fill().args, n=8, after="none"), Completion)
+    assert ref._cell.instance is engine and engine._service.faulted is None

@@ -68,18 +68,30 @@ def cupy_c_contiguous(array: Any) -> bool:
     return bool(array.flags.c_contiguous)
 
 
+def check_aligned(ptr: int, dtype: np.dtype[Any], what: str) -> None:
+    """InvalidArgument unless ``ptr`` is a multiple of ``dtype``'s size: a device load
+    of a number from an address that is not faults the context (a misaligned address),
+    ending every task in flight with it."""
+    if dtype.kind in "biufc" and ptr % dtype.itemsize:
+        raise InvalidArgument(
+            f"{what} starts at {ptr:#x}, not a multiple of its {dtype.itemsize}-byte elements"
+        )
+
+
 def describe_array(value: Any, what: str = "argument") -> DeviceArrayInfo:
     """Describe a device array, or raise InvalidArgument saying what is wrong with it."""
     ndarray = cupy_ndarray()
     if ndarray is not None and type(value) is ndarray:
         # Fast path: plain attribute reads, no interface dict (this runs per task).
+        memory, dtype = value.data, value.dtype
+        check_aligned(memory.ptr, dtype, what)  # (a view at any byte offset can be made)
         return DeviceArrayInfo(
-            ptr=value.data.ptr,
-            dtype=value.dtype,
+            ptr=memory.ptr,
+            dtype=dtype,
             size=value.size,
             contiguous=cupy_c_contiguous(value),
             readonly=False,
-            device_id=value.data.device_id,
+            device_id=memory.device_id,
         )
     if isinstance(value, np.ndarray):
         raise InvalidArgument(f"{what} is a NumPy (host) array: copy it to the device first")
@@ -130,12 +142,7 @@ def _describe_foreign(value: Any, what: str) -> DeviceArrayInfo:
             f"{what} claims {size} elements of {dtype.itemsize} bytes from {ptr:#x}: "
             "more than the address space holds"
         )
-    # A device load of a number from an address that is not a multiple of its size
-    # faults the context (a misaligned address), ending every task in flight with it.
-    if dtype.kind in "biufc" and ptr % dtype.itemsize:
-        raise InvalidArgument(
-            f"{what} starts at {ptr:#x}, not a multiple of its {dtype.itemsize}-byte elements"
-        )
+    check_aligned(ptr, dtype, what)
     if isinstance(cupy_device, int):
         device_id = cupy_device
     else:

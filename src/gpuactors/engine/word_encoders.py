@@ -5,7 +5,7 @@ for its scalars. For that case this module builds, once per op signature, tables
 what to check (each array's dtype, minimum length; each scalar's type, range and
 conversion to its bits) and one loop over them that makes the checks
 ``ArgEncoder.encode_generally`` would make for such arguments (type, dtype, length,
-device and contiguity of each array; finiteness and range of each scalar) without
+device, alignment and contiguity of each array; finiteness and range of each scalar) without
 its per-argument calls and error texts, and returns the record words. Whenever
 anything differs it hands the arguments to the general path (or returns None where
 it was given none), which handles every other kind of argument and says what is
@@ -100,14 +100,16 @@ def usual_words(op: OpSpec, ndarray: type | None) -> WordEncoder | None:
             if type(array) is not array_type:
                 return None
             memory = array.data
+            ptr = memory.ptr
             if (
                 array.dtype is not dtype
                 or array.size < (n if length is None else length)
                 or memory.device_id != device_id
+                or ptr % dtype.itemsize  # (the general path says why a view is misaligned)
                 or not array.flags.c_contiguous
             ):
                 return None
-            values[index] = memory.ptr
+            values[index] = ptr
         for index, kind, low, high, pack, unpack in scalars:
             value = values[index]
             if type(value) is not kind or not low <= value <= high:
