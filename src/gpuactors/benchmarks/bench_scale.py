@@ -3,6 +3,7 @@
 Run on a GPU machine:  python -m gpuactors.benchmarks.bench_scale [--quick] [--json PATH]
 [--no-ray] [--counts 1,2,4]
 
+Every batch is a new ``EnqueueBatch`` with the default arguments, as users send them.
 Sections (every result is checked; ratios are to the same measurement on one GPU):
   1. EnqueueBatch of 1,000,000 tiny tasks per GPU (``fill``, one batch over a
      ShardedArray, split by the group): throughput in tasks/s with ``DEPTH`` batches in
@@ -74,32 +75,32 @@ async def group_figures(
         group = await EngineGroup.start(system, devices=devices, config=CONFIG, isolation=isolation)
         figures = {"start_s": time.perf_counter() - started}
         out = await group.zeros(count * tiny, np.float32)
-        fill = EnqueueBatch(
-            op="fill", args=(out, 1.0), n=1, offsets={"out": np.arange(count * tiny)}, after="none"
-        )
-        times = [await timed(group.enqueue_batch(fill), count * tiny) for _ in range(1 + repeats)]
+        every = np.arange(count * tiny)
+
+        def fill() -> Awaitable[GroupBatchCompletion]:
+            return group.enqueue_batch(
+                EnqueueBatch(op="fill", args=(out, 1.0), n=1, offsets={"out": every})
+            )
+
+        times = [await timed(fill(), count * tiny) for _ in range(1 + repeats)]
         figures["tiny_one_at_a_time_per_s"] = count * tiny / statistics.median(times[1:])
-        figures["tiny_tasks_per_s"] = await streamed(
-            lambda: group.enqueue_batch(fill), count * tiny, 10 * repeats
-        )
+        figures["tiny_tasks_per_s"] = await streamed(fill, count * tiny, 10 * repeats)
         assert bool((await group.download(out) == 1.0).all()), "a tiny task did not run"
 
         data_host = rng.integers(0, 256, (JOBS, 1024), dtype=np.uint8)
         data = await group.scatter(data_host)
         hist = await group.zeros((JOBS, 256), np.uint32)
-        scan = EnqueueBatch(
-            op="byte_hist",
-            args=(hist, data),
-            n=1024,
-            offsets={"out": np.arange(JOBS) * 256, "data": np.arange(JOBS) * 1024},
-            after="none",
-        )
-        scans = [await timed(group.enqueue_batch(scan), JOBS) for _ in range(1 + 3 * repeats)]
+        offsets = {"out": np.arange(JOBS) * 256, "data": np.arange(JOBS) * 1024}
+
+        def scan() -> Awaitable[GroupBatchCompletion]:
+            return group.enqueue_batch(
+                EnqueueBatch(op="byte_hist", args=(hist, data), n=1024, offsets=offsets)
+            )
+
+        scans = [await timed(scan(), JOBS) for _ in range(1 + 3 * repeats)]
         figures["scan_ms"] = statistics.median(scans[1:]) * 1e3
         streamed_scans = 40 * repeats
-        figures["scan_jobs_per_s"] = await streamed(
-            lambda: group.enqueue_batch(scan), JOBS, streamed_scans
-        )
+        figures["scan_jobs_per_s"] = await streamed(scan, JOBS, streamed_scans)
         rows = np.arange(JOBS)[:, None] * 256
         once = np.bincount((rows + data_host).ravel(), minlength=JOBS * 256)
         found = (await group.download(hist)).ravel()  # byte_hist adds: every run counted
@@ -247,9 +248,13 @@ async def ray_figures(calls: int, batches: int, depth: int) -> dict[str, Any]:
         engine = await Engine.start(system, config=CONFIG)
         out = cp.zeros(BATCH_TASKS, dtype=cp.float32)
         cp.cuda.runtime.deviceSynchronize()
-        local = EnqueueBatch(op="fill", args=(out, 1.0), n=1, offsets=offsets, after="none")
         local_rate = await streamed(
-            lambda: engine.ref.ask(local, timeout=300.0), BATCH_TASKS, batches, depth
+            lambda: engine.ref.ask(
+                EnqueueBatch(op="fill", args=(out, 1.0), n=1, offsets=offsets), timeout=300.0
+            ),
+            BATCH_TASKS,
+            batches,
+            depth,
         )
         assert bool((out == 1.0).all())
         await engine.shutdown(timeout=60)
@@ -269,8 +274,14 @@ async def ray_figures(calls: int, batches: int, depth: int) -> dict[str, Any]:
             job.append(time.perf_counter() - began)
         assert bool((result.arrays[0] == 1.0).all())
     remote_out = await pool.upload(np.zeros(BATCH_TASKS, np.float32), device=0)
-    through_ray = EnqueueBatch(op="fill", args=(remote_out, 1.0), n=1, offsets=offsets)
-    ray_rate = await streamed(lambda: pool.enqueue_batch(through_ray), BATCH_TASKS, batches, depth)
+    ray_rate = await streamed(
+        lambda: pool.enqueue_batch(
+            EnqueueBatch(op="fill", args=(remote_out, 1.0), n=1, offsets=offsets)
+        ),
+        BATCH_TASKS,
+        batches,
+        depth,
+    )
     assert bool((await pool.download(remote_out) == 1.0).all())
     await pool.shutdown()
     return {"bare": bare, "job": job, "local_rate": local_rate, "ray_rate": ray_rate}
