@@ -145,7 +145,8 @@ class IsolatedEngineActor(Actor):
     async def pre_start(self) -> None:
         worker = await self._pool.spawn()
         self._adopt(worker)
-        self._state = "serving"
+        if self._worker is worker:  # (else it was gone already: its loss began recovery,
+            self._state = "serving"  # which "serving" would undo, leaving no worker)
         self._watchdog.start()
         self._pool.refill()
         self.log.info("isolated engine started", pid=worker.pid, startup_s=worker.startup_s)
@@ -166,7 +167,7 @@ class IsolatedEngineActor(Actor):
         self._worker = worker
         self._doomed = False
         self._hang_reported = False
-        self._watchdog.parked = False
+        self._watchdog.new_worker()
         worker.start_reading(
             lambda frame: self._on_frame(worker, frame),
             lambda error: self._on_connection_lost(worker, error),
@@ -368,8 +369,10 @@ class IsolatedEngineActor(Actor):
         message = request.message
         if isinstance(message, _STATEFUL) and request.future is not None:
             self._history.append(message)
-        if isinstance(message, Park | Resume):
-            self._watchdog.parked = isinstance(message, Park)
+        if isinstance(message, Park):
+            self._watchdog.park_answered(message.hold)
+        elif isinstance(message, Resume):
+            self._watchdog.resume_answered(message.hold)
         reply = caller_reply(
             message,
             payload,
@@ -377,7 +380,22 @@ class IsolatedEngineActor(Actor):
             owner=self._owner,
             attempts=request.attempts,
         )
+        if request.future is not None and request.future.done():
+            self._undo_unwanted(message, reply)
         settle(request, result=reply)
+
+    def _undo_unwanted(self, message: Message, reply: Any) -> None:
+        """Its asker left (a timeout, a cancel) before the worker answered, so nobody can
+        undo what the answer holds in the worker: undo it here. A Park whose asker left
+        holds nothing (Park's promise; the worker's engine had an asker that stayed), and
+        an array nobody knows of would hold the worker's device memory for good."""
+        undo: Message | None = None
+        if isinstance(message, Park):
+            undo = Resume(hold=message.hold)
+        elif isinstance(message, Upload) and isinstance(reply, RemoteArray):
+            undo = Free(array=reply)
+        if undo is not None:  # (no future: nobody waits on it)
+            self._requests.queue.append(self._requests.new(undo, None))
 
     # ----------------------------------------------------------------- recovery
     def _on_connection_lost(self, worker: WorkerProcess, error: WorkerError) -> None:

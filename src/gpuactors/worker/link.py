@@ -215,9 +215,15 @@ class Link:
         answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[rid] = (message, answer)
         self._stream.write(*buffers)
-        with contextlib.suppress(ConnectionError):  # (then the answer fails with the link)
-            await self._stream.drain()  # the socket's buffer full: wait until it takes more
-        return await answer
+        try:
+            with contextlib.suppress(ConnectionError):  # (then the answer fails with the link)
+                await self._stream.drain()  # the socket's buffer full: wait until it takes more
+            # Shielded: a caller that leaves does not take the request back (it is on its
+            # way, or running), so ``settled`` still waits for its answer.
+            return await asyncio.shield(answer)
+        except asyncio.CancelledError:
+            answer.add_done_callback(_retrieved)
+            raise
 
     async def settled(self) -> None:
         """Wait until every request sent so far is answered, or the link breaks (a stop
@@ -244,7 +250,7 @@ class Link:
             self._break(str(exc))
             return
         del self._pending[frame.rid]
-        if answer.done():  # its caller stopped waiting
+        if answer.done():  # (settled already)
             return
         if isinstance(frame, Answer):
             answer.set_result(frame.value)
@@ -284,6 +290,12 @@ def keep_alive(sock: socket.socket) -> None:
         option = getattr(socket, name, None)
         if option is not None:
             sock.setsockopt(socket.IPPROTO_TCP, option, value)
+
+
+def _retrieved(answer: asyncio.Future[Any]) -> None:
+    """Nobody awaits this answer any more: its error is not worth a warning."""
+    if not answer.cancelled():
+        answer.exception()
 
 
 def _unexpected(exc: BaseException) -> EngineError:

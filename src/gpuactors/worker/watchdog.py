@@ -4,11 +4,14 @@ deadline is stuck (no fault report will come), so it is declared lost."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 
 from gpuactors.engine.messages import InstallOp, PrepareOp, ReplaceOp
+from gpuactors.engine.parks import ParkHolds
 from gpuactors.engine.runtime import EngineConfig
+from gpuactors.errors import InvalidArgument
 from gpuactors.messages import Message
 from gpuactors.nvrtc.messages import CompileRequest
 from gpuactors.worker.config import IsolationConfig
@@ -31,9 +34,28 @@ class DeadlineWatchdog:
         self._isolation = isolation
         self._in_flight = in_flight
         self._on_stuck = on_stuck
-        # A Park is in force: tasks wait in the ring on purpose, so deadlines pause.
-        self.parked = False
+        # The Parks in force in the serving worker, kept as its engine keeps them: they
+        # count and may be named, so one Resume need not end them all.
+        self._holds = ParkHolds()
         self._task: asyncio.Task[None] | None = None
+
+    @property
+    def parked(self) -> bool:
+        """A Park is in force: tasks wait in the ring on purpose, so deadlines pause."""
+        return bool(len(self._holds))
+
+    def park_answered(self, hold: int | None) -> None:
+        """The worker answered a Park: it holds until its Resume."""
+        with contextlib.suppress(InvalidArgument):  # (a name that holds: the worker refuses)
+            self._holds.answered(self._holds.take(hold))
+
+    def resume_answered(self, hold: int | None) -> None:
+        """The worker answered a Resume: it ended that Park (or, unnamed, one plain Park)."""
+        self._holds.resume(hold)
+
+    def new_worker(self) -> None:
+        """A new worker serves: no Park holds it."""
+        self._holds = ParkHolds()
 
     def deadline_of(self, message: Message) -> float:
         """The monotonic time by which the worker must answer ``message`` (inf: never
