@@ -41,7 +41,10 @@ class GenerationRegistry:
             self._generations[device_id] = generation
             waiters = self._waiters.pop(device_id, [])
         for loop, future in waiters:
-            loop.call_soon_threadsafe(_settle, future, generation)
+            try:
+                loop.call_soon_threadsafe(_settle, future, generation)
+            except RuntimeError:  # its loop was closed: nothing awaits that future any more
+                continue  # (and the waiters on live loops must still wake)
         return generation
 
     async def next_change(self, device_id: int, after: int | None = None) -> int:

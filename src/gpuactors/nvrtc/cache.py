@@ -32,6 +32,7 @@ from structlog.typing import FilteringBoundLogger
 
 from ..errors import InvalidArgument
 from ..logs import get_logger
+from ..numeric import whole_number
 from .entry import (
     FORMAT_VERSION,
     CorruptEntry,
@@ -60,7 +61,7 @@ _READ_FLAGS = (
     | getattr(os, "O_BINARY", 0)
 )
 _STALE_TEMP_SECONDS = 3600.0
-_KEY = re.compile(r"^[0-9a-f]{64}$")
+_KEY = re.compile(r"^[0-9a-f]{64}\Z")  # (``$`` would take a final newline too)
 V = TypeVar("V")
 T = TypeVar("T")
 
@@ -82,6 +83,16 @@ class CacheStats:
     entries: int = 0
 
 
+def positive_count(value: object, what: str) -> int:
+    """``value`` as an int >= 1, else InvalidArgument naming ``what``: a whole number
+    (:mod:`gpuactors.numeric`), never a bool, a float or a string (a cap of 2.5 entries
+    or ``True`` threads is a mistake, and ``"4" < 1`` a TypeError)."""
+    number = whole_number(value)
+    if number is None or number < 1:
+        raise InvalidArgument(f"{what} must be a whole number >= 1, got {value!r}")
+    return number
+
+
 def _check_key(key: str) -> str:
     if not isinstance(key, str) or not _KEY.match(key):
         raise InvalidArgument(f"not a cache key (64 lowercase hex digits): {key!r}")
@@ -94,9 +105,7 @@ class _Lru(Generic[V]):
     Thread-safe."""
 
     def __init__(self, max_entries: int) -> None:
-        if max_entries < 1:
-            raise InvalidArgument(f"max_entries must be >= 1, got {max_entries}")
-        self.max_entries = max_entries
+        self.max_entries = positive_count(max_entries, "max_entries")
         self._entries: OrderedDict[str, V] = OrderedDict()
         self._lock = threading.Lock()
         self._hits = self._misses = self._evictions = self._writes = 0
@@ -238,8 +247,8 @@ class DiskModuleCache:
         max_bytes: int | None = DEFAULT_MAX_BYTES,
         fsync: bool = False,
     ) -> None:
-        if max_bytes is not None and max_bytes < 1:
-            raise InvalidArgument(f"max_bytes must be >= 1 or None, got {max_bytes}")
+        if max_bytes is not None:
+            max_bytes = positive_count(max_bytes, "max_bytes (or None)")
         self.directory = (
             Path(os.path.abspath(Path(directory).expanduser()))
             if directory

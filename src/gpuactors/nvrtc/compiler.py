@@ -26,11 +26,12 @@ from ..errors import CompileError, InvalidArgument, NvrtcUnavailable
 from ..logs import get_logger
 from .cache import ManifestStore
 from .discovery import Discovery
-from .headers import ABSENT, includes_only_given, scan_includes
+from .headers import ABSENT, includes_only_given, scan_includes, unscanned_untracked_input
 from .keys import full_key, path_states, request_key, untracked_key
 from .manifest import Manifest, make_manifest
 from .module import CompiledModule
 from .options import NvrtcOpts, arch_number
+from .text import check_name, check_no_nul
 
 _INSTALL_HINT = (
     "install NVRTC of the driver's CUDA major version: pip install 'gpuactors[cu13]' "
@@ -170,8 +171,12 @@ def request_key_of(
 ) -> str:
     """The request key of this compile: what the caller hands NVRTC (see ``keys``).
 
-    Raises InvalidArgument for text that is not valid Unicode (a lone surrogate in the
-    source, its name, a header or an option): NVRTC takes UTF-8."""
+    Raises InvalidArgument for an argument of the wrong type, a text holding a NUL or
+    a name a control character (as the compile messages check them: this is where
+    :func:`compile_source` and the :class:`~gpuactors.nvrtc.KernelCompiler` start), and
+    for text that is not valid Unicode (a lone surrogate in the source, its name, a
+    header or an option): NVRTC takes UTF-8."""
+    _check_request(source, name=name, opts=opts, headers=headers)
     target = opts.resolve_arch(arch)
     try:
         return request_key(
@@ -190,6 +195,32 @@ def request_key_of(
             f"{name!r}: the source, its name, a header or an option is not valid Unicode "
             f"text ({exc.reason} at position {exc.start}); NVRTC takes UTF-8"
         ) from None
+
+
+def _check_request(source: object, *, name: object, opts: object, headers: object) -> None:
+    """InvalidArgument unless the texts NVRTC gets are ``str`` without a NUL (a C string
+    ends there: NVRTC would compile less than the key hashed) and the names are one
+    line of printable text."""
+    if not isinstance(source, str):
+        raise InvalidArgument(f"source must be str, not {type(source).__name__}")
+    check_no_nul(source, "source")
+    if not isinstance(name, str):
+        raise InvalidArgument(f"the program name must be str, not {type(name).__name__}")
+    check_name(name, "program name")
+    if not isinstance(opts, NvrtcOpts):
+        raise InvalidArgument(f"opts must be an NvrtcOpts, not {type(opts).__name__}")
+    if not isinstance(headers, Mapping):
+        raise InvalidArgument(
+            f"headers must map include names to their text, not {type(headers).__name__}"
+        )
+    for include_name, text in headers.items():
+        if not isinstance(include_name, str) or not isinstance(text, str):
+            raise InvalidArgument(
+                f"headers must map str to str, not {type(include_name).__name__} to "
+                f"{type(text).__name__} ({include_name!r})"
+            )
+        check_name(include_name, "header name")
+        check_no_nul(text, f"header {include_name!r}")
 
 
 #: What NVRTC read for the requests :func:`compile_source` compiled in this process.
@@ -329,12 +360,11 @@ def compile_source(
     ``arch`` is the device's own architecture, used when ``opts.arch`` is None
     (``opts.arch`` wins when set). ``headers`` maps include names to their text.
     Raises :class:`CompileError` (with NVRTC's full log and the failing lines) when
-    NVRTC rejects the source, :class:`InvalidArgument` for an unusable target or an
-    include naming a FIFO, a device or an oversized file, and :class:`NvrtcUnavailable`
+    NVRTC rejects the source, :class:`InvalidArgument` for an unusable target, a text
+    holding a NUL, a name holding a control character, an argument of the wrong type or
+    an include naming a FIFO, a device or an oversized file, and :class:`NvrtcUnavailable`
     when NVRTC cannot be loaded. Blocking; thread-safe.
     """
-    if not isinstance(source, str):
-        raise InvalidArgument(f"source must be str, not {type(source).__name__}")
     request = request_key_of(source, name=name, opts=opts, arch=arch, headers=headers)
     known = _manifests.get(request)
     traced = compile_traced(
@@ -435,6 +465,10 @@ def compile_traced(
         cacheable = not (scan.unseen_probes or scan.time_macros) and all(
             states[d] in (ABSENT, earlier.get(d)) for d in manifest.deps
         )
+        # The scan read the texts it could follow; what only NVRTC found (through an
+        # #include MACRO) may use a time macro or probe for a name a macro gives too.
+        unscanned = [d for d in manifest.deps if d not in scan.files and d not in headers]
+        cacheable = cacheable and not unscanned_untracked_input(unscanned)
         if cacheable:
             key = full_key(request, manifest, states)
     module = CompiledModule(

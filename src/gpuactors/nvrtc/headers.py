@@ -198,6 +198,25 @@ def _in_code(pattern: re.Pattern[bytes], text: bytes, *words: bytes) -> bool:
     return pattern.search(_COMMENT.sub(b" ", _unspliced(text))) is not None
 
 
+def holds_untracked_input(text: bytes) -> tuple[bool, bool]:
+    """``(unseen_probes, time_macros)`` of one text NVRTC reads (see :class:`IncludeScan`)."""
+    return (
+        _in_code(_UNSEEN_PROBE, text, b"__has_include"),
+        _in_code(_TIME_MACROS, text, b"__DATE__", b"__TIME"),
+    )
+
+
+def unscanned_untracked_input(paths: Sequence[str]) -> bool:
+    """Whether one of the files at ``paths`` (read by NVRTC, not by the scan: an
+    ``#include MACRO`` led there) probes for a file it names by a macro or uses a time
+    macro: its module is then one no key can name, as for a text the scan read."""
+    for path in paths:
+        content = read_regular(path)
+        if isinstance(content, bytes) and any(holds_untracked_input(content)):
+            return True
+    return False
+
+
 def scan_includes(
     source: str,
     *,
@@ -223,8 +242,8 @@ def scan_includes(
     unseen = timed = False
     while pending:
         text, here = pending.pop()
-        unseen = unseen or _in_code(_UNSEEN_PROBE, text, b"__has_include")
-        timed = timed or _in_code(_TIME_MACROS, text, b"__DATE__", b"__TIME")
+        probes_unseen, uses_time = holds_untracked_input(text)
+        unseen, timed = unseen or probes_unseen, timed or uses_time
         for quoted, include in _names(text):
             if include in headers:
                 continue

@@ -23,10 +23,9 @@ from typing import Literal
 
 from structlog.typing import FilteringBoundLogger
 
-from ..errors import InvalidArgument
 from ..logs import get_logger
 from ..process_wide import ProcessWide
-from .cache import DiskModuleCache, ManifestStore, MemoryModuleCache
+from .cache import DiskModuleCache, ManifestStore, MemoryModuleCache, positive_count
 from .compiler import compile_traced, load_nvrtc, nvrtc_loaded, request_key_of
 from .keys import full_key, path_states
 from .manifest import Manifest
@@ -139,9 +138,11 @@ class KernelCompiler:
             self.disk: DiskModuleCache | None = disk
         else:
             self.disk = DiskModuleCache() if disk else None
-        slots = max_parallel_compiles if max_parallel_compiles is not None else os.cpu_count() or 1
-        if slots < 1:
-            raise InvalidArgument(f"max_parallel_compiles must be >= 1, got {slots}")
+        slots = (
+            positive_count(max_parallel_compiles, "max_parallel_compiles")
+            if max_parallel_compiles is not None
+            else os.cpu_count() or 1
+        )
         self._slots = threading.BoundedSemaphore(slots)
         self._threads = _DaemonThreads(slots, name="gpuactors-nvrtc")
         #: What NVRTC read for each request this compiler compiled or found on disk.

@@ -15,13 +15,14 @@ disk caches and runs one link per key under concurrent requests.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import importlib
 import re
 import struct
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import ModuleType
 from typing import Any, Literal
@@ -29,7 +30,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..errors import InvalidArgument, LinkError, LinkerUnavailable
-from ..messages import invalid_argument
+from ..messages import WholeNumber, invalid_argument
 from ..process_wide import ProcessWide
 from .cache import DiskModuleCache, MemoryModuleCache
 from .compiler import wheel_of_major
@@ -152,8 +153,9 @@ class LinkOpts(_Checked):
 
     arch: str | None = None
     lto: bool | None = None
-    optimization_level: int | None = Field(default=None, ge=0, le=3)
-    maxrregcount: int | None = Field(default=None, ge=1, le=255)
+    # Whole numbers (never a bool, a float or a string: ``True`` would mean -O1).
+    optimization_level: WholeNumber | None = Field(default=None, ge=0, le=3)
+    maxrregcount: WholeNumber | None = Field(default=None, ge=1, le=255)
     device_debug: bool = False
     line_info: bool = False
     ftz: bool | None = None
@@ -205,6 +207,13 @@ class _Plan:
     def __init__(
         self, inputs: Sequence[LinkInput], opts: LinkOpts, arch: str | None, name: str
     ) -> None:
+        # A tuple first: an iterator would be used up by the checks below, and the link
+        # made of no input at all (nvJitLink links nothing into an empty CUBIN).
+        inputs = _link_inputs(inputs)
+        if not isinstance(opts, LinkOpts):
+            raise InvalidArgument(f"opts must be a LinkOpts, not {type(opts).__name__}")
+        if not isinstance(name, str):
+            raise InvalidArgument(f"the link name must be str, not {type(name).__name__}")
         if not inputs:
             raise InvalidArgument("a link needs at least one input")
         names = [piece.name for piece in inputs]
@@ -233,6 +242,22 @@ class _Plan:
             linker_version=linker_version(),
             linker_build=linker_build(),
         )
+
+
+def _link_inputs(inputs: object) -> tuple[LinkInput, ...]:
+    """``inputs`` as a tuple of LinkInputs, or InvalidArgument naming the first that is not."""
+    if isinstance(inputs, LinkInput) or not isinstance(inputs, Iterable):
+        raise InvalidArgument(
+            f"inputs must be a sequence of LinkInputs, not {type(inputs).__name__}"
+        )
+    pieces = tuple(inputs)
+    for index, piece in enumerate(pieces):
+        if not isinstance(piece, LinkInput):
+            raise InvalidArgument(
+                f"link input {index} is a {type(piece).__name__}, not a LinkInput "
+                "(LinkInput.of(module) makes one of a CompiledModule)"
+            )
+    return pieces
 
 
 def link_images(
@@ -473,18 +498,18 @@ class KernelLinker:
         plan = _Plan(inputs, opts if opts is not None else LinkOpts(), arch, name)
         module = self.memory.get(plan.key)
         if module is not None:
-            return module, "memory"
+            return _named(module, plan.name), "memory"
         with self._lock:
             module = self.memory.peek(plan.key)  # a flight may have landed since
             if module is not None:
-                return module, "memory"
+                return _named(module, plan.name), "memory"
             flight = self._inflight.get(plan.key)
             leader = flight is None
             if flight is None:
                 flight = self._inflight[plan.key] = Future()
                 flight.set_running_or_notify_cancel()
         if not leader:
-            return flight.result()[0], "memory"
+            return _named(flight.result()[0], plan.name), "memory"
         try:
             result = self._load_or_link(plan)
         except BaseException as exc:
@@ -520,7 +545,7 @@ class KernelLinker:
             module = self.disk.get(plan.key)
             if module is not None:
                 self.memory.put(plan.key, module)
-                return module, "disk"
+                return _named(module, plan.name), "disk"
         with self._lock:
             self._links += 1
         module = _link(plan)
@@ -528,6 +553,12 @@ class KernelLinker:
         if self.disk is not None:
             self.disk.put(module)
         return module, "compiled"
+
+
+def _named(module: CompiledModule, name: str) -> CompiledModule:
+    """``module`` under this request's link name: the key leaves the name out (it does
+    not change the image), so a cached module can carry another request's name."""
+    return module if module.source_name == name else dataclasses.replace(module, source_name=name)
 
 
 _DEFAULT = ProcessWide(KernelLinker)

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import InvalidArgument
-from ..messages import invalid_argument
+from ..messages import WholeNumber, invalid_argument
 from .flags import check_extra_flag
 from .text import check_name
 
@@ -24,8 +24,10 @@ OutputKind = Literal["cubin", "ptx", "ltoir"]
 CppStd = Literal["c++03", "c++11", "c++14", "c++17", "c++20"]
 
 #: ``sm_90``, ``sm_90a`` (arch-specific), ``sm_100f`` (family) or the virtual ``compute_90[a|f]``.
-ARCH_PATTERN = re.compile(r"^(sm|compute)_(\d+)([af]?)$")
-_MACRO_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: ASCII digits only, and ``\Z``, not ``$``: ``$`` also matches before a final newline,
+#: which let ``"sm_90\n"`` through into the options (and a key of its own).
+ARCH_PATTERN = re.compile(r"^(sm|compute)_([0-9]+)([af]?)\Z")
+_MACRO_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 def arch_from_capability(major: int, minor: int) -> str:
@@ -67,7 +69,8 @@ class NvrtcOpts(BaseModel):
     fast_math: bool = False
     #: ``None`` leaves NVRTC's default (off, or on with ``fast_math``).
     ftz: bool | None = None
-    maxrregcount: int | None = Field(default=None, ge=1, le=255)
+    #: A whole number (never a bool, a float or a string: ``True`` would mean one register).
+    maxrregcount: WholeNumber | None = Field(default=None, ge=1, le=255)
     defines: dict[str, str | None] = Field(default_factory=dict)
     include_paths: tuple[str, ...] = ()
     extra_flags: tuple[str, ...] = ()
