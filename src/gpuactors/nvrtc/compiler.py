@@ -240,7 +240,10 @@ def cache_key(
     The key covers the files NVRTC reads, which only NVRTC can tell: the first call for
     a request compiles it (and raises what :func:`compile_source` raises); later ones
     hash the files that compile read. A compile whose reads NVRTC did not report
-    (an automatic precompiled header was used) gets a key naming its image.
+    (an automatic precompiled header was used) gets a key naming its image. A compile
+    that is never cached (its texts use ``__TIME__`` or ``__DATE__``, or probe for a
+    file a macro names) has no key that names it beforehand: each compile's module
+    carries a key naming its own image, which this key does not match.
     """
     request = request_key_of(source, name=name, opts=opts, arch=arch, headers=headers)
     manifest = _manifests.get(request)
