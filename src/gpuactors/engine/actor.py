@@ -349,6 +349,10 @@ class PersistentEngineActor(Actor):
         assert runtime is not None
         ring, completions, intake = runtime.ring, self._completions, self._intake
         idle_since: float | None = None
+        # When the poller last saw the kernel not running (device time): no task can
+        # have been running before then, so a hang counts only from there (a task whose
+        # deadline passed while a Park held the kernel is skipped once it relaunches).
+        stopped_ns = 0
         try:
             while True:
                 if not completions.pending and not intake.backlog and not completions.batches:
@@ -378,9 +382,11 @@ class PersistentEngineActor(Actor):
                     await asyncio.sleep(0)
                 else:
                     runtime.check_fault()
-                    if not runtime.hold and runtime.running:  # parked tasks wait, not hang
+                    if not runtime.running:  # parked tasks wait, not hang
+                        stopped_ns = self._service.device_now_ns()
+                    elif not runtime.hold:
                         completions.check_hung(
-                            self._service.device_now_ns(), self._config.hang_grace_ms
+                            self._service.device_now_ns(), self._config.hang_grace_ms, stopped_ns
                         )
                     if intake.backlog:
                         intake.expire_backlog()

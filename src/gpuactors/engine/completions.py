@@ -170,10 +170,12 @@ class Completions:
             ring.wait_done(oldest, until - time.perf_counter())
 
     # ---------------------------------------------------------- fault checks
-    def check_hung(self, device_now_ns: int, grace_ms: float) -> None:
+    def check_hung(self, device_now_ns: int, grace_ms: float, running_since_ns: int = 0) -> None:
         """Raise TaskHung (its caller gets it too) if a task is still unfinished
         ``grace_ms`` after its deadline: its block never returns, so the kernel can
-        neither drain nor park. (Call only while the kernel runs: parked tasks wait.)"""
+        neither drain nor park. (Call only while the kernel runs: parked tasks wait.)
+        The grace counts from ``running_since_ns`` where that is later: a task whose
+        deadline passed before the kernel last (re)launched has not had it yet."""
         # Units are claimed in ring order, so only the oldest unfinished task can be the
         # one that never returns; later ones past their deadline are skipped by the device.
         oldest_seq = -1
@@ -192,7 +194,7 @@ class Completions:
                 oldest_future = batch.future
         if oldest_future is None or not deadline:
             return
-        if device_now_ns <= deadline + int(grace_ms * 1e6):
+        if device_now_ns <= max(deadline, running_since_ns) + int(grace_ms * 1e6):
             return
         error = TaskHung(
             f"task {oldest_seq} of op {name!r} is still running "

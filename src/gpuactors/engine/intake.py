@@ -115,6 +115,8 @@ class Intake:
             )
         except GpuActorsError as exc:
             return failed_reply(exc)  # the caller's error, not the actor's failure
+        except Exception as exc:  # its stream's query failed: the caller's, as on every path
+            return failed_reply(unreadable(msg.op, exc))
         runtime = service.runtime
         assert runtime is not None
         completions = self._completions
@@ -326,7 +328,10 @@ class Intake:
             or GENERATIONS.by_device.get(service.device_id, FIRST_GENERATION) != service.generation
         ):
             return False
-        resolved = self._ops.resolutions.get(op)
+        try:
+            resolved = self._ops.resolutions.get(op)
+        except TypeError:  # an unhashable op name (no str): the general path refuses it
+            return False
         if resolved is None:  # not yet resolved (or unknown: the general path says so)
             try:
                 resolved = self._ops.resolve(op)
@@ -611,7 +616,10 @@ class Intake:
 
 def unreadable(op: str, exc: Exception) -> InvalidArgument:
     """A task's arguments that raised while being read: an error of the caller's, so
-    the actor must not fail (a supervisor's restart would fail every task in flight)."""
+    the actor must not fail (a supervisor's restart would fail every task in flight).
+    (Or its op name, from ``Engine.enqueue``, which leaves that check to the lookup.)"""
+    if not isinstance(op, str):  # (an unhashable name raised in the op table's lookup)
+        return InvalidArgument(f"invalid Enqueue: op must be a str, not {op!r}")
     error = InvalidArgument(
         f"the arguments of op {op!r} could not be read: {type(exc).__name__}: {exc}"
     )

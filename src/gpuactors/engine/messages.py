@@ -209,7 +209,8 @@ class EngineStats(Reply):
 
 
 class Drain(Message):
-    """Reply once every task accepted so far (and any accepted meanwhile) has finished."""
+    """Reply once every task accepted so far has finished on the device, its caller
+    waiting or not: a snapshot, so it returns under steady traffic too."""
 
 
 class Drained(Reply):

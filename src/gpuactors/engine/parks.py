@@ -17,10 +17,13 @@ from gpuactors.errors import InvalidArgument
 
 
 class ParkHolds:
-    """The Parks holding the kernel: each a key, the asker's name or one of its own."""
+    """The Parks holding the kernel, each under a key of its own (a named one too: a
+    name is free again once its Park has ended, and that Park's wait, which ends its
+    own hold if it fails or its asker leaves, must not end a later Park of the name)."""
 
     def __init__(self) -> None:
         self._held: dict[object, bool] = {}  # key -> may a plain Resume end it?
+        self._named: dict[int, object] = {}  # name -> the key of the Park holding it
 
     def __len__(self) -> int:
         return len(self._held)
@@ -28,27 +31,34 @@ class ParkHolds:
     def take(self, name: int | None) -> object:
         """A new Park holds the kernel; its key ends it. A name still holding is refused
         (its Resume could not tell the two apart)."""
-        if name is not None and name in self._held:
+        if name is not None and name in self._named:
             raise InvalidArgument(f"a Park named {name} already holds this engine")
-        key = object() if name is None else name
+        key = object()
         self._held[key] = False
+        if name is not None:
+            self._named[name] = key
         return key
 
     def answered(self, key: object) -> None:
         """The Park of ``key`` has answered: an unnamed one is now any Resume's to end."""
-        if key in self._held and not isinstance(key, int):
+        if key in self._held and key not in self._named.values():
             self._held[key] = True
 
     def release(self, key: object) -> None:
         """End the Park of ``key`` (nothing if it has ended already)."""
-        self._held.pop(key, None)
+        if self._held.pop(key, None) is None:
+            return
+        for name, named in self._named.items():
+            if named is key:
+                del self._named[name]
+                break
 
     def resume(self, name: int | None) -> None:
         """A Resume: end the Park named ``name``, or, unnamed, one unnamed Park that has
         answered (a Park still waiting ends itself if it fails or its asker leaves)."""
         if name is not None:
-            self.release(name)
-            return
-        key = next((key for key, plain in self._held.items() if plain), None)
+            key = self._named.get(name)
+        else:
+            key = next((key for key, plain in self._held.items() if plain), None)
         if key is not None:
             self.release(key)
