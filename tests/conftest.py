@@ -55,6 +55,16 @@ async def no_loop_errors() -> AsyncIterator[list[dict[str, Any]]]:
 
 
 @pytest.fixture
+def cupy_like_arrays() -> Iterator[None]:
+    """The engine takes ``host_runtime.CupyLikeArray`` for CuPy's array type on every
+    path (for tests of an engine over a host ring: ``usefixtures("cupy_like_arrays")``)."""
+    from gpuactors.engine.host_runtime import cupy_like_arrays
+
+    with cupy_like_arrays():
+        yield
+
+
+@pytest.fixture
 def cpu_worker_importable(monkeypatch: pytest.MonkeyPatch) -> None:
     """Worker processes can import ``cpu_worker`` (the CPU stand-in worker in tests/),
     for ``IsolationConfig(worker_module="cpu_worker")``."""

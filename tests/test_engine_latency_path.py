@@ -16,11 +16,8 @@ import numpy as np
 import pytest
 
 from gpuactors.actors import ActorRef, ActorSystem, Deferred, Props
-from gpuactors.cuda import arrays as arrays_module
 from gpuactors.cuda.generation import GENERATIONS
 from gpuactors.engine import abi
-from gpuactors.engine import args as args_module
-from gpuactors.engine import optable as optable_module
 from gpuactors.engine.abi import COMPLETION, RING_RECORD
 from gpuactors.engine.actor import PersistentEngineActor
 from gpuactors.engine.host_runtime import HostBytes
@@ -51,11 +48,7 @@ SCALE = OpSpec(
 RUNNING = None  # the consumer leaves the task running
 
 
-@pytest.fixture(autouse=True)
-def cupy_like_arrays(monkeypatch: pytest.MonkeyPatch) -> None:
-    """CupyLikeArray stands in for CuPy's arrays on every path, the publisher's too."""
-    for module in (args_module, arrays_module, optable_module):
-        monkeypatch.setattr(module, "cupy_ndarray", lambda: CupyLikeArray)
+pytestmark = pytest.mark.usefixtures("cupy_like_arrays")
 
 
 class HostRuntime:

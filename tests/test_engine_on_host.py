@@ -23,9 +23,7 @@ from gpuactors.actors import ActorRef, ActorSystem, Props
 from gpuactors.cuda import arrays as arrays_module
 from gpuactors.engine import abi
 from gpuactors.engine import actor as actor_module
-from gpuactors.engine import args as args_module
 from gpuactors.engine import expansion as expansion_module
-from gpuactors.engine import optable as optable_module
 from gpuactors.engine import streams as streams_module
 from gpuactors.engine.client import Engine
 from gpuactors.engine.host_runtime import CupyLikeArray, HostEngine, HostRuntime
@@ -86,10 +84,7 @@ class Stream:
         return event
 
 
-@pytest.fixture(autouse=True)
-def cupy_like_arrays(monkeypatch: pytest.MonkeyPatch) -> None:
-    for module in (args_module, arrays_module, optable_module):
-        monkeypatch.setattr(module, "cupy_ndarray", lambda: CupyLikeArray)
+pytestmark = pytest.mark.usefixtures("cupy_like_arrays")
 
 
 @pytest.fixture

@@ -12,10 +12,7 @@ from typing import Any
 import pytest
 
 from gpuactors.actors import ActorSystem
-from gpuactors.cuda import arrays as arrays_module
 from gpuactors.engine import abi
-from gpuactors.engine import args as args_module
-from gpuactors.engine import optable as optable_module
 from gpuactors.engine import streams as streams_module
 from gpuactors.engine.client import Engine
 from gpuactors.engine.host_runtime import CupyLikeArray, HostRuntime
@@ -24,11 +21,7 @@ from gpuactors.engine.runtime import EngineConfig
 from gpuactors.errors import InvalidArgument, TaskHung, TaskTimeout
 from test_engine_on_host import BrokenStream, fill, loop_turns_until, start
 
-
-@pytest.fixture(autouse=True)
-def cupy_like_arrays(monkeypatch: pytest.MonkeyPatch) -> None:
-    for module in (args_module, arrays_module, optable_module):
-        monkeypatch.setattr(module, "cupy_ndarray", lambda: CupyLikeArray)
+pytestmark = pytest.mark.usefixtures("cupy_like_arrays")
 
 
 @pytest.fixture

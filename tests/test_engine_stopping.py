@@ -10,13 +10,10 @@ from typing import Any
 import pytest
 
 from gpuactors.actors import ActorRef, ActorSystem, Props, handles
-from gpuactors.cuda import arrays as arrays_module
 from gpuactors.engine import actor as actor_module
-from gpuactors.engine import args as args_module
 from gpuactors.engine import live_ops as live_ops_module
-from gpuactors.engine import optable as optable_module
 from gpuactors.engine.client import Engine
-from gpuactors.engine.host_runtime import CupyLikeArray, HostEngine, HostRuntime
+from gpuactors.engine.host_runtime import HostEngine, HostRuntime
 from gpuactors.engine.messages import (
     Completion,
     InstallOp,
@@ -43,10 +40,7 @@ class FailingEngine(HostEngine):
         raise RuntimeError("a handler's bug")
 
 
-@pytest.fixture(autouse=True)
-def cupy_like_arrays(monkeypatch: pytest.MonkeyPatch) -> None:
-    for module in (args_module, arrays_module, optable_module):
-        monkeypatch.setattr(module, "cupy_ndarray", lambda: CupyLikeArray)
+pytestmark = pytest.mark.usefixtures("cupy_like_arrays")
 
 
 @pytest.fixture
