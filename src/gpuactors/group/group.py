@@ -59,6 +59,7 @@ from gpuactors.group.sharded import Shard, ShardedArray
 from gpuactors.group.switch import ask_all, ask_each, by_key, fail, point_all, roll_out
 from gpuactors.logs import get_logger
 from gpuactors.messages import Message
+from gpuactors.numeric import whole_number
 from gpuactors.worker import Download, Free, IsolationConfig, Job, JobResult, RemoteArray, Upload
 
 T = TypeVar("T")
@@ -133,11 +134,19 @@ class EngineGroup:
             )  # fmt: skip
 
         first = await start_one(chosen[0])
-        rest = await asyncio.gather(*(start_one(d) for d in chosen[1:]), return_exceptions=True)
+        starting = [asyncio.ensure_future(start_one(d)) for d in chosen[1:]]
+        try:
+            rest = await asyncio.gather(*starting, return_exceptions=True)
+        except BaseException:
+            # Cancelled: the gather cancelled the starts under way and waited for them;
+            # the engines already started have no one else to stop them.
+            done = [t.result() for t in starting if not t.cancelled() and t.exception() is None]
+            await _stop_quietly([first, *done])
+            raise
         started = [first, *(m for m in rest if not isinstance(m, BaseException))]
         failure = next((m for m in rest if isinstance(m, BaseException)), None)
         if failure is not None:
-            await asyncio.gather(*(m.stop() for m in started), return_exceptions=True)
+            await _stop_quietly(started)
             raise failure
         return cls(started, ops=ops, placement=placement)
 
@@ -147,7 +156,7 @@ class EngineGroup:
         return tuple(self._members.values())
 
     def member(self, device: int) -> EngineMember:
-        member = self._members.get(device)
+        member = self._members.get(self._locator.given(device))
         if member is None:
             noun = self._locator.noun
             raise WrongDevice(f"{noun} {device} has no engine in this group ({self.devices})")
@@ -299,18 +308,16 @@ class EngineGroup:
 
     async def download(self, array: Any) -> np.ndarray:
         """A host copy of ``array`` (a ShardedArray is joined back into one array)."""
+        pieces = self._pieces(array)
         if isinstance(array, ShardedArray):
-            parts = await asyncio.gather(
-                *(self._members[s.device].download(s.array) for s in array.shards)
-            )
+            parts = await asyncio.gather(*(self._members[k].download(a) for k, a in pieces))
             return np.concatenate([part.reshape(-1) for part in parts]).reshape(array.shape)
-        return await self._members[self._holder(array)].download(array)
+        return await self._members[pieces[0][0]].download(array)
 
     async def free(self, array: Any) -> None:
         """Let go of an uploaded array (each shard of a ShardedArray: every one, even where
         another cannot be freed, which is then raised as ``ask_all`` would)."""
-        shards = array.shards if isinstance(array, ShardedArray) else None
-        pieces = [(s.device, s.array) for s in shards] if shards else [(self._holder(array), array)]
+        pieces = self._pieces(array)
         outcomes = await asyncio.gather(
             *(self._free_piece(key, piece) for key, piece in pieces), return_exceptions=True
         )
@@ -365,7 +372,29 @@ class EngineGroup:
         self, shape: int | tuple[int, ...], dtype: Any, *, devices: Sequence[int] | None = None
     ) -> ShardedArray:
         """A zeroed ShardedArray split by rows as :meth:`scatter` splits."""
-        return await self.scatter(np.zeros(shape, dtype=dtype), devices=devices)
+        try:
+            host = np.zeros(shape, dtype=dtype)
+        except (TypeError, ValueError) as exc:  # a shape or dtype NumPy cannot make
+            raise InvalidArgument(f"zeros of shape {shape!r} and dtype {dtype!r}: {exc}") from None
+        return await self.scatter(host, devices=devices)
+
+    def _pieces(self, array: Any) -> list[tuple[int, Any]]:
+        """The engine and the array of each piece of ``array`` (each shard of a
+        ShardedArray), checked before any engine is asked: a ShardedArray built by hand
+        may name an engine outside the group, or give a shard an array another engine
+        holds (WrongDevice; that engine would be asked for what it does not hold)."""
+        if not isinstance(array, ShardedArray):
+            return [(self._holder(array), array)]
+        pieces = []
+        noun = self._locator.noun
+        for shard in array.shards:
+            key = self.member(shard.device).key
+            what = f"the shard for {noun} {key}"
+            held = self._locator.key_of(shard.array, what)
+            if held is not None and held != key:
+                raise WrongDevice(f"{what} holds an array that lives on {noun} {held}")
+            pieces.append((key, shard.array))
+        return pieces
 
     def _holder(self, array: Any) -> int:
         key = self._locator.key_of(array, "the array")
@@ -377,7 +406,10 @@ class EngineGroup:
     async def install(self, op: OpSpec, *, activate: bool = True) -> GroupOpInstalled:
         """Install ``op`` on every serving engine; with ``activate``, its name points at it
         on all of them once the reply comes. A compile error changes no engine."""
-        return await self._exclusive(functools.partial(self._install, op, activate))
+        # Checked as the message (InvalidArgument for what is not an op), and read from
+        # it: the engines are sent its ``activate``, which the rollout must follow.
+        message = InstallOp(op=op, activate=activate)
+        return await self._exclusive(functools.partial(self._install, message.op, message.activate))
 
     async def replace(
         self, name: str, body: str, *, params: Any = None, multi_block: bool | None = None
@@ -489,6 +521,13 @@ class EngineGroup:
                 load[key] -= count
 
 
+async def _stop_quietly(members: Sequence[EngineMember]) -> None:
+    """Stop ``members`` of a group that did not start (shielded: a second cancel of its
+    caller must not leave them running), their errors dropped for the one raised."""
+    stopping = asyncio.gather(*(m.stop() for m in members), return_exceptions=True)
+    await asyncio.shield(stopping)
+
+
 def _log_abandoned_failure(task: asyncio.Task[Any]) -> None:
     """An op change whose caller stopped waiting failed: no one else will hear of it."""
     error = None if task.cancelled() else task.exception()
@@ -502,8 +541,12 @@ def _devices(devices: Sequence[int] | None) -> tuple[int, ...]:
         if count == 0:
             raise NoCudaDevice(no_device_reason() or "no CUDA device")
         return tuple(range(count))
-    chosen = tuple(devices)
-    if not chosen or any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in chosen):
+    try:
+        numbers = tuple(whole_number(d) for d in devices)  # (a NumPy integer too, never a bool)
+    except TypeError:  # not a sequence at all
+        numbers = ()
+    chosen = tuple(d for d in numbers if d is not None and d >= 0)
+    if not chosen or len(chosen) != len(numbers):
         raise InvalidArgument(f"devices must be device ordinals (ints >= 0), got {devices!r}")
     if len(set(chosen)) != len(chosen):
         raise InvalidArgument(f"each device once, got {chosen}")

@@ -16,6 +16,7 @@ import numpy as np
 from gpuactors.cuda.arrays import cupy_ndarray, describe_array
 from gpuactors.errors import InvalidArgument, WrongDevice
 from gpuactors.group.sharded import PerDevice, ShardedArray
+from gpuactors.numeric import whole_number
 from gpuactors.worker.messages import RemoteArray
 
 _HOST_SCALARS = (int, float, bool, complex, np.generic, np.ndarray)
@@ -28,6 +29,14 @@ class Locator:
         self.keys = frozenset(keys)
         self.noun = noun  # what a key names, in messages: "device", or "actor" in a Ray pool
         self._owners: dict[str, int] = {}  # RemoteArray.owner -> engine key
+
+    def given(self, key: object) -> int:
+        """A key the caller gave (``device=``): a whole number by the library's rule (a
+        NumPy integer too; never a bool, which would pass for engine 0 or 1)."""
+        number = whole_number(key)
+        if number is None:
+            raise InvalidArgument(f"a {self.noun} is named by its number (an int), not {key!r}")
+        return number
 
     def learn(self, remote: RemoteArray, key: int) -> None:
         """Engine ``key`` issued ``remote``: its later arrays carry the same owner."""
@@ -63,7 +72,7 @@ class Locator:
         which the arrays must agree with); None when no argument ties the task to one.
         WrongDevice for arrays on two devices, or on a device outside the group: refused
         before anything reaches an engine."""
-        found, noun = chosen, self.noun
+        found, noun = (None if chosen is None else self.given(chosen)), self.noun
         source = "the task was sent to"
         for position, arg in enumerate(args):
             key = self.key_of(arg, f"argument {position}")

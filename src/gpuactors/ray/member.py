@@ -26,7 +26,14 @@ import ray
 from ray.exceptions import ActorDiedError, RayActorError, RayError, RayTaskError
 
 from gpuactors.engine import Drain, EnqueueBatch, ShutdownReport
-from gpuactors.errors import AskTimeout, EngineError, EngineLost, EngineStopped, GpuActorsError
+from gpuactors.errors import (
+    AskTimeout,
+    DeviceFailed,
+    EngineError,
+    EngineLost,
+    EngineStopped,
+    GpuActorsError,
+)
 from gpuactors.group.members import remote_view
 from gpuactors.logs import get_logger
 from gpuactors.messages import Message
@@ -170,6 +177,16 @@ class RayMember:
 
     async def _call(self, message: Message, idempotent: bool) -> Any:
         """Send ``message``; replay op changes first to an actor that Ray restarted."""
+        try:
+            return await self._sent(message, idempotent)
+        except DeviceFailed as exc:
+            # The actor's isolated engine spent its restart budget: the actor lives on but
+            # its engine serves no more, so it leaves the pool's service (as an isolated
+            # member of a group does), or placement would go on choosing it.
+            self._end(f"its engine failed for good: {exc}")
+            raise
+
+    async def _sent(self, message: Message, idempotent: bool) -> Any:
         if self._dead is not None:
             raise EngineStopped(f"actor {self._key} serves no more: {self._dead}")
         if isinstance(message, Drain) and self._link is not None:

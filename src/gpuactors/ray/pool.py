@@ -21,6 +21,7 @@ from gpuactors.engine import EngineConfig, OpSpec, Stats
 from gpuactors.engine.ops import BUILTIN_OPS
 from gpuactors.errors import EngineError, GpuActorsError, InvalidArgument, NoCudaDevice
 from gpuactors.group import EngineGroup, Placement
+from gpuactors.group.placement import check_placement
 from gpuactors.logs import get_logger
 from gpuactors.numeric import real_number
 from gpuactors.ray.host import EngineHost, HostSpec, StartMember
@@ -69,6 +70,7 @@ async def start_ray_pool(
     max_restarts = count(max_restarts, "max_restarts", -1)  # (-1: without limit, as Ray has it)
     start_timeout = optional_seconds(start_timeout, "start_timeout")
     num_gpus = _gpus_each(num_gpus)
+    check_placement(placement)  # (the group would refuse it once every actor had started)
     actors = optional_count(actors, "actors", 1)
     idempotent = _op_names(idempotent_ops, ops)
     gpus = float(ray.cluster_resources().get("GPU", 0.0))  # type: ignore[no-untyped-call, unused-ignore]
@@ -95,6 +97,8 @@ async def start_ray_pool(
     ]
     try:
         await asyncio.wait_for(_started(members), start_timeout)
+        # (inside: a group that cannot be made must not leave its actors running)
+        return EngineGroup(members, ops=ops, placement=placement, noun="actor")
     except BaseException as exc:
         for member in members:
             ray.kill(member.actor, no_restart=True)
@@ -110,7 +114,6 @@ async def start_ray_pool(
             f"the pool's {actors} actors did not start within {start_timeout:g} s (Ray "
             "could not place them, or their engines were still starting)"
         ) from None
-    return EngineGroup(members, ops=ops, placement=placement, noun="actor")
 
 
 async def _started(members: Sequence[RayMember]) -> None:
