@@ -33,7 +33,7 @@ from gpuactors.group import passes
 from gpuactors.group.messages import GroupBatchCompletion
 from gpuactors.group.routing import Locator
 from gpuactors.group.runs import Runs
-from gpuactors.group.sharded import PerDevice, Shard, ShardedArray
+from gpuactors.group.sharded import PerDevice, ShardedArray
 from gpuactors.numeric import whole_number
 
 Tasks = slice | np.ndarray  # a batch's tasks: a run of them, or their indices
@@ -94,7 +94,8 @@ def split_batch(
             if not isinstance(param, ArrayParam):
                 raise InvalidArgument(f"{where} of op {op.name!r} is a scalar, not an array")
             for shard in value.shards:
-                _check_shard(shard, locator, where)
+                _check_known(shard.device, locator, f"{where} has a shard on")
+                locator.check_shard(shard, where)
             starts = offsets.get(param.name)
             if starts is None:  # every task at element 0 (made only when so)
                 starts = np.zeros(count, dtype=np.int64)
@@ -191,18 +192,6 @@ def _check_elements(column: IntColumn, what: str, *, signed: bool) -> None:
         raise InvalidArgument(f"{what} must not be negative")
     if high >= MAX_ELEMENTS:
         raise InvalidArgument(f"{what} must be below 2**62, got {high}")
-
-
-def _check_shard(shard: Shard, locator: Locator, where: str) -> None:
-    """A shard's engine is in the group and holds the shard's array (a ShardedArray
-    built by hand may say otherwise: that engine would refuse its part while the
-    others ran theirs)."""
-    _check_known(shard.device, locator, f"{where} has a shard on")
-    noun = locator.noun
-    what = f"the shard of {where} for {noun} {shard.device}"
-    held = locator.key_of(shard.array, what)
-    if held is not None and held != shard.device:
-        raise WrongDevice(f"{what} holds an array that lives on {noun} {held}")
 
 
 def _given_keys(devices: Any, count: int, locator: Locator) -> Keys:

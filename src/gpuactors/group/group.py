@@ -386,13 +386,9 @@ class EngineGroup:
         if not isinstance(array, ShardedArray):
             return [(self._holder(array), array)]
         pieces = []
-        noun = self._locator.noun
         for shard in array.shards:
             key = self.member(shard.device).key
-            what = f"the shard for {noun} {key}"
-            held = self._locator.key_of(shard.array, what)
-            if held is not None and held != key:
-                raise WrongDevice(f"{what} holds an array that lives on {noun} {held}")
+            self._locator.check_shard(shard, "the array")
             pieces.append((key, shard.array))
         return pieces
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from gpuactors.cuda.arrays import cupy_ndarray, describe_array
 from gpuactors.errors import InvalidArgument, WrongDevice
-from gpuactors.group.sharded import PerDevice, ShardedArray
+from gpuactors.group.sharded import PerDevice, Shard, ShardedArray
 from gpuactors.numeric import whole_number
 from gpuactors.worker.messages import RemoteArray
 
@@ -66,6 +66,16 @@ class Locator:
         if hasattr(value, "__cuda_array_interface__") or hasattr(value, "__dlpack__"):
             return describe_array(value, what).device_id
         return None  # not an array the group knows: the engine says what is wrong with it
+
+    def check_shard(self, shard: Shard, what: str) -> None:
+        """WrongDevice unless ``shard``'s array lives on the engine the shard names (a
+        ShardedArray built by hand may say otherwise, and that engine would be asked for
+        what it does not hold). ``what``: the array, in the message."""
+        noun = self.noun
+        where = f"the shard of {what} for {noun} {shard.device}"
+        held = self.key_of(shard.array, where)
+        if held is not None and held != shard.device:
+            raise WrongDevice(f"{where} holds an array that lives on {noun} {held}")
 
     def task_key(self, args: Sequence[Any], chosen: int | None = None) -> int | None:
         """The one engine every array of a task lives on (``chosen``: the caller's pick,
