@@ -226,7 +226,27 @@ async def test_freeing_a_sharded_array_frees_every_shard_where_one_fails(
     with pytest.raises(PartialFailure) as caught:
         await group.free(sharded)
     assert list(caught.value.done) == [1] and isinstance(caught.value.errors[0], GpuRefStale)
-    assert group.pick() == 1  # device 1's shard was freed: its bytes count no more
+    await group.upload(np.zeros(10, np.uint8), device=1)
+    assert group.pick() == 0  # no shard counts: device 0's went with its old engine
+
+
+async def test_an_array_an_engine_lost_in_a_restart_no_longer_counts_once_freed(
+    system: ActorSystem,
+) -> None:
+    """Freeing it says GpuRefStale, and its bytes leave the placement's count: they had
+    counted against that engine for good, steering host data away from it."""
+    journal = Journal([])
+    members = [
+        await _Restarted.start_fake(system, 0, journal),
+        await FakeLocalMember.start_fake(system, 1, journal),
+    ]
+    group = EngineGroup(members)
+    stale = await group.upload(np.zeros(4000, np.uint8), device=0)
+    await group.upload(np.zeros(10, np.uint8), device=1)
+    assert group.pick() == 1
+    with pytest.raises(GpuRefStale):
+        await group.free(stale)
+    assert group.pick() == 0
 
 
 class _Exit(BaseException):

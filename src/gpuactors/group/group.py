@@ -39,6 +39,7 @@ from gpuactors.engine import (
 from gpuactors.errors import (
     AskTimeout,
     GpuActorsError,
+    GpuRefStale,
     InvalidArgument,
     NoCudaDevice,
     UnhandledMessage,
@@ -326,7 +327,11 @@ class EngineGroup:
             fail("the array was freed on some engines only", done, errors)
 
     async def _free_piece(self, key: int, piece: Any) -> None:
-        await self._members[key].free(piece)
+        try:
+            await self._members[key].free(piece)
+        except GpuRefStale:  # its engine was started anew: the array went with the old one
+            self._load.freed(key, piece)
+            raise
         self._load.freed(key, piece)
 
     async def scatter(
