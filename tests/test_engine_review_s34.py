@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-from gpuactors.actors import ActorSystem
+from gpuactors.actors import Actor, ActorSystem, Props, handles
 from gpuactors.engine import abi
 from gpuactors.engine import streams as streams_module
 from gpuactors.engine.client import Engine
 from gpuactors.engine.host_runtime import CupyLikeArray, HostRuntime
 from gpuactors.engine.messages import Completion, Park, Parked, Resume
 from gpuactors.engine.runtime import EngineConfig
-from gpuactors.errors import InvalidArgument, TaskHung, TaskTimeout
+from gpuactors.errors import DeviceFault, InvalidArgument, TaskHung, TaskTimeout
 from test_engine_on_host import BrokenStream, fill, loop_turns_until, start
 
 pytestmark = pytest.mark.usefixtures("cupy_like_arrays")
@@ -148,3 +148,27 @@ async def test_an_enqueue_whose_stream_cannot_be_read_is_the_askers_error(
     runtime.finish()
     assert isinstance(await asyncio.wait_for(other, 2), Completion)
     assert ref._cell.instance is engine and engine._service.faulted is None
+
+
+class _FaultsWhileParked(Actor):
+    """An engine whose kernel faulted while parked: its Resume fails."""
+
+    @handles(Park)
+    def park(self, _msg: Park) -> Parked:
+        return Parked(launches=0)
+
+    @handles(Resume)
+    def resume(self, _msg: Resume) -> None:
+        raise DeviceFault("the engine faulted while parked")
+
+
+async def test_a_parked_blocks_own_error_is_not_replaced_by_its_resumes(
+    system: ActorSystem,
+) -> None:
+    engine = Engine(system.spawn(Props(_FaultsWhileParked)))
+    with pytest.raises(ValueError, match="the block's own"):
+        async with engine.parked():
+            raise ValueError("the block's own")
+    with pytest.raises(DeviceFault):  # (a block that ended well hears of the Resume's)
+        async with engine.parked():
+            pass

@@ -30,7 +30,7 @@ from gpuactors.engine.messages import (
 from gpuactors.engine.ops import OpSpec
 from gpuactors.engine.runtime import EngineConfig
 from gpuactors.engine.submissions import After, Submissions, Submit, check_task_fields
-from gpuactors.errors import ActorStopped, AskTimeout, MailboxFull
+from gpuactors.errors import ActorStopped, AskTimeout, GpuActorsError, MailboxFull
 from gpuactors.nvrtc import KernelCompiler
 
 _PARK_NAMES = itertools.count(1)  # each ``parked()`` block's Park, told apart by its Resume
@@ -179,5 +179,10 @@ class Engine:
             raise
         try:
             yield parked
-        finally:
-            await self.ref.ask(Resume(hold=hold), timeout=30.0)
+        except BaseException:
+            # The block's own error is the caller's to see: a Resume that fails as well
+            # (the engine faulted meanwhile) must not replace it.
+            with suppress(GpuActorsError):
+                await self.ref.ask(Resume(hold=hold), timeout=30.0)
+            raise
+        await self.ref.ask(Resume(hold=hold), timeout=30.0)
