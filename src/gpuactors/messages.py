@@ -82,6 +82,22 @@ def _title(info: ValidationInfo) -> str:
     return str(info.config.get("title", "message")) if info.config else "message"
 
 
+def _arguments(value: object, info: ValidationInfo) -> tuple[Any, ...]:
+    """A task's arguments, in the order the caller wrote them: a tuple or a list. A set
+    has no such order (the kernel would get its arguments shuffled), and an iterator
+    is used up by whoever reads it first."""
+    if isinstance(value, tuple):
+        return value
+    if isinstance(value, list):
+        return tuple(value)
+    raise InvalidArgument(
+        f"invalid {_title(info)}: {info.field_name} must be a tuple or a list, not "
+        f"{type(value).__name__}"
+    )
+
+
+#: A task's arguments in order (a tuple or a list, kept as a tuple).
+Arguments = Annotated[tuple[Any, ...], BeforeValidator(_arguments)]
 #: An int field of a message: bounds still come from ``Field(ge=..., lt=...)``.
 WholeNumber = Annotated[int, BeforeValidator(_whole_number)]
 #: A timeout of a message, in seconds, or None.

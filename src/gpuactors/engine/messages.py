@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 
 from gpuactors.engine.ops import OpSpec, Param, check_body
 from gpuactors.errors import InvalidArgument
-from gpuactors.messages import Message, Reply, Seconds, WholeNumber
+from gpuactors.messages import Arguments, Message, Reply, Seconds, WholeNumber
 
 MAX_TIMEOUT_S = 1e6  # about 11.6 days: beyond that a deadline means "never"; say None
 MAX_BATCH_TASKS = 1 << 31
@@ -29,7 +29,7 @@ class Enqueue(Message):
     """
 
     op: str
-    args: tuple[Any, ...] = ()
+    args: Arguments = ()
     n: WholeNumber = Field(ge=0, lt=2**62)
     blocks: WholeNumber = Field(default=1, ge=1)
     timeout: Seconds = Field(default=None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
@@ -74,7 +74,7 @@ class EnqueueBatch(Message):
     """
 
     op: str
-    args: tuple[Any, ...] = ()
+    args: Arguments = ()
     n: Any = 0  # int, or a 1-D integer NumPy array (one per task)
     offsets: dict[str, Any] = Field(default_factory=dict)  # name -> 1-D int array or range
     scalars: dict[str, Any] = Field(default_factory=dict)  # name -> 1-D array

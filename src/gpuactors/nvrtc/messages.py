@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from gpuactors.errors import InvalidArgument
-from gpuactors.messages import Message, Reply, WholeNumber
+from gpuactors.messages import Arguments, Message, Reply, WholeNumber
 from gpuactors.numeric import whole_number
 from gpuactors.nvrtc.handle import KernelHandle
 from gpuactors.nvrtc.linker import LinkInput, LinkOpts
@@ -281,7 +281,7 @@ class Launch(LaunchShape):
 
     kernel: KernelHandle
     name: str | None = None
-    args: tuple[Any, ...] = ()
+    args: Arguments = ()
     shared_mem: WholeNumber = Field(default=0, ge=0)
     stream: Any = None
     after: Literal["current_stream", "none"] = "current_stream"

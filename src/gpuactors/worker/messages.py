@@ -18,7 +18,7 @@ from gpuactors.engine.messages import MAX_TIMEOUT_S, Completion
 from gpuactors.engine.ops import OpSpec
 from gpuactors.engine.runtime import EngineConfig
 from gpuactors.errors import InvalidArgument
-from gpuactors.messages import Message, Reply, Seconds, WholeNumber
+from gpuactors.messages import Arguments, Message, Reply, Seconds, WholeNumber
 from gpuactors.nvrtc.messages import Launched, LaunchShape
 
 
@@ -67,7 +67,7 @@ class HostArgs(Message):
     """Arguments that can cross to a worker process: NumPy arrays (by value: copied in,
     and back for the positions in ``returns``, default all), RemoteArrays, scalars."""
 
-    args: tuple[Any, ...] = ()
+    args: Arguments = ()
     returns: tuple[int, ...] | None = None
 
     @field_validator("args")
