@@ -353,6 +353,32 @@ async def _done(message: Message) -> BatchCompletion:
     return BatchCompletion(first_seq=1, count=message.count or 0, failed=0)
 
 
+class _StubLink:
+    broken = False
+
+    def __init__(self) -> None:
+        self.closed: str | None = None
+
+    def close(self, why: str) -> None:
+        self.closed = why
+
+
+async def test_a_late_report_of_a_lost_instance_breaks_only_the_link_it_had() -> None:
+    """A call to the lost instance fails after a link to the instance Ray started since
+    was opened: that fresh link, and its batches, must survive the late report."""
+    old, fresh = _StubLink(), _StubLink()
+
+    async def answer(message: Message) -> object:
+        member._link = fresh  # type: ignore[assignment]  # (a batch reconnected meanwhile)
+        raise RayActorError()
+
+    member = RayMember(_FakeActor(answer), 0, idempotent=frozenset())
+    member._link = old  # type: ignore[assignment]
+    with pytest.raises(EngineLost):
+        await member.ask(Stats())
+    assert old.closed is not None and fresh.closed is None
+
+
 @pytest.mark.parametrize("why", ["unreachable", "cannot listen"])
 async def test_a_link_that_cannot_be_had_leaves_batches_to_ray(why: str) -> None:
     """Where the caller cannot reach the actor's node on the link's port (a firewall), or

@@ -71,6 +71,7 @@ class RayMember:
         self._link: Link | None = None
         self._opening = asyncio.Lock()
         self._watching: asyncio.Task[None] | None = None  # hears from Ray of a loss
+        self._watched: Link | None = None  # the link that watch breaks
         self.ray_calls = 0  # calls made through Ray (batches over the link are not)
         self._freeing: set[asyncio.Task[None]] = set()  # uploads whose caller left
 
@@ -201,13 +202,14 @@ class RayMember:
         while True:
             changes = len(self._changes)
             self.ray_calls += 1
+            link_then = self._link
             try:
                 outcome: Outcome = await self._noted(method.remote(message, changes), message)
             except RayTaskError as exc:  # the actor ran the call and failed: not a loss
                 what = type(message).__name__
                 raise EngineError(f"actor {self._key} failed {what}: {exc}") from exc
             except RayError as exc:
-                self._lost(exc)
+                self._lost(exc, link_then)
                 retried = " (Ray sent it again, as its op is idempotent)" if idempotent else ""
                 raise EngineLost(
                     f"actor {self._key} was lost with this {type(message).__name__} in flight"
@@ -275,35 +277,43 @@ class RayMember:
 
     def _watch(self) -> None:
         """Keep a call out to the actor (``EngineHost.watch``) that Ray fails when the
-        actor is lost: then the link breaks at once rather than at TCP's timeout."""
+        actor is lost: then the link breaks at once rather than at TCP's timeout. One
+        watch per link: the watch of a link that was replaced is given up."""
+        link = self._link
         if self._watching is not None and not self._watching.done():
-            return
+            if self._watched is link:
+                return
+            self._watching.cancel()
+        self._watched = link
 
         async def watch() -> None:
             try:
                 await self.actor.watch.remote()
             except RayError as exc:
-                self._lost(exc)  # (which breaks the link)
+                self._lost(exc, link)  # (which breaks the link)
 
         self._watching = asyncio.get_running_loop().create_task(watch())
 
     async def _replay(self, first: int) -> None:
+        link_then = self._link
         try:
             outcome: Outcome = await self.actor.replay.remote(self._changes[first:], first)
         except RayError as exc:
-            self._lost(exc)
+            self._lost(exc, link_then)
             raise EngineLost(f"actor {self._key} was lost while it caught up: {exc}") from exc
         if outcome.error is not None:
             raise uncarry(outcome.error)
 
-    def _lost(self, error: RayError) -> None:
+    def _lost(self, error: RayError, link: Link | None) -> None:
         """After a loss, find out in the background whether Ray restarts the actor: a call
-        to an actor that will never come back fails at once with ActorDiedError. The
-        link to the lost instance, if any, is broken: its batches get EngineLost."""
+        to an actor that will never come back fails at once with ActorDiedError. ``link``,
+        the one in use when the failed call was sent, is broken: its batches get
+        EngineLost. (Not the link in use now: a late report of the lost instance must
+        not break a link to the one Ray started since.)"""
         if not isinstance(error, RayActorError):
             return
-        if self._link is not None:
-            self._link.close(f"Ray reports the actor lost: {type(error).__name__}")
+        if link is not None:
+            link.close(f"Ray reports the actor lost: {type(error).__name__}")
         if self._probing is not None:
             return
 
