@@ -30,9 +30,9 @@ from typing import Generic, TypeVar
 import platformdirs
 from structlog.typing import FilteringBoundLogger
 
+from ..actors.checks import count, optional_count
 from ..errors import InvalidArgument
 from ..logs import get_logger
-from ..numeric import whole_number
 from .entry import (
     FORMAT_VERSION,
     CorruptEntry,
@@ -83,16 +83,6 @@ class CacheStats:
     entries: int = 0
 
 
-def positive_count(value: object, what: str) -> int:
-    """``value`` as an int >= 1, else InvalidArgument naming ``what``: a whole number
-    (:mod:`gpuactors.numeric`), never a bool, a float or a string (a cap of 2.5 entries
-    or ``True`` threads is a mistake, and ``"4" < 1`` a TypeError)."""
-    number = whole_number(value)
-    if number is None or number < 1:
-        raise InvalidArgument(f"{what} must be a whole number >= 1, got {value!r}")
-    return number
-
-
 def _check_key(key: str) -> str:
     if not isinstance(key, str) or not _KEY.match(key):
         raise InvalidArgument(f"not a cache key (64 lowercase hex digits): {key!r}")
@@ -105,7 +95,7 @@ class _Lru(Generic[V]):
     Thread-safe."""
 
     def __init__(self, max_entries: int) -> None:
-        self.max_entries = positive_count(max_entries, "max_entries")
+        self.max_entries = count(max_entries, "max_entries", 1)
         self._entries: OrderedDict[str, V] = OrderedDict()
         self._lock = threading.Lock()
         self._hits = self._misses = self._evictions = self._writes = 0
@@ -247,8 +237,7 @@ class DiskModuleCache:
         max_bytes: int | None = DEFAULT_MAX_BYTES,
         fsync: bool = False,
     ) -> None:
-        if max_bytes is not None:
-            max_bytes = positive_count(max_bytes, "max_bytes (or None)")
+        max_bytes = optional_count(max_bytes, "max_bytes (or None)", 1)
         self.directory = (
             Path(os.path.abspath(Path(directory).expanduser()))
             if directory

@@ -23,9 +23,10 @@ from typing import Literal
 
 from structlog.typing import FilteringBoundLogger
 
+from ..actors.checks import optional_count
 from ..logs import get_logger
 from ..process_wide import ProcessWide
-from .cache import DiskModuleCache, ManifestStore, MemoryModuleCache, positive_count
+from .cache import DiskModuleCache, ManifestStore, MemoryModuleCache
 from .compiler import compile_traced, load_nvrtc, nvrtc_loaded, request_key_of
 from .keys import full_key, path_states
 from .manifest import Manifest
@@ -139,9 +140,7 @@ class KernelCompiler:
         else:
             self.disk = DiskModuleCache() if disk else None
         slots = (
-            positive_count(max_parallel_compiles, "max_parallel_compiles")
-            if max_parallel_compiles is not None
-            else os.cpu_count() or 1
+            optional_count(max_parallel_compiles, "max_parallel_compiles", 1) or os.cpu_count() or 1
         )
         self._slots = threading.BoundedSemaphore(slots)
         self._threads = _DaemonThreads(slots, name="gpuactors-nvrtc")
