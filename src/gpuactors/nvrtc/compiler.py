@@ -31,7 +31,7 @@ from .keys import full_key, path_states, request_key, untracked_key
 from .manifest import Manifest, make_manifest
 from .module import CompiledModule
 from .options import NvrtcOpts, arch_number
-from .text import check_name, check_no_nul
+from .text import check_headers, check_name, check_no_nul
 
 _INSTALL_HINT = (
     "install NVRTC of the driver's CUDA major version: pip install 'gpuactors[cu13]' "
@@ -213,14 +213,7 @@ def _check_request(source: object, *, name: object, opts: object, headers: objec
         raise InvalidArgument(
             f"headers must map include names to their text, not {type(headers).__name__}"
         )
-    for include_name, text in headers.items():
-        if not isinstance(include_name, str) or not isinstance(text, str):
-            raise InvalidArgument(
-                f"headers must map str to str, not {type(include_name).__name__} to "
-                f"{type(text).__name__} ({include_name!r})"
-            )
-        check_name(include_name, "header name")
-        check_no_nul(text, f"header {include_name!r}")
+    check_headers(headers)
 
 
 #: What NVRTC read for the requests :func:`compile_source` compiled in this process.

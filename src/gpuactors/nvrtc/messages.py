@@ -19,7 +19,7 @@ from gpuactors.numeric import whole_number
 from gpuactors.nvrtc.handle import KernelHandle
 from gpuactors.nvrtc.linker import LinkInput, LinkOpts
 from gpuactors.nvrtc.options import NvrtcOpts
-from gpuactors.nvrtc.text import check_name, check_no_nul
+from gpuactors.nvrtc.text import check_headers, check_name, check_no_nul
 
 #: A launch shape, always three positive ints after validation.
 Dims = tuple[int, int, int]
@@ -72,9 +72,7 @@ class CompileRequest(_Checked):
     @field_validator("headers")
     @classmethod
     def _check_headers(cls, value: dict[str, str]) -> dict[str, str]:
-        for include_name, text in value.items():
-            check_name(include_name, "header name")
-            check_no_nul(text, f"header {include_name!r}")
+        check_headers(value)
         return value
 
     @field_validator("kernel_names", mode="before")

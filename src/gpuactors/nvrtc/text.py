@@ -10,6 +10,8 @@ of printable text.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 
 from ..errors import InvalidArgument
 
@@ -36,3 +38,16 @@ def check_name(name: str, what: str) -> str:
             "one line of printable text"
         )
     return name
+
+
+def check_headers(headers: Mapping[Any, Any]) -> None:
+    """InvalidArgument unless ``headers`` maps include names (one line of text each) to
+    header texts without a NUL."""
+    for include_name, text in headers.items():
+        if not isinstance(include_name, str) or not isinstance(text, str):
+            raise InvalidArgument(
+                f"headers must map str to str, not {type(include_name).__name__} to "
+                f"{type(text).__name__} ({include_name!r})"
+            )
+        check_name(include_name, "header name")
+        check_no_nul(text, f"header {include_name!r}")
