@@ -47,6 +47,7 @@ from gpuactors.worker.wire import (
     Failure,
     Faulted,
     Frame,
+    FreeKernel,
     JobRan,
     KernelLoaded,
     LaunchRan,
@@ -96,6 +97,7 @@ class FakeWorker:
         self.ops = ops
         self.in_flight: dict[int, asyncio.Task[None]] = {}
         self.arrays: dict[int, np.ndarray] = {}
+        self.kernels: dict[int, dict[str, str]] = {}  # the kernel names of each handle
         self.next_array = 0
         self.processed = 0
         self.seq = 0
@@ -136,8 +138,13 @@ class FakeWorker:
         if isinstance(message, CompileRequest):  # no NVRTC here: a handle per request
             self.next_array += 1
             kernels = {n: n for n in message.kernel_names}
+            self.kernels[self.next_array] = kernels
             return KernelLoaded(id=self.next_array, kernels=kernels, cache_key="key", log="")
+        if isinstance(message, FreeKernel):
+            del self.kernels[message.kernel.id]
+            return Ack()
         if isinstance(message, LaunchJob):  # "runs" by returning the arguments as they are
+            self.kernels[message.kernel.id]  # (KeyError for a kernel it does not hold)
             self.processed += 1
             name = message.name or next(iter(message.kernel.kernels))
             arrays = tuple(a if isinstance(a, np.ndarray) else None for a in message.args)

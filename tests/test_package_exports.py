@@ -22,8 +22,17 @@ INIT = Path(gpuactors.__file__)
 # Bases that only share fields between messages (users send their subclasses), and
 # the first frame a worker reads (the library sends it, never a user).
 # Field-sharing bases, and Submit: the Engine client's own carrier to its actor, which
-# users never build (they call Engine.enqueue).
-NOT_EXPORTED = {"CompileRequest", "HostArgs", "LaunchShape", "BootSpec", "Submit", "OpenLink"}
+# users never build (they call Engine.enqueue). FreeKernel: an isolated engine's own
+# undo of a compile whose asker left.
+NOT_EXPORTED = {
+    "CompileRequest",
+    "HostArgs",
+    "LaunchShape",
+    "BootSpec",
+    "Submit",
+    "OpenLink",
+    "FreeKernel",
+}
 
 # Top-level modules whose import would make `import gpuactors` heavy or need a GPU.
 HEAVY = ("cupy", "torch", "ray", "cuda", "numpy", "pydantic", "anyio")

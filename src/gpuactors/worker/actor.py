@@ -74,6 +74,7 @@ from gpuactors.worker.messages import (
     Job,
     LaunchJob,
     RemoteArray,
+    RemoteKernel,
     Upload,
     WorkerHealth,
     WorkerState,
@@ -83,7 +84,7 @@ from gpuactors.worker.process import WorkerProcess
 from gpuactors.worker.replies import caller_reply
 from gpuactors.worker.requests import PendingRequest, RequestBook, settle, stale_remote
 from gpuactors.worker.watchdog import DeadlineWatchdog
-from gpuactors.worker.wire import Answer, Failure, Faulted, Frame, check_answer
+from gpuactors.worker.wire import Answer, Failure, Faulted, Frame, FreeKernel, check_answer
 
 #: Messages that change what the engine runs: replayed, in order, on every new worker.
 _STATEFUL = (InstallOp, ReplaceOp, AliasOp, Rollback)
@@ -388,12 +389,14 @@ class IsolatedEngineActor(Actor):
         """Its asker left (a timeout, a cancel) before the worker answered, so nobody can
         undo what the answer holds in the worker: undo it here. A Park whose asker left
         holds nothing (Park's promise; the worker's engine had an asker that stayed), and
-        an array nobody knows of would hold the worker's device memory for good."""
+        an array or kernel nobody knows of would stay in the worker for good."""
         undo: Message | None = None
         if isinstance(message, Park):
             undo = Resume(hold=message.hold)
         elif isinstance(message, Upload) and isinstance(reply, RemoteArray):
             undo = Free(array=reply)
+        elif isinstance(message, Compile | CompileAsync) and isinstance(reply, RemoteKernel):
+            undo = FreeKernel(kernel=reply)
         if undo is not None:  # (no future: nobody waits on it)
             self._requests.queue.append(self._requests.new(undo, None))
 

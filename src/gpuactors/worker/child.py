@@ -25,8 +25,8 @@ from gpuactors.engine import Engine, EnqueueBatch, Shutdown
 from gpuactors.errors import (
     ActorStopped,
     DeviceFault,
+    GpuActorsError,
     GpuRefStale,
-    InvalidArgument,
     NoCudaDevice,
     TaskHung,
     WorkerError,
@@ -53,11 +53,14 @@ from gpuactors.worker.wire import (
     Failure,
     Faulted,
     Frame,
+    FreeKernel,
     JobRan,
     KernelLoaded,
     LaunchRan,
     Ready,
     Request,
+    describe,
+    error_buffers,
     frame_buffers,
     wire_error,
 )
@@ -112,20 +115,24 @@ class WorkerHost:
         self.done.set()
 
     async def serve(self, rid: int, message: Message) -> None:
+        """Answer request ``rid``, always: its asker waits for nothing else."""
+
+        def failure(error: GpuActorsError) -> Failure:
+            return Failure(rid=rid, error=error)
+
         try:
             reply = await self._handle(message)
         except Exception as exc:
             if isinstance(exc, DeviceFault | TaskHung | ActorStopped):
-                self._faulted(f"{type(exc).__name__}: {exc}")
-            self.send(Failure(rid=rid, error=wire_error(exc)))
+                self._faulted(describe(exc))
+            self._stream.write(*error_buffers(failure, wire_error(exc)))
             return
         try:
             answer = frame_buffers(Answer(rid=rid, value=reply))
-        except InvalidArgument as exc:  # a reply this protocol cannot carry: our bug
-            error = WorkerError(f"the worker's reply cannot be sent: {exc}")
-            self.send(Failure(rid=rid, error=error))
-        else:
-            self._stream.write(*answer)
+        except Exception as exc:  # a reply this protocol cannot carry: our bug
+            error = WorkerError(f"the worker's reply cannot be sent: {describe(exc)}")
+            answer = error_buffers(failure, error)
+        self._stream.write(*answer)
         if isinstance(message, Shutdown):
             self.done.set()
 
@@ -160,6 +167,10 @@ class WorkerHost:
             self._remote(message.array)
             del self._arrays[message.array.id]
             return Ack()
+        if isinstance(message, FreeKernel):
+            if self._kernels.pop(message.kernel.id, None) is None:
+                raise GpuRefStale(_stale_kernel(message.kernel.id), 0, 0)
+            return Ack()
         return await self.engine.ref.ask(message, timeout=None)
 
     def _new_id(self) -> int:
@@ -177,7 +188,7 @@ class WorkerHost:
     async def _launch(self, job: LaunchJob) -> LaunchRan:
         handle = self._kernels.get(job.kernel.id)
         if handle is None:
-            raise GpuRefStale(f"remote kernel {job.kernel.id} (from another worker)", 0, 0)
+            raise GpuRefStale(_stale_kernel(job.kernel.id), 0, 0)
         args, copies = self._device_args(job.args)
         launched = await self._compiler().ask(
             Launch(
@@ -225,6 +236,10 @@ class WorkerHost:
             self.fault = reason
             log.error("worker faulted", reason=reason, pid=os.getpid())
             asyncio.get_running_loop().call_later(_FAULT_FLUSH_SECONDS, self.done.set)
+
+
+def _stale_kernel(kernel_id: int) -> str:
+    return f"remote kernel {kernel_id} (freed or from another worker)"
 
 
 def _returned(
@@ -286,7 +301,7 @@ async def serve(fd: int) -> int:
                 full_policy=boot.full_policy,
             )
         except Exception as exc:  # e.g. NoCudaDevice: the parent raises it
-            stream.write(*frame_buffers(BootFailed(error=wire_error(exc))))
+            stream.write(*error_buffers(lambda error: BootFailed(error=error), wire_error(exc)))
             await stream.drain()
             return 1
         host = WorkerHost(engine, stream, system, boot.device_id)

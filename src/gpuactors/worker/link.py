@@ -44,6 +44,8 @@ from gpuactors.worker.wire import (
     Hello,
     Request,
     check_answer,
+    describe,
+    error_buffers,
     frame_buffers,
 )
 
@@ -153,8 +155,8 @@ class _Served:
         try:
             buffers = frame_buffers(Answer(rid=rid, value=await self._handle(message)))
         except BaseException as exc:
-            error = exc if isinstance(exc, GpuActorsError) else _unexpected(exc)
-            self._write(frame_buffers(Failure(rid=rid, error=error)))
+            error = exc if isinstance(exc, GpuActorsError) else _unexpected(describe(exc))
+            self._write(error_buffers(lambda e: Failure(rid=rid, error=e), error, _unexpected))
             if not isinstance(exc, Exception):
                 raise
             return
@@ -298,5 +300,6 @@ def _retrieved(answer: asyncio.Future[Any]) -> None:
         answer.exception()
 
 
-def _unexpected(exc: BaseException) -> EngineError:
-    return EngineError(f"the Ray actor's link raised {type(exc).__name__}: {exc}")
+def _unexpected(what: str) -> EngineError:
+    """An error of the link that a caller gets as EngineError, with ``what`` it was."""
+    return EngineError(f"the Ray actor's link raised {what}")

@@ -12,7 +12,7 @@ from gpuactors.engine.messages import EnqueueBatch
 from gpuactors.errors import DeviceFault, GpuActorsError, GpuRefStale, InvalidArgument
 from gpuactors.messages import Message
 from gpuactors.worker.messages import Download, Free, Job, LaunchJob, RemoteArray, RemoteKernel
-from gpuactors.worker.wire import FrameBuffers, Request, frame_buffers
+from gpuactors.worker.wire import FrameBuffers, FreeKernel, Request, frame_buffers
 
 
 @dataclass(eq=False)
@@ -170,6 +170,8 @@ def stale_remote(message: Message, generation: int, owner: str) -> GpuRefStale |
         refs.append(message.kernel)
     elif isinstance(message, Download | Free):
         refs = [message.array]
+    elif isinstance(message, FreeKernel):
+        refs = [message.kernel]
     for ref in refs:
         what = f"remote {'array' if isinstance(ref, RemoteArray) else 'kernel'} {ref.id}"
         if ref.owner != owner:

@@ -16,6 +16,7 @@ the parent trusts it.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -154,6 +155,14 @@ class KernelLoaded(_Strict):
     log: str
 
 
+# ------------------------------------------------ what only the engine itself sends
+class FreeKernel(Message):
+    """Drop a kernel handle the worker holds: the engine's own undo of a compile answered
+    after its asker left (nobody else ever learns that kernel), not a caller's message."""
+
+    kernel: RemoteKernel
+
+
 #: Every request a worker serves, and the type of its answer.
 _ANSWERS: dict[type[Message], type] = {
     Job: JobRan,
@@ -163,6 +172,7 @@ _ANSWERS: dict[type[Message], type] = {
     Upload: int,  # the worker's id for the array
     Download: np.ndarray,
     Free: Ack,
+    FreeKernel: Ack,
     InstallOp: OpInstalled,
     ReplaceOp: OpInstalled,
     PrepareOp: OpPrepared,
@@ -277,7 +287,31 @@ def wire_error(exc: BaseException) -> GpuActorsError:
     library's error in the worker) as a WorkerError that keeps its class name and text."""
     if isinstance(exc, GpuActorsError):
         return exc
-    return WorkerError(f"the worker process raised {type(exc).__name__}: {exc}")
+    return WorkerError(f"the worker process raised {describe(exc)}")
+
+
+def describe(exc: BaseException) -> str:
+    """``exc``'s class name and text, even when its ``__str__`` raises (it says so)."""
+    try:
+        text = str(exc)
+    except Exception as failed:
+        text = f"<its text could not be made: {type(failed).__name__}>"
+    return f"{type(exc).__name__}: {text}"
+
+
+def error_buffers(
+    make: Callable[[GpuActorsError], Frame],
+    error: GpuActorsError,
+    plain: Callable[[str], GpuActorsError] = WorkerError,
+) -> FrameBuffers:
+    """The buffers of the frame ``make`` builds around ``error``. If ``error`` cannot be
+    encoded (an attribute JSON refuses, a ``__str__`` that raises), those of one around a
+    ``plain`` error naming its class and text: whoever waits for it is answered anyway."""
+    try:
+        return frame_buffers(make(error))
+    except Exception as unsendable:
+        text = f"{describe(error)} (it could not be sent as it was: {describe(unsendable)})"
+    return frame_buffers(make(plain(text)))
 
 
 def check_answer(message: Message, value: Any) -> None:
