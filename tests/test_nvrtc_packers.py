@@ -21,8 +21,10 @@ class Memory:
 
 
 class CupyLikeArray:
-    """What the packers read of a CuPy array: ``data.ptr``, ``data.device_id`` and
-    ``flags.c_contiguous``."""
+    """What the packers read of a CuPy array: ``data.ptr``, ``data.device_id``,
+    ``dtype`` (for the alignment) and ``flags.c_contiguous``."""
+
+    dtype = np.dtype(np.float32)
 
     def __init__(self, ptr: int, device_id: int = 0, contiguous: bool = True) -> None:
         self.data = Memory(ptr, device_id)

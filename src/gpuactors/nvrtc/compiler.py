@@ -31,7 +31,7 @@ from .keys import full_key, path_states, request_key, untracked_key
 from .manifest import Manifest, make_manifest
 from .module import CompiledModule
 from .options import NvrtcOpts, arch_number
-from .text import check_headers, check_name, check_no_nul
+from .text import check_headers, check_name, check_no_nul, check_size
 
 _INSTALL_HINT = (
     "install NVRTC of the driver's CUDA major version: pip install 'gpuactors[cu13]' "
@@ -172,10 +172,11 @@ def request_key_of(
     """The request key of this compile: what the caller hands NVRTC (see ``keys``).
 
     Raises InvalidArgument for an argument of the wrong type, a text holding a NUL or
-    a name a control character (as the compile messages check them: this is where
-    :func:`compile_source` and the :class:`~gpuactors.nvrtc.KernelCompiler` start), and
-    for text that is not valid Unicode (a lone surrogate in the source, its name, a
-    header or an option): NVRTC takes UTF-8."""
+    a name a control character, a source and headers over ``MAX_SOURCE_CHARS`` (as the
+    compile messages check them: this is where :func:`compile_source` and the
+    :class:`~gpuactors.nvrtc.KernelCompiler` start), and for text that is not valid
+    Unicode (a lone surrogate in the source, its name, a header or an option): NVRTC
+    takes UTF-8."""
     _check_request(source, name=name, opts=opts, headers=headers)
     target = opts.resolve_arch(arch)
     try:
@@ -214,6 +215,7 @@ def _check_request(source: object, *, name: object, opts: object, headers: objec
             f"headers must map include names to their text, not {type(headers).__name__}"
         )
     check_headers(headers)
+    check_size(source, headers)
 
 
 #: What NVRTC read for the requests :func:`compile_source` compiled in this process.

@@ -117,12 +117,14 @@ def pack_args(
         kind = type(value)
         if kind is ndarray:
             memory = value.data
+            pointer = memory.ptr
             if (
                 (size is None or size == _POINTER_BYTES)
                 and memory.device_id == device_id
+                and not pointer % value.dtype.itemsize  # (else the general path says so)
                 and cupy_c_contiguous(value)
             ):
-                _POINTER.pack_into(data, offset, memory.ptr)
+                _POINTER.pack_into(data, offset, pointer)
                 offset += SLOT_BYTES
                 continue
         else:

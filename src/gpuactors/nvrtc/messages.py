@@ -9,9 +9,9 @@ signature) is checked by the actor and comes back as the ask's error.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from gpuactors.errors import InvalidArgument
 from gpuactors.messages import Arguments, Message, Reply, WholeNumber
@@ -19,7 +19,8 @@ from gpuactors.numeric import whole_number
 from gpuactors.nvrtc.handle import KernelHandle
 from gpuactors.nvrtc.linker import LinkInput, LinkOpts
 from gpuactors.nvrtc.options import NvrtcOpts
-from gpuactors.nvrtc.text import check_headers, check_name, check_no_nul
+from gpuactors.nvrtc.text import MAX_SOURCE_CHARS as MAX_SOURCE_CHARS  # (its old home)
+from gpuactors.nvrtc.text import check_headers, check_name, check_no_nul, check_size
 
 #: A launch shape, always three positive ints after validation.
 Dims = tuple[int, int, int]
@@ -27,7 +28,6 @@ Dims = tuple[int, int, int]
 _MAX_GRID = (2**31 - 1, 65535, 65535)
 _MAX_BLOCK = (1024, 1024, 64)
 _MAX_BLOCK_THREADS = 1024
-MAX_SOURCE_CHARS = 16 << 20  # a CUDA source larger than this is a mistake or an attack
 
 
 class _Checked(Message):
@@ -46,7 +46,8 @@ class CompileRequest(_Checked):
     maps include names to their text.
 
     No text may hold a NUL (NVRTC would stop reading there) and no name a control
-    character: :class:`InvalidArgument` names the field.
+    character: :class:`InvalidArgument` names the field. The source and headers hold
+    at most :data:`~gpuactors.nvrtc.text.MAX_SOURCE_CHARS` characters together.
     """
 
     source: str
@@ -58,10 +59,6 @@ class CompileRequest(_Checked):
     @field_validator("source")
     @classmethod
     def _check_source(cls, value: str) -> str:
-        if len(value) > MAX_SOURCE_CHARS:
-            raise InvalidArgument(
-                f"source has {len(value):,} characters; the limit is {MAX_SOURCE_CHARS:,}"
-            )
         return check_no_nul(value, "source")
 
     @field_validator("name")
@@ -74,6 +71,11 @@ class CompileRequest(_Checked):
     def _check_headers(cls, value: dict[str, str]) -> dict[str, str]:
         check_headers(value)
         return value
+
+    @model_validator(mode="after")
+    def _check_size(self) -> Self:
+        check_size(self.source, self.headers)
+        return self
 
     @field_validator("kernel_names", mode="before")
     @classmethod
@@ -260,6 +262,8 @@ class Launch(LaunchShape):
     ``block`` are an int or 1 to 3 ints (missing dimensions are 1).
     ``args`` are device arrays (CuPy, anything with ``__cuda_array_interface__``
     or DLPack, e.g. torch CUDA tensors), passed as pointers to their first element
+    (refused where that address is not a multiple of the array's element size: the
+    kernel's loads would fault the device)
     and kept alive until the kernel has finished, and NumPy scalars
     (``np.float32(2.0)``, ``np.int32(n)``) whose size must match the kernel's
     parameter. Plain Python numbers are refused: their C type would be a guess.

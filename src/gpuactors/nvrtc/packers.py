@@ -4,7 +4,7 @@ A kernel is usually launched many times with arguments of the same types: CuPy
 arrays for its pointers, the same NumPy scalar types for its values. For such a
 signature this module builds, once, a packer that checks exactly what
 :func:`~gpuactors.nvrtc.launch.pack_args` would check on its fast path (each
-argument's type, an array's device and contiguity, a NaN that must keep its bits)
+argument's type, an array's device, alignment and contiguity, a NaN that must keep its bits)
 from tables made for that signature, and stores every value with one ``struct``
 call (pad bytes are written as zeros, so no slot keeps stale bytes). It answers
 False whenever anything differs, and the caller then takes the general path,
@@ -84,9 +84,14 @@ def _build(types: tuple[type, ...], sizes: tuple[int, ...] | None, ndarray: type
         for index in arrays:
             array = values[index]
             memory = array.data
-            if memory.device_id != device_id or not array.flags.c_contiguous:
+            pointer = memory.ptr
+            if (
+                memory.device_id != device_id
+                or pointer % array.dtype.itemsize  # a misaligned view: loads would fault
+                or not array.flags.c_contiguous
+            ):
                 return False
-            values[index] = memory.ptr
+            values[index] = pointer
         for index in float32s:
             if values[index] != values[index]:
                 return False

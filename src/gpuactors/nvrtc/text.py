@@ -16,6 +16,10 @@ from typing import Any
 from ..errors import InvalidArgument
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # Unicode's control characters (Cc)
+#: The most characters a compile's source and in-memory headers (names and texts) may
+#: hold together: more is a mistake or an attack (NVRTC, the cache key and the include
+#: scan would each go through all of it).
+MAX_SOURCE_CHARS = 16 << 20
 
 
 def check_no_nul(text: str, what: str) -> str:
@@ -51,3 +55,14 @@ def check_headers(headers: Mapping[Any, Any]) -> None:
             )
         check_name(include_name, "header name")
         check_no_nul(text, f"header {include_name!r}")
+
+
+def check_size(source: str, headers: Mapping[str, str]) -> None:
+    """InvalidArgument if ``source`` and ``headers`` together hold more than
+    :data:`MAX_SOURCE_CHARS` characters (one cap: headers are source text too)."""
+    total = len(source) + sum(len(name) + len(text) for name, text in headers.items())
+    if total > MAX_SOURCE_CHARS:
+        raise InvalidArgument(
+            f"the source and its in-memory headers hold {total:,} characters; the limit is "
+            f"{MAX_SOURCE_CHARS:,} for them together"
+        )
