@@ -99,7 +99,8 @@ class HostSpec:
 @dataclass(frozen=True)
 class Outcome:
     """A call's result: its ``value``, its ``error`` (as data), or ``replay_from``: the
-    number of op changes this actor has applied, fewer than the caller made."""
+    number of op changes this actor has applied, fewer than the caller made (a replay
+    that failed gives both: its error, and how many changes it had applied)."""
 
     value: Any = None
     error: Carried | None = None
@@ -184,17 +185,17 @@ class EngineHost:
 
     async def replay(self, changes: Sequence[Message], first: int) -> Outcome:
         """Apply op changes ``first``, ``first + 1``... that this instance has not applied
-        (several callers may replay at once: each change is applied once)."""
+        (several callers may replay at once: each change is applied once). Each goes as a
+        call's would (:meth:`_answer`): an engine of this process that faults on one makes
+        the actor leave, for Ray to start it anew, rather than stay, faulted, to fail every
+        replay after. A change that fails is answered with how many were applied."""
         async with self._replaying:
             try:
-                member = await self._ready()
                 for index, message in enumerate(changes, start=first):
                     if index == self._applied:
-                        await member.ask(message)
-                        self._applied += 1
-            except Exception as exc:
-                error = exc if isinstance(exc, GpuActorsError) else _unexpected(exc)
-                return Outcome(error=carry(error))
+                        await self._answer(message)  # (which counts it applied)
+            except GpuActorsError as error:
+                return Outcome(error=carry(error), replay_from=self._applied)
         return Outcome(value=self._applied)
 
     async def stop(self, force: bool = False) -> Outcome:

@@ -5,7 +5,8 @@ held fails with :class:`~gpuactors.errors.EngineLost` (it may or may not have ru
 at most once, unless the call's op was declared idempotent, in which case Ray sends
 it again to the restarted actor (``max_task_retries``). Ray restarts the actor
 (``max_restarts``); before serving, the new instance is given every op change its
-caller made, in order. Nothing accepted is dropped without an answer.
+caller made, in order. One that it refuses ends the member (see ``_replay``). Nothing
+accepted is dropped without an answer.
 
 Batches go over the actor's link (:mod:`gpuactors.worker.link`), a connection of their
 own, unless their op is idempotent (Ray's retries need a Ray call) or the pool was
@@ -23,16 +24,24 @@ from typing import Any
 
 import numpy as np
 import ray
-from ray.exceptions import ActorDiedError, RayActorError, RayError, RayTaskError
+from ray.exceptions import (
+    ActorDiedError,
+    ActorUnavailableError,
+    RayActorError,
+    RayError,
+    RayTaskError,
+)
 
 from gpuactors.engine import Drain, EnqueueBatch, ShutdownReport
 from gpuactors.errors import (
     AskTimeout,
     DeviceFailed,
+    DeviceFault,
     EngineError,
     EngineLost,
     EngineStopped,
     GpuActorsError,
+    WorkerError,
 )
 from gpuactors.group.members import remote_view
 from gpuactors.logs import get_logger
@@ -49,6 +58,10 @@ _UNTIL_DEAD = -1
 #: (and, after a stop, waits for the answers still on their way over it).
 LINK_CONNECT_SECONDS = 10.0
 _STOPPED = "stopped"
+#: A replay's errors that are no refusal of a change: the actor (or its engine's worker)
+#: starts anew and the next call replays again; DeviceFailed ends the member as it does
+#: any call's, and EngineStopped answers a stop.
+_NOT_REFUSED = (DeviceFault, DeviceFailed, WorkerError, EngineStopped)
 
 log = get_logger(component="ray")
 
@@ -210,17 +223,30 @@ class RayMember:
                 raise EngineError(f"actor {self._key} failed {what}: {exc}") from exc
             except RayError as exc:
                 self._lost(exc, link_then)
-                retried = " (Ray sent it again, as its op is idempotent)" if idempotent else ""
-                raise EngineLost(
-                    f"actor {self._key} was lost with this {type(message).__name__} in flight"
-                    f"{retried}; it may or may not have run: {type(exc).__name__}: {exc}"
-                ) from exc
+                raise self._unanswered(message, exc, idempotent) from exc
             if outcome.replay_from is None:
                 break
             await self._replay(outcome.replay_from)
         if outcome.error is not None:
             raise uncarry(outcome.error)
         return outcome.value
+
+    def _unanswered(self, message: Message, error: RayError, idempotent: bool) -> EngineLost:
+        """EngineLost for a call that Ray ended with no answer: it may or may not have run
+        (the word a group reads as "it may hold the change", whether or not the actor was
+        lost; an error the actor answered means it changed nothing)."""
+        what = type(message).__name__
+        cause = f"{type(error).__name__}: {error}"
+        if _may_hold(error):
+            return EngineLost(
+                f"Ray failed actor {self._key}'s {what} call without reporting the actor "
+                f"lost; it may or may not have run: {cause}"
+            )
+        retried = " (Ray sent it again, as its op is idempotent)" if idempotent else ""
+        return EngineLost(
+            f"actor {self._key} was lost with this {what} in flight{retried}; it may or may "
+            f"not have run: {cause}"
+        )
 
     def _noted(self, reply: Awaitable[Outcome], message: Message) -> Awaitable[Outcome]:
         """``reply``; for an op change, noted in the change log as soon as the actor says
@@ -235,11 +261,26 @@ class RayMember:
         return asyncio.shield(pending)
 
     def _note_change(self, message: Message, pending: asyncio.Future[Outcome]) -> None:
-        if pending.cancelled() or pending.exception() is not None:
-            return  # (a loss: the caller, if it still waits, hears of it)
-        outcome = pending.result()
-        if outcome.replay_from is None and outcome.error is None:
+        """A change whose call Ray failed while its actor may hold it is noted too (and
+        logged): noted, it is given to the actor at its next call if it lacks it (the
+        actor answers ``replay_from``), so the log stays what the actor holds; unnoted, an
+        instance holding it would be restarted without it."""
+        if pending.cancelled():
+            return
+        error = pending.exception()
+        if error is None:
+            outcome = pending.result()
+            if outcome.replay_from is None and outcome.error is None:
+                self._changes.append(message)
+        elif _may_hold(error):
             self._changes.append(message)
+            log.warning(
+                "Ray failed an op change's call but not its actor; the change is kept, and "
+                "given to the actor again if it lacks it",
+                actor=self._key, change=len(self._changes) - 1, message=type(message).__name__,
+                error=f"{type(error).__name__}: {error}",
+            )  # fmt: skip
+        # (else a loss: the instance that may hold it is gone; or the actor refused it)
 
     async def _linked(self) -> Link | None:
         """The actor's link, opened through Ray if there is none that works; None (batches
@@ -295,14 +336,39 @@ class RayMember:
         self._watching = asyncio.get_running_loop().create_task(watch())
 
     async def _replay(self, first: int) -> None:
+        """Give an actor that Ray restarted the op changes from ``first`` on. A change it
+        refuses (its new node cannot compile or load the op, say) it would refuse at every
+        call, each call replaying and failing while the member looked as if it served: the
+        member ends instead (logged), and its callers get EngineStopped at once. The
+        errors of ``_NOT_REFUSED`` go to the caller as they are."""
         link_then = self._link
         try:
             outcome: Outcome = await self.actor.replay.remote(self._changes[first:], first)
+        except RayTaskError as exc:  # (it could not take the changes at all)
+            raise self._refused(first, exc) from exc
         except RayError as exc:
             self._lost(exc, link_then)
             raise EngineLost(f"actor {self._key} was lost while it caught up: {exc}") from exc
-        if outcome.error is not None:
-            raise uncarry(outcome.error)
+        if outcome.error is None:
+            return
+        error = uncarry(outcome.error)
+        if isinstance(error, _NOT_REFUSED):
+            raise error
+        at = first if outcome.replay_from is None else outcome.replay_from
+        raise self._refused(at, error) from error
+
+    def _refused(self, index: int, error: Exception) -> EngineStopped:
+        """End this member (logged once): its actor refused op change ``index``."""
+        change = type(self._changes[index]).__name__
+        why = f"its restarted instance refused op change {index} ({change}): {error!r}"
+        if self._dead is None:
+            log.error(
+                "a restarted Ray actor refused an op change it must replay; it leaves the "
+                "pool's service",
+                actor=self._key, change=index, message=change, error=repr(error),
+            )  # fmt: skip
+        self._end(why)
+        return EngineStopped(f"actor {self._key} serves no more: {why}")
 
     def _lost(self, error: RayError, link: Link | None) -> None:
         """After a loss, find out in the background whether Ray restarts the actor: a call
@@ -335,6 +401,16 @@ class RayMember:
         must not turn the stop into a loss: a second ``stop()`` says EngineStopped)."""
         if self._dead is None:
             self._dead = why
+
+
+def _may_hold(error: BaseException) -> bool:
+    """Did Ray end a call with ``error`` while its actor may hold what it did? Not for a
+    loss (the instance is gone) nor for RayTaskError (raised outside the engine's answer,
+    which is data: nothing was applied); for any other RayError, and for an actor that
+    Ray cannot reach for now (ActorUnavailableError), yes."""
+    if isinstance(error, ActorUnavailableError):
+        return True
+    return isinstance(error, RayError) and not isinstance(error, RayActorError | RayTaskError)
 
 
 def _op_of(message: Message) -> str | None:
