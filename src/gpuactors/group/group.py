@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
-from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from typing import Any, Literal, TypeVar
 
 import numpy as np
@@ -57,7 +57,15 @@ from gpuactors.group.messages import (
 from gpuactors.group.placement import LoadBook, Placement, check_placement
 from gpuactors.group.routing import Locator
 from gpuactors.group.sharded import Shard, ShardedArray
-from gpuactors.group.switch import ask_all, ask_each, by_key, fail, point_all, roll_out
+from gpuactors.group.switch import (
+    ask_all,
+    by_key,
+    each_outcome,
+    fail,
+    point_all,
+    refused,
+    roll_out,
+)
 from gpuactors.logs import get_logger
 from gpuactors.messages import Message
 from gpuactors.numeric import whole_number
@@ -99,6 +107,7 @@ class EngineGroup:
         self._locator = Locator(self.devices, noun)
         self._load = LoadBook(self.devices)
         self._changes = asyncio.Lock()  # op changes reach every engine in one order
+        self._settling: set[asyncio.Task[None]] = set()  # tasks counted until drained
 
     @classmethod
     async def start(
@@ -169,7 +178,8 @@ class EngineGroup:
         return tuple(key for key, member in self._members.items() if member.serving)
 
     def in_flight(self) -> dict[int, int]:
-        """Tasks sent through the group and not yet answered, per device."""
+        """Tasks sent through the group and not yet answered, per device (a task whose
+        caller stopped waiting counts until its engine has drained it)."""
         return dict(self._load.in_flight)
 
     # ------------------------------------------------------------------- tasks
@@ -260,15 +270,18 @@ class EngineGroup:
         load = self._load.in_flight
         load[key] += 1
         try:
-            return await member.ask(task, timeout)
-        finally:
-            load[key] -= 1
+            completion = await member.ask(task, timeout)
+        except BaseException as exc:
+            self._settle(key, 1, exc)
+            raise
+        load[key] -= 1
+        return completion
 
     async def _run(self, job: Job, device: int | None) -> JobResult:
         key = self._locator.task_key(job.args, device)
         if key is None:
             key = self.pick()
-        with self._counting({key: 1}):
+        with self._counting(key, 1):
             return await self._members[key].run(
                 job.op, job.args, n=job.n, blocks=job.blocks, timeout=job.timeout,
                 returns=job.returns,
@@ -282,8 +295,8 @@ class EngineGroup:
         every part is done. Every task is assigned before any part is sent."""
         op = self._ledger.spec(batch.op)
         parts = split_batch(batch, op, self._locator, devices=devices, spread_over=self.serving())
-        with self._counting({part.key: part.size for part in parts}):
-            done, errors = await ask_each([(self._members[p.key], p.message) for p in parts])
+        calls = [(p.key, functools.partial(self._counted, p.key, p.size, p.message)) for p in parts]
+        done, errors = await each_outcome(calls)
         if errors:
             tasks = {part.key: part.task_indices for part in parts}
             fail("a batch ran on some engines only", done, errors, tasks)
@@ -451,9 +464,8 @@ class EngineGroup:
         if isinstance(message, AliasOp) and not self._ledger.has(message.name, message.version):
             self._ledger.spec(message.name)  # UnknownOp for an unknown name
             raise InvalidArgument(f"op {message.name!r} has no version {message.version}")
-        reply = await point_all(self._serving_members(), message)
-        self._ledger.point(reply.name, reply.version)
-        return reply
+        pointed = functools.partial(self._ledger.point, message.name)
+        return await point_all(self._serving_members(), message, on_pointed=pointed)
 
     async def _exclusive(self, change: Callable[[], Coroutine[Any, Any, T]]) -> T:
         """Run op change ``change`` once the changes before it have ended, in a task of its
@@ -509,17 +521,41 @@ class EngineGroup:
         return done
 
     # ------------------------------------------------------------------- load
+    async def _counted(self, key: int, tasks: int, message: Message) -> Any:
+        """Engine ``key``'s answer to ``message``, which sends it ``tasks`` tasks."""
+        with self._counting(key, tasks):
+            return await self._members[key].ask(message)
+
     @contextmanager
-    def _counting(self, tasks: Mapping[int, int]) -> Iterator[None]:
-        """Count ``tasks`` (per device) as in flight while the block runs."""
-        load = self._load.in_flight
-        for key, count in tasks.items():
-            load[key] += count
+    def _counting(self, key: int, tasks: int) -> Iterator[None]:
+        """Count ``tasks`` sent to engine ``key`` as in flight until it answers for them."""
+        self._load.in_flight[key] += tasks
         try:
             yield
+        except BaseException as exc:
+            self._settle(key, tasks, exc)
+            raise
+        self._load.in_flight[key] -= tasks
+
+    def _settle(self, key: int, tasks: int, error: BaseException) -> None:
+        """Stop counting ``tasks`` whose ask of engine ``key`` ended in ``error``. An error
+        the engine answered ends them now. An ask that ended with no answer (its caller
+        cancelled or timed out, the engine lost) may have left them running there: they
+        count until the engine answers a Drain (every task it accepted so far, its
+        caller waiting or not), else placement would steer more work to a busy engine."""
+        if refused(error):
+            self._load.in_flight[key] -= tasks
+            return
+        settling = asyncio.get_running_loop().create_task(self._drained(key, tasks))
+        self._settling.add(settling)  # (the loop keeps only a weak reference)
+        settling.add_done_callback(self._settling.discard)
+
+    async def _drained(self, key: int, tasks: int) -> None:
+        try:
+            with suppress(Exception):  # (an engine that cannot drain took its tasks with it)
+                await self._members[key].ask(Drain())
         finally:
-            for key, count in tasks.items():
-                load[key] -= count
+            self._load.in_flight[key] -= tasks
 
 
 async def _stop_quietly(members: Sequence[EngineMember]) -> None:

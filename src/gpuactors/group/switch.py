@@ -16,8 +16,9 @@ reply runs the new version on every engine.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NoReturn, Protocol
 
 from gpuactors.engine.messages import AliasOp, InstallOp, OpAliasSet, OpInstalled, Rollback
@@ -40,28 +41,25 @@ async def ask_all(
     targets: Sequence[Target], message: Message, timeout: float | None = None
 ) -> tuple[dict[int, Any], dict[int, Exception]]:
     """Send ``message`` to every target at once: the replies, and the errors, by key."""
-    return await ask_each([(target, message) for target in targets], timeout)
+    calls = [(target.key, functools.partial(target.ask, message, timeout)) for target in targets]
+    return await each_outcome(calls)
 
 
-async def ask_each(
-    requests: Sequence[tuple[Target, Message]], timeout: float | None = None
+async def each_outcome(
+    calls: Sequence[tuple[int, Callable[[], Awaitable[Any]]]],
 ) -> tuple[dict[int, Any], dict[int, Exception]]:
-    """Send each target its message, all at once: the replies, and the errors, by key.
-    A lone request is awaited in place: a task around it would cost two loop turns,
-    paid by every batch whose tasks all go to one engine."""
+    """Make every call at once: the replies, and the errors, by key. A lone call is
+    awaited in place: a task around it would cost two loop turns, paid by every batch
+    whose tasks all go to one engine."""
     outcomes: list[Any]
-    if len(requests) == 1:
-        target, message = requests[0]
+    if len(calls) == 1:
         try:
-            outcomes = [await target.ask(message, timeout)]
+            outcomes = [await calls[0][1]()]
         except Exception as exc:  # as gather(return_exceptions=True) would give it
             outcomes = [exc]
     else:
-        outcomes = await asyncio.gather(
-            *(target.ask(message, timeout) for target, message in requests),
-            return_exceptions=True,
-        )
-    return by_key([target.key for target, _message in requests], outcomes)
+        outcomes = await asyncio.gather(*(call() for _key, call in calls), return_exceptions=True)
+    return by_key([key for key, _call in calls], outcomes)
 
 
 def by_key(
@@ -110,7 +108,7 @@ async def roll_out(
     try:
         first = await targets[0].ask(install, None)
     except BaseException as exc:
-        if not _refused(exc):  # (lost, or no longer awaited: it may be installed all the same)
+        if not refused(exc):  # (lost, or no longer awaited: it may be installed all the same)
             on_first_install()
         raise
     on_first_install()
@@ -141,14 +139,22 @@ async def roll_out(
     )
 
 
-def _refused(error: BaseException) -> bool:
+def refused(error: BaseException) -> bool:
     """Did the engine answer ``error`` (so it changed nothing), rather than its ask end
     with no answer (EngineLost, AskTimeout, a cancel), after which it may hold the change?"""
     return isinstance(error, Exception) and not isinstance(error, EngineLost | AskTimeout)
 
 
-async def point_all(targets: Sequence[Target], message: AliasOp | Rollback) -> GroupAliasSet:
-    """Send an AliasOp or Rollback to every target at once; their replies must agree."""
+async def point_all(
+    targets: Sequence[Target],
+    message: AliasOp | Rollback,
+    *,
+    on_pointed: Callable[[int], None] = lambda version: None,
+) -> GroupAliasSet:
+    """Send an AliasOp or Rollback to every target at once; their replies must agree.
+    ``on_pointed`` runs with the version once every target points the name at it, before
+    an EngineError for versions they left that differ (engines changed around the group):
+    the change is made all the same, so the group's record must follow it."""
     started = time.perf_counter()
     done, errors = await ask_all(targets, message)
     switch_ms = (time.perf_counter() - started) * 1e3
@@ -156,6 +162,9 @@ async def point_all(targets: Sequence[Target], message: AliasOp | Rollback) -> G
         what = f"{type(message).__name__} of op {message.name!r} reached some engines only"
         fail(what, done, errors)
     replies: dict[int, OpAliasSet] = done
+    versions = {reply.version for reply in replies.values()}
+    if len(versions) == 1:
+        on_pointed(versions.pop())
     outcomes = {(reply.version, reply.previous) for reply in replies.values()}
     if len(outcomes) != 1:  # the engines' tables differ: changes were made around the group
         raise EngineError(
