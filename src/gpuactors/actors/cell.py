@@ -14,7 +14,7 @@ deferred replies still pending then fail with ``ActorStopped``; watchers get
 current handler cancelled.
 
 What the actor's own code raises (a handler, on either path, a lifecycle hook, or
-its supervisor's decider) is one of four things:
+its supervisor's decider or ``supervisor_strategy``) is one of four things:
 
 - a :class:`~gpuactors.errors.GpuActorsError` raised by a handler: its asker's
   error, not the actor's failure. The asker gets it as it is; the supervisor never
@@ -242,7 +242,12 @@ class ActorCell:
         self._exit: BaseException | None = None
         self._started = False
         self._suspension: asyncio.Future[Directive] | None = None
-        self.instance: Actor = self._new_instance()
+        try:
+            self.instance: Actor = self._new_instance()
+        except BaseException as exc:
+            self.cause = exc
+            self._end_unstarted()
+            raise
         self.handlers = bind_handlers(self.instance)
 
     @property
@@ -609,12 +614,29 @@ class ActorCell:
         return False
 
     # ------------------------------------------------------------- supervision
-    def _strategy(self) -> SupervisorStrategy:
+    def _strategy(self) -> SupervisorStrategy | ActorFailed:
+        """The supervisor's strategy, or, if the parent's ``supervisor_strategy`` (a
+        property may compute it) raised or is no strategy, the ActorFailed that says so
+        (escalated as a failed decider's is, not left to crash the actor's task)."""
         if self.props.supervisor is not None:
             return self.props.supervisor
         if self.parent is None:
             return self.system.guardian_strategy
-        return self.parent.instance.supervisor_strategy
+        try:
+            strategy = self.parent.instance.supervisor_strategy
+        except BaseException as err:  # a synchronous call: nothing cancels it from outside
+            self._keep_exit(err)
+            failure = ActorFailed(
+                f"{self.path}: its parent's supervisor_strategy raised {type(err).__name__}"
+            )
+            failure.__cause__ = err
+            return failure
+        if isinstance(strategy, SupervisorStrategy):
+            return strategy
+        return ActorFailed(
+            f"{self.path}: its parent's supervisor_strategy is {strategy!r}, "
+            "not a SupervisorStrategy"
+        )
 
     async def _on_failure(
         self, exc: BaseException, message: Any, failed_child: ActorCell | None = None
@@ -625,8 +647,10 @@ class ActorCell:
             self.log.error("actor code asked the process to end; stopping", exc_info=exc)
             return True
         strategy = self._strategy()
-        directive = self._decide(strategy, exc)
-        if not isinstance(directive, Directive):  # the decider failed: escalate that
+        directive = (
+            self._decide(strategy, exc) if isinstance(strategy, SupervisorStrategy) else strategy
+        )
+        if not isinstance(directive, Directive):  # the supervisor failed: escalate that
             exc = directive
             if self._exit is not None:
                 self.cause = exc
@@ -643,6 +667,7 @@ class ActorCell:
             if self.stopping:  # asked to stop already: a fresh instance would only be stopped
                 self.cause = exc
                 return True
+            assert isinstance(strategy, SupervisorStrategy)  # only its decider says RESTART
             if self.restarts.try_spend(strategy, self.loop.time()):
                 return not await self._restart(exc, message)
             self.cause = ActorFailed(
@@ -722,6 +747,16 @@ class ActorCell:
             return False
         self._started = True
         return True
+
+    def _end_unstarted(self) -> None:
+        """End this cell and its subtree, none of whose tasks has run yet: the actor's
+        constructor raised, after it spawned children (already started, and under no
+        registered parent, so no stop or shutdown would ever reach them) or handed out
+        its ref (whose askers would wait on a mailbox nobody reads)."""
+        for child in reversed(tuple(self.children.values())):
+            child._end_unstarted()
+        self.kill()  # a task cancelled before its first step runs no hook
+        self._finalize()
 
     def _new_instance(self) -> Actor:
         token = CONSTRUCTING.set(self.context)

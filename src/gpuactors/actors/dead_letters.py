@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from gpuactors.errors import InvalidArgument
 from gpuactors.logs import get_logger
 
 DeadLetterReason = Literal["unhandled", "stopped"]
@@ -51,7 +52,12 @@ class DeadLetters:
                 )
 
     def subscribe(self, callback: Callable[[DeadLetter], None]) -> Callable[[], None]:
-        """Call ``callback`` with each new dead letter; returns the function that unsubscribes."""
+        """Call ``callback`` with each new dead letter; returns the function that unsubscribes.
+
+        A callback that is not callable is refused here (InvalidArgument), not logged as
+        failing on every letter."""
+        if not callable(callback):
+            raise InvalidArgument(f"dead-letter subscribers are callables, not {callback!r}")
         self._subscribers.append(callback)
 
         def unsubscribe() -> None:

@@ -163,15 +163,17 @@ class ActorRef:
         except BaseException as exc:
             if not reply.done():
                 reply.cancel()
-            elif not reply.cancelled():
-                reply.exception()  # mark retrieved: the caller went away
-            elif isinstance(exc, asyncio.CancelledError) and not _asker_cancelled():
-                # The handler cancelled the reply future it took; the asker was not
-                # cancelled, so it must not unwind as if it were (as a Deferred's).
-                raise ActorStopped(
-                    f"{cell.path}: the reply to {type(message).__name__} was cancelled "
-                    f"(correlation id {cid})"
-                ) from None
+            else:
+                if not reply.cancelled():
+                    reply.exception()  # mark retrieved: the caller went away
+                if isinstance(exc, asyncio.CancelledError) and not _asker_cancelled():
+                    # The reply future was cancelled, or failed with a CancelledError (a
+                    # taken future's, a Deferred's); the asker was not cancelled, so it
+                    # must not unwind as if it were.
+                    raise ActorStopped(
+                        f"{cell.path}: the reply to {type(message).__name__} was cancelled "
+                        f"(correlation id {cid})"
+                    ) from None
             raise
         finally:
             if timer is not None:

@@ -9,7 +9,8 @@ The strategy maps the exception to a :class:`Directive` and limits restarts to
 A decider that raises, or returns anything but a :class:`Directive`, has failed at
 its one job: the runtime escalates an :class:`~gpuactors.errors.ActorFailed` that
 says so, as if the decider had answered ``ESCALATE`` (at the top, the actor stops
-with that cause).
+with that cause). So does a ``supervisor_strategy`` property that raises or gives
+anything but a :class:`SupervisorStrategy`.
 """
 
 from __future__ import annotations

@@ -93,7 +93,10 @@ class ActorSystem:
 
     # ----------------------------------------------------------------- actors
     def spawn(self, target: type[Actor] | Props, name: str | None = None) -> ActorRef:
-        """Start a top-level actor; ``name`` defaults to a unique one from the class."""
+        """Start a top-level actor; ``name`` defaults to a unique one from the class.
+
+        What the actor's constructor raises, spawn raises, having ended the actor and
+        the children that constructor spawned (none of them ever starts)."""
         return self._spawn(target, name, parent=None)
 
     def lookup(self, path: str) -> ActorRef:
@@ -110,13 +113,19 @@ class ActorSystem:
         return cell_of(ref, "watch").watch_future()
 
     async def stop(self, ref: ActorRef, timeout: float | None = None) -> None:
-        """Stop ``ref`` (children first) and wait until it has stopped.
+        """Stop ``ref`` (children first) and wait until it has stopped; ``ref`` must be
+        one of this system's actors (InvalidArgument).
 
         Called from inside the actor or one of its descendants it only requests the
         stop (waiting would deadlock). Past ``timeout`` (default: the system's
         shutdown timeout) the subtree is cancelled and ``ShutdownTimeout`` raised.
         """
         cell = cell_of(ref, "stop")
+        if cell.system is not self:  # its timeout could cancel none of that system's actors
+            raise InvalidArgument(
+                f"{cell.path} belongs to actor system {cell.system.name!r}, not {self.name!r}: "
+                "stop it through its own"
+            )
         timeout = optional_seconds(timeout, "stop timeout")
         current = CURRENT_CELL.get()
         if current is not None and current.is_within(cell):
@@ -130,7 +139,8 @@ class ActorSystem:
         Called from inside an actor (its handler, or a task started from it) it starts
         the shutdown and returns at once: waiting for every actor, the caller's own
         too, would deadlock. The shutdown's outcome is then logged. ``timeout`` (default:
-        the system's shutdown timeout) is as for :meth:`stop`."""
+        the system's shutdown timeout) is as for :meth:`stop`; a call that finds a
+        shutdown under way joins it within its own timeout."""
         timeout = optional_seconds(timeout, "shutdown timeout")
         if CURRENT_CELL.get() is None:
             await self._shut_down(timeout)
@@ -145,7 +155,9 @@ class ActorSystem:
 
     async def _shut_down(self, timeout: float | None) -> None:
         if self._shutdown is not None:
-            await asyncio.wait((self._shutdown,))
+            # One is under way (an actor asked for it): join it within this caller's own
+            # timeout, which waiting for that shutdown to end would not honour.
+            await self._stop_within(list(self._top.values()), timeout)
             return
         self._closing = True
         self._shutdown = self.loop.create_future()
