@@ -93,5 +93,8 @@ def round_to(values: np.ndarray, dtype: int) -> np.ndarray:
 
 def scalar_as(value: float, dtype: int) -> float:
     """A Python scalar as ``dtype`` holds it (comparison and clamp bounds are cast to
-    the tensor's dtype before PyTorch compares), as a float32-exact Python float."""
-    return float(round_to(np.array([value], dtype=np.float32), dtype)[0])
+    the tensor's dtype before PyTorch compares), as a float32-exact Python float. One
+    beyond float32's range is an infinity, with no warning (PyTorch's cast gives it)."""
+    with np.errstate(over="ignore"):
+        values = np.array([value], dtype=np.float32)
+    return float(round_to(values, dtype)[0])

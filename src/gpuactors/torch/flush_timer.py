@@ -8,7 +8,9 @@ wake-up is a hand-over of the GIL and back, tens of microseconds on a busy host.
 the timer does not wake for each batch. While batches keep beginning it wakes once
 per period, at the open batch's deadline or a period after its last look; only when a
 whole period passed with no batch begun does it sleep on an event, which the next
-batch's start sets.
+batch's start sets. Its timed sleeps end at once when it is stopped (a long
+``auto_flush_ms`` would otherwise hold up ``close()`` and keep the thread, and the
+scheduler it refers to, alive for that long).
 """
 
 from __future__ import annotations
@@ -39,14 +41,22 @@ class FlushTimer:
         self._begun = 0  # batches begun so far
         self._idle = False  # the thread sleeps on _wake (a batch's start must set it)
         self._wake = threading.Event()
+        self._halt = threading.Event()  # set by stop(): ends the thread's timed sleeps
         self._stopped = False
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        """Start the thread (once; later calls do nothing)."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, daemon=True, name="torch-flush")
-            self._thread.start()
+        """Start the thread: once (later calls do nothing while it runs, and after
+        :meth:`stop`), and again where it is gone without a stop: in a forked child,
+        which has none of its parent's threads."""
+        thread = self._thread
+        if self._stopped or (thread is not None and thread.is_alive()):
+            return
+        if thread is not None:  # (the parent's thread may have held these events' locks)
+            self._wake, self._halt = threading.Event(), threading.Event()
+            self._idle = False
+        self._thread = threading.Thread(target=self._run, daemon=True, name="torch-flush")
+        self._thread.start()
 
     def is_timer_thread(self) -> bool:
         return threading.current_thread() is self._thread
@@ -64,6 +74,7 @@ class FlushTimer:
 
     def stop(self) -> None:
         self._stopped = True
+        self._halt.set()
         self.wake()
         if self._thread is not None:
             self._thread.join(timeout=5)
@@ -75,13 +86,13 @@ class FlushTimer:
             if self._watched(batch):
                 delay = batch.started + self.period_s - time.perf_counter()
                 if delay > 0:
-                    time.sleep(delay)
+                    self._halt.wait(delay)
                 else:
                     self._flush_overdue(batch)
                 continue
             if self._begun != seen:  # batches are coming: look again in a period
                 seen = self._begun
-                time.sleep(self.period_s)
+                self._halt.wait(self.period_s)
                 continue
             self._wake.clear()
             self._idle = True
