@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from gpuactors.actors.mailbox import Envelope
-from gpuactors.errors import AskTimeout
+from gpuactors.errors import AskTimeout, GpuActorsError
+
+T = TypeVar("T")
 
 _COMPACT_FLOOR = 256
 
@@ -162,3 +165,15 @@ class AskDeadlines:
         """Drop an emptied queue, so one-off timeout values do not accumulate."""
         if self._queues.get(queue.timeout) is queue:
             del self._queues[queue.timeout]
+
+
+async def answered_within(pending: Awaitable[T], timeout: float, unanswered: str) -> T:
+    """``pending``'s result, or AskTimeout saying ``unanswered`` once ``timeout`` seconds
+    have passed. For asks that are not an actor's own (a group's, a Ray actor's): a
+    TaskTimeout from the engine is a TimeoutError too, and keeps its type."""
+    try:
+        return await asyncio.wait_for(pending, timeout)
+    except asyncio.TimeoutError as exc:
+        if isinstance(exc, GpuActorsError):  # the engine's own, not the wait's
+            raise
+        raise AskTimeout(f"{unanswered} in {timeout:g} s") from None

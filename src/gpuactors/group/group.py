@@ -19,6 +19,7 @@ import numpy as np
 
 from gpuactors.actors import ActorSystem
 from gpuactors.actors.checks import optional_seconds
+from gpuactors.actors.deadlines import answered_within
 from gpuactors.cuda import cuda_device_count, no_device_reason
 from gpuactors.engine import (
     AliasOp,
@@ -37,8 +38,6 @@ from gpuactors.engine import (
     Stats,
 )
 from gpuactors.errors import (
-    AskTimeout,
-    GpuActorsError,
     GpuRefStale,
     InvalidArgument,
     NoCudaDevice,
@@ -192,13 +191,8 @@ class EngineGroup:
         timeout = optional_seconds(timeout, "ask timeout")
         if timeout is None or isinstance(message, Enqueue | Drain):  # (these take it along)
             return await self._answer(message, device, timeout)
-        try:
-            return await asyncio.wait_for(self._answer(message, device, None), timeout)
-        except asyncio.TimeoutError as exc:
-            if isinstance(exc, GpuActorsError):  # the engine's own (TaskTimeout), not the wait's
-                raise
-            what = type(message).__name__
-            raise AskTimeout(f"the group did not answer {what} in {timeout:g} s") from None
+        unanswered = f"the group did not answer {type(message).__name__}"
+        return await answered_within(self._answer(message, device, None), timeout, unanswered)
 
     async def _answer(self, message: Message, device: int | None, timeout: float | None) -> Any:
         if isinstance(message, Enqueue):

@@ -32,9 +32,9 @@ from ray.exceptions import (
     RayTaskError,
 )
 
+from gpuactors.actors.deadlines import answered_within
 from gpuactors.engine import Drain, EnqueueBatch, ShutdownReport
 from gpuactors.errors import (
-    AskTimeout,
     DeviceFailed,
     DeviceFault,
     EngineError,
@@ -104,14 +104,8 @@ class RayMember:
         pending = self._call(message, _op_of(message) in self._idempotent)
         if timeout is None:
             return await pending
-        try:
-            return await asyncio.wait_for(pending, timeout)
-        except asyncio.TimeoutError as exc:
-            if isinstance(exc, GpuActorsError):  # the engine's own (TaskTimeout), not the wait's
-                raise
-            raise AskTimeout(
-                f"actor {self._key} did not answer {type(message).__name__} in {timeout:g} s"
-            ) from None
+        unanswered = f"actor {self._key} did not answer {type(message).__name__}"
+        return await answered_within(pending, timeout, unanswered)
 
     async def run(
         self,
