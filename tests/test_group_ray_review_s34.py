@@ -7,8 +7,8 @@
 * A device given by the caller is a whole number by the library's rule: ``device=True``
   had been taken as device 1, and NumPy integers had been refused by ``start``.
 * ``install`` reads its op and ``activate`` as the InstallOp it sends: a string for
-  the op had raised AttributeError, and ``activate="no"`` (which the message reads as
-  False) had pointed every engine at the version all the same.
+  the op had raised AttributeError, and ``activate=np.False_`` (which the message reads
+  as False) had pointed every engine at the version all the same.
 * ``zeros`` of a shape or dtype NumPy cannot make is InvalidArgument.
 * ``start_ray_pool`` refuses an unknown placement before any actor starts.
 * A Ray actor whose isolated engine failed for good (DeviceFailed) leaves the pool's
@@ -142,7 +142,9 @@ async def test_an_install_reads_its_op_and_activate_as_the_message_it_sends(
     with pytest.raises(InvalidArgument, match="invalid InstallOp"):
         await group.install(STAMP.model_copy(update={"version": 2}), activate=None)  # type: ignore[arg-type]
     v2 = STAMP.model_copy(update={"version": 2, "body": STAMP_V2})
-    reply = await group.install(v2, activate="no")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="activate must be True or False"):
+        await group.install(v2, activate="no")  # type: ignore[arg-type]
+    reply = await group.install(v2, activate=np.False_)  # type: ignore[arg-type]
     assert not reply.active
     assert [kind for _, kind, _ in journal.entries] == ["InstallOp", "InstallOp"]  # no AliasOp
     for device in (0, 1):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any
 
+import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, ValidationInfo
 
 from gpuactors.errors import InvalidArgument
@@ -78,6 +79,16 @@ def _seconds(value: object, info: ValidationInfo) -> float | None:
     return number
 
 
+def _flag(value: object, info: ValidationInfo) -> bool:
+    """True or False (a NumPy bool too). Pydantic's lax bool takes "yes", "off", 1 and
+    0.0, and reads ``"no"`` as False: a flag given a string or a number is a mistake."""
+    if isinstance(value, bool | np.bool_):
+        return bool(value)
+    raise InvalidArgument(
+        f"invalid {_title(info)}: {info.field_name} must be True or False, not {value!r}"
+    )
+
+
 def _title(info: ValidationInfo) -> str:
     return str(info.config.get("title", "message")) if info.config else "message"
 
@@ -102,6 +113,8 @@ Arguments = Annotated[tuple[Any, ...], BeforeValidator(_arguments)]
 WholeNumber = Annotated[int, BeforeValidator(_whole_number)]
 #: A timeout of a message, in seconds, or None.
 Seconds = Annotated[float | None, BeforeValidator(_seconds)]
+#: A bool field of a message: True or False, never a string or a number.
+Flag = Annotated[bool, BeforeValidator(_flag)]
 
 
 class Reply(BaseModel):

@@ -454,7 +454,11 @@ class PersistentEngineActor(Actor):
 
     @handles(Shutdown)
     def shutdown(self, msg: Shutdown) -> Deferred[ShutdownReport]:
-        self._service.closing = True
+        self._service.closing = True  # (so no new Park is taken either)
+        if not msg.force:  # the drain runs the tasks a Park holds: it ends every Park
+            self._parks.clear()
+            self._update_hold()
+            self._wake.set()
         future: asyncio.Future[ShutdownReport] = asyncio.get_running_loop().create_future()
         self._errands.start(self._shut_down(msg.force, future))
         return Deferred(future)

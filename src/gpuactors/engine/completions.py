@@ -171,9 +171,10 @@ class Completions:
 
     # ---------------------------------------------------------- fault checks
     def check_hung(self, device_now_ns: int, grace_ms: float, running_since_ns: int = 0) -> None:
-        """Raise TaskHung (its caller gets it too) if a task is still unfinished
-        ``grace_ms`` after its deadline: its block never returns, so the kernel can
-        neither drain nor park. (Call only while the kernel runs: parked tasks wait.)
+        """Raise TaskHung (its caller gets it too, and it counts as failed, as the
+        TaskTimeout it is) if a task is still unfinished ``grace_ms`` after its
+        deadline: its block never returns, so the kernel can neither drain nor park.
+        (Call only while the kernel runs: parked tasks wait.)
         The grace counts from ``running_since_ns`` where that is later: a task whose
         deadline passed before the kernel last (re)launched has not had it yet."""
         # Units are claimed in ring order, so only the oldest unfinished task can be the
@@ -200,6 +201,7 @@ class Completions:
             f"task {oldest_seq} of op {name!r} is still running "
             f"{grace_ms:g} ms after its deadline: the engine is hung"
         )
+        self.failed += 1  # (the task that hung: the fault fails the rest, uncounted)
         if not oldest_future.done():
             oldest_future.set_exception(error)
         raise error

@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 
 from gpuactors.engine.ops import OpSpec, Param, check_body
 from gpuactors.errors import InvalidArgument
-from gpuactors.messages import Arguments, Message, Reply, Seconds, WholeNumber
+from gpuactors.messages import Arguments, Flag, Message, Reply, Seconds, WholeNumber
 
 MAX_TIMEOUT_S = 1e6  # about 11.6 days: beyond that a deadline means "never"; say None
 MAX_BATCH_TASKS = 1 << 31
@@ -82,7 +82,7 @@ class EnqueueBatch(Message):
     blocks: WholeNumber = Field(default=1, ge=1)
     # one device-side deadline for all
     timeout: Seconds = Field(default=None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
-    per_task: bool = False
+    per_task: Flag = False
     after: Literal["current_stream", "none"] = "current_stream"
 
 
@@ -106,7 +106,7 @@ class InstallOp(Message):
     """
 
     op: OpSpec
-    activate: bool = True
+    activate: Flag = True
 
 
 class PrepareOp(Message):
@@ -133,7 +133,7 @@ class ReplaceOp(Message):
     name: str
     body: str
     params: tuple[Param, ...] | None = None
-    multi_block: bool | None = None
+    multi_block: Flag | None = None
 
     @model_validator(mode="after")
     def _check_body(self) -> ReplaceOp:
@@ -194,6 +194,18 @@ class Stats(Message):
 
 
 class EngineStats(Reply):
+    """The engine's counters. ``processed`` and ``failed`` count tasks (each task of a
+    batch as one) whether or not their callers still wait: ``processed`` those that
+    succeeded, ``failed`` those accepted that failed on their own account: a failure
+    status (``TaskFailed``), an op the running module lacks (the device's
+    ``UnknownOp``), a deadline missed on the device or while waiting for inputs or
+    room (``TaskTimeout``), a hang (``TaskHung``). Neither counts a task refused when
+    offered (an error at acceptance, ``QueueFull``), one dropped unpublished because
+    its caller left, or one failed with the engine (``DeviceFault``, or the
+    ``EngineStopped`` of a forced shutdown: ``ShutdownReport.cancelled``).
+    ``in_flight`` is the single tasks in the ring, ``queue_depth`` the tasks and
+    batches waiting to enter it."""
+
     mode: Literal["persistent", "launch-per-batch"]
     generation: int
     processed: int
@@ -218,13 +230,15 @@ class Drained(Reply):
 
 
 class Shutdown(Message):
-    """Stop the engine. By default drains first: nothing accepted is lost.
+    """Stop the engine. By default drains first: nothing accepted is lost. Draining
+    ends every ``Park``: the tasks a Park holds must run, and its Resume may never come
+    (a later Resume ends nothing).
 
     ``force=True`` parks the kernel at a task boundary and fails every task that
     has not started with ``EngineStopped``; tasks already running finish.
     """
 
-    force: bool = False
+    force: Flag = False
 
 
 class ShutdownReport(Reply):

@@ -17,7 +17,7 @@ from pydantic import Field, field_validator, model_validator
 from gpuactors.checked import CheckedModel
 from gpuactors.engine.abi import MAX_ARGS
 from gpuactors.errors import InvalidArgument
-from gpuactors.messages import WholeNumber
+from gpuactors.messages import Flag, WholeNumber
 from gpuactors.nvrtc.linker import LinkInput
 from gpuactors.nvrtc.module import CompiledModule
 from gpuactors.nvrtc.text import check_no_nul
@@ -261,7 +261,7 @@ class OpSpec(CheckedModel):
     name: str
     params: tuple[Param, ...] = ()
     body: str = Field(max_length=1 << 20)
-    multi_block: bool = True
+    multi_block: Flag = True
     version: WholeNumber = Field(default=1, ge=1)
     #: Device code this op's body calls, linked into the engine module (see docs/linking.md).
     device_libraries: tuple[DeviceLibrary, ...] = ()

@@ -53,6 +53,12 @@ class ParkHolds:
                 del self._named[name]
                 break
 
+    def clear(self) -> None:
+        """End every Park (a shutdown's drain needs the kernel; their Resumes may never
+        come). A Park still waiting to answer then holds nothing either."""
+        self._held.clear()
+        self._named.clear()
+
     def resume(self, name: int | None) -> None:
         """A Resume: end the Park named ``name``, or, unnamed, one unnamed Park that has
         answered (a Park still waiting ends itself if it fails or its asker leaves)."""
