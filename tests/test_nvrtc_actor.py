@@ -406,6 +406,11 @@ def test_launch_shapes_are_checked_at_the_call_site(
         Launch(kernel=saxpy_handle, grid=grid, block=block)
 
 
+def test_a_launch_s_timed_flag_is_true_or_false(saxpy_handle: KernelHandle) -> None:
+    with pytest.raises(InvalidArgument, match="timed must be True or False"):
+        Launch(kernel=saxpy_handle, grid=1, block=32, timed="yes")  # type: ignore[arg-type]
+
+
 def test_launch_shapes_are_normalised(saxpy_handle: KernelHandle) -> None:
     launch = Launch(kernel=saxpy_handle, grid=np.int64(4), block=(16, 16))
     assert launch.grid == (4, 1, 1) and launch.block == (16, 16, 1)

@@ -30,7 +30,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..errors import InvalidArgument, LinkError, LinkerUnavailable
-from ..messages import WholeNumber, invalid_argument
+from ..messages import Flag, WholeNumber, invalid_argument
 from ..process_wide import ProcessWide
 from .cache import DiskModuleCache, MemoryModuleCache
 from .compiler import wheel_of_major
@@ -152,16 +152,16 @@ class LinkOpts(_Checked):
     The other fields are nvJitLink's JIT options (``None``: the linker's default)."""
 
     arch: str | None = None
-    lto: bool | None = None
+    lto: Flag | None = None
     # Whole numbers (never a bool, a float or a string: ``True`` would mean -O1).
     optimization_level: WholeNumber | None = Field(default=None, ge=0, le=3)
     maxrregcount: WholeNumber | None = Field(default=None, ge=1, le=255)
-    device_debug: bool = False
-    line_info: bool = False
-    ftz: bool | None = None
-    prec_div: bool | None = None
-    prec_sqrt: bool | None = None
-    fma: bool | None = None
+    device_debug: Flag = False
+    line_info: Flag = False
+    ftz: Flag | None = None
+    prec_div: Flag | None = None
+    prec_sqrt: Flag | None = None
+    fma: Flag | None = None
 
     @field_validator("arch")
     @classmethod

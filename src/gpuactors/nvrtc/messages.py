@@ -14,7 +14,7 @@ from typing import Any, Literal, Self
 from pydantic import Field, field_validator, model_validator
 
 from gpuactors.errors import InvalidArgument
-from gpuactors.messages import Arguments, Message, Reply, WholeNumber
+from gpuactors.messages import Arguments, Flag, Message, Reply, WholeNumber
 from gpuactors.numeric import whole_number
 from gpuactors.nvrtc.handle import KernelHandle
 from gpuactors.nvrtc.linker import LinkInput, LinkOpts
@@ -287,7 +287,7 @@ class Launch(LaunchShape):
     shared_mem: WholeNumber = Field(default=0, ge=0)
     stream: Any = None
     after: Literal["current_stream", "none"] = "current_stream"
-    timed: bool = False
+    timed: Flag = False
 
 
 class Launched(Reply):

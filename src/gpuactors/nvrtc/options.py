@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import InvalidArgument
-from ..messages import WholeNumber, invalid_argument
+from ..messages import Flag, WholeNumber, invalid_argument
 from .flags import check_extra_flag
 from .text import check_name
 
@@ -66,16 +66,16 @@ class NvrtcOpts(BaseModel):
 
     arch: str | None = None
     std: CppStd = "c++17"
-    fast_math: bool = False
+    fast_math: Flag = False
     #: ``None`` leaves NVRTC's default (off, or on with ``fast_math``).
-    ftz: bool | None = None
+    ftz: Flag | None = None
     #: A whole number (never a bool, a float or a string: ``True`` would mean one register).
     maxrregcount: WholeNumber | None = Field(default=None, ge=1, le=255)
     defines: dict[str, str | None] = Field(default_factory=dict)
     include_paths: tuple[str, ...] = ()
     extra_flags: tuple[str, ...] = ()
     name_expressions: tuple[str, ...] = ()
-    relocatable: bool = False
+    relocatable: Flag = False
     output: OutputKind = "cubin"
 
     def __init__(self, **data: Any) -> None:
