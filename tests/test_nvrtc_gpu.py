@@ -58,6 +58,9 @@ extern "C" __global__ void wait_ns(unsigned long long ns, int* done) {
 }
 extern "C" __global__ void count(unsigned int* counter) { atomicAdd(counter, 1u); }
 """
+ODD_BYTES = r"""
+extern "C" __global__ void add_one(unsigned char* bytes) { bytes[threadIdx.x] += 1; }
+"""
 #: No FMA contraction: a*x + b*y rounds exactly as NumPy's float32 arithmetic does.
 EXACT = NvrtcOpts(extra_flags=("--fmad=false",))
 TEMPLATE = r"""
@@ -245,6 +248,37 @@ async def test_repeated_launches_take_each_launchs_own_values(nvrtc: ActorRef) -
     # behind it to be seen finished by (the refused two never reached the GPU).
     done_word = actor._gpu.done_word
     assert done_word.usable and done_word.token == first_token + 41
+
+
+async def test_a_misaligned_view_is_refused_on_every_launch_path(nvrtc: ActorRef) -> None:
+    """CuPy makes a float32 view at any byte offset; its loads would fault the context.
+    The general path refused it, but a kernel's later launches go through its
+    signature's packer, which had taken it. A byte array takes any address."""
+    import cupy as cp
+
+    handle = await _compile(nvrtc, KERNELS, ("axpby",), opts=EXACT)
+    n = 1000
+    buffer = cp.zeros(4 * n + 8, dtype=cp.uint8)
+    x = cp.ndarray((n,), cp.float32, memptr=buffer.data + 4)
+    y = cp.ones(n, dtype=cp.float32)
+    misaligned = cp.ndarray((n,), cp.float32, memptr=buffer.data + 2)
+
+    def axpby(out: Any) -> Launch:
+        args = (x, y, out, np.float32(2), np.float32(1), np.int32(n))
+        return Launch(kernel=handle, name="axpby", grid=4, block=256, args=args)
+
+    for _ in range(3):  # the first launch packs generally, the next ones by the packer
+        out = cp.zeros(n, dtype=cp.float32)
+        await nvrtc.ask(axpby(out), timeout=30, expect=Launched)
+        np.testing.assert_array_equal(cp.asnumpy(out), np.ones(n, np.float32))
+        with pytest.raises(InvalidArgument, match="not a multiple of its 4-byte elements"):
+            await nvrtc.ask(axpby(misaligned), timeout=30)
+    bytes_handle = await _compile(nvrtc, ODD_BYTES, ("add_one",), name="odd_bytes.cu")
+    data = cp.zeros(16, dtype=cp.uint8)
+    for offset in (1, 3, 5):  # odd addresses, on both paths
+        launch = Launch(kernel=bytes_handle, grid=1, block=4, args=(data[offset:],))
+        await nvrtc.ask(launch, timeout=30, expect=Launched)
+    assert cp.asnumpy(data)[:10].tolist() == [0, 1, 1, 2, 2, 2, 2, 1, 1, 0]
 
 
 async def test_launch_runs_after_the_current_stream_unless_told_not_to(nvrtc: ActorRef) -> None:
