@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import contextlib
 import ctypes
 import functools
 import threading
@@ -348,6 +349,10 @@ def stream_scheduler(device_id: int = 0, **options: Any) -> TorchScheduler:
 LOCAL_ENGINE_CONFIG = EngineConfig(idle_park_ms=0.0)
 
 
+#: How long a LocalEngine whose start failed waits for its actor system to stop.
+_ABANDON_TIMEOUT_S = 60.0
+
+
 class LocalEngine:
     """An engine with the tiny-op op, served by the calling thread's own private loop.
 
@@ -369,7 +374,30 @@ class LocalEngine:
         self._lock = threading.Lock()  # one thread drives the loop at a time
         self._system = ActorSystem("gpuactors-torch")
         self._closed = False
-        self.engine: Engine = self._drive(self._start(config), timeout)
+        try:
+            self.engine: Engine = self._drive(self._start(config), timeout)
+        except BaseException:
+            self._abandon()
+            raise
+
+    def _abandon(self) -> None:
+        """After a start that failed (or was refused): stop what it started (the system,
+        an engine actor it spawned) and close the private loop, which nothing else would
+        (the caller gets no object to close)."""
+        self._closed = True
+        try:
+            if _running_loop() is None:  # (else the start never ran: nothing to stop)
+                with contextlib.suppress(Exception):  # (the start's failure is what is told)
+                    self._loop.run_until_complete(
+                        asyncio.wait_for(self._system.shutdown(), _ABANDON_TIMEOUT_S)
+                    )
+                    left = asyncio.all_tasks(self._loop)
+                    for task in left:
+                        task.cancel()
+                    if left:
+                        self._loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+        finally:
+            self._loop.close()
 
     async def _start(self, config: EngineConfig | None) -> Engine:
         await self._system.__aenter__()
@@ -450,14 +478,23 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return None
 
 
-async def attach(engine: Engine, *, device_id: int = 0, **options: Any) -> Any:
+async def attach(engine: Engine, *, device_id: int | None = None, **options: Any) -> Any:
     """A scheduler for an engine running on this (the current) event loop.
 
-    Installs the ``torch_program`` op if the engine does not have it (a compile and a
-    module swap, once). PyTorch code using the scheduler must run in another thread.
+    Its tensors live on the engine's device (``device_id``, if given, must be that one:
+    a program runs where its engine is). Installs the ``torch_program`` op if the
+    engine does not have it (a compile and a module swap, once). PyTorch code using the
+    scheduler must run in another thread.
     """
     from gpuactors.torch.scheduler import TorchScheduler
 
+    if device_id is None:
+        device_id = engine.device_id
+    elif device_id != engine.device_id:
+        raise InvalidArgument(
+            f"attach(device_id={device_id!r}) for an engine on device {engine.device_id}: "
+            "a scheduler's tensors live on its engine's device"
+        )
     stats = await engine.stats()
     if not any(name.split("@")[0] == PROGRAM_OP.name for name in stats.ops):
         await engine.ref.ask(InstallOp(op=PROGRAM_OP), timeout=600)

@@ -155,6 +155,12 @@ def pointwise(
             break
         if attempt:
             raise Decline  # conflicts even in a fresh stage: the op reads what it writes
+        if batch.words() > P.MAX_WORDS - 128:
+            # The first attempt's loads stay in the stage it leaves: with the op's words
+            # in a new stage they may pass the program's size, which only the flush's
+            # assembly would find (its batch swapped out, the results lost). The
+            # scheduler flushes this batch (its extra loads read, unused) and retries.
+            raise P.ProgramFull("the batch's program is full")
         stage = batch.open_stage(tuple(shape))
     assert dst is not None and a_code is not None and b_code is not None
     if c is not None:
@@ -199,6 +205,8 @@ def usual(batch: Batch, op: int, a: Any, b: Any, p0: int, p1: int, rule: int) ->
     if b is None:
         b_code = P.P2
     elif type(b) in _SCALARS:
+        if type(b) is bool and p0 == _SUBTRACT:
+            return None  # eager refuses a bool subtracted (the handler declines it)
         b_code = P.P2
         p2 = _bits(b, dtype) if rule == COMPARE else _bits(b, D.F32)
     elif isinstance(b, Tensor) and not b.requires_grad:
@@ -254,6 +262,8 @@ def usual(batch: Batch, op: int, a: Any, b: Any, p0: int, p1: int, rule: int) ->
 
 
 _USUAL_WORDS = P.MAX_WORDS - 160
+#: ``p0`` of sub.Tensor in the usual table (handlers.build_usual): alpha -1.
+_SUBTRACT = P.f32_bits(-1.0)
 _BITS: dict[tuple[Any, int], int] = {}
 
 

@@ -57,6 +57,9 @@ from gpuactors.torch.replay import (
 )
 
 _CONTAINERS = (list, tuple)
+#: The largest ``size_threshold``: a program holds a dimension's size in a 32-bit word
+#: (the interpreter reads it unsigned), and no size exceeds the threshold.
+MAX_SIZE_THRESHOLD = 1 << 31
 #: The longest ``auto_flush_ms`` (about 11.6 days): the timer's thread sleeps that long.
 MAX_AUTO_FLUSH_MS = 1e9
 #: A plain tensor: ``has_torch_function`` of it says whether a function mode is active.
@@ -99,6 +102,13 @@ class TorchScheduler:
     ) -> None:
         if size_threshold < 1 or max_batch_ops < 1:
             raise InvalidArgument("size_threshold and max_batch_ops must be >= 1")
+        if size_threshold > MAX_SIZE_THRESHOLD:
+            # (a program holds each size in a 32-bit word: a larger one failed the flush
+            # with an OverflowError, the batch's results lost)
+            raise InvalidArgument(
+                f"size_threshold must be at most {MAX_SIZE_THRESHOLD} (2**31),"
+                f" not {size_threshold!r}"
+            )
         if auto_flush_ms is not None and not 0 < auto_flush_ms <= MAX_AUTO_FLUSH_MS:
             # (an infinite period passed this check and then killed the timer's thread)
             raise InvalidArgument(

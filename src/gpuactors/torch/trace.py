@@ -11,8 +11,9 @@ runs it.
 The signature is what decides the program's structure, not the sizes: per tensor
 argument its dtype, device, rank and dim order, which dims are 1, which dims are
 equal to which others (so broadcasting works out the same) and whether it is the same
-tensor as an earlier argument, plus the other arguments themselves. New sizes within
-one signature reuse the template.
+tensor as an earlier argument, plus the other arguments themselves, grad mode and
+autocast's state on the scheduler's device (whose casts a recording holds). New sizes
+within one signature reuse the template.
 
 A recording that read a tensor's sizes (``x.shape``, ``x.size()``, ``x.numel()``,
 ``len(x)``, ``x.stride()``, ``x.nbytes``) may have computed a number from them (``x * d ** -0.5``),
@@ -88,9 +89,23 @@ class _Tracer:
         self.reductions.append((stage, self.role(x), self.role(out), x))
 
 
-def signature(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
-    """The shape signature of a call (None if an argument cannot be part of a key)."""
-    key: list[Any] = [torch.is_grad_enabled()]  # (a constant may need autograd)
+def call_modes(device_type: str) -> tuple[bool, Any]:
+    """What a call's ops depend on besides its arguments, as part of its keys: grad mode
+    (a constant may need autograd), and autocast's dtype on the scheduler's device (None
+    where it is off). Autocast casts the inputs of some ops (CUDA's float32 list: exp,
+    softplus, pow...) above the dispatcher, so a recording holds the casts or not, and
+    its results' dtypes are those of the autocast state it was recorded in."""
+    grad = bool(torch.is_grad_enabled())
+    if torch.is_autocast_enabled(device_type):
+        return grad, torch.get_autocast_dtype(device_type)
+    return grad, None
+
+
+def signature(args: tuple[Any, ...], modes: tuple[bool, Any]) -> tuple[Any, ...] | None:
+    """The shape signature of a call (None if an argument cannot be part of a key), in
+    ``modes`` (:func:`call_modes`)."""
+    key: list[Any] = [modes]
+    grad_on = modes[0]
     sizes: dict[int, int] = {}
     first: dict[int, int] = {}  # a tensor -> the first argument it is (f(x, x) is not f(a, b))
     for k, arg in enumerate(args):
@@ -98,7 +113,7 @@ def signature(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
             classes = tuple(
                 -1 if size == 1 else sizes.setdefault(size, len(sizes)) for size in arg.shape
             )
-            grad = arg.requires_grad and torch.is_grad_enabled()
+            grad = arg.requires_grad and grad_on
             same = first.setdefault(id(arg), k)
             key.append((arg.dtype, arg.device, classes, _dim_order(arg), grad, same))
         else:
@@ -195,6 +210,7 @@ class TracedFunction:
     def __init__(self, fn: Callable[..., Any], scheduler: TorchScheduler) -> None:
         self.fn = fn
         self.scheduler = scheduler
+        self._device_type: str = scheduler.device.type  # (whose autocast state counts)
         try:  # (to call with keyword arguments; a module's are its forward's)
             forward = fn.forward if isinstance(fn, torch.nn.Module) else fn
             self._parameters: inspect.Signature | None = inspect.signature(forward)
@@ -220,13 +236,14 @@ class TracedFunction:
                 with self.scheduler:
                     return self.fn(*args, **kwargs)
             args = positional
-        exact = exact_shapes(args)
+        modes = call_modes(self._device_type)
+        exact = exact_shapes(args, modes)
         bound = None if exact is None else self._bound.get(exact)
         if bound is not None and bound.plan.constants and _constants_changed(bound.plan):
             self._forget()
             bound = None
         if bound is None:
-            key = signature(args)
+            key = signature(args, modes)
             per_shape = key is not None and key in self._per_shape
             if per_shape:
                 key = (key, exact)
@@ -234,7 +251,7 @@ class TracedFunction:
             if plan is not None and plan.constants and _constants_changed(plan):
                 self._forget()
             if key is not None and key not in self._plans:
-                return self._record(key, args, per_shape)
+                return self._record(key, args, per_shape, exact)
             bound = None if plan is None else self._bound_to(plan, exact, args)
         if bound is not None and not _writes_overlapping_memory(bound.plan, args):
             return self._run(bound, args)
@@ -275,9 +292,16 @@ class TracedFunction:
                 _keep(self._bound, exact, bound, MAX_BOUND)
         return bound
 
-    def _record(self, key: tuple[Any, ...], args: tuple[Any, ...], per_shape: bool) -> Any:
+    def _record(
+        self,
+        key: tuple[Any, ...],
+        args: tuple[Any, ...],
+        per_shape: bool,
+        exact: tuple[Any, ...] | None,
+    ) -> Any:
         """Run ``fn`` under the scheduler, keeping its program under ``key`` (a signature,
-        or with ``per_shape`` a signature and exact shapes) if it can be replayed."""
+        or with ``per_shape`` a signature and exact shapes) if it can be replayed;
+        ``exact``: the call's exact shapes (taken before ``fn`` ran)."""
         inputs = [a for a in args if isinstance(a, Tensor)]
         positions = [k for k, a in enumerate(args) if isinstance(a, Tensor)]
         tracer = _Tracer(inputs)
@@ -293,7 +317,7 @@ class TracedFunction:
         with self._lock:
             if plan is not None and reads.seen and not per_shape:
                 self._per_shape.add(key)
-                key = (key, exact_shapes(args))
+                key = (key, exact)
             _keep(self._plans, key, plan, MAX_PLANS)
         return result
 
@@ -438,10 +462,11 @@ def _constants_changed(plan: _Plan) -> bool:
     )
 
 
-def exact_shapes(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+def exact_shapes(args: tuple[Any, ...], modes: tuple[bool, Any]) -> tuple[Any, ...] | None:
     """What a bound plan is kept by: the signature's inputs, exactly (every size and
-    stride), or None if an argument cannot be part of a key."""
-    key: list[Any] = [torch.is_grad_enabled()]
+    stride), in ``modes`` (:func:`call_modes`), or None if an argument cannot be part of
+    a key."""
+    key: list[Any] = [modes]
     first: dict[int, int] = {}  # a tensor -> the first argument it is
     for k, arg in enumerate(args):
         if isinstance(arg, Tensor):
