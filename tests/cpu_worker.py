@@ -29,6 +29,8 @@ import numpy as np
 
 from gpuactors.engine.messages import (
     Completion,
+    Drain,
+    Drained,
     EngineStats,
     InstallOp,
     OpInstalled,
@@ -178,6 +180,11 @@ class FakeWorker:
                 latency_p99_us=None,
                 ops=tuple(self.ops),
             )
+        if isinstance(message, Drain):  # every other request in flight, as an engine's
+            current = asyncio.current_task()
+            others = [task for task in self.in_flight.values() if task is not current]
+            await asyncio.gather(*others, return_exceptions=True)
+            return Drained(processed=self.processed)
         if isinstance(message, Shutdown):
             return ShutdownReport(completed=self.processed, cancelled=0)
         raise TypeError(f"the CPU worker does not handle {type(message).__name__}")

@@ -15,8 +15,17 @@ import pytest
 from gpu_scripts.fault_ops import BAD, SPIN
 from gpuactors.actors import ActorSystem
 from gpuactors.cuda import no_device_reason
-from gpuactors.engine import ArrayParam, EngineConfig, EnqueueBatch, OpSpec, ScalarParam
+from gpuactors.engine import (
+    ArrayParam,
+    Drain,
+    Drained,
+    EngineConfig,
+    EnqueueBatch,
+    OpSpec,
+    ScalarParam,
+)
 from gpuactors.errors import (
+    AskTimeout,
     CompileError,
     DeviceFailed,
     DeviceFault,
@@ -25,7 +34,7 @@ from gpuactors.errors import (
     TaskHung,
     UnknownOp,
 )
-from gpuactors.worker import IsolatedEngine, IsolationConfig, JobResult
+from gpuactors.worker import IsolatedEngine, IsolationConfig, Job, JobResult
 
 pytestmark = [
     pytest.mark.gpu,
@@ -271,4 +280,39 @@ async def test_values_cross_the_real_workers_protocol_intact() -> None:
         stats = await engine.stats()
         assert stats.processed >= 1 and "scale@1" in stats.ops
         assert (await engine.health()).restarts == 0
+        await engine.shutdown()
+
+
+NAP = OpSpec(  # holds its block for ``ms`` milliseconds of the device's clock
+    name="nap",
+    params=(
+        ArrayParam(name="y", dtype="float32", direction="out"),
+        ScalarParam(name="ms", dtype="float32"),
+    ),
+    body=(
+        "unsigned long long start, now;\n"
+        'asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));\n'
+        'do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now)); }\n'
+        "while (now - start < (unsigned long long)(ms * 1e6f));\n"
+        "GPA_FOR_EACH(i) { y[i] = ms; }\nreturn 0;"
+    ),
+)
+
+
+async def test_a_drain_waits_for_a_job_whose_caller_left() -> None:
+    """Drain's promise (every task accepted so far, its caller waiting or not) holds in
+    an isolated engine: it had waited only for the callers still waiting."""
+    async with ActorSystem("iso") as system:
+        engine = await IsolatedEngine.start(
+            system, ops=[NAP], isolation=IsolationConfig(standbys=0)
+        )
+        await engine.run("nap", np.zeros(4, np.float32), 1.0, n=4)  # warm
+        before = (await engine.ref.ask(Drain(), expect=Drained)).processed
+        job = Job(op="nap", args=(np.zeros(4, np.float32), 400.0), n=4)
+        with pytest.raises(AskTimeout):
+            await engine.ref.ask(job, timeout=0.1)
+        started = time.perf_counter()
+        drained = await engine.ref.ask(Drain(), timeout=30, expect=Drained)
+        assert time.perf_counter() - started > 0.2
+        assert drained.processed == before + 1
         await engine.shutdown()

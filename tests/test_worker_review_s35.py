@@ -20,7 +20,7 @@ import pytest
 
 import cpu_worker
 from gpuactors.actors import ActorSystem
-from gpuactors.engine import EnqueueBatch, Stats
+from gpuactors.engine import Drain, Drained, EnqueueBatch, Stats
 from gpuactors.errors import (
     AskTimeout,
     EngineError,
@@ -31,7 +31,14 @@ from gpuactors.errors import (
 from gpuactors.messages import Ack, Message
 from gpuactors.nvrtc.messages import Compile, CompileAsync, CompileRequest
 from gpuactors.nvrtc.options import NvrtcOpts
-from gpuactors.worker import IsolatedEngine, IsolationConfig, LaunchJob, RemoteArray, RemoteKernel
+from gpuactors.worker import (
+    IsolatedEngine,
+    IsolationConfig,
+    Job,
+    LaunchJob,
+    RemoteArray,
+    RemoteKernel,
+)
 from gpuactors.worker import child as child_module
 from gpuactors.worker.child import WorkerHost
 from gpuactors.worker.frames import FrameStream
@@ -228,3 +235,25 @@ async def test_a_link_answers_an_error_that_cannot_be_encoded() -> None:
 if __name__ == "__main__":
     cpu_worker.FakeWorker = SlowCompiles  # type: ignore[misc,assignment]
     asyncio.run(cpu_worker.main(int(sys.argv[1])))
+
+
+# ------------------------------------------------- a drain waits for abandoned work
+@pytest.mark.slow
+@pytest.mark.usefixtures("cpu_worker_importable")
+async def test_a_drain_waits_for_a_job_whose_caller_left() -> None:
+    """Drain promises every task accepted so far, its caller waiting or not. The isolated
+    engine waited only for the requests whose callers still waited, then asked for
+    Stats: a job whose caller had timed out was still running in the worker."""
+    isolation = IsolationConfig(worker_module="cpu_worker", standbys=0, start_timeout_s=30.0)
+    async with ActorSystem("drains") as system:
+        engine = await IsolatedEngine.start(system, isolation=isolation)
+        with pytest.raises(AskTimeout):  # "slow" runs 0.6 s in the CPU worker
+            await engine.ref.ask(
+                Job(op="slow", args=(np.zeros(4, np.float32), 1.0), n=4), timeout=0.05
+            )
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        drained = await engine.ref.ask(Drain(), timeout=10, expect=Drained)
+        assert loop.time() - started > 0.3
+        assert drained.processed == 1
+        await engine.shutdown()

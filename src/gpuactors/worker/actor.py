@@ -38,7 +38,6 @@ from gpuactors.engine.messages import (
     AliasOp,
     Drain,
     Drained,
-    EngineStats,
     EnqueueBatch,
     InstallOp,
     Park,
@@ -483,9 +482,12 @@ class IsolatedEngineActor(Actor):
 
     # ------------------------------------------------------- drain and shutdown
     async def _drained(self) -> Drained:
+        """Every request accepted so far answered, then the worker's engine drained: a
+        request whose caller left may still run there (Drain's promise: caller waiting
+        or not), and only the worker knows when it ends."""
         await asyncio.gather(*self._requests.waiting(), return_exceptions=True)
-        stats = await self._ask_worker(Stats())
-        return Drained(processed=stats.processed if isinstance(stats, EngineStats) else 0)
+        drained = await self._ask_worker(Drain())
+        return drained if isinstance(drained, Drained) else Drained(processed=0)
 
     async def _shut_down(self, force: bool) -> ShutdownReport:
         if self._closing:

@@ -8,7 +8,7 @@ import contextlib
 import time
 from collections.abc import Callable
 
-from gpuactors.engine.messages import InstallOp, PrepareOp, ReplaceOp
+from gpuactors.engine.messages import Drain, InstallOp, PrepareOp, ReplaceOp
 from gpuactors.engine.parks import ParkHolds
 from gpuactors.engine.runtime import EngineConfig
 from gpuactors.errors import InvalidArgument
@@ -63,6 +63,8 @@ class DeadlineWatchdog:
         return time.monotonic() + self._budget(message)
 
     def _budget(self, message: Message) -> float:
+        if isinstance(message, Drain):  # it lasts as long as the requests it waits for,
+            return float("inf")  # which the watchdog times by their own deadlines
         timeout = getattr(message, "timeout", None) or self._engine_config.default_task_timeout_s
         budget = (timeout or 0.0) + self._engine_config.hang_grace_ms / 1e3
         if isinstance(message, InstallOp | ReplaceOp | PrepareOp | CompileRequest):
