@@ -335,3 +335,29 @@ def test_an_op_retried_in_a_new_stage_never_overfills_the_program() -> None:
     torch.testing.assert_close(read, before.transpose(0, 1) * 1.0)
     torch.testing.assert_close(last, x)
     sched.close()
+
+
+# ------------------------------------------ a flush on a loop that stopped
+def test_a_flush_on_an_engine_loop_that_stopped_is_engine_stopped() -> None:
+    """A flush asks the engine on its loop's thread and waits; a loop that stopped
+    without closing never runs that ask, and the flush had waited for good."""
+    import threading
+
+    from gpuactors.errors import EngineStopped
+    from gpuactors.torch.executors import LoopEngine
+
+    async def never_answers(message: Any) -> Any:
+        await asyncio.Event().wait()
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    engine = SimpleNamespace(ref=SimpleNamespace(ask=never_answers))
+    asking = LoopEngine(engine, loop)  # type: ignore[arg-type]
+    loop.call_soon_threadsafe(loop.call_later, 0.2, loop.stop)
+    with pytest.raises(EngineStopped, match="stopped"):
+        asking.ask("a program")
+    thread.join(timeout=5)
+    loop.close()
+    with pytest.raises(EngineStopped, match="closed"):
+        asking.ask("a program")

@@ -40,7 +40,7 @@ from gpuactors.cuda.current import on_device
 from gpuactors.cuda.device import probe_device
 from gpuactors.cuda.loader import load_module
 from gpuactors.engine import Engine, EngineConfig, Enqueue, InstallOp
-from gpuactors.errors import InvalidArgument, TaskFailed
+from gpuactors.errors import EngineStopped, InvalidArgument, TaskFailed
 from gpuactors.nvrtc import NvrtcOpts, default_compiler
 from gpuactors.nvrtc.launch import cuda_error
 from gpuactors.torch import program as P
@@ -455,6 +455,10 @@ class LocalEngine:
         self.close()
 
 
+#: How often a flush waiting on an engine's loop checks that the loop still runs.
+_LOOP_CHECK_S = 0.5
+
+
 class LoopEngine:
     """An engine running on an event loop in another thread, asked from this one."""
 
@@ -468,7 +472,16 @@ class LoopEngine:
                 "a flush would block the engine's own event loop: run the PyTorch code "
                 "in a worker thread (asyncio.to_thread); await scheduler.flush_async() here"
             )
-        return asyncio.run_coroutine_threadsafe(self.engine.ref.ask(message), self.loop).result()
+        if self.loop.is_closed():
+            raise EngineStopped("the engine's event loop is closed")
+        answer = asyncio.run_coroutine_threadsafe(self.engine.ref.ask(message), self.loop)
+        while True:  # (a loop that stops without closing would never run the ask)
+            try:
+                return answer.result(timeout=_LOOP_CHECK_S)
+            except TimeoutError:
+                if not self.loop.is_running():
+                    answer.cancel()
+                    raise EngineStopped("the engine's event loop stopped") from None
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
