@@ -68,7 +68,7 @@ def pointwise(
     b_is_t = isinstance(b, Tensor)
     if not (a_is_t or b_is_t):
         raise Decline
-    if batch.words() > P.MAX_WORDS - 128:
+    if batch.words() > _OP_ROOM:
         raise P.ProgramFull("the batch's program is full")
     dims: list[int] = []
     zeros: list[int] = []
@@ -155,7 +155,7 @@ def pointwise(
             break
         if attempt:
             raise Decline  # conflicts even in a fresh stage: the op reads what it writes
-        if batch.words() > P.MAX_WORDS - 128:
+        if batch.words() > _OP_ROOM:
             # The first attempt's loads stay in the stage it leaves: with the op's words
             # in a new stage they may pass the program's size, which only the flush's
             # assembly would find (its batch swapped out, the results lost). The
@@ -261,6 +261,8 @@ def usual(batch: Batch, op: int, a: Any, b: Any, p0: int, p1: int, rule: int) ->
     return out
 
 
+#: A batch past this many words has no room left for one more op (its loads, a stage).
+_OP_ROOM = P.MAX_WORDS - 128
 _USUAL_WORDS = P.MAX_WORDS - 160
 #: ``p0`` of sub.Tensor in the usual table (handlers.build_usual): alpha -1.
 _SUBTRACT = P.f32_bits(-1.0)
@@ -296,7 +298,7 @@ def reduce(batch: Batch, op: int, x: Any, dims: Any, keepdim: Any) -> Tensor:
             raise Decline
     else:
         raise Decline
-    if batch.words() > P.MAX_WORDS - 128:
+    if batch.words() > _OP_ROOM:
         raise P.ProgramFull("the batch's program is full")
     shape = tuple(x.shape)
     out = torch.empty(shape[:-1] + ((1,) if keepdim else ()), dtype=x.dtype, device=batch.device)
