@@ -391,11 +391,11 @@ class LocalEngine:
                     self._loop.run_until_complete(
                         asyncio.wait_for(self._system.shutdown(), _ABANDON_TIMEOUT_S)
                     )
-                    left = asyncio.all_tasks(self._loop)
-                    for task in left:
-                        task.cancel()
-                    if left:
-                        self._loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+                left = asyncio.all_tasks(self._loop)  # (what a shutdown that failed left)
+                for task in left:
+                    task.cancel()
+                if left:
+                    self._loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
         finally:
             self._loop.close()
 
