@@ -19,7 +19,6 @@ from gpuactors.numeric import whole_number
 from gpuactors.nvrtc.handle import KernelHandle
 from gpuactors.nvrtc.linker import LinkInput, LinkOpts
 from gpuactors.nvrtc.options import NvrtcOpts
-from gpuactors.nvrtc.text import MAX_SOURCE_CHARS as MAX_SOURCE_CHARS  # (its old home)
 from gpuactors.nvrtc.text import check_headers, check_name, check_no_nul, check_size
 
 #: A launch shape, always three positive ints after validation.
