@@ -33,6 +33,10 @@ NOT_EXPORTED = {
     "OpenLink",
     "FreeKernel",
 }
+# The PyTorch scheduler's own control flow (an op left to PyTorch, a full program, a
+# plan that cannot be replayed, a program the reference interpreter refuses): caught
+# inside gpuactors.torch, never a user's error. Seen only where PyTorch is installed.
+NOT_EXPORTED |= {"Decline", "ProgramFull", "ProgramError", "Unreplayable"}
 
 # Top-level modules whose import would make `import gpuactors` heavy or need a GPU.
 HEAVY = ("cupy", "torch", "ray", "cuda", "numpy", "pydantic", "anyio")
