@@ -11,7 +11,14 @@ from hypothesis import strategies as st
 
 from gpuactors.engine.abi import COMPLETION, MAX_ARGS, RING_RECORD, TASK_RECORD
 from gpuactors.engine.messages import MAX_TIMEOUT_S
-from gpuactors.engine.ring import HostConsumer, HostRing, reset_ring, run_to_completion
+from gpuactors.engine.ring import (
+    HostConsumer,
+    HostRing,
+    RecordColumns,
+    ScaledColumn,
+    reset_ring,
+    run_to_completion,
+)
 from gpuactors.engine.runtime import EngineConfig
 from gpuactors.engine.tasks import Task, records_of
 from gpuactors.errors import InvalidArgument
@@ -306,3 +313,52 @@ def test_engine_config_is_checked() -> None:
         EngineConfig(block_threads=100)
     with pytest.raises(InvalidArgument, match="grid_blocks"):
         EngineConfig(grid_blocks=1)
+
+
+@pytest.mark.parametrize("start_position", [0, 60], ids=["fresh", "wrapping"])
+def test_a_few_records_one_by_one_write_what_the_vectorised_store_writes(
+    start_position: int,
+) -> None:
+    """A batch with few records left is published record by record (the lone task's
+    path): the ring must hold the same words, seqs and tags as after the vectorised
+    store, for every kind of column (shared word, evenly spaced, listed offsets, words;
+    values past 2**56 too), also where the records wrap round the ring."""
+    count = 7
+    columns = RecordColumns(
+        op=5,
+        blocks=3,
+        count=count,
+        n=np.array([1, 2, 3, 2**57, 5, 6, 7], dtype=np.int64),
+        args=(
+            1 << 40,
+            ScaledColumn(1 << 41, range(0, 4 * count, 4), 4),
+            ScaledColumn(1 << 42, np.array([9, 1, 8, 2, 7, 3, 6], dtype=np.int64), 8),
+            np.array([2**60, 1, 2, 3, 4, 5, 6], dtype=np.uint64),
+        ),
+        deadline_ns=123_456,
+    )
+    rings = []
+    for publish in ("columns", "rows"):
+        ring, consumer = make_ring(64)
+        for _ in range(start_position):  # move the ring on, so that the records wrap
+            ring.try_publish(0, 1, [])
+            ((seq, _record),) = consumer.take()
+            consumer.complete(seq, status=0, units=1, t_ns=1)
+            ring.retire(seq)
+        if publish == "columns":
+            assert ring.free_count(count) == count
+            seqs = ring.publish_columns(columns, 0, count)
+        else:
+            seqs = ring.publish_rows(columns, 0, count)
+        assert seqs == range(start_position + 1, start_position + count + 1)
+        rings.append(ring)
+    np.testing.assert_array_equal(rings[0].records, rings[1].records)
+
+
+def test_publishing_a_few_records_stops_where_the_ring_is_full() -> None:
+    ring, _consumer = make_ring(64)
+    for _ in range(60):
+        ring.try_publish(0, 1, [])
+    columns = RecordColumns(op=1, blocks=1, count=8, n=4, args=(7,))
+    assert ring.publish_rows(columns, 0, 8) == range(61, 65)  # four slots were free
+    assert ring.publish_rows(columns, 4, 4) == range(65, 65)  # none now

@@ -19,7 +19,7 @@ from gpuactors.engine import abi
 from gpuactors.engine.messages import BatchCompletion, Completion
 from gpuactors.engine.ops import OpSpec
 from gpuactors.engine.ring import HostRing
-from gpuactors.engine.tasks import BATCH_STEP, Batch, Task
+from gpuactors.engine.tasks import BATCH_STEP, FEW_RECORDS, Batch, Task
 from gpuactors.errors import GpuActorsError, TaskFailed, TaskHung, TaskTimeout, UnknownOp
 
 _VECTOR_HARVEST_MIN = 17  # from this many in flight on, one NumPy compare beats a loop
@@ -134,7 +134,8 @@ class Completions:
         for batch in list(self.batches):
             count = min(batch.published - batch.low, BATCH_STEP)
             if count and ring.is_done(batch.first_seq + batch.low):
-                progressed += _harvest_window(ring, batch, count)
+                harvest = _harvest_each if count <= FEW_RECORDS else _harvest_window
+                progressed += harvest(ring, batch, count)
             if batch.finished == batch.count:
                 # Completed before it leaves: reading an expanded batch's statuses may
                 # raise DeviceFault, and the fault then fails the batches still here.
@@ -243,6 +244,23 @@ class Completions:
                 cancelled += batch.tasks_left
         self.batches.clear()
         return cancelled
+
+
+def _harvest_each(ring: HostRing, batch: Batch, count: int) -> int:
+    """:func:`_harvest_window` of a few records, one by one as a lone task's."""
+    newly = 0
+    for index in range(batch.low, batch.low + count):
+        if batch.done[index]:
+            continue
+        harvested = ring.wait_harvest(batch.first_seq + index, 0.0)
+        if harvested is not None:
+            batch.done[index] = True
+            batch.statuses[index] = harvested[0]
+            newly += 1
+    batch.finished += newly
+    while batch.low < batch.published and batch.done[batch.low]:
+        batch.low += 1
+    return newly
 
 
 def _harvest_window(ring: HostRing, batch: Batch, count: int) -> int:

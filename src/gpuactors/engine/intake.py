@@ -42,7 +42,7 @@ from gpuactors.engine.messages import (
 from gpuactors.engine.optable import OpTable, ResolvedOp
 from gpuactors.engine.service import Service
 from gpuactors.engine.submissions import Submission, Submit
-from gpuactors.engine.tasks import BATCH_STEP, Batch, Task, records_of
+from gpuactors.engine.tasks import BATCH_STEP, FEW_RECORDS, Batch, Task, records_of
 from gpuactors.errors import DeviceFault, GpuActorsError, InvalidArgument, QueueFull, TaskTimeout
 
 _VECTOR_MIN: Final = 16  # from this many staged tasks on, one NumPy store beats packing each
@@ -549,14 +549,20 @@ class Intake:
         return seq
 
     def _publish_batch_part(self, batch: Batch) -> int:
-        """Publish as much of ``batch`` as the ring has room for, in one vectorised store."""
+        """Publish as much of ``batch`` as the ring has room for: a few records one by
+        one, more in one vectorised store."""
         runtime = self._service.runtime
         assert runtime is not None
         ring = runtime.ring
-        room = ring.free_count(min(batch.count - batch.published, BATCH_STEP))
+        left = batch.count - batch.published
+        if left <= FEW_RECORDS:
+            seqs = ring.publish_rows(batch.records, batch.published, left)
+        else:
+            room = ring.free_count(min(left, BATCH_STEP))
+            seqs = ring.publish_columns(batch.records, batch.published, room) if room else range(0)
+        room = len(seqs)
         if room == 0:
             return 0
-        seqs = ring.publish_columns(batch.records, batch.published, room)
         if batch.published == 0:
             batch.first_seq = seqs.start
             self._completions.batches.append(batch)
