@@ -442,24 +442,22 @@ class EngineGroup:
 
     async def _install(self, op: OpSpec, activate: bool) -> GroupOpInstalled:
         self._ledger.check_new(op)
-        reply = await roll_out(
-            self._serving_members(),
-            op,
-            activate=activate,
-            on_first_install=lambda: self._ledger.take_number(op),
-        )
-        self._ledger.record(op, activate=activate)
-        return reply
+        return await roll_out(self._serving_members(), op, activate=activate, ledger=self._ledger)
 
     async def _point(self, message: AliasOp | Rollback) -> GroupAliasSet:
         return await self._exclusive(functools.partial(self._pointed, message))
 
     async def _pointed(self, message: AliasOp | Rollback) -> GroupAliasSet:
+        self._ledger.check_known(message.name)
         if isinstance(message, AliasOp) and not self._ledger.has(message.name, message.version):
-            self._ledger.spec(message.name)  # UnknownOp for an unknown name
             raise InvalidArgument(f"op {message.name!r} has no version {message.version}")
-        pointed = functools.partial(self._ledger.point, message.name)
-        return await point_all(self._serving_members(), message, on_pointed=pointed)
+        return await point_all(self._serving_members(), message, self._ledger)
+
+    def op_versions(self, name: str) -> dict[int, int | None]:
+        """The version op ``name`` points at on each serving engine, as the group's record
+        has it: one version on all of them, or, after a change that left them split, each
+        engine's (None: the answer to that change was lost, so either may be)."""
+        return self._ledger.live(name, self.serving())
 
     async def _exclusive(self, change: Callable[[], Coroutine[Any, Any, T]]) -> T:
         """Run op change ``change`` once the changes before it have ended, in a task of its
@@ -491,9 +489,13 @@ class EngineGroup:
 
     # ------------------------------------------------------------------ service
     async def stats(self) -> GroupStats:
-        """Every engine's counters and their sums (a faulted engine's last counters too)."""
+        """Every engine's counters and their sums (a faulted engine's last counters too),
+        and the op versions the group's record holds."""
         done, errors = await ask_all(self.members, Stats())
-        return GroupStats.of(done, {key: f"{type(e).__name__}: {e}" for key, e in errors.items()})
+        unavailable = {key: f"{type(e).__name__}: {e}" for key, e in errors.items()}
+        return GroupStats.of(
+            done, unavailable, ops=self._ledger.agreed(), split_ops=self._ledger.splits()
+        )
 
     async def drain(self, timeout: float | None = None) -> dict[int, Drained]:
         """Wait until every task accepted so far has finished, on every serving engine."""

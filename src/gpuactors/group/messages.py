@@ -41,7 +41,9 @@ class GroupOpInstalled(Reply):
 
 
 class GroupAliasSet(Reply):
-    """Op ``name`` points at ``version`` on every engine of the group."""
+    """Op ``name`` points at ``version`` on every engine of the group. ``previous`` is
+    the version they all pointed at before, None where they differed (a split this
+    change healed: each engine's is in ``per_engine``)."""
 
     name: str
     version: int
@@ -52,7 +54,10 @@ class GroupAliasSet(Reply):
 
 
 class GroupStats(Reply):
-    """Every engine's counters, and their sums over the engines that answered."""
+    """Every engine's counters, and their sums over the engines that answered. ``ops``:
+    each op's version on every engine, as the group's record holds it; ``split_ops``:
+    the ops whose engines point at different versions, and each engine's (None: the
+    answer to the change was lost, see ``EngineGroup.op_versions``)."""
 
     per_engine: dict[int, EngineStats]
     unavailable: dict[int, str]  # engines whose counters could not be read, and why
@@ -62,13 +67,24 @@ class GroupStats(Reply):
     queue_depth: int
     launches: int
     parks: int
+    ops: dict[str, int] = {}
+    split_ops: dict[str, dict[int, int | None]] = {}
 
     @classmethod
-    def of(cls, per_engine: dict[int, EngineStats], unavailable: dict[int, str]) -> GroupStats:
+    def of(
+        cls,
+        per_engine: dict[int, EngineStats],
+        unavailable: dict[int, str],
+        *,
+        ops: dict[str, int] | None = None,
+        split_ops: dict[str, dict[int, int | None]] | None = None,
+    ) -> GroupStats:
         stats = per_engine.values()
         return cls(
             per_engine=per_engine,
             unavailable=unavailable,
+            ops=ops or {},
+            split_ops=split_ops or {},
             processed=sum(s.processed for s in stats),
             failed=sum(s.failed for s in stats),
             in_flight=sum(s.in_flight for s in stats),

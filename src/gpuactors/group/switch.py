@@ -11,6 +11,11 @@ Until phase 3 every engine serves the old version; the rule for a task is its ow
 engine's rule, binding at acceptance (see docs/scaling.md): a task runs the version
 its name pointed at on the engine that accepted it. A task sent after the group's
 reply runs the new version on every engine.
+
+A phase 3 that reached some engines only, or a Rollback that took each engine back
+along a history of its own to different versions, leaves the name split: the group's
+ledger records each engine's version, and the rule stays as it is in phase 3 (each
+task runs its own engine's version), until a change points every engine at one.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any, NoReturn, Protocol
 from gpuactors.engine.messages import AliasOp, InstallOp, OpAliasSet, OpInstalled, Rollback
 from gpuactors.engine.ops import OpSpec
 from gpuactors.errors import AskTimeout, EngineError, EngineLost, PartialFailure
+from gpuactors.group.ledger import Candidates, OpLedger
 from gpuactors.group.messages import GroupAliasSet, GroupOpInstalled
 from gpuactors.messages import Message
 
@@ -93,40 +99,34 @@ def fail(
 
 
 async def roll_out(
-    targets: Sequence[Target],
-    op: OpSpec,
-    *,
-    activate: bool,
-    on_first_install: Callable[[], None] = lambda: None,
+    targets: Sequence[Target], op: OpSpec, *, activate: bool, ledger: OpLedger
 ) -> GroupOpInstalled:
-    """Install ``op`` on every target in the three phases above. ``on_first_install``
-    runs once the first engine holds ``op``, or may hold it (its ask ended with no
-    answer): from then on its version number is taken, whatever becomes of the other
-    phases. Only an error the first engine answered leaves the number free."""
+    """Install ``op`` on every target in the three phases above, and keep ``ledger`` to
+    what the engines hold: the version number is taken once the first engine holds
+    ``op``, or may hold it (its ask ended with no answer), whatever becomes of the
+    other phases (only an error the first engine answered leaves it free); the version
+    is installed once every engine holds it; and phase 3 records where each engine
+    points, a split too."""
     install = InstallOp(op=op, activate=False)
     started = time.perf_counter()
     try:
         first = await targets[0].ask(install, None)
     except BaseException as exc:
         if not refused(exc):  # (lost, or no longer awaited: it may be installed all the same)
-            on_first_install()
+            ledger.take_number(op)
         raise
-    on_first_install()
+    ledger.take_number(op)
     compiled = time.perf_counter()
     done, errors = await ask_all(targets[1:], install)
     done[targets[0].key] = first
     if errors:
         fail(f"op {op.name!r} v{op.version} was installed on some engines only", done, errors)
+    ledger.installed(op)
     installed_at = time.time()
     installed: dict[int, OpInstalled] = done
     switch_ms = 0.0
     if activate and not all(reply.active for reply in installed.values()):
-        alias = AliasOp(name=op.name, version=op.version)
-        flipping = time.perf_counter()
-        aliased, errors = await ask_all(targets, alias)
-        switch_ms = (time.perf_counter() - flipping) * 1e3
-        if errors:
-            fail(f"op {op.name!r} points at v{op.version} on some engines only", aliased, errors)
+        _, _, switch_ms = await flip(targets, AliasOp(name=op.name, version=op.version), ledger)
     return GroupOpInstalled(
         name=op.name,
         version=op.version,
@@ -146,37 +146,67 @@ def refused(error: BaseException) -> bool:
 
 
 async def point_all(
-    targets: Sequence[Target],
-    message: AliasOp | Rollback,
-    *,
-    on_pointed: Callable[[int], None] = lambda version: None,
+    targets: Sequence[Target], message: AliasOp | Rollback, ledger: OpLedger
 ) -> GroupAliasSet:
-    """Send an AliasOp or Rollback to every target at once; their replies must agree.
-    ``on_pointed`` runs with the version once every target points the name at it, before
-    an EngineError for versions they left that differ (engines changed around the group):
-    the change is made all the same, so the group's record must follow it."""
-    started = time.perf_counter()
-    done, errors = await ask_all(targets, message)
-    switch_ms = (time.perf_counter() - started) * 1e3
-    if errors:
-        what = f"{type(message).__name__} of op {message.name!r} reached some engines only"
-        fail(what, done, errors)
-    replies: dict[int, OpAliasSet] = done
+    """Send an AliasOp or Rollback to every target at once; ``ledger`` records where each
+    engine points then, before any error is raised: the change is made all the same.
+    EngineError where the engines end on different versions (a Rollback along histories
+    that differ: a split), or left versions the ledger did not record for them (engines
+    changed around the group)."""
+    name = message.name
+    replies, before, switch_ms = await flip(targets, message, ledger)
     versions = {reply.version for reply in replies.values()}
-    if len(versions) == 1:
-        on_pointed(versions.pop())
-    outcomes = {(reply.version, reply.previous) for reply in replies.values()}
-    if len(outcomes) != 1:  # the engines' tables differ: changes were made around the group
+    strays = [key for key, reply in replies.items() if reply.previous not in before[key]]
+    each = ", ".join(f"{key}: v{r.version} (was {r.previous})" for key, r in replies.items())
+    if strays:
+        raise EngineError(f"the engines disagree about op {name!r}: {each}")
+    if len(versions) != 1:
         raise EngineError(
-            f"the engines disagree about op {message.name!r}: "
-            + ", ".join(f"{key}: v{r.version} (was {r.previous})" for key, r in replies.items())
+            f"{type(message).__name__} left op {name!r} split over the engines ({each}): "
+            "each serves its own version until a change points all of them at one (alias)"
         )
-    version, previous = outcomes.pop()
+    previous = {reply.previous for reply in replies.values()}
     return GroupAliasSet(
-        name=message.name,
-        version=version,
-        previous=previous,
+        name=name,
+        version=versions.pop(),
+        previous=previous.pop() if len(previous) == 1 else None,  # (None: it healed a split)
         per_engine={key: replies[key] for key in sorted(replies)},
         live_on_all_at=time.time(),
         switch_ms=switch_ms,
     )
+
+
+async def flip(
+    targets: Sequence[Target], message: AliasOp | Rollback, ledger: OpLedger
+) -> tuple[dict[int, OpAliasSet], dict[int, Candidates], float]:
+    """Send ``message`` to every target at once and record in ``ledger`` where each
+    engine points now (PartialFailure, once recorded, where some did not answer it):
+    the replies, the versions each engine may have pointed at before, and how long the
+    engines took (``switch_ms``)."""
+    name = message.name
+    before = {target.key: ledger.on(name, target.key) for target in targets}
+    started = time.perf_counter()
+    done, errors = await ask_all(targets, message)
+    switch_ms = (time.perf_counter() - started) * 1e3
+    now = {key: frozenset((reply.version,)) for key, reply in done.items()}
+    for key, error in errors.items():
+        now[key] = _pointing_after(error, message, before[key], ledger)
+    ledger.pointed(name, now)
+    if errors:
+        if isinstance(message, AliasOp):
+            fail(f"op {name!r} points at v{message.version} on some engines only", done, errors)
+        fail(f"Rollback of op {name!r} reached some engines only", done, errors)
+    return done, before, switch_ms
+
+
+def _pointing_after(
+    error: Exception, message: AliasOp | Rollback, before: Candidates, ledger: OpLedger
+) -> Candidates:
+    """Where an engine that did not answer ``message`` with a reply points now: where it
+    did before, if it answered the error (it changed nothing); else, as it may have made
+    the change, there or where the change points (a Rollback: any version it holds)."""
+    if refused(error):
+        return before
+    if isinstance(message, AliasOp):
+        return before | {message.version}
+    return before | ledger.every_version(message.name)
