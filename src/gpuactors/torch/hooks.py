@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.utils.dlpack
 from torch import Tensor
 
 if TYPE_CHECKING:
@@ -37,10 +38,12 @@ class TensorHooks:
     * Printing turns dispatch modes off (``torch._tensor_str``): ``__repr__`` flushes a
       batch the printed tensor may read first.
     * Other code reaches a tensor's memory with no op: other libraries through
-      ``__cuda_array_interface__`` and ``__dlpack__`` (CuPy, an engine's ``Enqueue``),
-      storage-level code through ``untyped_storage()`` (``torch.save``, sharing), and on
-      the CPU ``numpy()`` and ``tolist()``. Each flushes a batch that reads or writes
-      the tensor's memory first (the reader may also write it).
+      ``__cuda_array_interface__`` and ``__dlpack__`` (CuPy, an engine's ``Enqueue``)
+      or DLPack's legacy ``torch.utils.dlpack.to_dlpack`` (``torch.to_dlpack``, a C
+      function that calls no ``__dlpack__``), storage-level code through
+      ``untyped_storage()`` (``torch.save``, sharing), and on the CPU ``numpy()`` and
+      ``tolist()``. Each flushes a batch that reads or writes the tensor's memory first
+      (the reader may also write it).
     * ``t.data = v`` is no op: it points ``t`` at ``v``'s memory and may free ``t``'s.
       A batch that cannot know it would take ``v``'s memory for dead once ``v`` is
       (dropping its store, giving it to a later result) and keep reading ``t``'s old
@@ -172,6 +175,8 @@ os.register_at_fork(after_in_child=HOOKS.after_fork_in_child)
 _PYTORCH: dict[tuple[Any, str], Any] = {
     (Tensor, "__repr__"): Tensor.__repr__,
     (Tensor, "__dlpack__"): Tensor.__dlpack__,
+    (torch, "to_dlpack"): torch.to_dlpack,
+    (torch.utils.dlpack, "to_dlpack"): torch.utils.dlpack.to_dlpack,
     (Tensor, "__cuda_array_interface__"): Tensor.__dict__["__cuda_array_interface__"],
     (Tensor, "untyped_storage"): Tensor.untyped_storage,
     (Tensor, "numpy"): Tensor.numpy,
@@ -231,6 +236,19 @@ def _flushing(reason: str, name: str) -> Callable[..., Any]:
     return method
 
 
+def _exporting(owner: Any, name: str) -> Callable[..., Any]:
+    """``owner.<name>``, DLPack's legacy ``to_dlpack(data)``, after a flush of what its
+    tensor touches: the capsule it returns hands the memory to a consumer we never see."""
+
+    def function(*args: Any, **kwargs: Any) -> Any:
+        HOOKS.flush_for("dlpack", args[0] if args else kwargs.get("data"))
+        return _through_original(owner, name, lambda f: f(*args, **kwargs))
+
+    function.__name__ = name
+    function.__doc__ = _PYTORCH[owner, name].__doc__
+    return function
+
+
 def _from_data(owner: Any, name: str) -> Callable[..., Any]:
     """``owner.<name>`` (its first argument is data to copy, ``new_tensor``'s the second),
     after a flush of what the tensors in that data touch."""
@@ -273,6 +291,8 @@ def _set_data(self: Tensor, value: Tensor) -> None:
 _REPLACEMENTS: dict[tuple[Any, str], Any] = {
     (Tensor, "__repr__"): _flushing_repr,
     (Tensor, "__dlpack__"): _flushing("dlpack", "__dlpack__"),
+    (torch, "to_dlpack"): _exporting(torch, "to_dlpack"),
+    (torch.utils.dlpack, "to_dlpack"): _exporting(torch.utils.dlpack, "to_dlpack"),
     (Tensor, "__cuda_array_interface__"): property(
         _flushing_array_interface, doc=_PYTORCH[Tensor, "__cuda_array_interface__"].__doc__
     ),

@@ -58,6 +58,20 @@ def result_strides(shape: Sequence[int], operands: Sequence[Any]) -> tuple[int, 
     return tuple(result)
 
 
+def order_key(t: Tensor) -> tuple[tuple[int, ...], int] | None:
+    """What of ``t``'s layout :func:`result_strides` reads, as a key: None for a
+    contiguous tensor, else its dims from the slowest in memory and how many of them are
+    broadcast (stride 0: they sort last, and tell nothing). Two tensors of one shape
+    with one key give their results one layout; an expanded and a transposed tensor,
+    whose dims sort alike by stride alone, do not."""
+    if t.is_contiguous():
+        return None
+    strides = t.stride()
+    # (reverse=True keeps equal strides in dim order, as the sort is stable)
+    order = sorted(range(len(strides)), key=strides.__getitem__, reverse=True)
+    return tuple(order), strides.count(0)
+
+
 def _same_dense_strides(tensors: list[Tensor]) -> bool:
     first = tensors[0].stride()
     return all(t.stride() == first and _dense(t) for t in tensors)

@@ -11,9 +11,9 @@ and waited for) when:
 
 * an op the scheduler does not take gets a tensor argument: .item(), .cpu(), .tolist()
   and any other op (views excepted: they read no data);
-* code reaches a pending tensor's memory with no op (printing, ``__dlpack__``, the
-  CUDA array interface, ``t.data = v``, ``torch.tensor([...])``: :mod:`.hooks` watches
-  these while a context is active);
+* code reaches a pending tensor's memory with no op (printing, ``__dlpack__`` and
+  ``torch.utils.dlpack.to_dlpack``, the CUDA array interface, ``t.data = v``,
+  ``torch.tensor([...])``: :mod:`.hooks` watches these while a context is active);
 * the context is left, ``flush()`` or ``await flush_async()`` is called;
 * another scheduler whose context this thread is in is about to start a batch or run
   a traced function (its work may read what this one queued);

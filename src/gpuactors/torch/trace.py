@@ -9,7 +9,9 @@ addresses of its tensors into a copy of the bound words (one NumPy assignment) a
 runs it.
 
 The signature is what decides the program's structure, not the sizes: per tensor
-argument its dtype, device, rank and dim order, which dims are 1, which dims are
+argument its dtype, device, rank and layout (:func:`.layout.order_key`: contiguous,
+or its dims' order in memory and which are expanded, stride 0; what decides the layout
+eager PyTorch gives its results), which dims are 1, which dims are
 equal to which others (so broadcasting works out the same) and whether it is the same
 tensor as an earlier argument, plus the other arguments themselves, grad mode and
 autocast's state on the scheduler's device (whose casts a recording holds). New sizes
@@ -45,6 +47,7 @@ from torch import Tensor
 from gpuactors.torch import program as P
 from gpuactors.torch.batch import Batch, UnitSpread
 from gpuactors.torch.front import SizeReads
+from gpuactors.torch.layout import order_key
 from gpuactors.torch.scheduler import TorchScheduler
 
 #: A size of the recording: an input dim ``(k, d)`` or a constant.
@@ -115,7 +118,7 @@ def signature(args: tuple[Any, ...], modes: tuple[bool, Any]) -> tuple[Any, ...]
             )
             grad = arg.requires_grad and grad_on
             same = first.setdefault(id(arg), k)
-            key.append((arg.dtype, arg.device, classes, _dim_order(arg), grad, same))
+            key.append((arg.dtype, arg.device, classes, order_key(arg), grad, same))
         else:
             try:
                 hash(arg)
@@ -439,16 +442,6 @@ def _value_key(arg: Any) -> tuple[Any, ...]:
     if type(arg) is float:
         return ("value", float, arg.hex())
     return ("value", type(arg), arg)
-
-
-def _dim_order(t: Tensor) -> tuple[int, ...] | None:
-    """None for a contiguous tensor, else its dims from the slowest in memory: what
-    decides how PyTorch lays out a result of it (a transposed input, a transposed
-    result), which a replay's results must follow."""
-    if t.is_contiguous():
-        return None
-    strides = t.stride()
-    return tuple(sorted(range(t.dim()), key=lambda d: -strides[d]))
 
 
 def _layout(t: Tensor) -> tuple[Any, ...]:
