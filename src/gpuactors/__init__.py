@@ -28,7 +28,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "gpuactors.nvrtc": (
         "CacheStats", "Compile", "CompileAsync", "CompiledModule", "CompilerStats",
         "CorruptEntry", "KernelCompiler", "KernelHandle", "Launch", "Launched", "NvrtcActor",
-        "NvrtcOpts", "NvrtcStats", "OutputKind",
+        "NvrtcOpts", "NvrtcStats", "OutputKind", "KernelReleased", "ReleaseKernel",
         "KernelLinker", "Link", "LinkAsync", "LinkInput", "LinkOpts", "LinkRequest",
     ),
     "gpuactors.engine": (
@@ -41,7 +41,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "gpuactors.worker": (
         "Download", "Downloaded", "Free", "Health", "IsolatedEngine", "IsolatedEngineActor",
         "IsolationConfig", "Job", "JobResult", "LaunchJob", "LaunchResult", "RemoteArray",
-        "RemoteKernel", "Upload", "WorkerHealth",
+        "RemoteKernel", "Upload", "WorkerHealth", "ReleaseRemoteKernel",
     ),
     "gpuactors.errors": (
         "GpuActorsError", "ActorError", "AskTimeout", "MailboxFull", "ActorStopped",
@@ -182,6 +182,7 @@ if TYPE_CHECKING:
     from gpuactors.nvrtc import KernelCompiler as KernelCompiler
     from gpuactors.nvrtc import KernelHandle as KernelHandle
     from gpuactors.nvrtc import KernelLinker as KernelLinker
+    from gpuactors.nvrtc import KernelReleased as KernelReleased
     from gpuactors.nvrtc import Launch as Launch
     from gpuactors.nvrtc import Launched as Launched
     from gpuactors.nvrtc import Link as Link
@@ -193,6 +194,7 @@ if TYPE_CHECKING:
     from gpuactors.nvrtc import NvrtcOpts as NvrtcOpts
     from gpuactors.nvrtc import NvrtcStats as NvrtcStats
     from gpuactors.nvrtc import OutputKind as OutputKind
+    from gpuactors.nvrtc import ReleaseKernel as ReleaseKernel
     from gpuactors.worker import Download as Download
     from gpuactors.worker import Downloaded as Downloaded
     from gpuactors.worker import Free as Free
@@ -204,6 +206,7 @@ if TYPE_CHECKING:
     from gpuactors.worker import JobResult as JobResult
     from gpuactors.worker import LaunchJob as LaunchJob
     from gpuactors.worker import LaunchResult as LaunchResult
+    from gpuactors.worker import ReleaseRemoteKernel as ReleaseRemoteKernel
     from gpuactors.worker import RemoteArray as RemoteArray
     from gpuactors.worker import RemoteKernel as RemoteKernel
     from gpuactors.worker import Upload as Upload

@@ -6,7 +6,8 @@
   from threads (:meth:`~KernelCompiler.get_or_compile`) or asyncio
   (:meth:`~KernelCompiler.get_or_compile_async`).
 * :class:`NvrtcActor`: ``Compile`` / ``CompileAsync`` into a :class:`KernelHandle`,
-  ``Launch`` it on the actor's device (the reply comes when the GPU is done).
+  ``Launch`` it on the actor's device (the reply comes when the GPU is done),
+  ``ReleaseKernel`` it to unload its module.
 """
 
 from __future__ import annotations
@@ -36,12 +37,14 @@ from .messages import (
     Compile,
     CompileAsync,
     CompilerStats,
+    KernelReleased,
     Launch,
     Launched,
     Link,
     LinkAsync,
     LinkRequest,
     NvrtcStats,
+    ReleaseKernel,
 )
 from .module import CompiledModule
 from .options import NvrtcOpts, OutputKind, arch_from_capability
@@ -58,6 +61,7 @@ __all__ = [
     "KernelCompiler",
     "KernelHandle",
     "KernelLinker",
+    "KernelReleased",
     "Launch",
     "Launched",
     "Link",
@@ -71,6 +75,7 @@ __all__ = [
     "NvrtcStats",
     "Origin",
     "OutputKind",
+    "ReleaseKernel",
     "arch_from_capability",
     "cache_key",
     "compile_source",

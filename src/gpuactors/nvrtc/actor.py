@@ -14,6 +14,10 @@ device generation), launches, records a CUDA event after the kernel and replies
 :class:`~gpuactors.nvrtc.messages.Launched` when the GPU work has completed (see
 :mod:`gpuactors.nvrtc.launch`).
 
+``ReleaseKernel`` gives a handle back: it is refused from then on, and the module is
+unloaded (and forgotten by the memory caches) once no handle the actor replied holds
+it (each holds it once; see :class:`~gpuactors.nvrtc.messages.ReleaseKernel`).
+
 Streams: a launch with ``after="current_stream"`` (the default) while CuPy's
 current stream is the legacy default stream runs on the actor's *ordered*
 stream, a blocking stream: CUDA itself makes it wait for the work queued on the
@@ -32,6 +36,7 @@ address...) fails every launch in flight with
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -70,12 +75,14 @@ from gpuactors.nvrtc.messages import (
     CompileAsync,
     CompileRequest,
     CompilerStats,
+    KernelReleased,
     Launch,
     Launched,
     Link,
     LinkAsync,
     LinkRequest,
     NvrtcStats,
+    ReleaseKernel,
 )
 from gpuactors.nvrtc.module import CompiledModule
 from gpuactors.nvrtc.options import ARCH_PATTERN
@@ -221,6 +228,10 @@ class NvrtcActor(Actor):
         self._gpu: _GpuState | None = None
         self._params = ParamBuffer()
         self._plans: dict[tuple[int, str | None], _LaunchPlan] = {}
+        # ReleaseKernel's bookkeeping: each handle replied holds its module once.
+        self._holds: dict[str, int] = {}  # cache key -> handles replied, not released
+        self._replied: weakref.WeakSet[KernelHandle] = weakref.WeakSet()
+        self._released: weakref.WeakSet[KernelHandle] = weakref.WeakSet()
 
     # ---------------------------------------------------------------- lifecycle
     async def pre_start(self) -> None:
@@ -325,6 +336,8 @@ class NvrtcActor(Actor):
             generation=GENERATIONS.current(self._device_id),
             origin=origin,
         )
+        self._replied.add(handle)
+        self._holds[handle.cache_key] = self._holds.get(handle.cache_key, 0) + 1
         self.log.debug(
             "kernel handle ready", source=msg.name, origin=origin, kernels=list(handle.kernels)
         )
@@ -370,6 +383,51 @@ class NvrtcActor(Actor):
                 f"({self._no_gpu}): set it, e.g. LinkOpts(arch='sm_90')"
             )
         return self._arch
+
+    # ---------------------------------------------------------------- releasing
+    @handles(ReleaseKernel)
+    def release(self, msg: ReleaseKernel) -> KernelReleased:
+        """End the handle here; unload its module when no replied handle holds it."""
+        handle = msg.kernel
+        if handle.device_id != self._device_id:
+            raise WrongDevice(
+                f"{handle!r} was made for device {handle.device_id}, this actor owns device "
+                f"{self._device_id}"
+            )
+        if handle in self._released:
+            raise _released(handle)
+        self._released.add(handle)
+        self._drop_plans(lambda plan: plan.handle is handle)
+        key = handle.cache_key
+        holds = self._holds.pop(key, 0)
+        if handle in self._replied:
+            self._replied.discard(handle)
+            holds -= 1
+        if holds > 0:
+            self._holds[key] = holds
+            return KernelReleased(holds_left=holds, unloaded=False)
+        self._unload(key)
+        self.log.debug("module unloaded", source=handle.module.source_name, key=key[:16])
+        return KernelReleased(holds_left=0, unloaded=True)
+
+    def _unload(self, key: str) -> None:
+        """Drop what holds the module ``key`` (CuPy unloads it when the last reference
+        goes: a launch in flight keeps its function, so never under a running kernel)
+        and forget it in the memory caches."""
+        self._drop_plans(lambda plan: plan.handle.cache_key == key)
+        gpu = self._gpu
+        if gpu is not None:
+            gpu.modules.pop(key, None)
+            for loaded in [k for k in gpu.functions if k[0] == key]:
+                del gpu.functions[loaded]
+                gpu.dynamic_smem.pop(loaded, None)
+        self._compiler.memory.discard(key)
+        if self._linker is not None:
+            self._linker.memory.discard(key)
+
+    def _drop_plans(self, which: Callable[[_LaunchPlan], bool]) -> None:
+        for key in [key for key, plan in self._plans.items() if which(plan)]:
+            del self._plans[key]
 
     @handles(CompilerStats)
     def stats(self, _msg: CompilerStats) -> NvrtcStats:
@@ -437,7 +495,10 @@ class NvrtcActor(Actor):
             plan.packer = _no_packer if packer is None else packer
 
     def _plan(self, handle: KernelHandle, name: str | None) -> _LaunchPlan:
-        """What a launch of ``name`` from ``handle`` needs that never changes, checked once."""
+        """What a launch of ``name`` from ``handle`` needs that never changes, checked once.
+        (A released handle has no plan: it is refused here.)"""
+        if handle in self._released:
+            raise _released(handle)
         if handle.device_id != self._device_id:
             raise WrongDevice(
                 f"{handle!r} was made for device {handle.device_id}, this actor owns device "
@@ -525,6 +586,17 @@ class NvrtcActor(Actor):
                 self._device_ref.tell(ReportFault(reason=str(error)))
             except GpuActorsError as exc:  # full or stopped: the fault is logged anyway
                 self.log.warning("could not report the fault", error=str(exc))
+
+
+def _released(handle: KernelHandle) -> GpuRefStale:
+    """The error of a released handle's use (stale, though its generation is current)."""
+    error = GpuRefStale("a released kernel handle", handle.generation, handle.generation)
+    # GpuRefStale's own text speaks of generations, which is not why this one is stale.
+    error.args = (
+        f"the kernel handle of {handle.module.source_name!r} was released (ReleaseKernel): "
+        "compile again for a new handle",
+    )
+    return error
 
 
 def _no_packer(args: Sequence[Any], data: memoryview, device_id: int) -> bool:

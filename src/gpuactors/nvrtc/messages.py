@@ -176,6 +176,35 @@ class LinkAsync(LinkRequest):
     serving meanwhile; concurrent identical requests share one link."""
 
 
+# ------------------------------------------------------------------- releasing
+class ReleaseKernel(_Checked):
+    """Give back a handle this actor replied (``Compile``, ``CompileAsync``, ``Link``,
+    ``LinkAsync``); the reply is a :class:`KernelReleased`.
+
+    The handle is dead on this actor from then on: a ``Launch`` of it, or a second
+    release, raises :class:`~gpuactors.errors.GpuRefStale` (launches already queued on
+    the GPU finish). Compiles of the same request share one module, and every handle
+    replied holds it once, like a reference count: the module is unloaded, and
+    dropped from the compiler's (or linker's) memory cache so a later compile loads
+    it again (from the disk cache, else NVRTC), when the last handle holding it is
+    released. A handle dropped without a release keeps its hold. A handle this actor
+    did not reply holds nothing here: releasing it ends it here and unloads the
+    module if no handle of this actor holds it.
+    """
+
+    kernel: KernelHandle
+
+
+class KernelReleased(Reply):
+    """A handle was released."""
+
+    #: Handles of this actor that still hold the module.
+    holds_left: int
+    #: No handle holds the module any more: the actor dropped it (unloaded once the
+    #: launches still running from it end) and the memory caches forgot it.
+    unloaded: bool
+
+
 class CompilerStats(Message):
     """Ask for the actor's counters (cheap: answered at once, even mid-compile)."""
 
@@ -266,6 +295,9 @@ class Launch(LaunchShape):
     and kept alive until the kernel has finished, and NumPy scalars
     (``np.float32(2.0)``, ``np.int32(n)``) whose size must match the kernel's
     parameter. Plain Python numbers are refused: their C type would be a guess.
+    A raw device address passed as ``np.uint64`` goes as it is, unchecked: a kernel's
+    image gives its parameters' sizes, not the types they point to, so there is no
+    element size to check its alignment against (pass the array where you can).
 
     The kernel runs on ``stream`` (a CuPy stream) or on one of the actor's own streams.
     With ``after="current_stream"`` (the default) it first waits for the work already

@@ -72,6 +72,7 @@ from gpuactors.worker.messages import (
     Health,
     Job,
     LaunchJob,
+    ReleaseRemoteKernel,
     RemoteArray,
     RemoteKernel,
     Upload,
@@ -238,6 +239,10 @@ class IsolatedEngineActor(Actor):
 
     @handles(LaunchJob)
     def launch_job(self, msg: LaunchJob) -> None:
+        self._submit(msg)
+
+    @handles(ReleaseRemoteKernel)
+    def release_kernel(self, msg: ReleaseRemoteKernel) -> None:
         self._submit(msg)
 
     @handles(Park)
@@ -482,9 +487,9 @@ class IsolatedEngineActor(Actor):
 
     # ------------------------------------------------------- drain and shutdown
     async def _drained(self) -> Drained:
-        """Every request accepted so far answered, then the worker's engine drained: a
-        request whose caller left may still run there (Drain's promise: caller waiting
-        or not), and only the worker knows when it ends."""
+        """Every request accepted so far answered, then the worker drained (its kernel
+        launches and its engine): a request whose caller left may still run there
+        (Drain's promise: caller waiting or not), and only the worker knows when it ends."""
         await asyncio.gather(*self._requests.waiting(), return_exceptions=True)
         drained = await self._ask_worker(Drain())
         return drained if isinstance(drained, Drained) else Drained(processed=0)

@@ -21,7 +21,7 @@ import numpy as np
 
 from gpuactors.actors import ActorRef, ActorSystem, Props
 from gpuactors.cuda import no_device_reason
-from gpuactors.engine import Engine, EnqueueBatch, Shutdown
+from gpuactors.engine import Drain, Engine, EnqueueBatch, Shutdown
 from gpuactors.errors import (
     ActorStopped,
     DeviceFault,
@@ -35,7 +35,7 @@ from gpuactors.errors import (
 from gpuactors.logs import get_logger
 from gpuactors.messages import Ack, Message
 from gpuactors.nvrtc import KernelHandle, NvrtcActor
-from gpuactors.nvrtc.messages import CompileRequest, Launch
+from gpuactors.nvrtc.messages import CompileRequest, KernelReleased, Launch, ReleaseKernel
 from gpuactors.worker.frames import FrameStream
 from gpuactors.worker.messages import (
     BootSpec,
@@ -43,6 +43,7 @@ from gpuactors.worker.messages import (
     Free,
     Job,
     LaunchJob,
+    ReleaseRemoteKernel,
     RemoteArray,
     Upload,
 )
@@ -89,6 +90,7 @@ class WorkerHost:
         self.fault: str | None = None
         self.done = asyncio.Event()
         self._serving: set[asyncio.Task[None]] = set()
+        self._launching: set[asyncio.Task[None]] = set()  # LaunchJobs (a Drain waits for them)
 
     def send(self, frame: Frame) -> None:
         self._stream.write(*frame_buffers(frame))
@@ -105,6 +107,9 @@ class WorkerHost:
         task = asyncio.get_running_loop().create_task(self.serve(frame.rid, frame.message))
         self._serving.add(task)  # (the loop keeps only a weak reference)
         task.add_done_callback(self._serving.discard)
+        if isinstance(frame.message, LaunchJob):
+            self._launching.add(task)
+            task.add_done_callback(self._launching.discard)
 
     def parent_left(self, why: Exception | None) -> None:
         """The stream from the parent ended: stop serving."""
@@ -125,7 +130,7 @@ class WorkerHost:
         except Exception as exc:
             if isinstance(exc, DeviceFault | TaskHung | ActorStopped):
                 self._faulted(describe(exc))
-            self._stream.write(*error_buffers(failure, wire_error(exc)))
+            self._stream.write(*error_buffers(failure, wire_error(exc), keep_class=True))
             return
         try:
             answer = frame_buffers(Answer(rid=rid, value=reply))
@@ -167,11 +172,29 @@ class WorkerHost:
             self._remote(message.array)
             del self._arrays[message.array.id]
             return Ack()
-        if isinstance(message, FreeKernel):
-            if self._kernels.pop(message.kernel.id, None) is None:
-                raise GpuRefStale(_stale_kernel(message.kernel.id), 0, 0)
-            return Ack()
+        if isinstance(message, FreeKernel | ReleaseRemoteKernel):
+            released = await self._release(message.kernel.id)
+            return Ack() if isinstance(message, FreeKernel) else released
+        if isinstance(message, Drain):
+            await self._launches_ended()
         return await self.engine.ref.ask(message, timeout=None)
+
+    async def _release(self, kernel_id: int) -> KernelReleased:
+        """Drop the kernel here and release its handle in the NvrtcActor, which unloads
+        the module when no other kernel of this worker holds it."""
+        handle = self._kernels.pop(kernel_id, None)
+        if handle is None:
+            raise GpuRefStale(_stale_kernel(kernel_id), 0, 0)
+        if self._nvrtc is None:  # (no compile ran here: nothing was loaded)
+            return KernelReleased(holds_left=0, unloaded=True)
+        released: KernelReleased = await self._nvrtc.ask(ReleaseKernel(kernel=handle), timeout=None)
+        return released
+
+    async def _launches_ended(self) -> None:
+        """Wait for the kernel launches in flight now: a Drain promises every task
+        accepted so far, its caller waiting or not, and the engine knows only its own."""
+        if self._launching:
+            await asyncio.wait(set(self._launching))
 
     def _new_id(self) -> int:
         self._last_id += 1
@@ -301,7 +324,11 @@ async def serve(fd: int) -> int:
                 full_policy=boot.full_policy,
             )
         except Exception as exc:  # e.g. NoCudaDevice: the parent raises it
-            stream.write(*error_buffers(lambda error: BootFailed(error=error), wire_error(exc)))
+            stream.write(
+                *error_buffers(
+                    lambda error: BootFailed(error=error), wire_error(exc), keep_class=True
+                )
+            )
             await stream.drain()
             return 1
         host = WorkerHost(engine, stream, system, boot.device_id)

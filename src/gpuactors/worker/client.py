@@ -20,7 +20,7 @@ from gpuactors.engine.messages import (
 from gpuactors.engine.ops import OpSpec
 from gpuactors.engine.runtime import EngineConfig
 from gpuactors.errors import ActorStopped
-from gpuactors.nvrtc.messages import CompileAsync, block_dims, grid_dims
+from gpuactors.nvrtc.messages import CompileAsync, KernelReleased, block_dims, grid_dims
 from gpuactors.nvrtc.options import NvrtcOpts
 from gpuactors.worker.actor import IsolatedEngineActor
 from gpuactors.worker.config import IsolationConfig
@@ -33,6 +33,7 @@ from gpuactors.worker.messages import (
     JobResult,
     LaunchJob,
     LaunchResult,
+    ReleaseRemoteKernel,
     RemoteArray,
     RemoteKernel,
     Upload,
@@ -138,6 +139,12 @@ class IsolatedEngine:
             returns=returns,
         )
         reply: LaunchResult = await self.ref.ask(job)
+        return reply
+
+    async def release_kernel(self, kernel: RemoteKernel) -> KernelReleased:
+        """Give back a kernel (see :class:`ReleaseRemoteKernel`): launching it fails from
+        then on; its module is unloaded in the worker once no other kernel holds it."""
+        reply: KernelReleased = await self.ref.ask(ReleaseRemoteKernel(kernel=kernel))
         return reply
 
     async def install(self, op: OpSpec, *, activate: bool = True) -> OpInstalled:

@@ -185,6 +185,19 @@ class RemoteKernel(Reply):
     owner: str
 
 
+class ReleaseRemoteKernel(Message):
+    """Give back a :class:`RemoteKernel`; the reply is a
+    :class:`~gpuactors.nvrtc.messages.KernelReleased`.
+
+    As ``ReleaseKernel`` does for an ``NvrtcActor``'s handle (the worker's own actor
+    releases it): the kernel is refused from then on (``GpuRefStale``), and its module
+    is unloaded in the worker, and forgotten by its memory cache, when no other
+    ``RemoteKernel`` compiled from the same request holds it.
+    """
+
+    kernel: RemoteKernel
+
+
 class LaunchJob(LaunchShape, HostArgs):
     """Launch kernel ``name`` of ``kernel`` in the worker, like ``Launch``, with arrays
     by value (NumPy: copied in, and back per ``returns``) or as RemoteArrays.

@@ -11,7 +11,15 @@ from typing import Any
 from gpuactors.engine.messages import EnqueueBatch
 from gpuactors.errors import DeviceFault, GpuActorsError, GpuRefStale, InvalidArgument
 from gpuactors.messages import Message
-from gpuactors.worker.messages import Download, Free, Job, LaunchJob, RemoteArray, RemoteKernel
+from gpuactors.worker.messages import (
+    Download,
+    Free,
+    Job,
+    LaunchJob,
+    ReleaseRemoteKernel,
+    RemoteArray,
+    RemoteKernel,
+)
 from gpuactors.worker.wire import FrameBuffers, FreeKernel, Request, frame_buffers
 
 
@@ -170,7 +178,7 @@ def stale_remote(message: Message, generation: int, owner: str) -> GpuRefStale |
         refs.append(message.kernel)
     elif isinstance(message, Download | Free):
         refs = [message.array]
-    elif isinstance(message, FreeKernel):
+    elif isinstance(message, FreeKernel | ReleaseRemoteKernel):
         refs = [message.kernel]
     for ref in refs:
         what = f"remote {'array' if isinstance(ref, RemoteArray) else 'kernel'} {ref.id}"

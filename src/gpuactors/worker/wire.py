@@ -15,6 +15,7 @@ the parent trusts it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, InstanceOf
 
+import gpuactors.errors as errors_module
 from gpuactors.engine.args import task_count
 from gpuactors.engine.messages import (
     AliasOp,
@@ -50,7 +52,7 @@ from gpuactors.engine.runtime import EngineConfig, PersistentThreadMode
 from gpuactors.errors import GpuActorsError, InvalidArgument, WorkerError, WorkerProtocolError
 from gpuactors.messages import Ack, Message
 from gpuactors.nvrtc.linker import LinkInput
-from gpuactors.nvrtc.messages import Compile, CompileAsync, Launched
+from gpuactors.nvrtc.messages import Compile, CompileAsync, KernelReleased, Launched
 from gpuactors.nvrtc.options import NvrtcOpts
 from gpuactors.worker.codec import Codec
 from gpuactors.worker.messages import (
@@ -59,6 +61,7 @@ from gpuactors.worker.messages import (
     Free,
     Job,
     LaunchJob,
+    ReleaseRemoteKernel,
     RemoteArray,
     RemoteKernel,
     Upload,
@@ -159,8 +162,10 @@ class KernelLoaded(_Strict):
 
 # ------------------------------------------------ what only the engine itself sends
 class FreeKernel(Message):
-    """Drop a kernel handle the worker holds: the engine's own undo of a compile answered
-    after its asker left (nobody else ever learns that kernel), not a caller's message."""
+    """Drop a kernel handle the worker holds (released in its NvrtcActor): the engine's
+    own undo of a compile answered after its asker left (nobody else ever learns that
+    kernel), not a caller's message (theirs is
+    :class:`~gpuactors.worker.messages.ReleaseRemoteKernel`). Answered Ack."""
 
     kernel: RemoteKernel
 
@@ -175,6 +180,7 @@ _ANSWERS: dict[type[Message], type] = {
     Download: np.ndarray,
     Free: Ack,
     FreeKernel: Ack,
+    ReleaseRemoteKernel: KernelReleased,
     InstallOp: OpInstalled,
     ReplaceOp: OpInstalled,
     PrepareOp: OpPrepared,
@@ -295,26 +301,50 @@ def wire_error(exc: BaseException) -> GpuActorsError:
 
 def describe(exc: BaseException) -> str:
     """``exc``'s class name and text, even when its ``__str__`` raises (it says so)."""
+    return f"{type(exc).__name__}: {_text(exc)}"
+
+
+def _text(exc: BaseException) -> str:
     try:
-        text = str(exc)
+        return str(exc)
     except Exception as failed:
-        text = f"<its text could not be made: {type(failed).__name__}>"
-    return f"{type(exc).__name__}: {text}"
+        return f"<its text could not be made: {type(failed).__name__}>"
 
 
 def error_buffers(
     make: Callable[[GpuActorsError], Frame],
     error: GpuActorsError,
     plain: Callable[[str], GpuActorsError] = WorkerError,
+    *,
+    keep_class: bool = False,
 ) -> FrameBuffers:
     """The buffers of the frame ``make`` builds around ``error``. If ``error`` cannot be
     encoded (an attribute JSON refuses, a ``__str__`` that raises), those of one around a
-    ``plain`` error naming its class and text: whoever waits for it is answered anyway."""
+    ``plain`` error naming its class and text: whoever waits for it is answered anyway.
+    ``keep_class``: first try the error's own class, if it is one of gpuactors.errors,
+    with its text and without its attributes (the other end catches it by its class)."""
     try:
         return frame_buffers(make(error))
     except Exception as unsendable:
-        text = f"{describe(error)} (it could not be sent as it was: {describe(unsendable)})"
-    return frame_buffers(make(plain(text)))
+        why = describe(unsendable)
+    if keep_class and _library_class(error):
+        text = f"{_text(error)} (it could not be sent as it was; sent without attributes: {why})"
+        with contextlib.suppress(Exception):
+            return frame_buffers(make(_bare(type(error), text)))
+    return frame_buffers(make(plain(f"{describe(error)} (it could not be sent as it was: {why})")))
+
+
+def _library_class(error: GpuActorsError) -> bool:
+    """The class is gpuactors' own, which the other end rebuilds by its name."""
+    return getattr(errors_module, type(error).__name__, None) is type(error)
+
+
+def _bare(cls: type[GpuActorsError], text: str) -> GpuActorsError:
+    """An error of ``cls`` with ``text`` and no attributes, made as the codec rebuilds
+    one: our errors' ``__init__`` take details that format a text, not a text."""
+    error = cls.__new__(cls)
+    Exception.__init__(error, text)
+    return error
 
 
 def check_answer(message: Message, value: Any) -> None:
