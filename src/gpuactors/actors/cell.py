@@ -11,7 +11,10 @@ messages go to dead letters, their askers get ``ActorStopped``); children stop,
 youngest first; ``post_stop`` runs, the place to finish or fail work in flight;
 deferred replies still pending then fail with ``ActorStopped``; watchers get
 ``Terminated``. A killed cell (stop timeout) goes through the same steps, its
-current handler cancelled.
+current handler cancelled. A restart stops the children first too, within the
+system's ``shutdown_timeout``: past it they are cancelled, and the restart goes on.
+A dead-letter subscriber's KeyboardInterrupt or SystemExit cuts none of this short:
+the actor stops, then its task (or whoever ran ``_finalize``) re-raises it.
 
 What the actor's own code raises (a handler, on either path, a lifecycle hook, or
 its supervisor's decider or ``supervisor_strategy``) is one of four things:
@@ -32,6 +35,9 @@ its supervisor's decider or ``supervisor_strategy``) is one of four things:
   is, any other ``BaseException`` (``GeneratorExit``, a library's own, a
   ``CancelledError`` the handler raised itself) as an ``ActorFailed`` that names it,
   so the asker always gets a typed error and never a ``GeneratorExit``.
+
+A handler that returns a coroutine (an async call it forgot to await) fails the same
+way, with an ActorFailed that names it; the coroutine is closed unrun.
 """
 
 from __future__ import annotations
@@ -40,8 +46,10 @@ import asyncio
 import contextvars
 import inspect
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from contextvars import ContextVar
+from functools import partial
+from types import CoroutineType
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -68,6 +76,7 @@ from gpuactors.errors import (
     ActorFailed,
     ActorStopped,
     GpuActorsError,
+    ShutdownTimeout,
     UnhandledMessage,
 )
 from gpuactors.logs import get_logger
@@ -195,6 +204,21 @@ async def _settle_hook(result: Awaitable[None] | None) -> None:
         await result
 
 
+def run_each(steps: Iterable[Callable[[], None]]) -> None:
+    """Run every step, even past one that asks the process to end (a dead-letter
+    subscriber's KeyboardInterrupt or SystemExit): the first such request is re-raised
+    once all have run, so that no cleanup is skipped on the way out."""
+    exit_request: BaseException | None = None
+    for step in steps:
+        try:
+            step()
+        except (KeyboardInterrupt, SystemExit) as raised:
+            if exit_request is None:
+                exit_request = raised
+    if exit_request is not None:
+        raise exit_request
+
+
 class ActorCell:
     """Runs one actor: processing loop, supervision of its failures, stop sequence."""
 
@@ -225,6 +249,8 @@ class ActorCell:
         self.reply: asyncio.Future[Any] | object | None = _OUTSIDE
         #: Whether the running handler took ``reply`` (then it settles it, not the cell).
         self.reply_taken = False
+        #: Whether it took it running in line (read only while ``reply_taken``).
+        self.taken_in_line = False
         self.restarts = RestartBudget()
         self.terminated: asyncio.Future[None] = self.loop.create_future()
         self.cause: BaseException | None = None
@@ -445,6 +471,11 @@ class ActorCell:
             self.reply = _OUTSIDE
             if isinstance(result, Deferred):
                 self.defer_reply(result.future, reply)
+            elif type(result) is CoroutineType:  # an async call it forgot to await
+                if await self._handler_failed(
+                    self._unawaited(result, method, message), message, reply
+                ):
+                    return
             elif reply is not None and not reply.done():
                 reply.set_result(result)
 
@@ -469,7 +500,11 @@ class ActorCell:
             return AtOnceFailure(failure)
         taken = self._end_handler()
         if taken is None:
-            return result
+            if type(result) is not CoroutineType:  # (one check: this is the latency path)
+                return result
+            failure = self._unawaited(result, method, message)
+            self.mailbox.signal(_HandledAtOnceFailed(failure, message, cid), first=True)
+            return AtOnceFailure(failure)
         if result is not None:
             failure = self._returned_too(result, message)
             if not taken.done():
@@ -480,26 +515,52 @@ class ActorCell:
     # ----------------------------------------------------------- reply futures
     def take_reply(self) -> asyncio.Future[Any]:
         """The running handler's reply future, now the handler's to settle (see
-        ``ActorContext.reply_future``)."""
+        ``ActorContext.reply_future``).
+
+        Only the handler itself may take it. One running in line (``at_once.py``) is
+        synchronous, so nothing else runs meanwhile; one in the actor's task may be
+        suspended, and then another task could call this: the caller's task is checked
+        here, off the ask's path, which costs asks that never take their future nothing.
+        """
         reply = self.reply
         if self.reply_taken:
+            if not self.taken_in_line:
+                self._check_handlers_task()
             return reply  # type: ignore[return-value]
-        if isinstance(reply, asyncio.Future):  # the asker's own, from the mailbox
-            self.owed_replies.add(reply)
-        elif reply is _AT_ONCE:  # the asker has none yet: it waits on this one
-            reply = self.loop.create_future()
-            self.owed_replies.add(reply)
-        elif reply is None:  # a tell: nobody waits; a failure is only logged
-            reply = self.loop.create_future()
-            reply.add_done_callback(self._tell_reply_done)
-        else:
+        taken: asyncio.Future[Any]
+        if reply is _AT_ONCE:  # the asker has none yet: it waits on this one
+            taken = self.loop.create_future()
+            self.owed_replies.add(taken)
+            self.taken_in_line = True
+        elif reply is _OUTSIDE:
             raise ActorError(
                 f"{self.path}: reply_future() is for a handler of this actor, while it "
                 "runs (not a lifecycle hook, another task or a callback)"
             )
-        self.reply = reply
+        else:
+            self._check_handlers_task()
+            if isinstance(reply, asyncio.Future):  # the asker's own, from the mailbox
+                taken = reply
+                self.owed_replies.add(taken)
+            else:  # a tell: nobody waits; a failure is only logged
+                taken = self.loop.create_future()
+                taken.add_done_callback(self._tell_reply_done)
+            self.taken_in_line = False
+        self.reply = taken
         self.reply_taken = True
-        return reply
+        return taken
+
+    def _check_handlers_task(self) -> None:
+        try:
+            current = asyncio.current_task()
+        except RuntimeError:  # no loop runs here: another thread
+            current = None
+        if current is not self.task:
+            raise ActorError(
+                f"{self.path}: reply_future() was called from another task (or a "
+                "callback) while a handler runs; only the handler's own task may take its "
+                "reply future: take it there and hand the future over"
+            )
 
     def _end_handler(self) -> asyncio.Future[Any] | None:
         """The handler has returned or raised: the reply future it took, if any."""
@@ -509,11 +570,28 @@ class ActorCell:
         return taken  # type: ignore[return-value]
 
     def _returned_too(self, result: Any, message: Any) -> TypeError:
+        if type(result) is CoroutineType:
+            result.close()  # never to be awaited: no "never awaited" warning either
         return TypeError(
             f"{self.path}: the handler of {type(message).__name__} took its reply future "
             f"and also returned {type(result).__name__}; a handler that settles its reply "
             "future itself returns None"
         )
+
+    def _unawaited(self, coroutine: Any, method: Callable[[Any], Any], message: Any) -> ActorFailed:
+        """A handler returned a coroutine, an async call it forgot to await: a bug of
+        the handler, never a reply. The coroutine is closed unrun, so Python reports no
+        "never awaited" warning at some later collection, far from the cause."""
+        failure = ActorFailed(
+            f"{self.path}: the handler {method.__qualname__} returned a coroutine "
+            f"({coroutine.__qualname__}) instead of a reply to {type(message).__name__}: "
+            "await it (in an async def handler) or return a value; it was closed unrun"
+        )
+        try:
+            coroutine.close()
+        except Exception as exc:  # only a coroutine started by hand runs code on close
+            failure.__cause__ = exc
+        return failure
 
     def _tell_reply_done(self, future: asyncio.Future[Any]) -> None:
         if not future.cancelled() and future.exception() is not None:
@@ -586,7 +664,8 @@ class ActorCell:
                 )
             )
         self.log.warning("unhandled message", message_type=type(message).__name__)
-        self.dead_letter(message, "unhandled")
+        if self._keeping_exit(partial(self.dead_letter, message, "unhandled")):
+            self.request_stop()
 
     def defer_reply(self, future: asyncio.Future[Any], reply: asyncio.Future[Any] | None) -> None:
         """Settle ``reply`` with ``future``'s outcome once it has one (a Deferred reply)."""
@@ -722,7 +801,7 @@ class ActorCell:
         """Replace the instance (mailbox kept); False if the new one failed to start."""
         self.log.info("restarting", error=repr(exc))
         self._started = False
-        await self._stop_children()  # children first, as when stopping
+        await self._stop_children_before_restart()  # children first, as when stopping
         try:
             await _settle_hook(self.instance.pre_restart(exc, message))
         except BaseException as err:
@@ -753,10 +832,9 @@ class ActorCell:
         constructor raised, after it spawned children (already started, and under no
         registered parent, so no stop or shutdown would ever reach them) or handed out
         its ref (whose askers would wait on a mailbox nobody reads)."""
-        for child in reversed(tuple(self.children.values())):
-            child._end_unstarted()
-        self.kill()  # a task cancelled before its first step runs no hook
-        self._finalize()
+        children = reversed(tuple(self.children.values()))
+        # A task cancelled before its first step runs no hook.
+        run_each([*(child._end_unstarted for child in children), self.kill, self._finalize])
 
     def _new_instance(self) -> Actor:
         token = CONSTRUCTING.set(self.context)
@@ -768,7 +846,7 @@ class ActorCell:
     # ---------------------------------------------------------------- stopping
     async def _wind_down(self) -> None:
         self.stopping = True
-        self._close_mailbox()
+        self._keeping_exit(self._close_mailbox)
         await self._stop_children()
         if self._started:
             self._started = False
@@ -785,6 +863,19 @@ class ActorCell:
         for child in reversed(list(self.children.values())):
             child.request_stop()
             await asyncio.wait((child.terminated,))  # never cancels the shared future
+
+    async def _stop_children_before_restart(self) -> None:
+        """Stop the children within the system's shutdown timeout, the bound of every
+        stop: past it the stragglers are cancelled (each logged by the system) and the
+        restart goes on, where a child whose stop hangs would hold it up for good."""
+        if not self.children:
+            return
+        try:
+            await self.system._stop_within(list(self.children.values()), None)
+        except ShutdownTimeout as exc:
+            self.log.error(
+                "children did not stop before the restart; restarting anyway", error=str(exc)
+            )
 
     def _fail_owed_replies(self, ended: str) -> None:
         """The replies the instance owes that its last hook (``post_stop``, or
@@ -803,25 +894,49 @@ class ActorCell:
         )
 
     def _close_mailbox(self) -> None:
-        for message, reply, _ in self.mailbox.close():
-            if reply is not None:
-                if reply.done():
-                    continue
-                reply.set_exception(self._stopped_error(message))
-            self.dead_letter(message, "stopped")
+        """Refuse what is still queued; every message is refused before a dead-letter
+        subscriber's KeyboardInterrupt or SystemExit is raised (``run_each``)."""
+        run_each(
+            partial(self._refuse, message, reply) for message, reply, _ in self.mailbox.close()
+        )
+
+    def _refuse(self, message: Any, reply: asyncio.Future[Any] | None) -> None:
+        if reply is not None:
+            if reply.done():
+                return
+            reply.set_exception(self._stopped_error(message))
+        self.dead_letter(message, "stopped")
+
+    def _keeping_exit(self, publishing: Callable[[], None]) -> bool:
+        """Run ``publishing`` (it publishes dead letters) in the actor's task; a
+        subscriber's KeyboardInterrupt or SystemExit is kept, to be re-raised once the
+        actor has stopped, rather than cut its stop sequence short. True if one was."""
+        try:
+            publishing()
+        except (KeyboardInterrupt, SystemExit) as exit_request:
+            self._keep_exit(exit_request)
+            return True
+        return False
 
     def _stopped_error(self, message: Any) -> ActorStopped:
         return ActorStopped(f"{self.path} has stopped; {type(message).__name__} was not handled")
 
     def _finalize(self) -> None:
-        """Bookkeeping that must happen however the task ended (idempotent, never waits)."""
+        """Bookkeeping that must happen however the task ended (idempotent, never waits).
+
+        A dead-letter subscriber's KeyboardInterrupt or SystemExit is raised once it is
+        all done (by the actor's task, if it runs this, as the task's own end)."""
         if self.terminated.done():
             return
         self.stopping = True
         reply = self.reply
         if isinstance(reply, asyncio.Future) and not reply.done():  # killed inside a handler
             reply.set_exception(ActorStopped(f"{self.path} stopped before its handler finished"))
-        self._close_mailbox()
+        run_each((self._close_mailbox, self._announce_stopped))
+
+    def _announce_stopped(self) -> None:
+        """``_finalize`` once the mailbox is closed: let go of the children, the owed
+        replies and the watches, leave the tree, and tell the watchers."""
         for child in tuple(self.children.values()):  # (ended without winding down)
             child.request_stop()
         self._fail_owed_replies("stopped")

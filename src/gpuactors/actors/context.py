@@ -63,8 +63,9 @@ class ActorContext:
         return None. Settle it only ``if not future.done()``: an asker that timed out
         or was cancelled has settled it already. For a tell, it is a fresh future
         nobody awaits (an exception set on it is logged). Calling it again in the same
-        handler returns the same future; calling it outside a handler of this actor
-        raises :class:`~gpuactors.errors.ActorError`.
+        handler returns the same future; calling it outside a handler of this actor, or
+        from another task than the handler's own (one it started, a callback), raises
+        :class:`~gpuactors.errors.ActorError`: take it in the handler and hand it over.
         """
         return self._cell.take_reply()
 

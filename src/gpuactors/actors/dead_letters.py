@@ -40,16 +40,30 @@ class DeadLetters:
         return iter(tuple(self._letters))
 
     def publish(self, letter: DeadLetter) -> None:
-        """Record ``letter`` and pass it to every subscriber."""
+        """Record ``letter`` and pass it to every subscriber.
+
+        What a subscriber raises never keeps the letter from the others, nor the actor
+        from stopping. It is logged, but for KeyboardInterrupt and SystemExit, requests
+        to end the process: the first is re-raised once every subscriber has the letter
+        (and the runtime raises it once the stop it interrupted is complete). A
+        subscriber is a synchronous call, so nothing is thrown into it from outside: a
+        CancelledError it raises is its own bug, not the publishing task's cancellation
+        (which, if any, still arrives at that task's next await)."""
         self._letters.append(letter)
         self.total += 1
+        exit_request: BaseException | None = None
         for subscriber in tuple(self._subscribers):
             try:
                 subscriber(letter)
-            except Exception as exc:  # a subscriber's bug must not stop the actor
+            except (KeyboardInterrupt, SystemExit) as raised:
+                if exit_request is None:
+                    exit_request = raised
+            except BaseException as exc:  # a subscriber's bug must not stop the actor
                 get_logger(component="dead-letters").error(
                     "dead-letter subscriber raised", subscriber=repr(subscriber), exc_info=exc
                 )
+        if exit_request is not None:
+            raise exit_request
 
     def subscribe(self, callback: Callable[[DeadLetter], None]) -> Callable[[], None]:
         """Call ``callback`` with each new dead letter; returns the function that unsubscribes.

@@ -9,7 +9,7 @@ from types import TracebackType
 
 from gpuactors.actors.actor import Actor
 from gpuactors.actors.at_once import AtOnceStreak
-from gpuactors.actors.cell import CURRENT_CELL, ActorCell
+from gpuactors.actors.cell import CURRENT_CELL, ActorCell, run_each
 from gpuactors.actors.checks import count, optional_seconds, seconds
 from gpuactors.actors.dead_letters import DeadLetters
 from gpuactors.actors.props import Props
@@ -36,6 +36,8 @@ class ActorSystem:
     guardian with ``guardian_strategy``; a failure escalated to the guardian stops the
     actor. Stopping is bounded: actors that outlive the timeout are cancelled and
     :class:`~gpuactors.errors.ShutdownTimeout` is raised, so shutdown never hangs.
+    A restart stops the actor's children within ``shutdown_timeout`` too (past it they
+    are cancelled and logged, and the restart goes on).
     Every argument is checked when given (InvalidArgument): ``shutdown_timeout`` is a
     finite number of seconds above 0, ``dead_letter_capacity`` a whole number >= 0.
     """
@@ -237,10 +239,9 @@ class ActorSystem:
             await asyncio.wait(tasks, timeout=_KILL_GRACE)
             for cell in stragglers:
                 cell.kill()
-        for cell in stragglers:
-            cell._finalize()  # even if its task ignored the cancellation
         paths = ", ".join(cell.path for cell in stragglers)
         self.log.error("actors cancelled after the stop timeout", timeout=limit, actors=paths)
+        run_each(cell._finalize for cell in stragglers)  # even if a task ignored the cancel
         raise ShutdownTimeout(
             f"{len(stragglers)} actor(s) did not stop within {limit}s and were cancelled: {paths}"
         )
