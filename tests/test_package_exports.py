@@ -140,3 +140,34 @@ def test_import_is_light() -> None:
     assert sorted(m for m in loaded if m.split(".")[0] in HEAVY) == []
     assert sorted(m for m in loaded if m.startswith("gpuactors.")) == []
     assert set(gpuactors.__all__) <= set(report["dir"])  # dir() imported nothing either
+
+
+def test_no_export_is_shadowed_by_a_submodule_of_its_name() -> None:
+    """Importing a submodule sets it as an attribute of its package: a module named like
+    a name the package exports lazily (``gpuactors.torch.trace`` beside the function
+    ``trace``) replaced that name once anything imported the module. Read from the
+    sources, so that packages of optional extras (Ray, PyTorch) count too."""
+    import ast
+    import importlib
+    from pathlib import Path
+
+    import gpuactors
+
+    root = Path(gpuactors.__file__).parent
+    packages = [init.parent for init in root.rglob("__init__.py")]
+    assert len(packages) > 5
+    for package in packages:
+        exported: set[str] = set()
+        for node in ast.parse((package / "__init__.py").read_text()).body:
+            if isinstance(node, ast.Assign) and any(
+                isinstance(target, ast.Name) and target.id == "__all__" for target in node.targets
+            ):
+                try:
+                    exported = set(ast.literal_eval(node.value))
+                except ValueError:  # built from other lists: the package itself says
+                    name = ".".join(package.relative_to(root.parent).parts)
+                    exported = set(importlib.import_module(name).__all__)
+        submodules = {path.stem for path in package.glob("*.py")} | {
+            path.parent.name for path in package.glob("*/__init__.py")
+        }
+        assert not exported & submodules, (package, exported & submodules)

@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed (the torch
 from gpuactors.torch import ReferenceExecutor, StreamExecutor, TorchScheduler  # noqa: E402
 from gpuactors.torch.hooks import HOOKS  # noqa: E402
 from gpuactors.torch.layout import order_key  # noqa: E402
-from gpuactors.torch.trace import trace  # noqa: E402
+from gpuactors.torch.traced import trace  # noqa: E402
 
 _NO_CUDA = no_device_reason() or (
     None if torch.cuda.is_available() else "torch sees no CUDA device"

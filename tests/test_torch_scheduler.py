@@ -1015,7 +1015,7 @@ def bound_with_scratch(sched: TorchScheduler) -> tuple[Any, Any]:
 def test_a_traced_function_keeps_a_bounded_number_of_scratch_sets(
     sched: TorchScheduler, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sys.modules["gpuactors.torch.trace"], "MAX_SCRATCH", 2)
+    monkeypatch.setattr(sys.modules["gpuactors.torch.traced"], "MAX_SCRATCH", 2)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     traced, bound = bound_with_scratch(sched)
     for handle in (7, 8, 7, 9):
@@ -1223,7 +1223,7 @@ def test_a_traced_function_keeps_a_bounded_number_of_bound_plans(
     sched: TorchScheduler, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # (the package's ``trace`` is the function: the module by its name)
-    monkeypatch.setattr(sys.modules["gpuactors.torch.trace"], "MAX_BOUND", 2)
+    monkeypatch.setattr(sys.modules["gpuactors.torch.traced"], "MAX_BOUND", 2)
     traced = trace(lambda x: (x * 3).tanh(), sched)
     with torch.no_grad():
         for n in (5, 6, 7, 6, 5, 6):
@@ -1296,7 +1296,7 @@ def test_a_first_stage_is_spread_over_units_by_its_size() -> None:
 
 
 def test_a_traced_plan_computes_each_patched_value_once() -> None:
-    from gpuactors.torch.trace import _patches
+    from gpuactors.torch.traced import _patches
 
     size, ptr = ("size", (0, 0)), ("ptr", "in", 0)
     patches = [(4, size, 0), (8, ptr, 0), (9, ptr, 1), (12, size, 0), (20, ptr, 0), (21, ptr, 1)]

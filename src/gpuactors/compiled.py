@@ -14,7 +14,7 @@ from pathlib import Path
 
 #: The modules whose Python runs once per op or per call, as mypyc compiles them (one
 #: shared library, :data:`LIBRARY`). They define no subclass of another library's class.
-HOT_MODULES = ("gpuactors.torch.replay", "gpuactors.torch.scheduler", "gpuactors.torch.trace")
+HOT_MODULES = ("gpuactors.torch.replay", "gpuactors.torch.scheduler", "gpuactors.torch.traced")
 LIBRARY = "gpuactors._compiled"
 
 #: The environment variable that decides (see :func:`compile_wanted`).

@@ -28,7 +28,7 @@ _EXPORTS = {
         "attach",
         "stream_scheduler",
     ),
-    "gpuactors.torch.trace": ("TracedFunction", "trace"),
+    "gpuactors.torch.traced": ("TracedFunction", "trace"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = [
@@ -72,4 +72,4 @@ if TYPE_CHECKING:
     )
     from gpuactors.torch.kernel import PROGRAM_OP
     from gpuactors.torch.scheduler import SchedulerStats, TorchScheduler
-    from gpuactors.torch.trace import TracedFunction, trace
+    from gpuactors.torch.traced import TracedFunction, trace
