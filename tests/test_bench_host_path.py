@@ -65,9 +65,12 @@ def test_a_tiny_run_writes_every_figure(
         assert figures[f"1 client: {name} cpu"] > 0
     comparisons = {comparison.label: comparison for comparison in results.comparisons}
     batches = {f"1 client: EnqueueBatch of {size}": size for size in (1, 100)}
-    assert set(comparisons) == {f"40 clients: {name}" for name in CALLS} | set(batches)
+    groups = {f"group of {size}: EnqueueBatch of 10,000" for size in (1, 2)}
+    assert set(comparisons) == {f"40 clients: {name}" for name in CALLS} | set(batches) | groups
     for label, comparison in comparisons.items():
         assert comparison.value > 0 and comparison.baseline_value > 0
+        if label in groups:  # checked by test_the_group_section_measures_the_groups_own_work
+            continue
         if label in batches:  # host us per batch against as many single enqueues
             assert comparison.unit == "us" and not comparison.higher_is_better
             assert comparison.baseline_label == f"1 client: {batches[label]} x enqueue_default"
@@ -85,6 +88,39 @@ def test_a_tiny_run_writes_every_figure(
         assert not shares
     assert {f"gc: generation {g} collections" for g in range(3)} <= set(figures)
     assert figures["stand-in device"] > 0
+
+
+def test_the_group_section_measures_the_groups_own_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A group of one engine and one of two, each batch through the group against the
+    same tasks sent to the engines alone, in one run: both figures, their difference
+    (the group's own work) and their ratio. Every batch's tasks were answered, none
+    failed (the section checks each reply). No timing is asserted."""
+    out = tmp_path / "group.json"
+    tiny = ["--clients", "10", "--per-client", "2", "--single", "30", "--rounds", "2"]
+    assert load("bench_host_path").main([*tiny, "--group-tasks", "65", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "group: EnqueueBatch of 65 byte histograms" in printed
+    results = ScriptResults.read(out)
+    comparisons = {c.label: c for c in results.comparisons if c.label.startswith("group")}
+    figures = {figure.name: figure.value for figure in results.figures}
+    for size, alone in ((1, "1 engine alone"), (2, "2 engines alone")):
+        comparison = comparisons[f"group of {size}: EnqueueBatch of 65"]
+        assert comparison.baseline_label == f"{alone}: EnqueueBatch of 65"
+        assert comparison.value > 0 and comparison.baseline_value > 0
+        assert comparison.unit == "us" and not comparison.higher_is_better
+        own = figures[f"group of {size}: the group's own"]
+        assert own == pytest.approx(comparison.value - comparison.baseline_value)
+        ratio = comparison.value / comparison.baseline_value
+        assert f"({ratio:.2f}x)  the group's own {own:7.1f} us" in printed
+
+
+@pytest.mark.parametrize("tasks", ["1", "x", str(2**31 + 1)])
+def test_bad_group_tasks_are_refused(tasks: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        load("bench_host_path").main(["--group-tasks", tasks])
+    assert "--group-tasks" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("sizes", ["0", "1,1", "x", "1,-5", str(2**31 + 1)])

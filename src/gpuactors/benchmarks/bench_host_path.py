@@ -19,6 +19,11 @@ Measured, in interleaved rounds so that each meets the same machine:
   message per call, default arguments), the host's time per batch with the stand-in
   device's taken out, against one client's ``engine.enqueue`` measured the same way:
   what a batch's fixed cost is, and how many single tasks a batch costs.
+* group: the host time per batch of an ``EngineGroup`` over these host engines (one
+  engine, then two), ``EnqueueBatch``es of 10,000 byte histograms of 1 KiB each over
+  ShardedArrays (``--group-tasks``), against the same tasks sent to the engines alone
+  (two engines: each its half, at once): the group's own work per batch (its checks,
+  the split, each part's message, the joined reply), and their ratio, from one run.
 
 The stand-in device finishes every task the moment it is kicked, so the engine's
 in-line path (publish, spin, answer) never misses its spin here: at many clients
@@ -31,7 +36,7 @@ stream is idle; the host ring has no stream, so here an idle stream's answer sta
 in and CuPy's query (a ``cudaStreamQuery``) is not in the figures.
 
 Run: ``python -m gpuactors.benchmarks.bench_host_path [--gc default|freeze|threshold]
-[--loop asyncio|uvloop] [--json PATH] [--profile PATH]``
+[--loop asyncio|uvloop] [--group-tasks N] [--json PATH] [--profile PATH]``
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ from gpuactors.engine.gc_tuning import tune_gc
 from gpuactors.engine.host_runtime import CupyLikeArray, HostEngine, HostRuntime, cupy_like_arrays
 from gpuactors.engine.messages import MAX_BATCH_TASKS, Completion, Enqueue, EnqueueBatch
 from gpuactors.engine.runtime import EngineConfig
+from gpuactors.group import EngineGroup, LocalMember, Shard, ShardedArray
 
 N = 1024  # elements per task (bench_engine's axpy)
 AFTER_DEFAULT_NOTE = (
@@ -244,6 +250,144 @@ async def host_times(call: Call, runtime: HostRuntime, count: int) -> list[float
     return [sample * 1e6 for sample in samples]
 
 
+# -------------------------------------------------------------------------- group
+GROUP_TASKS = 10_000  # byte histograms per batch, as bench_scale's scan sends them
+GROUP_SIZES = (1, 2)  # engines in the groups measured
+HIST_ROW, DATA_ROW = 256, 1024  # elements of a task's histogram and of its data
+
+
+def group_tasks(text: str) -> int:
+    """``--group-tasks``: the tasks of a group section batch (two engines get some each)."""
+    try:
+        tasks = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a task count: {text!r}") from None
+    if not 2 <= tasks <= MAX_BATCH_TASKS:
+        raise argparse.ArgumentTypeError(f"group tasks must be from 2 to {MAX_BATCH_TASKS:,}")
+    return tasks
+
+
+class GroupPath:
+    """Host engines on devices 0 and 1, a group of the first and one of both, and the
+    batches sent through each group and to the engines alone (a new message a call)."""
+
+    def __init__(self, system: ActorSystem, tasks: int) -> None:
+        self.tasks = tasks
+        self.runtimes: list[HostRuntime] = []
+        self.engines: list[Engine] = []
+        config = EngineConfig()  # the defaults users get
+        for device in range(max(GROUP_SIZES)):
+            runtime = HostRuntime(capacity=config.capacity, keep_records=False)
+            props = Props(
+                HostEngine,
+                args=(runtime,),
+                kwargs={"config": config, "device_id": device},
+                mailbox=MailboxConfig(capacity=65536),
+            )
+            self.runtimes.append(runtime)
+            self.engines.append(Engine(system.spawn(props, name=f"group-engine-{device}")))
+
+    def calls(self, engines: int) -> dict[str, Call]:
+        """``group`` (the batch through a group of ``engines``) and ``alone`` (its tasks
+        sent straight to those engines: each its share, at once)."""
+        devices = range(engines)
+        group = EngineGroup([LocalMember(self.engines[d], d) for d in devices])
+        rows = [len(share) for share in np.array_split(np.arange(self.tasks), engines)]
+        hist = self._sharded("uint32", HIST_ROW, rows, base=1 << 40)
+        data = self._sharded("uint8", DATA_ROW, rows, base=1 << 44)
+        offsets = {
+            "out": np.arange(self.tasks) * HIST_ROW,
+            "data": np.arange(self.tasks) * DATA_ROW,
+        }
+        shares = [
+            (shard_hist.array, shard_data.array, count)
+            for shard_hist, shard_data, count in zip(hist.shards, data.shards, rows, strict=True)
+        ]
+
+        async def through_group() -> None:
+            batch = EnqueueBatch(op="byte_hist", args=(hist, data), n=DATA_ROW, offsets=offsets)
+            reply = await group.enqueue_batch(batch)
+            self._check(reply.count, reply.failed)
+
+        async def alone() -> None:
+            asks = [
+                engine.ref.ask(share_batch(out, chunks, count))
+                for engine, (out, chunks, count) in zip(self.engines[:engines], shares, strict=True)
+            ]
+            # (One engine is asked as a caller asks it: no task around the ask.)
+            replies = [await asks[0]] if engines == 1 else await asyncio.gather(*asks)
+            self._check(sum(r.count for r in replies), sum(r.failed for r in replies))
+
+        return {"group": through_group, "alone": alone}
+
+    def _sharded(self, dtype: str, row: int, rows: list[int], base: int) -> ShardedArray:
+        shards, start = [], 0
+        for device, count in enumerate(rows):
+            array = CupyLikeArray(dtype, count * row, ptr=base + (device << 36), device_id=device)
+            shards.append(Shard(device, start, start + count * row, array))
+            start += count * row
+        return ShardedArray(tuple(shards), np.dtype(dtype).str, (sum(rows), row))
+
+    def _check(self, count: int, failed: int) -> None:
+        """Every task of the batch was answered, none failed (else the figure is not one)."""
+        if count != self.tasks or failed:
+            raise RuntimeError(f"a group section batch answered {count} tasks, {failed} failed")
+
+    @property
+    def device_seconds(self) -> float:
+        return sum(runtime.device_seconds for runtime in self.runtimes)
+
+
+def share_batch(out: CupyLikeArray, data: CupyLikeArray, count: int) -> EnqueueBatch:
+    """An engine's share of the group section's batch, sent to it alone."""
+    offsets = {"out": np.arange(count) * HIST_ROW, "data": np.arange(count) * DATA_ROW}
+    return EnqueueBatch(op="byte_hist", args=(out, data), n=DATA_ROW, offsets=offsets)
+
+
+async def group_host_times(call: Call, path: GroupPath, count: int) -> list[float]:
+    """``host_times`` over the group section's engines (their stand-in devices' time out),
+    in the loop thread's CPU time: a shared machine's stolen time, which can be as large
+    as the group's own work, is not in it."""
+    clock = time.thread_time
+    samples = []
+    for _ in range(count):
+        device_before, start = path.device_seconds, clock()
+        await call()
+        samples.append(clock() - start - (path.device_seconds - device_before))
+    return [sample * 1e6 for sample in samples]
+
+
+async def group_section(system: ActorSystem, args: argparse.Namespace) -> dict[str, Any]:
+    """Host us per batch through a group of 1 and of 2 engines and to the engines alone,
+    in interleaved rounds (medians of every batch); the group's own work per batch."""
+    path = GroupPath(system, args.group_tasks)
+    calls = {(size, name): call for size in GROUP_SIZES for name, call in path.calls(size).items()}
+    for call in calls.values():  # warm up (first calls build caches)
+        for _ in range(3):
+            await call()
+    samples: dict[tuple[int, str], list[float]] = {key: [] for key in calls}
+    keys = list(calls)
+    per_round = batches_per_round(args.group_tasks, args.single)
+    for round_index in range(args.rounds):
+        shift = round_index % len(keys)
+        for key in [*keys[shift:], *keys[:shift]]:
+            samples[key] += await group_host_times(calls[key], path, per_round)
+    for engine in path.engines:
+        await engine.shutdown(timeout=60)
+    by_size = {}
+    for size in GROUP_SIZES:
+        group_us = statistics.median(samples[size, "group"])
+        alone_us = statistics.median(samples[size, "alone"])
+        by_size[size] = {
+            "group_us": group_us,
+            "alone_us": alone_us,
+            "own_us": group_us - alone_us,
+            "ratio": group_us / alone_us,
+            "samples": len(samples[size, "group"]),
+        }
+    return {"tasks": args.group_tasks, "engines": by_size}
+
+
 # ---------------------------------------------------------------------- collector
 class Collections:
     """Counts the cyclic GC's collections by generation, and the CPU time they take."""
@@ -346,6 +490,7 @@ async def run(args: argparse.Namespace, profiler: cProfile.Profile | None) -> di
             profiler.disable()
         processed = (await path.engine.stats()).processed
         await path.engine.shutdown(timeout=60)
+        group = await group_section(system, args)
     return {
         "python": platform.python_version(),
         "machine": platform.machine(),
@@ -371,6 +516,7 @@ async def run(args: argparse.Namespace, profiler: cProfile.Profile | None) -> di
             + sum(size * batches_per_round(size, single) for size in args.batch_sizes)
         ),
         "engine_processed": processed,
+        "group": group,
     }
 
 
@@ -467,6 +613,7 @@ def report(result: dict[str, Any]) -> None:
             f"{figures['host_us_per_task']:7.3f} us/task  "
             f"{figures['vs_single_enqueues']:6.3f}x as many single enqueues"
         )
+    report_group(result["group"])
     gc_report = result["gc"]
     per_1000 = ", ".join(f"{c:.2f}" for c in gc_report["collections_per_1000_tasks"])
     print(
@@ -477,6 +624,20 @@ def report(result: dict[str, Any]) -> None:
         f"the stand-in device: {result['device_stand_in_us_per_task']:.2f} us per task "
         "(in the figures above; a GPU does this work off the host)"
     )
+
+
+def report_group(group: dict[str, Any]) -> None:
+    print(
+        f"group: EnqueueBatch of {group['tasks']:,} byte histograms over ShardedArrays, host "
+        "CPU us per batch (the stand-in devices' time taken out):"
+    )
+    for size, figures in group["engines"].items():
+        alone = "engine alone " if size == 1 else "engines alone"
+        print(
+            f"  {size} engine{'s' if size > 1 else ' '}: {alone} {figures['alone_us']:8.1f} us  "
+            f"group {figures['group_us']:8.1f} us ({figures['ratio']:.2f}x)  "
+            f"the group's own {figures['own_us']:7.1f} us"
+        )
 
 
 # -------------------------------------------------------------------------- main
@@ -562,6 +723,18 @@ def record(result: dict[str, Any], results: ScriptResults) -> None:
             unit="us",
             higher_is_better=False,
         )
+    group = result["group"]
+    for size, figures in group["engines"].items():
+        alone = "engine alone" if size == 1 else "engines alone"
+        results.compare(
+            f"group of {size}: EnqueueBatch of {group['tasks']:,}",
+            figures["group_us"],
+            baseline_label=f"{size} {alone}: EnqueueBatch of {group['tasks']:,}",
+            baseline_value=figures["alone_us"],
+            unit="us",
+            higher_is_better=False,
+        )
+        results.figure(f"group of {size}: the group's own", figures["own_us"], "us/batch")
     gc_report = result["gc"]
     for generation, count in enumerate(gc_report["collections_per_1000_tasks"]):
         results.figure(f"gc: generation {generation} collections", count, "per 1,000 tasks")
@@ -617,6 +790,12 @@ def main(argv: list[str] | None = None) -> int:
         default=BATCH_SIZES,
         help="tasks per EnqueueBatch, comma-separated (default: "
         f"{','.join(map(str, BATCH_SIZES))})",
+    )
+    parser.add_argument(
+        "--group-tasks",
+        type=group_tasks,
+        default=GROUP_TASKS,
+        help=f"tasks per EnqueueBatch of the group section (default: {GROUP_TASKS:,})",
     )
     parser.add_argument("--gc", choices=("default", "freeze", "threshold"), default="default")
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")

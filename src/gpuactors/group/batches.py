@@ -39,6 +39,9 @@ from gpuactors.numeric import whole_number
 Tasks = slice | np.ndarray  # a batch's tasks: a run of them, or their indices
 Keys = Runs | np.ndarray  # the engine of each task: as runs, or one int64 per task
 
+#: The fields of an EnqueueBatch that each of its parts has as they are.
+_SETTINGS = frozenset({"blocks", "timeout", "per_task", "after"})
+
 
 @dataclass(frozen=True)
 class BatchPart:
@@ -75,19 +78,63 @@ def split_batch(
             f"op {op.name!r} takes {len(op.params)} arguments, got {len(batch.args)}"
         )
     count = task_count(batch, {} if devices is None or _is_count(devices) else {"devices": devices})
-    n = int(batch.n) if _is_count(batch.n) else _int_column(batch.n, "n")
-    _check_elements(range(n, n + 1) if isinstance(n, int) else n, "n", signed=True)
-    offsets = {name: _offset_column(v, f"offsets[{name!r}]") for name, v in batch.offsets.items()}
-    sharded = {
-        p.name for p, v in zip(op.params, batch.args, strict=True) if isinstance(v, ShardedArray)
-    }
-    for name, column in offsets.items():
-        # (a sharded argument's offsets: locate says which task starts below 0)
-        _check_elements(column, f"offsets[{name!r}]", signed=name not in sharded)
+    n = _element_count(batch.n)
+    offsets = _offset_columns(batch, op)
     constraints: list[tuple[str, Keys]] = []
     if devices is not None:
         given = _given_keys(devices, count, locator)
         constraints.append((f"the {locator.noun} given for it", given))
+    constraints += _argument_constraints(batch, op, locator, count, n, offsets)
+    keys = _agreed_keys(constraints, count, spread_over, locator.noun)
+
+    def part(run: tuple[int, Tasks]) -> BatchPart:
+        key, tasks = run
+        return BatchPart(key, tasks, _part_message(batch, op, key, tasks, n, offsets, locator))
+
+    runs = _runs(keys)
+    # Threads pay only for columns sliced task by task (ranges are cut by arithmetic).
+    columns = [n, *offsets.values(), *batch.scalars.values()]
+    per_task = len(runs) > 1 and any(not isinstance(c, int | range) for c in columns)
+    return passes.each(part, runs, count if per_task else 0)
+
+
+def _element_count(n: Any) -> int | np.ndarray:
+    """The batch's ``n``: one count for every task, or one each; below 2**62, not negative."""
+    count = whole_number(n)
+    if count is None:
+        column = _int_column(n, "n")
+        _check_elements(column, "n", signed=True)
+        return column
+    if not 0 <= count < MAX_ELEMENTS:  # (refused in the words a column of one would be)
+        _check_elements(range(count, count + 1), "n", signed=True)
+    return count
+
+
+def _offset_columns(batch: EnqueueBatch, op: OpSpec) -> dict[str, IntColumn]:
+    """Each offsets column, read once (a range where evenly spaced) and checked: below
+    2**62, and not negative but where a ShardedArray's locate names the task that is."""
+    sharded = {
+        p.name for p, v in zip(op.params, batch.args, strict=True) if isinstance(v, ShardedArray)
+    }
+    offsets = {}
+    for name, values in batch.offsets.items():
+        what = f"offsets[{name!r}]"
+        offsets[name] = column = _offset_column(values, what)
+        _check_elements(column, what, signed=name not in sharded)
+    return offsets
+
+
+def _argument_constraints(
+    batch: EnqueueBatch,
+    op: OpSpec,
+    locator: Locator,
+    count: int,
+    n: int | np.ndarray,
+    offsets: dict[str, IntColumn],
+) -> list[tuple[str, Keys]]:
+    """Where each argument ties the batch's tasks (a ShardedArray: where each task's
+    elements are; a device array: its device), with what says so, for the errors."""
+    constraints: list[tuple[str, Keys]] = []
     for param, value in zip(op.params, batch.args, strict=True):
         where = f"argument {param.name!r}"
         if isinstance(value, ShardedArray):
@@ -107,16 +154,7 @@ def split_batch(
             if key is not None:
                 _check_known(key, locator, f"{where} lives on")
                 constraints.append((f"where {where} lives", Runs.one(key, count)))
-    keys = _agreed_keys(constraints, count, spread_over, locator.noun)
-
-    def part(run: tuple[int, Tasks]) -> BatchPart:
-        key, tasks = run
-        return BatchPart(key, tasks, _part_message(batch, op, key, tasks, n, offsets, locator))
-
-    # Threads pay only for columns sliced task by task (ranges are cut by arithmetic).
-    columns = [n, *offsets.values(), *batch.scalars.values()]
-    per_task = any(not isinstance(column, int | range) for column in columns)
-    return passes.each(part, _runs(keys), count if per_task else 0)
+    return constraints
 
 
 def join_replies(
@@ -124,14 +162,15 @@ def join_replies(
 ) -> GroupBatchCompletion:
     """One reply for the whole batch; ``statuses`` (``per_task``) in the batch's task order."""
     statuses = np.zeros(count, dtype=np.int32) if per_task else None
+    failed = 0
+    per_engine = {}
     for part, reply in zip(parts, replies, strict=True):
+        failed += reply.failed
+        per_engine[part.key] = reply
         if statuses is not None and reply.statuses is not None:
             statuses[part.tasks] = reply.statuses
     return GroupBatchCompletion(
-        count=count,
-        failed=sum(reply.failed for reply in replies),
-        statuses=statuses,
-        per_engine={part.key: reply for part, reply in zip(parts, replies, strict=True)},
+        count=count, failed=failed, statuses=statuses, per_engine=per_engine
     )
 
 
@@ -305,16 +344,19 @@ def _part_message(
             args.append(array)
         else:
             args.append(value)
-    size = tasks.stop - tasks.start if isinstance(tasks, slice) else len(tasks)
+    # The settings the caller gave pass on as they are; those it left to their defaults
+    # stay so (a field given is validated again, a default is not: the part costs less).
+    settings = {name: getattr(batch, name) for name in batch.model_fields_set & _SETTINGS}
+    if batch.scalars:
+        settings["scalars"] = {
+            name: np.asarray(column)[tasks] for name, column in batch.scalars.items()
+        }
     return EnqueueBatch(
         op=batch.op,
         args=tuple(args),
         n=n if isinstance(n, int) else n[tasks],
         offsets=local_offsets,
-        scalars={name: np.asarray(column)[tasks] for name, column in batch.scalars.items()},
-        count=size,  # (always: where only ``devices`` counted the tasks, nothing else does)
-        blocks=batch.blocks,
-        timeout=batch.timeout,
-        per_task=batch.per_task,
-        after=batch.after,
+        # (always: where only ``devices`` counted the tasks, nothing else does)
+        count=tasks.stop - tasks.start if isinstance(tasks, slice) else len(tasks),
+        **settings,
     )

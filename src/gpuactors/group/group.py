@@ -289,6 +289,11 @@ class EngineGroup:
         every part is done. Every task is assigned before any part is sent."""
         op = self._ledger.spec(batch.op)
         parts = split_batch(batch, op, self._locator, devices=devices, spread_over=self.serving())
+        if len(parts) == 1:  # nothing was split: its engine's error, if any, is the batch's
+            (part,) = parts
+            size = part.size
+            reply = await self._counted(part.key, size, part.message)
+            return join_replies(parts, [reply], size, batch.per_task)
         calls = [(p.key, functools.partial(self._counted, p.key, p.size, p.message)) for p in parts]
         done, errors = await each_outcome(calls)
         if errors:
@@ -518,9 +523,17 @@ class EngineGroup:
 
     # ------------------------------------------------------------------- load
     async def _counted(self, key: int, tasks: int, message: Message) -> Any:
-        """Engine ``key``'s answer to ``message``, which sends it ``tasks`` tasks."""
-        with self._counting(key, tasks):
-            return await self._members[key].ask(message)
+        """Engine ``key``'s answer to ``message``, which sends it ``tasks`` tasks (counted
+        as ``_counting`` does, spelt out: every batch part pays for a context manager)."""
+        load = self._load.in_flight
+        load[key] += tasks
+        try:
+            reply = await self._members[key].ask(message)
+        except BaseException as exc:
+            self._settle(key, tasks, exc)
+            raise
+        load[key] -= tasks
+        return reply
 
     @contextmanager
     def _counting(self, key: int, tasks: int) -> Iterator[None]:

@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from gpuactors.cuda.arrays import cupy_ndarray, describe_array
+from gpuactors.cuda import arrays as cuda_arrays
+from gpuactors.cuda.arrays import describe_array
 from gpuactors.errors import InvalidArgument, WrongDevice
 from gpuactors.group.sharded import PerDevice, Shard, ShardedArray
 from gpuactors.numeric import whole_number
@@ -45,7 +46,9 @@ class Locator:
     def key_of(self, value: Any, what: str = "an argument") -> int | None:
         """The engine that holds ``value``, or None for a host value that any engine takes."""
         kind = type(value)
-        ndarray = cupy_ndarray()
+        # (Read from its module at each call, as the engine's modules read it: a stand-in
+        # for CuPy's type, as the host-path benchmark runs, is then taken for it here too.)
+        ndarray = cuda_arrays.cupy_ndarray()
         if ndarray is not None and kind is ndarray:
             return int(value.data.device_id)
         if isinstance(value, _HOST_SCALARS) or value is None:

@@ -9,7 +9,7 @@ each engine its own array, for tasks placed by an explicit device per task.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,6 +83,10 @@ class ShardedArray:
         device per task. InvalidArgument names the first task whose range crosses a
         shard's end (a task runs on one engine and sees one shard) or starts before
         element 0."""
+        if isinstance(offsets, range) and offsets.step > 0 and isinstance(lengths, int):
+            in_order = self._runs_of_range(offsets, lengths)
+            if in_order is not None:
+                return in_order  # (else a task lies in no one shard: found below, and named)
         starts = np.fromiter((s.start for s in self.shards), np.int64, len(self.shards))
         stops = np.fromiter((s.stop for s in self.shards), np.int64, len(self.shards))
         if isinstance(offsets, range) and offsets.step < 0:
@@ -119,6 +123,20 @@ class ShardedArray:
             raise self._crossing(task, offsets, ends, int(index[task]), what)
         return np.asarray(self.devices, dtype=np.int64)[index]
 
+    def _runs_of_range(self, offsets: range, length: int) -> Runs | None:
+        """The tasks of increasing, evenly spaced ``offsets``, each ``length`` elements
+        long, in each shard: cut by division, each run checked by its ends (the usual
+        batch: a few integers, where the general path's NumPy calls cost more than its
+        work). None where a run does not lie in its shard."""
+        later_starts = [shard.start for shard in self.shards[1:]]
+        cuts = [0, *_sorted_cuts(offsets, later_starts), len(offsets)]
+        for shard, (first, last) in zip(self.shards, itertools.pairwise(cuts), strict=True):
+            if first < last and not (
+                shard.start <= offsets[first] and offsets[last - 1] + length <= shard.stop
+            ):
+                return None
+        return Runs.of([shard.device for shard in self.shards], cuts)
+
     def _holds(self, shard: int, offsets: IntColumn, lengths: int | np.ndarray) -> bool:
         """Do the tasks with ``offsets`` and ``lengths`` all lie in shard ``shard``?"""
         if not len(offsets):
@@ -144,7 +162,7 @@ class ShardedArray:
         )
 
 
-def _sorted_cuts(offsets: IntColumn, starts: np.ndarray) -> list[int]:
+def _sorted_cuts(offsets: IntColumn, starts: Sequence[int] | np.ndarray) -> list[int]:
     """Where offsets in increasing order would cut the tasks at each of ``starts``:
     the first task at or past each."""
     if isinstance(offsets, range):  # (increasing: the first task at or past by division)
