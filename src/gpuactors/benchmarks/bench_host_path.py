@@ -238,15 +238,20 @@ def batch_call(engine: Engine, size: int) -> Call:
     return enqueue_batch
 
 
-async def host_times(call: Call, runtime: HostRuntime, count: int) -> list[float]:
-    """``count`` sequential calls' times in microseconds, each less the time the
-    stand-in device spent in it (a GPU does that work off the host)."""
-    clock = time.perf_counter
+async def host_times(
+    call: Call,
+    device_seconds: Callable[[], float],
+    count: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[float]:
+    """``count`` sequential calls' times in microseconds by ``clock``, each less the time
+    the stand-in devices spent in it (``device_seconds``: their total so far; a GPU
+    does that work off the host)."""
     samples = []
     for _ in range(count):
-        device_before, start = runtime.device_seconds, clock()
+        device_before, start = device_seconds(), clock()
         await call()
-        samples.append(clock() - start - (runtime.device_seconds - device_before))
+        samples.append(clock() - start - (device_seconds() - device_before))
     return [sample * 1e6 for sample in samples]
 
 
@@ -344,19 +349,6 @@ def share_batch(out: CupyLikeArray, data: CupyLikeArray, count: int) -> EnqueueB
     return EnqueueBatch(op="byte_hist", args=(out, data), n=DATA_ROW, offsets=offsets)
 
 
-async def group_host_times(call: Call, path: GroupPath, count: int) -> list[float]:
-    """``host_times`` over the group section's engines (their stand-in devices' time out),
-    in the loop thread's CPU time: a shared machine's stolen time, which can be as large
-    as the group's own work, is not in it."""
-    clock = time.thread_time
-    samples = []
-    for _ in range(count):
-        device_before, start = path.device_seconds, clock()
-        await call()
-        samples.append(clock() - start - (path.device_seconds - device_before))
-    return [sample * 1e6 for sample in samples]
-
-
 async def group_section(system: ActorSystem, args: argparse.Namespace) -> dict[str, Any]:
     """Host us per batch through a group of 1 and of 2 engines and to the engines alone,
     in interleaved rounds (medians of every batch); the group's own work per batch."""
@@ -371,7 +363,14 @@ async def group_section(system: ActorSystem, args: argparse.Namespace) -> dict[s
     for round_index in range(args.rounds):
         shift = round_index % len(keys)
         for key in [*keys[shift:], *keys[:shift]]:
-            samples[key] += await group_host_times(calls[key], path, per_round)
+            samples[key] += await host_times(
+                # In the loop thread's CPU time: a shared machine's stolen time, which can
+                # be as large as the group's own work, is not in it.
+                calls[key],
+                lambda: path.device_seconds,
+                per_round,
+                time.thread_time,
+            )
     for engine in path.engines:
         await engine.shutdown(timeout=60)
     by_size = {}
@@ -452,6 +451,10 @@ async def run(args: argparse.Namespace, profiler: cProfile.Profile | None) -> di
     async with ActorSystem("bench-host-path") as system:
         path = HostPath(system, clients)
         await path.engine.stats()  # started
+
+        def device() -> float:
+            return path.runtime.device_seconds
+
         one = path.calls(0)
         many = [path.calls(k) for k in range(clients)]
         batches = {size: batch_call(path.engine, size) for size in args.batch_sizes}
@@ -478,10 +481,10 @@ async def run(args: argparse.Namespace, profiler: cProfile.Profile | None) -> di
                 for name in order:
                     figures.add_single(name, await latencies(one[name], single))
                 host = figures.host_us
-                host[0] += await host_times(one["enqueue_default"], path.runtime, single // 10)
+                host[0] += await host_times(one["enqueue_default"], device, single // 10)
                 for size, call in batches.items():
                     count = batches_per_round(size, single)
-                    host[size] += await host_times(call, path.runtime, count)
+                    host[size] += await host_times(call, device, count)
         tasks = (await path.engine.stats()).processed - processed_before
         device_s = path.runtime.device_seconds - device_before
         if profiler is not None:  # one more round, profiled (its times are not figures)
