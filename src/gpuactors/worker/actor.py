@@ -84,7 +84,15 @@ from gpuactors.worker.process import WorkerProcess
 from gpuactors.worker.replies import caller_reply
 from gpuactors.worker.requests import PendingRequest, RequestBook, settle, stale_remote
 from gpuactors.worker.watchdog import DeadlineWatchdog
-from gpuactors.worker.wire import Answer, Failure, Faulted, Frame, FreeKernel, check_answer
+from gpuactors.worker.wire import (
+    Answer,
+    Failure,
+    Faulted,
+    Frame,
+    FreeKernel,
+    check_answer,
+    offsets_as_ranges,
+)
 
 #: Messages that change what the engine runs: replayed, in order, on every new worker.
 _STATEFUL = (InstallOp, ReplaceOp, AliasOp, Rollback)
@@ -220,14 +228,15 @@ class IsolatedEngineActor(Actor):
 
     @handles(EnqueueBatch)
     def enqueue_batch(self, msg: EnqueueBatch) -> None:
-        """Batches run on RemoteArrays (their bases live in the worker)."""
+        """Batches run on RemoteArrays (their bases live in the worker); evenly spaced
+        offsets cross as ranges (:func:`~gpuactors.worker.wire.offsets_as_ranges`)."""
         bad = [a for a in msg.args if not (isinstance(a, RemoteArray) or np.isscalar(a))]
         if bad:
             raise InvalidArgument(
                 "an isolated engine's EnqueueBatch takes RemoteArray bases and scalars, "
                 f"not {type(bad[0]).__name__}"
             )
-        self._submit(msg)
+        self._submit(offsets_as_ranges(msg))
 
     @handles(Compile)
     def compile(self, msg: Compile) -> None:

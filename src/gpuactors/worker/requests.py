@@ -181,12 +181,15 @@ def stale_remote(message: Message, generation: int, owner: str) -> GpuRefStale |
     elif isinstance(message, FreeKernel | ReleaseRemoteKernel):
         refs = [message.kernel]
     for ref in refs:
-        what = f"remote {'array' if isinstance(ref, RemoteArray) else 'kernel'} {ref.id}"
         if ref.owner != owner:
-            return GpuRefStale(f"{what} of another engine instance", 0, generation)
+            return GpuRefStale(f"{_named(ref)} of another engine instance", 0, generation)
         if ref.generation != generation:
-            return GpuRefStale(what, ref.generation, generation)
+            return GpuRefStale(_named(ref), ref.generation, generation)
     return None
+
+
+def _named(ref: RemoteArray | RemoteKernel) -> str:
+    return f"remote {'array' if isinstance(ref, RemoteArray) else 'kernel'} {ref.id}"
 
 
 def settle(

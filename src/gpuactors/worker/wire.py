@@ -49,6 +49,7 @@ from gpuactors.engine.messages import (
 )
 from gpuactors.engine.ops import ArrayParam, DeviceLibrary, OpSpec, ScalarParam
 from gpuactors.engine.runtime import EngineConfig, PersistentThreadMode
+from gpuactors.engine.spacing import evenly_spaced
 from gpuactors.errors import GpuActorsError, InvalidArgument, WorkerError, WorkerProtocolError
 from gpuactors.messages import Ack, Message
 from gpuactors.nvrtc.linker import LinkInput
@@ -213,6 +214,10 @@ _CODEC = Codec(
 #: joined with the header, so a small frame is one buffer and one system call.
 IN_PLACE_BYTES = 1 << 16
 
+#: One encoder for every header. No cycle check: a codec tree holds no cycles (it is
+#: built anew from the value, which the codec refuses past ``MAX_DEPTH`` levels).
+_HEADER_JSON = json.JSONEncoder(separators=(",", ":"), check_circular=False)
+
 #: A frame as the buffers to write, in order (see :func:`frame_buffers`).
 FrameBuffers = tuple[bytes | memoryview, ...]
 
@@ -227,7 +232,7 @@ def frame_buffers(frame: Frame) -> FrameBuffers:
     try:
         tree = _CODEC.encode(frame, segments)
         sizes = [segment.nbytes for segment in segments]
-        header = json.dumps({"value": tree, "segments": sizes}, separators=(",", ":")).encode()
+        header = _HEADER_JSON.encode({"value": tree, "segments": sizes}).encode()
     except InvalidArgument:
         raise
     except (ValueError, TypeError, RecursionError) as exc:  # an int too long for JSON, a cycle
@@ -345,6 +350,27 @@ def _bare(cls: type[GpuActorsError], text: str) -> GpuActorsError:
     error = cls.__new__(cls)
     Exception.__init__(error, text)
     return error
+
+
+def offsets_as_ranges(batch: EnqueueBatch) -> EnqueueBatch:
+    """``batch`` with each evenly spaced offset column (a 1-D integer array) as a range:
+    three integers to send, not a column to copy through the socket. The worker's engine
+    would find that range in the column itself (:mod:`~gpuactors.engine.spacing`), so it
+    runs, and judges, the same values; a column that is not one stays as it is.
+
+    Its cost here: a look at each offset column, and one pass over an evenly spaced
+    one (the pass the worker's engine no longer makes); a column of another shape is
+    given up after its first, second and last values, as a rule."""
+    ranges = {}
+    for name, column in batch.offsets.items():
+        if isinstance(column, np.ndarray) and column.ndim == 1 and column.dtype.kind in "iu":
+            # (as the engine reads one: a uint64 past 2**63 turns negative, and is refused)
+            spaced = evenly_spaced(column.astype(np.int64, copy=False))
+            if spaced is not None:
+                ranges[name] = spaced
+    if not ranges:
+        return batch
+    return batch.model_copy(update={"offsets": {**batch.offsets, **ranges}})
 
 
 def check_answer(message: Message, value: Any) -> None:
