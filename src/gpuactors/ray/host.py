@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import ray
+from pydantic import BaseModel
 
 from gpuactors.actors import ActorSystem
 from gpuactors.engine import (
@@ -247,8 +248,7 @@ class EngineHost:
                 blocks=message.blocks, timeout=message.timeout, returns=message.returns,
             )  # fmt: skip
         if isinstance(message, EnqueueBatch):
-            args = self._resolved(member, message.args)
-            return await member.ask(message.model_copy(update={"args": args}))
+            return await member.ask(self._with_own_arrays(member, message))
         if isinstance(message, OpenLink):
             return await self._link.start(ray.util.get_node_ip_address())
         if isinstance(message, _ENGINE_ASKS):
@@ -275,6 +275,16 @@ class EngineHost:
             generation=1,
             owner=self._instance,
         )
+
+    def _with_own_arrays(self, member: EngineMember, batch: EnqueueBatch) -> EnqueueBatch:
+        """``batch`` with the engine's own arrays for its RemoteArrays. Copied without a
+        second validation (the checked copy cost as much as decoding the batch): the batch
+        was validated when it was made, and only ``args`` changes, to a tuple of the
+        engine's arrays, which its engine checks as it checks any batch's."""
+        if not any(isinstance(arg, RemoteArray) for arg in batch.args):
+            return batch
+        args = self._resolved(member, batch.args)
+        return BaseModel.model_copy(batch, update={"args": args})
 
     def _resolved(self, member: EngineMember, args: tuple[Any, ...]) -> tuple[Any, ...]:
         return tuple(self._array(member, a) if isinstance(a, RemoteArray) else a for a in args)

@@ -200,7 +200,9 @@ class RayMember:
         if isinstance(message, Drain) and self._link is not None:
             await self._link.settled()  # the batches sent before it, on their way
         if self._use_link and isinstance(message, EnqueueBatch) and not idempotent:
-            link = await self._linked()
+            link = self._link
+            if link is None or link.broken:  # (a working one is used without the lock)
+                link = await self._linked()
             if link is not None:
                 return await link.ask(message)
         method = self.actor.call
