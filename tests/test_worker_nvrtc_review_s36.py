@@ -386,6 +386,31 @@ async def test_gpu_releasing_the_last_handle_unloads_its_module(
 
 @pytest.mark.gpu
 @pytest.mark.skipif(NO_GPU is not None, reason=str(NO_GPU))
+async def test_gpu_a_release_while_an_engine_kernel_runs_neither_hangs_nor_stops_it(
+    system: ActorSystem, compiler: KernelCompiler
+) -> None:
+    """Unloading a module, like loading one, may wait for every kernel running on the
+    device: with a persistent engine kernel running that would be for good."""
+    import cupy as cp
+
+    from gpuactors.engine import Engine, EngineConfig
+
+    engine = await Engine.start(system, config=EngineConfig(idle_park_ms=60_000.0))
+    out = cp.zeros(4, dtype=cp.float32)
+    await engine.enqueue("fill", out, 1.0, n=4)  # the engine's kernel runs from here on
+    ref = nvrtc_actor(system, compiler)
+    handle = await ref.ask(Compile(source=SOURCE, kernel_names=("k",)), timeout=60)
+    await ref.ask(Launch(kernel=handle, grid=1, block=32), timeout=30, expect=Launched)
+    released = await asyncio.wait_for(release(ref, handle), 10)
+    assert released.unloaded
+    await asyncio.sleep(0.05)  # (a module freed late, by the collector, as well)
+    done = await asyncio.wait_for(engine.enqueue("fill", out, 2.0, n=4), 10)
+    assert done.status == 0 and bool((out == 2.0).all())
+    await engine.shutdown()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(NO_GPU is not None, reason=str(NO_GPU))
 async def test_gpu_an_isolated_drain_waits_for_a_launch_whose_caller_left() -> None:
     async with ActorSystem("drain-gpu", shutdown_timeout=30) as system:
         engine = await IsolatedEngine.start(system, isolation=IsolationConfig(standbys=0))
