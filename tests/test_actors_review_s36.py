@@ -501,3 +501,104 @@ async def test_reply_future_taken_twice_in_the_handlers_own_task_is_the_same() -
         ref = system.spawn(TakesTwice)
         assert await ref.ask(Ping(), timeout=2) == "same"
         assert await ref.ask(Slow(take=True), timeout=2) == "same, async"
+
+
+async def test_reply_future_from_a_task_the_handler_started_is_the_handlers() -> None:
+    """``asyncio.wait_for`` runs its coroutine in a task of its own before Python 3.12,
+    ``gather`` always: code the handler awaits there is the handler's, and may take
+    its reply future."""
+
+    class Delegates(Actor):
+        answers_at_once = False
+
+        async def settle(self, text: str) -> None:
+            self.context.reply_future().set_result(text)
+
+        @handles(Ping)
+        async def ping(self, _msg: Ping) -> None:
+            await asyncio.wait_for(self.settle("through wait_for"), 1)
+
+        @handles(Slow)
+        async def slow(self, _msg: Slow) -> None:
+            await asyncio.gather(self.settle("through gather"))
+
+    async with ActorSystem("delegates") as system:
+        ref = system.spawn(Delegates)
+        assert await ref.ask(Ping(), timeout=2) == "through wait_for"
+        assert await ref.ask(Slow(take=False), timeout=2) == "through gather"
+
+
+class Hang(Message):
+    pass
+
+
+class Later(Message):
+    pass
+
+
+class IgnoresCancellation(Actor):
+    """Its handler of Hang outlives a cancellation by three seconds."""
+
+    answers_at_once = False
+
+    @handles(Hang)
+    async def hang(self, _msg: Hang) -> None:
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 3.0
+        while loop.time() < end:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(0.02)
+
+    @handles(Later)
+    def later(self, _msg: Later) -> None:
+        pass
+
+
+class ParentOfTheStubborn(Actor):
+    post_stops = 0
+
+    def __init__(self) -> None:
+        self.context.spawn(IgnoresCancellation, name="kid")
+
+    @handles(Boom)
+    def boom(self, _msg: Boom) -> None:
+        raise RuntimeError("boom")
+
+    def post_stop(self) -> None:
+        ParentOfTheStubborn.post_stops += 1
+
+
+def test_an_exit_request_while_a_restart_ends_a_stuck_child_stops_the_parent_whole() -> None:
+    """The stuck child's queued message goes to dead letters when the restart gives up
+    on it, and a subscriber raises KeyboardInterrupt there: the parent stops (its
+    post_stop runs, no restart), then the request leaves the loop. (It had crashed the
+    parent's task: no post_stop.)"""
+    ParentOfTheStubborn.post_stops = 0
+
+    async def main() -> None:
+        system = ActorSystem("exit-in-restart", shutdown_timeout=0.2)
+        raised: list[DeadLetter] = []
+
+        def subscriber(letter: DeadLetter) -> None:
+            if not raised:
+                raised.append(letter)
+                raise KeyboardInterrupt
+
+        system.dead_letters.subscribe(subscriber)
+        parent = system.spawn(ParentOfTheStubborn, name="p")
+        kid = system.lookup("/p/kid")
+        kid.tell(Hang())
+        kid.tell(Later())  # queued behind the handler that will not stop
+        await asyncio.sleep(0.05)
+        parent.tell(Boom())
+        await asyncio.sleep(2)
+
+    loop = asyncio.new_event_loop()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            loop.run_until_complete(main())
+    finally:
+        for task in asyncio.all_tasks(loop):  # (the child that ignores cancellation)
+            task.cancel()
+        loop.close()
+    assert ParentOfTheStubborn.post_stops == 1

@@ -34,4 +34,3 @@ def test_an_option_flag_refuses_strings_and_numbers(
 def test_an_option_flag_takes_true_false_and_numpy_bools(model: type[Any], field: str) -> None:
     assert getattr(model(**{field: True}), field) is True
     assert getattr(model(**{field: np.False_}), field) is False
-

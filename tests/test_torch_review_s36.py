@@ -98,6 +98,20 @@ def test_a_transposed_call_after_an_expanded_one_records_again(sched: TorchSched
     assert traced.recordings == 2 and traced.replays == 1
 
 
+def test_overlapping_views_of_other_sizes_get_eagers_layout(sched: TorchScheduler) -> None:
+    """Two dims of one stride (an unfold's windows) are ordered by size in eager
+    PyTorch, which the signature does not hold: such a layout keys exactly, and a call
+    on windows of other sizes records again instead of replaying the wrong layout."""
+    double = trace(lambda t: t * 2 + 1, sched)
+    with torch.no_grad():
+        double(torch.rand(4).unfold(0, 2, 1))  # (3, 2), strides (1, 1)
+        windows = torch.rand(4).unfold(0, 3, 1)  # (2, 3), strides (1, 1)
+        got = double(windows)
+        expected = windows * 2 + 1
+    assert got.stride() == expected.stride()
+    torch.testing.assert_close(got, expected)
+
+
 # ------------------------------------------------------------ DLPack's legacy export
 @pytest.mark.parametrize(
     "export",

@@ -551,11 +551,15 @@ class ActorCell:
         return taken
 
     def _check_handlers_task(self) -> None:
+        """The caller must be this actor's task, or a task it started (which runs in a
+        copy of its context: ``asyncio.wait_for`` runs its coroutine in a task of its
+        own before Python 3.12, ``gather`` always), not another actor's, nor code
+        outside any actor."""
         try:
             current = asyncio.current_task()
         except RuntimeError:  # no loop runs here: another thread
             current = None
-        if current is not self.task:
+        if current is not self.task and (current is None or CURRENT_CELL.get() is not self):
             raise ActorError(
                 f"{self.path}: reply_future() was called from another task (or a "
                 "callback) while a handler runs; only the handler's own task may take its "
@@ -800,8 +804,10 @@ class ActorCell:
     async def _restart(self, exc: BaseException, message: Any) -> bool:
         """Replace the instance (mailbox kept); False if the new one failed to start."""
         self.log.info("restarting", error=repr(exc))
-        self._started = False
         await self._stop_children_before_restart()  # children first, as when stopping
+        if self._exit is not None:  # the process is asked to end: stop (post_stop runs)
+            return False
+        self._started = False
         try:
             await _settle_hook(self.instance.pre_restart(exc, message))
         except BaseException as err:
@@ -876,6 +882,10 @@ class ActorCell:
             self.log.error(
                 "children did not stop before the restart; restarting anyway", error=str(exc)
             )
+        except (KeyboardInterrupt, SystemExit) as exit_request:
+            # A dead-letter subscriber's, while a straggler's mailbox was refused: held
+            # until this actor has stopped, like one raised in its own cleanup.
+            self._keep_exit(exit_request)
 
     def _fail_owed_replies(self, ended: str) -> None:
         """The replies the instance owes that its last hook (``post_stop``, or

@@ -15,7 +15,7 @@ device generation), launches, records a CUDA event after the kernel and replies
 :mod:`gpuactors.nvrtc.launch`).
 
 ``ReleaseKernel`` gives a handle back: it is refused from then on, and the module is
-unloaded (and forgotten by the memory caches) once no handle the actor replied holds
+unloaded once no handle the actor replied holds
 it (each holds it once; see :class:`~gpuactors.nvrtc.messages.ReleaseKernel`).
 
 Streams: a launch with ``after="current_stream"`` (the default) while CuPy's
@@ -412,8 +412,9 @@ class NvrtcActor(Actor):
 
     def _unload(self, key: str) -> None:
         """Drop what holds the module ``key`` (CuPy unloads it when the last reference
-        goes: a launch in flight keeps its function, so never under a running kernel)
-        and forget it in the memory caches."""
+        goes: a launch in flight keeps its function, so never under a running kernel).
+        Its image stays in the compiler's memory cache, which other actors and engines
+        of the process share: a later compile of it loads it again without NVRTC."""
         self._drop_plans(lambda plan: plan.handle.cache_key == key)
         gpu = self._gpu
         if gpu is not None:
@@ -421,9 +422,6 @@ class NvrtcActor(Actor):
             for loaded in [k for k in gpu.functions if k[0] == key]:
                 del gpu.functions[loaded]
                 gpu.dynamic_smem.pop(loaded, None)
-        self._compiler.memory.discard(key)
-        if self._linker is not None:
-            self._linker.memory.discard(key)
 
     def _drop_plans(self, which: Callable[[_LaunchPlan], bool]) -> None:
         for key in [key for key, plan in self._plans.items() if which(plan)]:

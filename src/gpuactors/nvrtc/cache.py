@@ -126,11 +126,6 @@ class _Lru(Generic[V]):
                 self._entries.popitem(last=False)
                 self._evictions += 1
 
-    def discard(self, key: str) -> bool:
-        """Drop the entry under ``key``; True if there was one."""
-        with self._lock:
-            return self._entries.pop(key, None) is not None
-
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()

@@ -184,12 +184,12 @@ class ReleaseKernel(_Checked):
     The handle is dead on this actor from then on: a ``Launch`` of it, or a second
     release, raises :class:`~gpuactors.errors.GpuRefStale` (launches already queued on
     the GPU finish). Compiles of the same request share one module, and every handle
-    replied holds it once, like a reference count: the module is unloaded, and
-    dropped from the compiler's (or linker's) memory cache so a later compile loads
-    it again (from the disk cache, else NVRTC), when the last handle holding it is
-    released. A handle dropped without a release keeps its hold. A handle this actor
-    did not reply holds nothing here: releasing it ends it here and unloads the
-    module if no handle of this actor holds it.
+    replied holds it once, like a reference count: the module is unloaded when the
+    last handle holding it is released (its image stays in the compiler's memory
+    cache, which the process shares: a later compile loads it again without NVRTC).
+    A handle dropped without a release keeps its hold. A handle this actor did not
+    reply holds nothing here: releasing it ends it here and unloads the module if no
+    handle of this actor holds it.
     """
 
     kernel: KernelHandle

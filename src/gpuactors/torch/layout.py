@@ -58,7 +58,7 @@ def result_strides(shape: Sequence[int], operands: Sequence[Any]) -> tuple[int, 
     return tuple(result)
 
 
-def order_key(t: Tensor) -> tuple[tuple[int, ...], int] | None:
+def order_key(t: Tensor) -> tuple[Any, ...] | None:
     """What of ``t``'s layout :func:`result_strides` reads, as a key: None for a
     contiguous tensor, else its dims from the slowest in memory and how many of them are
     broadcast (stride 0: they sort last, and tell nothing). Two tensors of one shape
@@ -69,6 +69,11 @@ def order_key(t: Tensor) -> tuple[tuple[int, ...], int] | None:
     strides = t.stride()
     # (reverse=True keeps equal strides in dim order, as the sort is stable)
     order = sorted(range(len(strides)), key=strides.__getitem__, reverse=True)
+    moving = [stride for stride in strides if stride]
+    if len(set(moving)) < len(moving):
+        # Dims of one stride (an overlapping view: unfold, as_strided): PyTorch orders
+        # them by size, which the signature does not hold. The exact layout is the key.
+        return tuple(order), strides.count(0), tuple(t.shape), strides
     return tuple(order), strides.count(0)
 
 
