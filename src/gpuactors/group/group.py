@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
-from collections.abc import Callable, Coroutine, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from contextlib import suppress
 from typing import Any, Literal, TypeVar
 
 import numpy as np
@@ -44,7 +44,7 @@ from gpuactors.errors import (
     UnhandledMessage,
     WrongDevice,
 )
-from gpuactors.group.batches import join_replies, split_batch
+from gpuactors.group.batches import BatchPart, join_replies, split_batch
 from gpuactors.group.ledger import OpLedger
 from gpuactors.group.members import EngineMember, IsolatedMember, LocalMember
 from gpuactors.group.messages import (
@@ -261,25 +261,18 @@ class EngineGroup:
                 f"the engine of {self._locator.noun} {key} runs in another process: send it a "
                 "Job (NumPy arrays by value, or RemoteArrays from upload), not an Enqueue"
             )
-        load = self._load.in_flight
-        load[key] += 1
-        try:
-            completion = await member.ask(task, timeout)
-        except BaseException as exc:
-            self._settle(key, 1, exc)
-            raise
-        load[key] -= 1
-        return completion
+        return await self._counted(key, 1, member.ask(task, timeout))
 
     async def _run(self, job: Job, device: int | None) -> JobResult:
         key = self._locator.task_key(job.args, device)
         if key is None:
             key = self.pick()
-        with self._counting(key, 1):
-            return await self._members[key].run(
-                job.op, job.args, n=job.n, blocks=job.blocks, timeout=job.timeout,
-                returns=job.returns,
-            )  # fmt: skip
+        ran = self._members[key].run(
+            job.op, job.args, n=job.n, blocks=job.blocks, timeout=job.timeout,
+            returns=job.returns,
+        )  # fmt: skip
+        result: JobResult = await self._counted(key, 1, ran)
+        return result
 
     async def enqueue_batch(
         self, batch: EnqueueBatch, *, devices: Any = None
@@ -292,9 +285,9 @@ class EngineGroup:
         if len(parts) == 1:  # nothing was split: its engine's error, if any, is the batch's
             (part,) = parts
             size = part.size
-            reply = await self._counted(part.key, size, part.message)
+            reply = await self._counted(part.key, size, self._members[part.key].ask(part.message))
             return join_replies(parts, [reply], size, batch.per_task)
-        calls = [(p.key, functools.partial(self._counted, p.key, p.size, p.message)) for p in parts]
+        calls = [(p.key, functools.partial(self._part_answer, p)) for p in parts]
         done, errors = await each_outcome(calls)
         if errors:
             tasks = {part.key: part.task_indices for part in parts}
@@ -522,29 +515,22 @@ class EngineGroup:
         return done
 
     # ------------------------------------------------------------------- load
-    async def _counted(self, key: int, tasks: int, message: Message) -> Any:
-        """Engine ``key``'s answer to ``message``, which sends it ``tasks`` tasks (counted
-        as ``_counting`` does, spelt out: every batch part pays for a context manager)."""
+    async def _counted(self, key: int, tasks: int, answer: Awaitable[Any]) -> Any:
+        """``answer`` (an ask of engine ``key`` not begun yet, which sends it ``tasks``
+        tasks), with the tasks counted as in flight until the engine answers for them."""
         load = self._load.in_flight
         load[key] += tasks
         try:
-            reply = await self._members[key].ask(message)
+            reply = await answer
         except BaseException as exc:
             self._settle(key, tasks, exc)
             raise
         load[key] -= tasks
         return reply
 
-    @contextmanager
-    def _counting(self, key: int, tasks: int) -> Iterator[None]:
-        """Count ``tasks`` sent to engine ``key`` as in flight until it answers for them."""
-        self._load.in_flight[key] += tasks
-        try:
-            yield
-        except BaseException as exc:
-            self._settle(key, tasks, exc)
-            raise
-        self._load.in_flight[key] -= tasks
+    async def _part_answer(self, part: BatchPart) -> Any:
+        """The answer of ``part``'s engine to its message, counted."""
+        return await self._counted(part.key, part.size, self._members[part.key].ask(part.message))
 
     def _settle(self, key: int, tasks: int, error: BaseException) -> None:
         """Stop counting ``tasks`` whose ask of engine ``key`` ended in ``error``. An error
