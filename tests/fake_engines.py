@@ -58,7 +58,7 @@ from gpuactors.errors import (
     UnknownOp,
     WrongDevice,
 )
-from gpuactors.group import LocalMember
+from gpuactors.group import EngineGroup, LocalMember
 
 STAMP = OpSpec(
     name="stamp",
@@ -359,3 +359,12 @@ async def fake_group_members(
 async def start_fake_ray_member(system: ActorSystem, spec: Any) -> FakeLocalMember:
     """A Ray actor's engine for the CPU tests of the pool (``HostSpec.start_member``)."""
     return await FakeLocalMember.start_fake(system, spec.device_id, Journal([]), spec.ops)
+
+
+async def versions_run(group: EngineGroup) -> dict[int, int]:
+    """The version of ``stamp`` a task runs on each engine of ``group`` now."""
+    runs: dict[int, int] = {}
+    for device in group.devices:
+        out = await group.upload(np.zeros(1, np.int32), device=device)
+        runs[device] = (await group.enqueue("stamp", out, n=1)).version
+    return runs

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fake_engines import STAMP, STAMP_V2, FakeLocalMember, Journal
+from fake_engines import STAMP, STAMP_V2, FakeLocalMember, Journal, versions_run
 from gpuactors.actors import ActorSystem
 from gpuactors.engine import AliasOp, EnqueueBatch, ScalarParam
 from gpuactors.errors import EngineError, EngineLost, EngineModeError, PartialFailure, UnknownOp
@@ -55,15 +55,6 @@ async def flaky_group(system: ActorSystem) -> tuple[EngineGroup, list[FlakyAlias
     journal = Journal([])
     members = [await FlakyAliasMember.start_fake(system, d, journal, (STAMP,)) for d in (0, 1)]
     return EngineGroup(members, ops=(STAMP,)), members, journal
-
-
-async def versions_run(group: EngineGroup) -> dict[int, int]:
-    """The version of ``stamp`` a task runs on each engine now."""
-    runs: dict[int, int] = {}
-    for device in group.devices:
-        out = await group.upload(np.zeros(1, np.int32), device=device)
-        runs[device] = (await group.enqueue("stamp", out, n=1)).version
-    return runs
 
 
 async def split_by_a_refused_alias(

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fake_engines import STAMP, STAMP_V2, FakeLocalMember, Journal, fake_group_members
+from fake_engines import STAMP, STAMP_V2, FakeLocalMember, Journal, fake_group_members, versions_run
 from gpuactors.actors import ActorSystem
 from gpuactors.engine import (
     BUILTIN_OPS,
@@ -58,15 +58,6 @@ SLOW_COMPILE_S = 0.5
 async def system() -> AsyncIterator[ActorSystem]:
     async with ActorSystem("scale-review") as system:
         yield system
-
-
-async def versions_run(group: EngineGroup) -> dict[int, int]:
-    """The version of ``stamp`` each engine runs now."""
-    runs: dict[int, int] = {}
-    for device in group.devices:
-        out = await group.upload(np.zeros(1, np.int32), device=device)
-        runs[device] = (await group.enqueue("stamp", out, n=1)).version
-    return runs
 
 
 async def until(condition: Any, seconds: float = 5.0) -> None:

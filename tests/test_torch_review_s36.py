@@ -4,7 +4,6 @@ where there is no CUDA device)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -15,9 +14,9 @@ from gpuactors.cuda import no_device_reason
 torch = pytest.importorskip("torch", reason="PyTorch is not installed (the torch extra)")
 
 from gpuactors.torch import ReferenceExecutor, StreamExecutor, TorchScheduler  # noqa: E402
-from gpuactors.torch.hooks import HOOKS  # noqa: E402
 from gpuactors.torch.layout import order_key  # noqa: E402
 from gpuactors.torch.traced import trace  # noqa: E402
+from torch_cases import hooks_taken_out  # noqa: E402
 
 _NO_CUDA = no_device_reason() or (
     None if torch.cuda.is_available() else "torch sees no CUDA device"
@@ -30,14 +29,6 @@ def sched() -> Iterator[TorchScheduler]:
     scheduler = TorchScheduler(ReferenceExecutor(), auto_flush_ms=None)
     yield scheduler
     scheduler.close()
-
-
-def hooks_taken_out() -> None:
-    """Wait for the Tensor hooks to come out (LINGER_S after the last context ended)."""
-    deadline = time.monotonic() + 10
-    while HOOKS.installed() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not HOOKS.installed()
 
 
 # ------------------------------------------------------------ traced layouts

@@ -39,6 +39,7 @@ from torch_cases import (  # noqa: E402
     assert_same,
     chain57,
     flat,
+    hooks_taken_out,
     random_case,
 )
 
@@ -55,16 +56,6 @@ def sched() -> Any:
     scheduler = TorchScheduler(KeepsPrograms(), auto_flush_ms=None)
     yield scheduler
     scheduler.close()
-
-
-def hooks_taken_out() -> None:
-    """Wait for the Tensor hooks to come out (LINGER_S after the last context ended)."""
-    from gpuactors.torch.hooks import HOOKS
-
-    deadline = time.monotonic() + 10
-    while HOOKS.installed() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not HOOKS.installed()
 
 
 def both(sched: TorchScheduler, fn: Any, *inputs: Any) -> tuple[Any, Any]:

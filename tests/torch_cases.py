@@ -15,6 +15,7 @@ take any value so far.
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 
 from gpuactors.benchmarks.bench_torch import chain
 from gpuactors.torch import ReferenceExecutor
+from gpuactors.torch.hooks import HOOKS
 
 TOLERANCE = {
     torch.float32: (1e-4, 1e-5),
@@ -427,3 +429,11 @@ class KeepsPrograms(ReferenceExecutor):
     def run(self, words: Any, n: int, units: int, stream: Any) -> None:
         self.programs.append(np.asarray(words, dtype=np.uint32).copy())
         super().run(words, n, units, stream)
+
+
+def hooks_taken_out() -> None:
+    """Wait for the Tensor hooks to come out (LINGER_S after the last context ended)."""
+    deadline = time.monotonic() + 10
+    while HOOKS.installed() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not HOOKS.installed()
