@@ -22,8 +22,6 @@ from gpuactors.engine.ring import HostRing
 from gpuactors.engine.tasks import BATCH_STEP, FEW_RECORDS, Batch, Task
 from gpuactors.errors import GpuActorsError, TaskFailed, TaskHung, TaskTimeout, UnknownOp
 
-_VECTOR_HARVEST_MIN = 17  # from this many in flight on, one NumPy compare beats a loop
-
 
 class Completions:
     """The tasks and batches in the ring, and the counts of those finished."""
@@ -41,7 +39,7 @@ class Completions:
         pending = self.pending
         if not pending:
             return 0
-        if len(pending) < _VECTOR_HARVEST_MIN:
+        if len(pending) <= FEW_RECORDS:  # (a loop; from there on one NumPy compare)
             return self._harvest_each(ring)
         seqs, statuses, units, device_ns = ring.harvest_finished(
             np.fromiter(pending, dtype=np.uint64, count=len(pending))

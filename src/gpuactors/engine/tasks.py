@@ -22,9 +22,10 @@ from gpuactors.engine.ring import RecordColumns
 
 #: Records a batch publishes, and harvests, per poller round (bounds each round).
 BATCH_STEP: Final = 16384
-#: A batch with at most this many records left is published, and harvested, record by
-#: record on the lone task's path: below it a loop beats NumPy's fixed cost per pass.
-#: (An expanded batch is one record per 65,536 tasks, so most batches are this few.)
+#: Up to this many ring records, a loop beats NumPy's fixed cost per pass: the harvest
+#: reads this few pending tasks' markers one by one, and a batch with this few records
+#: left is published and harvested record by record on the lone task's path. (An
+#: expanded batch is one record per 65,536 tasks, so most batches are this few.)
 FEW_RECORDS: Final = 16
 
 
