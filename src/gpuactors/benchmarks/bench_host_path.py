@@ -77,19 +77,25 @@ Call = Callable[[], Awaitable[Any]]
 
 
 # ------------------------------------------------------------------ what is measured
+def host_engine(system: ActorSystem, name: str, device_id: int = 0) -> tuple[HostRuntime, Engine]:
+    """A host-ring engine actor with the defaults users get, spawned as ``Engine.start``
+    spawns one, and its runtime (the stand-in device)."""
+    config = EngineConfig()
+    runtime = HostRuntime(capacity=config.capacity, keep_records=False)
+    props = Props(
+        HostEngine,
+        args=(runtime,),
+        kwargs={"config": config, "device_id": device_id},
+        mailbox=MailboxConfig(capacity=65536),  # as Engine.start spawns it
+    )
+    return runtime, Engine(system.spawn(props, name=name))
+
+
 class HostPath:
     """A running host engine and the calls the benchmark makes of it."""
 
     def __init__(self, system: ActorSystem, clients: int) -> None:
-        config = EngineConfig()  # the defaults users get
-        self.runtime = HostRuntime(capacity=config.capacity, keep_records=False)
-        props = Props(
-            HostEngine,
-            args=(self.runtime,),
-            kwargs={"config": config},
-            mailbox=MailboxConfig(capacity=65536),  # as Engine.start spawns it
-        )
-        self.engine = Engine(system.spawn(props, name="engine"))
+        self.runtime, self.engine = host_engine(system, "engine")
         # One pair of arrays per client, as real clients would have.
         self.arrays = [
             (CupyLikeArray("float32", N, ptr=(k + 1) << 24), CupyLikeArray("float32", N))
@@ -280,17 +286,10 @@ class GroupPath:
         self.tasks = tasks
         self.runtimes: list[HostRuntime] = []
         self.engines: list[Engine] = []
-        config = EngineConfig()  # the defaults users get
         for device in range(max(GROUP_SIZES)):
-            runtime = HostRuntime(capacity=config.capacity, keep_records=False)
-            props = Props(
-                HostEngine,
-                args=(runtime,),
-                kwargs={"config": config, "device_id": device},
-                mailbox=MailboxConfig(capacity=65536),
-            )
+            runtime, engine = host_engine(system, f"group-engine-{device}", device)
             self.runtimes.append(runtime)
-            self.engines.append(Engine(system.spawn(props, name=f"group-engine-{device}")))
+            self.engines.append(engine)
 
     def calls(self, engines: int) -> dict[str, Call]:
         """``group`` (the batch through a group of ``engines``) and ``alone`` (its tasks
