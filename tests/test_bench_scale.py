@@ -54,6 +54,8 @@ def test_every_group_size_gets_a_row_with_its_ratio_to_one_gpu(
         2: {"start_s": 1.5, "tiny_tasks_per_s": 19.5e6, "scan_jobs_per_s": 9.1e6, **one_at_a_time},
         4: {"start_s": 2.0, "tiny_tasks_per_s": 30e6, "scan_jobs_per_s": 20e6, **one_at_a_time},
     }
+    for count, placed in ((1, 4e6), (2, 7.8e6), (4, 14e6)):  # scans, each batch on one GPU
+        figures[count]["placed_scan_jobs_per_s"] = placed
     results = ScriptResults.start("bench_scale")
     bench_scale.record_scaling("in-process engines", figures, results)
     rows = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
@@ -71,12 +73,20 @@ def test_every_group_size_gets_a_row_with_its_ratio_to_one_gpu(
         "in-process engines, 2 GPUs: 2. scan jobs >= 1.9x 1 GPU": (False, "1.82x"),
         "in-process engines, 4 GPUs: 1. tiny tasks >= 3.6x 1 GPU": (False, "3.00x"),
         "in-process engines, 4 GPUs: 2. scan jobs >= 3.6x 1 GPU": (True, "4.00x"),
+        "in-process engines, 2 GPUs: 2b. scan jobs, each batch on one GPU >= 1.9x 1 GPU": (
+            True,
+            "1.95x",
+        ),
+        "in-process engines, 4 GPUs: 2b. scan jobs, each batch on one GPU >= 3.6x 1 GPU": (
+            False,
+            "3.50x",
+        ),
     }
     # Each larger group is compared with one GPU's figure of the same run.
     baselines = {(c.label, c.baseline_value) for c in results.comparisons}
     assert ("in-process engines, 4 GPUs: 2. scan jobs", 5e6) in baselines
     assert ("in-process engines, 2 GPUs: 2a. one batch at a time", 9.0) in baselines
-    assert len(results.comparisons) == 8 and len(results.figures) == 12
+    assert len(results.comparisons) == 10 and len(results.figures) == 15
     # One batch at a time is reported beside, with no target.
     assert not any("one batch at a time" in t.name for t in results.targets)
 
