@@ -4,7 +4,8 @@ A scheduler's ``TorchDispatchMode`` sees every aten op, and flushes its batch be
 op that may read what the batch writes. Some reads and writes never pass through it
 (see :class:`TensorHooks`); while any scheduler context is active, the ``Tensor``
 attributes and ``torch`` functions that make them are replaced by ones that flush the
-batches they touch first, and put back :data:`LINGER_S` after the last context ends.
+batches they touch first (or taken out, where a replacement cannot flush), and put back
+:data:`LINGER_S` after the last context ends.
 """
 
 from __future__ import annotations
@@ -51,6 +52,12 @@ class TensorHooks:
     * ``torch.tensor([a, b])`` (and ``as_tensor``, ``asarray``, ``new_tensor``) reads
       each tensor of a list in C++ with dispatch modes set aside: those functions
       flush what the tensors in their data touch first.
+    * ``Tensor.__dlpack_c_exchange_api__`` (recent PyTorch; DLPack 1.3's C exchange
+      API, a capsule of C functions, ``__c_dlpack_exchange_api__`` before) lets a
+      consumer (TVM-FFI) export a tensor with no Python call to flush in: it is taken
+      out, so that a consumer looking it up falls back to ``__dlpack__`` or
+      ``to_dlpack``. One that looked it up before (the spec lets a consumer keep it per
+      type) is not seen (docs/torch.md).
 
     The replacements go in when the first context is entered and come out
     :data:`LINGER_S` after the last one ended (a thread of this object's takes them
@@ -60,7 +67,7 @@ class TensorHooks:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._active: list[TorchScheduler] = []
-        #: (owner, name) -> the owner's own attribute before the hooks (None: inherited)
+        #: (owner, name) -> the owner's own attribute before the hooks (None: it had none)
         self._originals: dict[tuple[Any, str], Any] = {}
         self._installed = False
         self._last_left = 0.0  # when the last context ended (time.monotonic)
@@ -74,7 +81,7 @@ class TensorHooks:
                     # Not in yet, or another patch went over it since (a library's,
                     # made while the hooks were in): that one is the original now.
                     self._originals[owner, name] = current
-                    setattr(owner, name, replacement)
+                    _put(owner, name, replacement)
             self._installed = True
             self._active.append(scheduler)
 
@@ -126,10 +133,7 @@ class TensorHooks:
         for (owner, name), original in self._originals.items():
             if vars(owner).get(name) is not _REPLACEMENTS[owner, name]:
                 continue
-            if original is None:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, original)
+            _put(owner, name, original)
         self._originals.clear()
         self._installed = False
 
@@ -163,6 +167,15 @@ class TensorHooks:
         for other in self._schedulers():
             if other is not scheduler and other.open_here():
                 other.flush("other scheduler")
+
+
+def _put(owner: Any, name: str, value: Any) -> None:
+    """Make ``value`` ``owner``'s own attribute ``name``; None: leave it none of its own
+    (an attribute taken out, or one it never had, as in a PyTorch that lacks it)."""
+    if value is not None:
+        setattr(owner, name, value)
+    elif name in vars(owner):
+        delattr(owner, name)
 
 
 HOOKS = TensorHooks()
@@ -304,4 +317,9 @@ _REPLACEMENTS: dict[tuple[Any, str], Any] = {
     (torch, "tensor"): _from_data(torch, "tensor"),
     (torch, "as_tensor"): _from_data(torch, "as_tensor"),
     (torch, "asarray"): _from_data(torch, "asarray"),
+    # None: taken out while the hooks are in (where there is one). Their C functions
+    # export a tensor with no Python call; without them a consumer calls the watched
+    # ``__dlpack__`` or ``to_dlpack``. The second is the first's name before DLPack 1.3.
+    (Tensor, "__dlpack_c_exchange_api__"): None,
+    (Tensor, "__c_dlpack_exchange_api__"): None,
 }
