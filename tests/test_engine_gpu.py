@@ -321,6 +321,38 @@ async def test_deadlines_are_kept_in_the_devices_time(engine: Engine) -> None:
     assert bool((x == 2.0).all())
 
 
+async def test_a_relaunch_measures_the_clock_again_once_its_offset_is_old(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The device's clock drifts from the host's by microseconds a second, so the offset
+    deadlines are converted with is measured again at a relaunch once it is
+    ``CLOCK_RECALIBRATE_SECONDS`` old (here: at every relaunch), and the engine's
+    deadlines follow it."""
+    import cupy as cp
+
+    from gpuactors.engine import runtime as runtime_module
+
+    runtime = engine.ref._cell.instance._service.runtime
+    service = engine.ref._cell.instance._service
+    x = cp.zeros(10, dtype=cp.float32)
+    await engine.enqueue("fill", x, 1.0, n=10)
+    measured = runtime.clock_measured_at
+    await asyncio.sleep(0.05)  # the kernel parks after 5 ms idle
+    assert not runtime.running
+    await engine.enqueue("fill", x, 2.0, n=10)  # a relaunch, the offset not yet old
+    assert runtime.clock_measured_at == measured
+    monkeypatch.setattr(runtime_module, "CLOCK_RECALIBRATE_SECONDS", 0.0)
+    await asyncio.sleep(0.05)
+    assert not runtime.running
+    planted = runtime.clock_offset_ns + 10**6  # what the service must not keep
+    service.adopt_clock_offset(planted)
+    await engine.enqueue("fill", x, 3.0, n=10)  # relaunched: measured again
+    assert runtime.clock_measured_at > measured
+    assert service.clock_offset_ns == runtime.clock_offset_ns != planted
+    await engine.enqueue("fill", x, 4.0, n=10, timeout=0.05)  # a deadline ahead: it runs
+    assert bool((x == 4.0).all())
+
+
 async def test_on_demand_park_holds_tasks_until_resume(engine: Engine) -> None:
     import cupy as cp
 

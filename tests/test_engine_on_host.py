@@ -411,6 +411,25 @@ async def test_a_park_during_an_install_still_holds_after_it(system: ActorSystem
     assert runtime.finish() == 0 and len(runtime.taken) == 1  # resuming ran the one held
 
 
+async def test_while_a_park_holds_the_kernel_the_backlog_still_expires(
+    system: ActorSystem, stream: Stream
+) -> None:
+    """A held, parked kernel finishes nothing, so the poller waits for the hold to end
+    instead of spinning; it still fails a task whose deadline passes while it waits for
+    its inputs, and the tasks held in the ring run once the Park ends."""
+    ref, engine = await start(system, HostRuntime())
+    await ref.ask(Park())
+    in_ring = asyncio.ensure_future(ref.ask(fill()))
+    await loop_turns_until(lambda: engine._completions.pending)
+    stream.busy = True  # the caller's stream has work that does not finish
+    waiting = asyncio.ensure_future(ref.ask(fill(after="current_stream", timeout=0.05)))
+    with pytest.raises(TaskTimeout, match="before it started: it waited for its inputs"):
+        await asyncio.wait_for(waiting, 2)
+    assert not in_ring.done()
+    await ref.ask(Resume())
+    assert isinstance(await asyncio.wait_for(in_ring, 2), Completion)
+
+
 async def test_a_resume_during_an_install_is_kept_after_it(system: ActorSystem) -> None:
     runtime = HostRuntime()
     runtime.swap_seconds = 0.2

@@ -19,6 +19,7 @@ blocking of the event loop beyond a bounded spin of a few microseconds.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -69,6 +70,8 @@ from gpuactors.errors import DeviceFault, EngineStopped, GpuActorsError, TaskTim
 from gpuactors.messages import Ack
 from gpuactors.nvrtc import KernelCompiler
 
+#: How often a poller waiting for the kernel's hold to end looks at the backlog's deadlines.
+_HELD_CHECK_SECONDS = 0.01
 _EXIT_REASONS = {
     abi.EXIT_IDLE: "idle",
     abi.EXIT_PARK_REQUEST: "request",
@@ -99,6 +102,8 @@ class PersistentEngineActor(Actor):
         self._ops = OpTable([*(op for op in BUILTIN_OPS if op.name not in user_names), *ops])
         self._service = Service(device_id, config.default_task_timeout_s)
         self._wake = asyncio.Event()
+        self._unheld = asyncio.Event()  # set while no reason holds the kernel parked
+        self._unheld.set()
         try:
             context = self.context
         except RuntimeError:  # built by hand, not spawned (tests drive such an engine)
@@ -147,6 +152,7 @@ class PersistentEngineActor(Actor):
         service.generation = GENERATIONS.current(service.device_id)
         service.runtime = runtime
         service.adopt_clock_offset(runtime.clock_offset_ns)
+        runtime.on_clock_offset = service.adopt_clock_offset  # (measured again as it drifts)
         self._poller = asyncio.get_running_loop().create_task(self._poll(), name="engine-poller")
         return runtime
 
@@ -331,6 +337,10 @@ class PersistentEngineActor(Actor):
                 or self._service.faulted is not None
                 or runtime.launch_error is not None
             )
+            if runtime.hold:
+                self._unheld.clear()
+            else:
+                self._unheld.set()
 
     def _note_parks(self) -> None:
         runtime = self._service.runtime
@@ -360,6 +370,8 @@ class PersistentEngineActor(Actor):
                     self._wake.clear()
                     await self._wake.wait()
                     continue
+                # Read before the harvest, which then sees all a parked kernel wrote.
+                held_parked = runtime.hold and not runtime.running
                 progressed = (
                     completions.harvest(ring)
                     + completions.harvest_batches(ring)
@@ -373,6 +385,11 @@ class PersistentEngineActor(Actor):
                     self._drains.settle(completions)
                     idle_since = None
                     await asyncio.sleep(0)
+                    continue
+                if held_parked:  # nothing finishes before the hold ends: no spinning
+                    await self._until_unheld()
+                    stopped_ns = self._service.device_now_ns()
+                    idle_since = None  # (spin again once it relaunches)
                     continue
                 now = time.perf_counter()
                 idle_since = idle_since or now
@@ -395,6 +412,15 @@ class PersistentEngineActor(Actor):
             self._declare_faulted(str(exc))
         except Exception as exc:  # a CUDA error from a launch or query: the poller must not die
             self._declare_faulted(f"{type(exc).__name__}: {exc}")
+
+    async def _until_unheld(self) -> None:
+        """Wait, without spinning, until the kernel's hold ends, or the backlog's next
+        check is due. A spinning poller held the GIL that a module swap's worker thread
+        waits for after each of its C calls (its load took three times as long)."""
+        with contextlib.suppress(asyncio.TimeoutError):  # (not TimeoutError before 3.11)
+            await asyncio.wait_for(self._unheld.wait(), _HELD_CHECK_SECONDS)
+        if self._intake.backlog:
+            self._intake.expire_backlog()
 
     # ------------------------------------------------------- faults, the end
     def _declare_faulted(self, reason: str) -> None:

@@ -188,8 +188,6 @@ class LiveOps:
                 self.swapping = False
                 self._hold_changed()
             swapped = time.perf_counter()
-            # (the swap measured the device's clock again)
-            self._service.adopt_clock_offset(runtime.clock_offset_ns)
             self._ops.add(op, activate=activate, codecs=codecs)
             self.modules_built += 1
             self._wake.set()

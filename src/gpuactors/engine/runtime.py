@@ -69,6 +69,11 @@ class PersistentThreadMode(str, enum.Enum):
 _MAX_MS = MAX_TIMEOUT_S * 1e3
 #: CUDA's limit on a grid's x dimension.
 _MAX_GRID_BLOCKS = (1 << 31) - 1
+#: How old the clock offset may get before a relaunch measures it again. The device's
+#: clock and the host's drift apart by microseconds a second (5.4 us/s on an H200), so a
+#: deadline converted with an old offset would expire early by that much per second of
+#: the engine's life; a measurement costs a relaunch about 0.2 ms.
+CLOCK_RECALIBRATE_SECONDS = 5.0
 
 
 class EngineConfig(Settings):
@@ -228,6 +233,9 @@ class EngineRuntime:
             self._clock_mem, self._clock_word = _pinned(cupy, np.dtype(np.uint64), 1)
             #: device clock minus host clock (``time.time_ns``), at most: see calibrate_clock
             self.clock_offset_ns = 0
+            self.clock_measured_at = 0.0  # when (time.monotonic)
+            #: told each new offset (the engine's service converts deadlines with it)
+            self.on_clock_offset: Callable[[int], None] | None = None
             self._module: Any = None
             self._kernel: Any = None
             self._clock_kernel: Any = None
@@ -325,6 +333,8 @@ class EngineRuntime:
         if self.hold or self.running or self._gate.loading or not self.pending_unconsumed():
             return False
         try:
+            if time.monotonic() - self.clock_measured_at > CLOCK_RECALIBRATE_SECONDS:
+                self.calibrate_clock()  # (no kernel runs now: the clock kernel can)
             self._launch()
         except Exception as exc:  # a poisoned context: report through check_fault
             self.launch_error = exc
@@ -388,7 +398,8 @@ class EngineRuntime:
         kernel reads the device clock between two host reads; the tightest of ``rounds``
         brackets gives the offset's upper bound, so a deadline converted with it never
         expires early (at most the bracket's width, microseconds, late). Only while no
-        engine kernel runs (a launch would queue behind it): at start and after a swap."""
+        engine kernel runs (a launch would queue behind it): at start, and at a
+        relaunch once the last measurement is ``CLOCK_RECALIBRATE_SECONDS`` old."""
         best: tuple[int, int] | None = None  # (bracket width, offset's upper bound)
         word, out = self._clock_word, (np.uint64(self._clock_mem.ptr),)
         with self._current():
@@ -407,10 +418,14 @@ class EngineRuntime:
             self.stream.synchronize()
         assert best is not None
         self.clock_offset_ns = best[1]
+        self.clock_measured_at = time.monotonic()
+        if self.on_clock_offset is not None:
+            self.on_clock_offset(best[1])
         return best[1]
 
     def swap_module(self, image: bytes) -> None:
-        """Hand the ring over to a new engine module (parks, loads, relaunches on demand).
+        """Hand the ring over to a new engine module (parks, loads; the next kick
+        relaunches).
 
         A persistent engine needs its whole grid resident at once; a module whose ops
         need more registers or shared memory than that allows is refused, and the
@@ -426,7 +441,6 @@ class EngineRuntime:
                 "(its ops need too many registers or too much shared memory); "
                 "the running module stays"
             )
-        self.calibrate_clock()  # parked: the clocks drift apart by microseconds a second
 
     def allocate(self, nbytes: int) -> DeviceBytes:
         """Device memory on this engine's device (an expanded batch's descriptor).
