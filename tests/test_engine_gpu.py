@@ -325,9 +325,9 @@ async def test_a_relaunch_measures_the_clock_again_once_its_offset_is_old(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The device's clock drifts from the host's by microseconds a second, so the offset
-    deadlines are converted with is measured again at a relaunch once it is
-    ``CLOCK_RECALIBRATE_SECONDS`` old (here: at every relaunch), and the engine's
-    deadlines follow it."""
+    deadlines are converted with is measured again once it is
+    ``CLOCK_RECALIBRATE_SECONDS`` old: at a relaunch, or by a deadline converted while
+    no kernel runs; the engine's deadlines follow it."""
     import cupy as cp
 
     from gpuactors.engine import runtime as runtime_module
@@ -349,6 +349,13 @@ async def test_a_relaunch_measures_the_clock_again_once_its_offset_is_old(
     await engine.enqueue("fill", x, 3.0, n=10)  # relaunched: measured again
     assert runtime.clock_measured_at > measured
     assert service.clock_offset_ns == runtime.clock_offset_ns != planted
+    monkeypatch.setattr(runtime_module, "CLOCK_RECALIBRATE_SECONDS", 5.0)
+    await asyncio.sleep(0.05)
+    assert not runtime.running
+    runtime.clock_measured_at = 0.0  # old: a deadline converted now measures it first
+    service.offset_fresh_until_ns = 0
+    service.deadline_ns(1.0)
+    assert runtime.clock_measured_at > measured and service.offset_fresh_until_ns > 0
     await engine.enqueue("fill", x, 4.0, n=10, timeout=0.05)  # a deadline ahead: it runs
     assert bool((x == 4.0).all())
 

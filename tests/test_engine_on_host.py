@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import time
 from collections.abc import AsyncIterator
 from contextlib import nullcontext
 from decimal import Decimal
@@ -411,16 +412,50 @@ async def test_a_park_during_an_install_still_holds_after_it(system: ActorSystem
     assert runtime.finish() == 0 and len(runtime.taken) == 1  # resuming ran the one held
 
 
+async def test_a_deadline_is_converted_with_the_clock_offset_measured_again_once_old(
+    system: ActorSystem,
+) -> None:
+    """The device's clock drifts from the host's: once the offset is old, it is measured
+    again before a deadline is converted with it (where the kernel does not run), not
+    only at the relaunch that follows, by when that task's deadline was already made."""
+    ahead_ns = 7 * 10**9  # the device's clock, measured again: 7 s ahead of the host's
+
+    class Drifting(HostRuntime):
+        measured = 0
+
+        def measure_clock_if_old(self) -> None:
+            self.measured += 1
+            self.clock_offset_ns = ahead_ns
+            assert self.on_clock_offset is not None
+            self.on_clock_offset(ahead_ns)
+
+    runtime = Drifting(auto=False)
+    ref, engine = await start(system, runtime)
+    engine._service.offset_fresh_until_ns = 0  # the offset measured at start is old now
+    asked_at = time.time_ns()
+    task = asyncio.ensure_future(ref.ask(fill(timeout=1.0)))
+    await loop_turns_until(lambda: engine._completions.pending)
+    (record,) = [record for _seq, record in runtime.consumer.take()]
+    assert runtime.measured == 1
+    assert int(record["deadline_ns"]) >= asked_at + ahead_ns + 10**9
+    runtime.consumer.complete(int(record["seq"]), 0)
+    assert isinstance(await asyncio.wait_for(task, 2), Completion)
+
+
 async def test_while_a_park_holds_the_kernel_the_backlog_still_expires(
     system: ActorSystem, stream: Stream
 ) -> None:
     """A held, parked kernel finishes nothing, so the poller waits for the hold to end
     instead of spinning; it still fails a task whose deadline passes while it waits for
     its inputs, and the tasks held in the ring run once the Park ends."""
-    ref, engine = await start(system, HostRuntime())
+    runtime = HostRuntime()
+    ref, engine = await start(system, runtime)
     await ref.ask(Park())
     in_ring = asyncio.ensure_future(ref.ask(fill()))
     await loop_turns_until(lambda: engine._completions.pending)
+    kicks = runtime.kicks  # (the poller tries to relaunch the kernel at every turn)
+    await asyncio.sleep(0.2)
+    assert runtime.kicks - kicks < 60  # a turn per 10 ms check: it spun hundreds of turns
     stream.busy = True  # the caller's stream has work that does not finish
     waiting = asyncio.ensure_future(ref.ask(fill(after="current_stream", timeout=0.05)))
     with pytest.raises(TaskTimeout, match="before it started: it waited for its inputs"):
@@ -428,6 +463,25 @@ async def test_while_a_park_holds_the_kernel_the_backlog_still_expires(
     assert not in_ring.done()
     await ref.ask(Resume())
     assert isinstance(await asyncio.wait_for(in_ring, 2), Completion)
+
+
+@pytest.mark.parametrize("turns", [0, 1, 2, 3])
+async def test_an_engine_stops_promptly_as_the_hold_its_poller_waits_on_ends(
+    system: ActorSystem, turns: int
+) -> None:
+    """The poller waits for a hold to end; a stop whose cancel reaches it just as the
+    hold ends (a Resume told right before) still ends it (``asyncio.wait_for`` had
+    swallowed that cancel before Python 3.12, and the stop waited out its timeout)."""
+    ref, engine = await start(system, HostRuntime())
+    await ref.ask(Park())
+    in_ring = asyncio.ensure_future(ref.ask(fill()))
+    await loop_turns_until(lambda: engine._completions.pending)
+    await asyncio.sleep(0.003)  # the poller waits for the hold to end
+    ref.tell(Resume())
+    for _ in range(turns):
+        await asyncio.sleep(0)
+    await system.stop(ref, timeout=1.0)  # ShutdownTimeout had it waited for the poller
+    assert in_ring.done()
 
 
 async def test_a_resume_during_an_install_is_kept_after_it(system: ActorSystem) -> None:

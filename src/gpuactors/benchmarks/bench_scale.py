@@ -14,9 +14,9 @@ Sections (every result is checked; ratios are to the same measurement on one GPU
      awaiting one Enqueue at a time: tasks/s.
   2. 10,000 x 1 KiB byte-histogram jobs (one batch, split over the GPUs): jobs/s with
      ``DEPTH`` batches in flight. Same targets. 2a (no target): one batch at a time, ms.
-     2b: the same batches, each batch's data uploaded to one GPU by the group's
-     placement policy (as a service places its host data), so each goes whole to one
-     engine; ``DEPTH`` in flight per GPU. Same targets.
+     2b: the same batches, each batch's data uploaded to one GPU (as a service
+     places its host data), so each goes whole to one engine; a stream per GPU,
+     ``DEPTH`` in flight on each. Same targets.
   Both for a group of engines in this process (one event loop for every GPU) and of
   isolated engines (a worker process, so an event loop, per GPU).
   3. Ray (if installed), one actor on a GPU of this host: the per-call cost of a tiny
@@ -108,9 +108,7 @@ async def group_figures(
         once = np.bincount((rows + data_host).ravel(), minlength=JOBS * 256)
         found = (await group.download(hist)).ravel()  # byte_hist adds: every run counted
         np.testing.assert_array_equal(found, once * (len(scans) + DEPTH + streamed_scans))
-        figures["placed_scan_jobs_per_s"] = await placed_scans(
-            group, data_host, once, 40 * repeats * count
-        )
+        figures["placed_scan_jobs_per_s"] = await placed_scans(group, data_host, once, 40 * repeats)
         if not isolated:
             figures["clients_tasks_per_s"] = await many_clients(group, 1000, 20)
         await group.shutdown()
@@ -120,35 +118,39 @@ async def group_figures(
 async def placed_scans(
     group: EngineGroup, data_host: np.ndarray, once: np.ndarray, batches: int
 ) -> float:
-    """Section 2b: jobs/s of a stream of 10,000-job scan batches whose data each lives
-    on one GPU, uploaded where the group's placement policy puts it (what a service
-    with host data does), ``DEPTH`` in flight per GPU: each batch goes whole to the
-    engine that holds its data, so the GPUs share batches instead of splitting each."""
+    """Section 2b: jobs/s of 10,000-job scan batches whose data each lives on one GPU
+    (uploaded there, as a service places its host data), a stream of ``batches``
+    batches per GPU with ``DEPTH`` in flight on each: each batch goes whole to the
+    engine that holds its data, so the GPUs share batches instead of splitting each.
+    The rate is the sum of the GPUs' streams, which run at once."""
     zeros = np.zeros((JOBS, 256), np.uint32)
     offsets = {"out": np.arange(JOBS) * 256, "data": np.arange(JOBS) * 1024}
-    slots = []
-    for _ in range(DEPTH * len(group.devices)):
-        device = group.pick()
-        data = await group.upload(data_host, device=device)
-        slots.append((await group.upload(zeros, device=device), data))
-    runs = [0] * len(slots)
-    sent = 0
 
-    def scan() -> Awaitable[GroupBatchCompletion]:
-        nonlocal sent
-        slot, sent = sent % len(slots), sent + 1
-        runs[slot] += 1
-        return group.enqueue_batch(
-            EnqueueBatch(op="byte_hist", args=slots[slot], n=1024, offsets=offsets)
-        )
+    async def stream_on(device: int) -> float:
+        slots = []
+        for _ in range(DEPTH):
+            data = await group.upload(data_host, device=device)
+            slots.append((await group.upload(zeros, device=device), data))
+        runs = [0] * DEPTH
+        sent = 0
 
-    rate = await streamed(scan, JOBS, batches, DEPTH * len(group.devices))
-    for (hist, data), count in zip(slots, runs, strict=True):
-        found = (await group.download(hist)).ravel()
-        np.testing.assert_array_equal(found, once * count)
-        await group.free(hist)
-        await group.free(data)
-    return rate
+        def scan() -> Awaitable[GroupBatchCompletion]:
+            nonlocal sent
+            slot, sent = sent % DEPTH, sent + 1
+            runs[slot] += 1
+            return group.enqueue_batch(
+                EnqueueBatch(op="byte_hist", args=slots[slot], n=1024, offsets=offsets)
+            )
+
+        rate = await streamed(scan, JOBS, batches)
+        for (hist, data), count in zip(slots, runs, strict=True):
+            found = (await group.download(hist)).ravel()
+            np.testing.assert_array_equal(found, once * count)
+            await group.free(hist)
+            await group.free(data)
+        return rate
+
+    return sum(await asyncio.gather(*(stream_on(device) for device in group.devices)))
 
 
 async def timed(reply: Awaitable[GroupBatchCompletion | BatchCompletion], count: int) -> float:

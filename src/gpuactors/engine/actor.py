@@ -19,7 +19,6 @@ blocking of the event loop beyond a bounded spin of a few microseconds.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -414,11 +413,20 @@ class PersistentEngineActor(Actor):
             self._declare_faulted(f"{type(exc).__name__}: {exc}")
 
     async def _until_unheld(self) -> None:
-        """Wait, without spinning, until the kernel's hold ends, or the backlog's next
-        check is due. A spinning poller held the GIL that a module swap's worker thread
-        waits for after each of its C calls (its load took three times as long)."""
-        with contextlib.suppress(asyncio.TimeoutError):  # (not TimeoutError before 3.11)
-            await asyncio.wait_for(self._unheld.wait(), _HELD_CHECK_SECONDS)
+        """Wait, without spinning, until the kernel's hold ends, or the next check of
+        the backlog's deadlines and of the device is due. A spinning poller held the GIL
+        that a module swap's worker thread waits for after each of its C calls (its load
+        took three times as long)."""
+        # (asyncio.wait, not wait_for: before 3.12, wait_for can swallow the poller's
+        # cancel when it lands as the event is set, and the engine would not stop)
+        unheld = asyncio.ensure_future(self._unheld.wait())
+        try:
+            await asyncio.wait((unheld,), timeout=_HELD_CHECK_SECONDS)
+        finally:
+            unheld.cancel()
+        runtime = self._service.runtime
+        if runtime is not None:
+            runtime.check_fault()
         if self._intake.backlog:
             self._intake.expire_backlog()
 

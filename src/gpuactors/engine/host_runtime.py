@@ -126,6 +126,7 @@ class HostRuntime:
         self.swap_seconds = 0.0
         self.parks_on_request = True
         self.clock_offset_ns = 0  # (the host clock is the device's here)
+        self.on_clock_offset: Callable[[int], None] | None = None
         self.kicks = 0
         self.finished = 0  # tasks finished by kicks and finish calls
         self.device_seconds = 0.0  # spent finishing tasks (the stand-in device's time)
@@ -221,6 +222,9 @@ class HostRuntime:
 
     def check_fault(self) -> None:
         pass
+
+    def measure_clock_if_old(self) -> None:
+        pass  # (the host clock is the device's here)
 
     def swap_module(self, _image: bytes) -> None:
         time.sleep(self.swap_seconds)  # (a worker thread's module load)

@@ -69,10 +69,11 @@ class PersistentThreadMode(str, enum.Enum):
 _MAX_MS = MAX_TIMEOUT_S * 1e3
 #: CUDA's limit on a grid's x dimension.
 _MAX_GRID_BLOCKS = (1 << 31) - 1
-#: How old the clock offset may get before a relaunch measures it again. The device's
-#: clock and the host's drift apart by microseconds a second (5.4 us/s on an H200), so a
-#: deadline converted with an old offset would expire early by that much per second of
-#: the engine's life; a measurement costs a relaunch about 0.2 ms.
+#: How old the clock offset may get before it is measured again (by the next deadline
+#: converted while no kernel runs, or by the next relaunch). The device's clock and the
+#: host's drift apart by microseconds a second (5.4 us/s on an H200), so a deadline
+#: converted with an old offset would expire early by that much per second of the
+#: engine's life; a measurement holds the event loop for about 0.2 ms.
 CLOCK_RECALIBRATE_SECONDS = 5.0
 
 
@@ -332,9 +333,8 @@ class EngineRuntime:
         """Launch a kernel instance if work waits and none runs. True if it launched."""
         if self.hold or self.running or self._gate.loading or not self.pending_unconsumed():
             return False
+        self.measure_clock_if_old()  # (no kernel runs now: the clock kernel can)
         try:
-            if time.monotonic() - self.clock_measured_at > CLOCK_RECALIBRATE_SECONDS:
-                self.calibrate_clock()  # (no kernel runs now: the clock kernel can)
             self._launch()
         except Exception as exc:  # a poisoned context: report through check_fault
             self.launch_error = exc
@@ -422,6 +422,26 @@ class EngineRuntime:
         if self.on_clock_offset is not None:
             self.on_clock_offset(best[1])
         return best[1]
+
+    def measure_clock_if_old(self) -> None:
+        """Measure the clock offset again if it is ``CLOCK_RECALIBRATE_SECONDS`` old and
+        no kernel runs (a running one would hold the clock kernel back: the next
+        relaunch measures it) nor a module loads. Where the measurement fails, the old
+        offset stays for another period (logged): a poisoned context is the poller's
+        fault check's to report, not a deadline's."""
+        if (
+            time.monotonic() - self.clock_measured_at <= CLOCK_RECALIBRATE_SECONDS
+            or self.running
+            or self._gate.loading
+        ):
+            return
+        try:
+            self.calibrate_clock()
+        except Exception as exc:
+            _log.warning("the device clock was not measured again", error=str(exc))
+            self.clock_measured_at = time.monotonic()
+            if self.on_clock_offset is not None:
+                self.on_clock_offset(self.clock_offset_ns)
 
     def swap_module(self, image: bytes) -> None:
         """Hand the ring over to a new engine module (parks, loads; the next kick

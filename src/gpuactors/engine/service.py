@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 from gpuactors.cuda.generation import GENERATIONS
-from gpuactors.engine.runtime import EngineRuntime
+from gpuactors.engine.runtime import CLOCK_RECALIBRATE_SECONDS, EngineRuntime
 from gpuactors.errors import DeviceFault, EngineStopped
 
 
@@ -28,9 +28,11 @@ class Service:
         )
         # Deadlines are in the device's time (its %globaltimer is not the host's clock):
         # host time plus the runtime's measured offset. (default_in_ns: the default
-        # deadline's distance from host time, offset included.)
+        # deadline's distance from host time, offset included; offset_fresh_until_ns:
+        # host time from which the offset is old, and measured again where it can be.)
         self.clock_offset_ns = 0
         self.default_in_ns = self.default_timeout_ns
+        self.offset_fresh_until_ns = 0
 
     def check_serving(self) -> None:
         """Raise why a new task is refused (out of service, closing, stale), if it is."""
@@ -57,15 +59,20 @@ class Service:
         if timeout is None:
             if not self.default_timeout_ns:  # no default: tasks may wait forever
                 return 0
-            return time.time_ns() + self.default_in_ns
+            return self.device_now_ns() + self.default_timeout_ns
         # (A timeout under 1 ns is a deadline that has passed, not none.)
-        return time.time_ns() + self.clock_offset_ns + int(timeout * 1e9)
+        return self.device_now_ns() + int(timeout * 1e9)
 
     def device_now_ns(self) -> int:
-        """Now, in the device's time (what deadlines are compared with)."""
-        return time.time_ns() + self.clock_offset_ns
+        """Now, in the device's time (what deadlines are compared with), the offset
+        measured again first where it is old (:meth:`EngineRuntime.measure_clock_if_old`)."""
+        now = time.time_ns()
+        if now >= self.offset_fresh_until_ns and self.runtime is not None:
+            self.runtime.measure_clock_if_old()
+        return now + self.clock_offset_ns
 
     def adopt_clock_offset(self, offset_ns: int) -> None:
         """Deadlines from now on are in the device's time as the runtime measured it."""
         self.clock_offset_ns = offset_ns
         self.default_in_ns = self.default_timeout_ns + offset_ns
+        self.offset_fresh_until_ns = time.time_ns() + int(CLOCK_RECALIBRATE_SECONDS * 1e9)
