@@ -108,7 +108,8 @@ class OpLedger:
 
     def live(self, name: str, keys: Iterable[int]) -> dict[int, int | None]:
         """The version ``name`` points at on each engine of ``keys`` (None: the answer to
-        a change was lost, and it points at one of the versions that change could leave)."""
+        a change was lost, and it points at one of the versions that change could leave;
+        ``switch.py`` asks such an engine where it points)."""
         self.check_known(name)
         return {key: _one(self.on(name, key)) for key in keys}
 

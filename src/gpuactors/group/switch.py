@@ -26,12 +26,23 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NoReturn, Protocol
 
-from gpuactors.engine.messages import AliasOp, InstallOp, OpAliasSet, OpInstalled, Rollback
+from gpuactors.engine.messages import (
+    AliasOp,
+    EngineStats,
+    InstallOp,
+    OpAliasSet,
+    OpInstalled,
+    Rollback,
+    Stats,
+)
 from gpuactors.engine.ops import OpSpec
 from gpuactors.errors import AskTimeout, EngineError, EngineLost, PartialFailure
 from gpuactors.group.ledger import Candidates, OpLedger
 from gpuactors.group.messages import GroupAliasSet, GroupOpInstalled
 from gpuactors.messages import Message
+
+#: How long a change waits for the Stats it asks of an engine whose answer was lost.
+WHERE_TIMEOUT_S = 5.0
 
 
 class Target(Protocol):
@@ -191,12 +202,38 @@ async def flip(
     now = {key: frozenset((reply.version,)) for key, reply in done.items()}
     for key, error in errors.items():
         now[key] = _pointing_after(error, message, before[key], ledger)
+    await _ask_where_unknown(targets, name, now)
     ledger.pointed(name, now)
     if errors:
         if isinstance(message, AliasOp):
             fail(f"op {name!r} points at v{message.version} on some engines only", done, errors)
         fail(f"Rollback of op {name!r} reached some engines only", done, errors)
     return done, before, switch_ms
+
+
+async def _ask_where_unknown(
+    targets: Sequence[Target], name: str, now: dict[int, Candidates]
+) -> None:
+    """Where an engine's answer to a change was lost, so that it may point ``name`` at
+    more than one version, ask it (``Stats``) where it points: the one it names
+    narrows ``now``. One that does not answer within ``WHERE_TIMEOUT_S`` stays so."""
+    unknown = [target for target in targets if len(now[target.key]) > 1]
+    if not unknown:
+        return
+    done, _errors = await ask_all(unknown, Stats(), timeout=WHERE_TIMEOUT_S)
+    for key, stats in done.items():
+        version = _version_in(stats, name)
+        if version in now[key]:
+            now[key] = frozenset((version,))
+
+
+def _version_in(stats: EngineStats, name: str) -> int | None:
+    """The version ``stats`` says ``name`` points at (its ``ops``: "name@version")."""
+    for entry in stats.ops:
+        op, _, version = entry.rpartition("@")
+        if op == name and version.isdigit():
+            return int(version)
+    return None
 
 
 def _pointing_after(
