@@ -50,24 +50,20 @@ from gpuactors.worker import (
     IsolationConfig,
     LaunchJob,
     ReleaseRemoteKernel,
-    RemoteKernel,
 )
 from gpuactors.worker import child as child_module
-from gpuactors.worker.child import WorkerHost
 from gpuactors.worker.frames import FrameStream
 from gpuactors.worker.messages import BootSpec
 from gpuactors.worker.wire import (
-    Answer,
     Boot,
     BootFailed,
     Failure,
-    Frame,
     FreeKernel,
     LaunchRan,
     Request,
-    decode_frame,
     frame_buffers,
 )
+from worker_host_cases import answer, host_and_stream, remote_kernel, with_huge_code
 
 WORKER = "test_worker_nvrtc_review_s36"
 NO_GPU = no_device_reason()
@@ -159,34 +155,6 @@ def nvrtc_actor_on(system: ActorSystem, compiler: KernelCompiler, device_id: int
 
 
 # ------------------------------------------------------- the real worker's code
-class Written:
-    """A stand-in for the worker's stream: the frames written to it, decoded as the
-    parent decodes them."""
-
-    def __init__(self) -> None:
-        self.frames: list[Frame] = []
-
-    def write(self, *buffers: bytes | memoryview) -> None:
-        self.frames.append(decode_frame(b"".join(buffers)[4:]))
-
-
-def host_and_stream(system: Any = None, engine: Any = None) -> tuple[WorkerHost, Written]:
-    written = Written()
-    host = WorkerHost(engine=engine, stream=written, system=system, device_id=0)  # type: ignore[arg-type]
-    return host, written
-
-
-def remote(kernel_id: int) -> RemoteKernel:
-    return RemoteKernel(
-        id=kernel_id, kernels={"k": "k"}, cache_key="", log="", generation=1, owner=""
-    )
-
-
-def answer(written: Written, rid: int) -> Any:
-    [frame] = [f for f in written.frames if isinstance(f, Answer | Failure) and f.rid == rid]
-    return frame.value if isinstance(frame, Answer) else frame.error
-
-
 async def test_the_worker_releases_its_kernels_in_its_nvrtc_actor(
     system: ActorSystem, compiler: KernelCompiler
 ) -> None:
@@ -197,14 +165,14 @@ async def test_the_worker_releases_its_kernels_in_its_nvrtc_actor(
     ids = [answer(written, rid).id for rid in (1, 2, 3)]
     key = answer(written, 1).cache_key
 
-    await host.serve(4, ReleaseRemoteKernel(kernel=remote(ids[0])))
+    await host.serve(4, ReleaseRemoteKernel(kernel=remote_kernel(ids[0])))
     assert answer(written, 4) == KernelReleased(holds_left=2, unloaded=False)
-    await host.serve(5, FreeKernel(kernel=remote(ids[1])))  # the engine's undo releases too
+    await host.serve(5, FreeKernel(kernel=remote_kernel(ids[1])))  # the engine's undo releases too
     assert answer(written, 5) == Ack()
-    await host.serve(6, ReleaseRemoteKernel(kernel=remote(ids[2])))
+    await host.serve(6, ReleaseRemoteKernel(kernel=remote_kernel(ids[2])))
     assert answer(written, 6) == KernelReleased(holds_left=0, unloaded=True)
     assert key in compiler.memory  # the image stays cached: only the module is unloaded
-    await host.serve(7, ReleaseRemoteKernel(kernel=remote(ids[2])))
+    await host.serve(7, ReleaseRemoteKernel(kernel=remote_kernel(ids[2])))
     assert isinstance(answer(written, 7), GpuRefStale)
 
 
@@ -238,7 +206,9 @@ async def test_a_worker_drain_waits_for_its_kernel_launches(
     nvrtc = SlowNvrtc()
     host._nvrtc = nvrtc  # type: ignore[assignment]
     host._kernels[1] = handle
-    host.request_arrived(Request(rid=1, message=LaunchJob(kernel=remote(1), grid=1, block=32)))
+    host.request_arrived(
+        Request(rid=1, message=LaunchJob(kernel=remote_kernel(1), grid=1, block=32))
+    )
     host.request_arrived(Request(rid=2, message=Drain()))
     await asyncio.sleep(0.1)
     assert written.frames == []  # the drain waits for the launch
@@ -250,13 +220,6 @@ async def test_a_worker_drain_waits_for_its_kernel_launches(
     assert [frame.rid for frame in written.frames] == [1, 2]  # type: ignore[union-attr]
     assert isinstance(answer(written, 1), LaunchRan)
     assert answer(written, 2) == Drained(processed=0)
-
-
-def with_huge_code() -> TaskFailed:
-    """An error with an attribute JSON refuses (an int over its 4300 digits)."""
-    error = TaskFailed("fill", 1, 2)
-    error.code = 10**5000
-    return error
 
 
 class NotOurs(GpuActorsError):

@@ -40,7 +40,6 @@ from gpuactors.worker import (
     RemoteKernel,
 )
 from gpuactors.worker import child as child_module
-from gpuactors.worker.child import WorkerHost
 from gpuactors.worker.frames import FrameStream
 from gpuactors.worker.link import Link, LinkAddress, LinkServer
 from gpuactors.worker.messages import BootSpec
@@ -49,11 +48,10 @@ from gpuactors.worker.wire import (
     Boot,
     BootFailed,
     Failure,
-    Frame,
     FreeKernel,
-    decode_frame,
     frame_buffers,
 )
+from worker_host_cases import host_and_stream, remote_kernel, with_huge_code
 
 WORKER = "test_worker_review_s35"
 SLOW_S = 0.2
@@ -93,37 +91,15 @@ async def test_a_compile_whose_asker_left_is_freed_in_the_worker(
 
 
 # ------------------------------------------------------- the real worker's code
-class Written:
-    """A stand-in for the worker's stream: the frames written to it."""
-
-    def __init__(self) -> None:
-        self.frames: list[Frame] = []
-
-    def write(self, *buffers: bytes | memoryview) -> None:
-        self.frames.append(decode_frame(b"".join(buffers)[4:]))
-
-
-def host_and_stream() -> tuple[WorkerHost, Written]:
-    written = Written()
-    host = WorkerHost(engine=None, stream=written, system=None, device_id=0)  # type: ignore[arg-type]
-    return host, written
-
-
-def kernel(kernel_id: int) -> RemoteKernel:
-    return RemoteKernel(
-        id=kernel_id, kernels={"k": "k"}, cache_key="", log="", generation=1, owner=""
-    )
-
-
 async def test_the_worker_drops_the_kernel_it_is_told_to_free() -> None:
     host, written = host_and_stream()
     host._kernels[3] = object()  # type: ignore[assignment]  # (a KernelHandle, never used)
     host._kernels[4] = object()  # type: ignore[assignment]
-    await host.serve(1, FreeKernel(kernel=kernel(3)))
+    await host.serve(1, FreeKernel(kernel=remote_kernel(3)))
     assert written.frames == [Answer(rid=1, value=Ack())]
     assert list(host._kernels) == [4]
-    await host.serve(2, FreeKernel(kernel=kernel(3)))
-    launch = LaunchJob(kernel=kernel(3), grid=1, block=32, args=(np.ones(4, np.float32),))
+    await host.serve(2, FreeKernel(kernel=remote_kernel(3)))
+    launch = LaunchJob(kernel=remote_kernel(3), grid=1, block=32, args=(np.ones(4, np.float32),))
     await host.serve(3, launch)
     for rid, frame in enumerate(written.frames[1:], start=2):
         assert isinstance(frame, Failure) and frame.rid == rid
@@ -139,13 +115,6 @@ class Unprintable(Exception):
 class UnprintableGpuError(WorkerError):
     def __str__(self) -> str:
         raise RuntimeError("no text")
-
-
-def with_huge_code() -> TaskFailed:
-    """An error with an attribute JSON refuses (an int over its 4300 digits)."""
-    error = TaskFailed("fill", 1, 2)
-    error.code = 10**5000
-    return error
 
 
 # The library's own error classes arrive as themselves, without their attributes;

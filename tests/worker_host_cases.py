@@ -1,0 +1,47 @@
+"""The real worker's request handling (``WorkerHost``) without a process: a stream that
+keeps what the host writes, and the values the worker tests send it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuactors.errors import TaskFailed
+from gpuactors.worker.child import WorkerHost
+from gpuactors.worker.messages import RemoteKernel
+from gpuactors.worker.wire import Answer, Failure, Frame, decode_frame
+
+
+class Written:
+    """A stand-in for the worker's stream: the frames written to it, decoded as the
+    parent decodes them."""
+
+    def __init__(self) -> None:
+        self.frames: list[Frame] = []
+
+    def write(self, *buffers: bytes | memoryview) -> None:
+        self.frames.append(decode_frame(b"".join(buffers)[4:]))
+
+
+def host_and_stream(system: Any = None, engine: Any = None) -> tuple[WorkerHost, Written]:
+    written = Written()
+    host = WorkerHost(engine=engine, stream=written, system=system, device_id=0)  # type: ignore[arg-type]
+    return host, written
+
+
+def remote_kernel(kernel_id: int) -> RemoteKernel:
+    return RemoteKernel(
+        id=kernel_id, kernels={"k": "k"}, cache_key="", log="", generation=1, owner=""
+    )
+
+
+def answer(written: Written, rid: int) -> Any:
+    """What the host answered request ``rid``: its value, or its error."""
+    [frame] = [f for f in written.frames if isinstance(f, Answer | Failure) and f.rid == rid]
+    return frame.value if isinstance(frame, Answer) else frame.error
+
+
+def with_huge_code() -> TaskFailed:
+    """An error with an attribute JSON refuses (an int over its 4300 digits)."""
+    error = TaskFailed("fill", 1, 2)
+    error.code = 10**5000
+    return error
