@@ -132,7 +132,7 @@ class Completions:
         for batch in list(self.batches):
             count = min(batch.published - batch.low, BATCH_STEP)
             if count and ring.is_done(batch.first_seq + batch.low):
-                harvest = _harvest_each if count <= FEW_RECORDS else _harvest_window
+                harvest = _harvest_window_each if count <= FEW_RECORDS else _harvest_window
                 progressed += harvest(ring, batch, count)
             if batch.finished == batch.count:
                 # Completed before it leaves: reading an expanded batch's statuses may
@@ -244,7 +244,7 @@ class Completions:
         return cancelled
 
 
-def _harvest_each(ring: HostRing, batch: Batch, count: int) -> int:
+def _harvest_window_each(ring: HostRing, batch: Batch, count: int) -> int:
     """:func:`_harvest_window` of a few records, one by one as a lone task's."""
     newly = 0
     for index in range(batch.low, batch.low + count):

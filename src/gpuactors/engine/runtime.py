@@ -398,8 +398,8 @@ class EngineRuntime:
         kernel reads the device clock between two host reads; the tightest of ``rounds``
         brackets gives the offset's upper bound, so a deadline converted with it never
         expires early (at most the bracket's width, microseconds, late). Only while no
-        engine kernel runs (a launch would queue behind it): at start, and at a
-        relaunch once the last measurement is ``CLOCK_RECALIBRATE_SECONDS`` old."""
+        engine kernel runs (a launch would queue behind it): at start, then as
+        :meth:`measure_clock_if_old` says."""
         best: tuple[int, int] | None = None  # (bracket width, offset's upper bound)
         word, out = self._clock_word, (np.uint64(self._clock_mem.ptr),)
         with self._current():
@@ -417,10 +417,7 @@ class EngineRuntime:
                     best = (width, offset)
             self.stream.synchronize()
         assert best is not None
-        self.clock_offset_ns = best[1]
-        self.clock_measured_at = time.monotonic()
-        if self.on_clock_offset is not None:
-            self.on_clock_offset(best[1])
+        self._clock_measured(best[1])
         return best[1]
 
     def measure_clock_if_old(self) -> None:
@@ -439,9 +436,14 @@ class EngineRuntime:
             self.calibrate_clock()
         except Exception as exc:
             _log.warning("the device clock was not measured again", error=str(exc))
-            self.clock_measured_at = time.monotonic()
-            if self.on_clock_offset is not None:
-                self.on_clock_offset(self.clock_offset_ns)
+            self._clock_measured(self.clock_offset_ns)
+
+    def _clock_measured(self, offset_ns: int) -> None:
+        """``offset_ns`` is the clock offset for the next period; tell the service."""
+        self.clock_offset_ns = offset_ns
+        self.clock_measured_at = time.monotonic()
+        if self.on_clock_offset is not None:
+            self.on_clock_offset(offset_ns)
 
     def swap_module(self, image: bytes) -> None:
         """Hand the ring over to a new engine module (parks, loads; the next kick
