@@ -18,10 +18,11 @@ import numpy as np
 import pytest
 
 import gpuactors.group
+from gpuactors.engine.args import task_count
 from gpuactors.engine.host_runtime import CupyLikeArray
 from gpuactors.engine.messages import BatchCompletion, EnqueueBatch
 from gpuactors.engine.ops import BUILTIN_OPS
-from gpuactors.errors import DeviceFault, InvalidArgument
+from gpuactors.errors import DeviceFault, InvalidArgument, WrongDevice
 from gpuactors.group import EngineGroup, Shard, ShardedArray
 from gpuactors.group.batches import split_batch
 from gpuactors.group.routing import Locator
@@ -47,8 +48,10 @@ class AnswersAtOnce:
         self.asked.append(message)
         if self.error is not None:
             raise self.error
-        assert isinstance(message, EnqueueBatch) and message.count is not None
-        return BatchCompletion(first_seq=1, count=message.count, failed=0)
+        assert isinstance(message, EnqueueBatch)
+        count = task_count(message)
+        statuses = np.zeros(count, np.int32) if message.per_task else None
+        return BatchCompletion(first_seq=1, count=count, failed=0, statuses=statuses)
 
 
 def sharded(dtype: str, row: int, tasks: int, devices: int) -> ShardedArray:
@@ -156,3 +159,39 @@ async def test_a_batch_on_one_engine_raises_its_engines_error_as_it_is() -> None
     with pytest.raises(DeviceFault, match="the device faulted"):
         await group.enqueue_batch(histograms(10, 1))
     assert len(member.asked) == 1 and group.in_flight() == {0: 0}
+
+
+def placed(devices: tuple[int, int], tasks: int = 6, **settings: Any) -> EnqueueBatch:
+    """A scan batch whose output lives on ``devices[0]`` and input on ``devices[1]``."""
+    out = CupyLikeArray("uint32", tasks * 256, device_id=devices[0])
+    data = CupyLikeArray("uint8", tasks * 1024, device_id=devices[1])
+    offsets = {"out": np.arange(tasks) * 256, "data": np.arange(tasks) * 1024}
+    return EnqueueBatch(op="byte_hist", args=(out, data), n=1024, offsets=offsets, **settings)
+
+
+@pytest.mark.usefixtures("cupy_like_arrays")
+async def test_a_placed_batch_reaches_its_engine_as_the_caller_made_it() -> None:
+    """Every array on one engine: nothing to split, so that engine takes the caller's
+    own message (it checks it as its own caller's) and its reply is the group's."""
+    members = [AnswersAtOnce(0), AnswersAtOnce(1)]
+    group = EngineGroup(members)  # type: ignore[arg-type]
+    batch = placed((1, 1), per_task=True)
+    reply = await group.enqueue_batch(batch)
+    assert members[1].asked == [batch] and members[1].asked[0] is batch and not members[0].asked
+    assert (reply.count, reply.failed, list(reply.per_engine)) == (6, 0, [1])
+    np.testing.assert_array_equal(reply.statuses, np.zeros(6, np.int32))
+    assert group.in_flight() == {0: 0, 1: 0}
+
+
+@pytest.mark.usefixtures("cupy_like_arrays")
+async def test_a_batch_whose_arrays_live_on_two_engines_is_still_refused_whole() -> None:
+    members = [AnswersAtOnce(0), AnswersAtOnce(1)]
+    group = EngineGroup(members)  # type: ignore[arg-type]
+    with pytest.raises(WrongDevice, match="task 0"):
+        await group.enqueue_batch(placed((0, 1)))
+    with pytest.raises(WrongDevice, match="device 2, which has no engine in this group"):
+        await group.enqueue_batch(placed((2, 2)))
+    with pytest.raises(InvalidArgument, match="disagree on the number of tasks"):
+        await group.enqueue_batch(placed((1, 1), count=7))
+    assert not members[0].asked and not members[1].asked
+    assert group.in_flight() == {0: 0, 1: 0}

@@ -98,6 +98,37 @@ def split_batch(
     return passes.each(part, runs, count if per_task else 0)
 
 
+def whole_batch_key(batch: EnqueueBatch, locator: Locator) -> int | None:
+    """The engine that takes ``batch`` whole, unsplit: the one every array argument lives
+    on, where none is a ShardedArray or PerDevice; None where the batch must be split
+    (or where no argument ties it to an engine). That engine checks the batch as it
+    would from its own caller, so nothing else is read here: this is the way of a
+    placed batch, whose caller has already put its data where it runs."""
+    key = None
+    for value in batch.args:
+        if isinstance(value, ShardedArray | PerDevice):
+            return None
+        held = locator.key_of(value)
+        if held is None:
+            continue
+        if key is not None and held != key:
+            return None  # two engines: the split names the task and both
+        key = held
+    if key is not None:
+        _check_known(key, locator, "argument arrays live on")
+    return key
+
+
+def whole_reply(key: int, reply: BatchCompletion, per_task: bool) -> GroupBatchCompletion:
+    """The group's reply to a batch engine ``key`` ran whole."""
+    return GroupBatchCompletion(
+        count=reply.count,
+        failed=reply.failed,
+        statuses=reply.statuses if per_task else None,
+        per_engine={key: reply},
+    )
+
+
 def _element_count(n: Any) -> int | np.ndarray:
     """The batch's ``n``: one count for every task, or one each; below 2**62, not negative."""
     count = whole_number(n)

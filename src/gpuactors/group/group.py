@@ -37,6 +37,7 @@ from gpuactors.engine import (
     ShutdownReport,
     Stats,
 )
+from gpuactors.engine.args import task_count
 from gpuactors.errors import (
     GpuRefStale,
     InvalidArgument,
@@ -44,7 +45,13 @@ from gpuactors.errors import (
     UnhandledMessage,
     WrongDevice,
 )
-from gpuactors.group.batches import BatchPart, join_replies, split_batch
+from gpuactors.group.batches import (
+    BatchPart,
+    join_replies,
+    split_batch,
+    whole_batch_key,
+    whole_reply,
+)
 from gpuactors.group.ledger import OpLedger
 from gpuactors.group.members import EngineMember, IsolatedMember, LocalMember
 from gpuactors.group.messages import (
@@ -279,8 +286,15 @@ class EngineGroup:
     ) -> GroupBatchCompletion:
         """Split ``batch`` by where each task's data lives (or by ``devices``: one device
         per task, or one for all), send each engine its part at once, and answer when
-        every part is done. Every task is assigned before any part is sent."""
+        every part is done. Every task is assigned before any part is sent. A batch
+        whose arrays all live on one engine goes to it whole, and that engine checks it
+        as it checks its own caller's."""
         op = self._ledger.spec(batch.op)
+        key = whole_batch_key(batch, self._locator) if devices is None else None
+        if key is not None:  # placed by its caller: its engine takes it whole
+            size = task_count(batch)
+            reply = await self._counted(key, size, self._members[key].ask(batch))
+            return whole_reply(key, reply, batch.per_task)
         parts = split_batch(batch, op, self._locator, devices=devices, spread_over=self.serving())
         if len(parts) == 1:  # nothing was split: its engine's error, if any, is the batch's
             (part,) = parts
