@@ -69,6 +69,29 @@ async def test_batches_on_a_working_link_do_not_open_it_again() -> None:
     server.close()
 
 
+async def test_evenly_spaced_offsets_cross_the_link_as_ranges() -> None:
+    """A batch the group sends whole keeps its caller's offset columns: the member
+    sends an evenly spaced one as a range (three integers, not a column to copy), and
+    any other column as it is."""
+    received: list[EnqueueBatch] = []
+
+    async def recorded(message: Message) -> BatchCompletion:
+        assert isinstance(message, EnqueueBatch)
+        received.append(message)
+        return BatchCompletion(first_seq=1, count=4, failed=0)
+
+    server = LinkServer(recorded)
+    member = RayMember(_linked_actor(server), 0, idempotent=frozenset())
+    out = np.zeros(8, np.float32)
+    spaced = EnqueueBatch(op="fill", args=(out, 1.0), n=2, offsets={"out": np.arange(4) * 2})
+    uneven = EnqueueBatch(op="fill", args=(out, 1.0), n=1, offsets={"out": np.array([0, 1, 5, 7])})
+    await member.ask(spaced)
+    await member.ask(uneven)
+    assert received[0].offsets["out"] == range(0, 8, 2)
+    np.testing.assert_array_equal(received[1].offsets["out"], [0, 1, 5, 7])
+    server.close()
+
+
 async def test_the_engine_gets_its_own_arrays_without_a_second_validation(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
