@@ -225,6 +225,8 @@ def test_an_evenly_spaced_offset_column_crosses_as_a_range_the_engine_reads_alik
     assert list(sent.offsets) == ["out", "data"]
     assert engine_reads(sent) == engine_reads(batch)
     assert task_count(sent) == task_count(batch)
+    # Not validated again (the same values in another form), yet what validation makes:
+    assert sent == EnqueueBatch(**dict(sent)) and sent.model_fields_set == batch.model_fields_set
 
 
 @pytest.mark.usefixtures("cupy_like_arrays")

@@ -29,6 +29,11 @@ class CheckedCopies(BaseModel):
         del deep  # the fields are not changed in place: a shallow copy is as good
         return type(self)(**{**dict(self), **(update or {})})
 
+    def same_values_copy(self, **fields: Any) -> Self:
+        """A copy whose ``fields`` hold the values they held, in another form (an offset
+        column as the range it is): nothing in it is new, so it is not checked again."""
+        return super().model_copy(update=fields)
+
 
 class Message(CheckedCopies):
     """Base class of everything sent to an actor with ``tell`` or ``ask``.

@@ -370,7 +370,7 @@ def offsets_as_ranges(batch: EnqueueBatch) -> EnqueueBatch:
                 ranges[name] = spaced
     if not ranges:
         return batch
-    return batch.model_copy(update={"offsets": {**batch.offsets, **ranges}})
+    return batch.same_values_copy(offsets={**batch.offsets, **ranges})
 
 
 def check_answer(message: Message, value: Any) -> None:
