@@ -16,6 +16,25 @@ import structlog
 from gpuactors.logs import LOGGER_NAME
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Freeze what collection made (every test module, imported): ``no_loop_errors``
+    collects at each teardown, and with the whole suite imported each collection walked
+    it all. What a test makes afterwards, a leaked future too, is collected as before."""
+    del session
+    gc.collect()
+    gc.freeze()
+
+
+@pytest.fixture
+def collector_unfrozen() -> Iterator[None]:
+    """Nothing frozen while the test runs (for tests of what is frozen); frozen again
+    afterwards, as the suite runs."""
+    gc.unfreeze()
+    yield
+    gc.collect()
+    gc.freeze()
+
+
 @pytest.fixture
 def cli_logging_restored() -> Iterator[None]:
     """cli.main configures gpuactors' logging for the process: put it back afterwards."""

@@ -36,6 +36,7 @@ def test_a_batch_the_device_expands_counts_each_of_its_tasks(tmp_path: Path) -> 
     assert figures["tasks_finished"] == figures["tasks_expected"] == per_round
 
 
+@pytest.mark.usefixtures("collector_unfrozen")
 @pytest.mark.parametrize("gc_mode", ["default", "freeze", "threshold"])
 def test_a_tiny_run_writes_every_figure(
     gc_mode: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]

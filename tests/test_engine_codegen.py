@@ -8,6 +8,7 @@ from gpuactors.engine.codegen import build_engine_module, render_engine_source
 from gpuactors.engine.ops import BUILTIN_OPS, ArrayParam, OpSpec, ScalarParam
 from gpuactors.errors import CompileError
 from gpuactors.nvrtc import KernelCompiler
+from shared_builds import SHARED_COMPILER
 
 SCALE = OpSpec(
     name="scale",
@@ -25,8 +26,8 @@ def compiler() -> KernelCompiler:
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_builtin_engine_compiles_to_cubin(arch: str, compiler: KernelCompiler) -> None:
-    module, engine = build_engine_module(BUILTIN_OPS, arch=arch, compiler=compiler)
+def test_builtin_engine_compiles_to_cubin(arch: str) -> None:
+    module, engine = build_engine_module(BUILTIN_OPS, arch=arch, compiler=SHARED_COMPILER)
     assert module.image[:4] == b"\x7fELF"
     assert set(engine.op_ids) == {"fill@1", "copy@1", "axpy@1", "sum@1", "byte_hist@1"}
     assert sorted(engine.op_ids.values()) == [0, 1, 2, 3, 4]

@@ -13,7 +13,7 @@ from gpuactors.errors import InvalidArgument
 
 
 @pytest.fixture(autouse=True)
-def collector_put_back() -> Iterator[None]:
+def collector_put_back(collector_unfrozen: None) -> Iterator[None]:
     threshold = gc.get_threshold()
     yield
     gc.set_threshold(*threshold)

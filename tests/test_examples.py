@@ -28,6 +28,7 @@ from gpuactors.nvrtc import (
     link_images,
 )
 from gpuactors.nvrtc.handle import cubin_entries, kernel_entries
+from shared_builds import SHARED_COMPILER
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
 EXAMPLES = sorted(EXAMPLES_DIR.glob("[0-9][0-9]_*.py"))
@@ -107,7 +108,7 @@ def test_example_cuda_compiles(path: Path) -> None:
     assert ops or sources or uses_engine, "an example with no CUDA in it?"
     if ops or uses_engine:
         image, engine = build_engine_module(
-            [*BUILTIN_OPS, *ops], arch="sm_90", compiler=KernelCompiler(disk=False)
+            [*BUILTIN_OPS, *ops], arch="sm_90", compiler=SHARED_COMPILER
         )
         assert image.image[:4] == b"\x7fELF"
         assert {f"{op.name}@{op.version}" for op in ops} <= set(engine.op_ids)

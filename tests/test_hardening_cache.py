@@ -93,17 +93,34 @@ async def test_compile_async_of_a_fifo_include_fails_typed(fifo: Path) -> None:
 
 
 EXITS_WHILE_NVRTC_BLOCKS = r"""
-import asyncio, sys
+import asyncio, glob, sys
 from gpuactors.nvrtc import KernelCompiler, NvrtcOpts
 fifo = sys.argv[1]
 # A macro include: the scan cannot see it, NVRTC blocks on the FIFO for good.
 source = '#define HEADER "' + fifo + '"\n#include HEADER\nextern "C" __global__ void k() {}\n'
 
+def a_thread_waits_for_a_fifo_writer():
+    # Linux: a thread opening a FIFO to read (NVRTC, here) waits in wait_for_partner.
+    for wchan in glob.glob("/proc/self/task/*/wchan"):
+        try:
+            with open(wchan) as f:
+                if f.read() == "wait_for_partner":
+                    return True
+        except OSError:
+            pass
+    return False
+
 async def main():
     compiler = KernelCompiler(disk=False)
-    compiling = compiler.get_or_compile_async(source, opts=NvrtcOpts(arch="sm_90"))
+    compiling = asyncio.ensure_future(
+        compiler.get_or_compile_async(source, opts=NvrtcOpts(arch="sm_90"))
+    )
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + 3  # (where /proc shows no wait channel: a fixed wait)
+    while not a_thread_waits_for_a_fifo_writer() and loop.time() < give_up:
+        await asyncio.sleep(0.01)
     try:
-        await asyncio.wait_for(compiling, 3)
+        await asyncio.wait_for(compiling, 0.05)
     except asyncio.TimeoutError:
         print("timed out", flush=True)
 

@@ -51,7 +51,7 @@ from gpuactors.group.routing import Locator
 from gpuactors.messages import Message
 
 #: How long a stand-in engine takes to compile, where a test stops waiting meanwhile.
-SLOW_COMPILE_S = 0.5
+SLOW_COMPILE_S = 0.25
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ from gpuactors.torch.kernel import (
     STREAM_SOURCE,
     stream_kernel_name,
 )
+from shared_builds import SHARED_COMPILER
 
 
 # ----------------------------------------------------------------- dtype rules
@@ -227,7 +228,7 @@ def test_reference_refuses_a_malformed_program() -> None:
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_interpreter_compiles_with_nvrtc(arch: str) -> None:
     module, engine = build_engine_module(
-        [*BUILTIN_OPS, PROGRAM_OP], arch=arch, compiler=KernelCompiler(disk=False)
+        [*BUILTIN_OPS, PROGRAM_OP], arch=arch, compiler=SHARED_COMPILER
     )
     assert module.image[:4] == b"\x7fELF"
     assert "torch_program@1" in engine.op_ids

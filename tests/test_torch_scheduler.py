@@ -545,7 +545,9 @@ def test_a_forked_child_takes_out_the_hooks_the_parent_left_in() -> None:
         "with s: pass\n"
         "pid = os.fork()\n"
         "if pid == 0:\n"
-        "    time.sleep(1.0)\n"
+        "    deadline = time.monotonic() + 30\n"  # LINGER_S is 0.1 s
+        "    while HOOKS.installed() and time.monotonic() < deadline:\n"
+        "        time.sleep(0.01)\n"
         "    os._exit(0 if not HOOKS.installed() and 'numpy' not in vars(torch.Tensor) else 1)\n"
         "_, status = os.waitpid(pid, 0)\n"
         "sys.exit(os.waitstatus_to_exitcode(status))\n"
