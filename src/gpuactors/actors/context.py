@@ -63,9 +63,12 @@ class ActorContext:
         return None. Settle it only ``if not future.done()``: an asker that timed out
         or was cancelled has settled it already. For a tell, it is a fresh future
         nobody awaits (an exception set on it is logged). Calling it again in the same
-        handler returns the same future; calling it outside a handler of this actor, or
-        from another task than the handler's own (one it started, a callback), raises
-        :class:`~gpuactors.errors.ActorError`: take it in the handler and hand it over.
+        handler returns the same future. A task the running handler started (``gather``,
+        ``wait_for``) may take it too; calling it outside a handler of this actor, from
+        another task (a callback, another actor's), or from a task an earlier handler or
+        a hook of this actor started and left running (it would take a later message's
+        future) raises :class:`~gpuactors.errors.ActorError`: take it in the handler and
+        hand it over.
         """
         return self._cell.take_reply()
 
