@@ -172,14 +172,24 @@ def placed(devices: tuple[int, int], tasks: int = 6, **settings: Any) -> Enqueue
 @pytest.mark.usefixtures("cupy_like_arrays")
 async def test_a_placed_batch_reaches_its_engine_as_the_caller_made_it() -> None:
     """Every array on one engine: nothing to split, so that engine takes the caller's
-    own message (it checks it as its own caller's) and its reply is the group's."""
+    message (it checks it as its own caller's), evenly spaced offsets as ranges, and
+    its reply is the group's."""
     members = [AnswersAtOnce(0), AnswersAtOnce(1)]
     group = EngineGroup(members)  # type: ignore[arg-type]
     batch = placed((1, 1), per_task=True)
     reply = await group.enqueue_batch(batch)
-    assert members[1].asked == [batch] and members[1].asked[0] is batch and not members[0].asked
+    (sent,) = members[1].asked
+    assert not members[0].asked and sent.offsets == {
+        "out": range(0, 6 * 256, 256),
+        "data": range(0, 6 * 1024, 1024),
+    }
+    assert dict(sent, offsets=None) == dict(batch, offsets=None)
+    assert sent.model_fields_set == batch.model_fields_set
     assert (reply.count, reply.failed, list(reply.per_engine)) == (6, 0, [1])
     np.testing.assert_array_equal(reply.statuses, np.zeros(6, np.int32))
+    uneven = batch.model_copy(update={"offsets": {"out": np.array([0, 256, 768, 0, 1, 2])}})
+    await group.enqueue_batch(uneven)
+    assert members[1].asked[-1] is uneven  # (nothing to make a range of: sent as it is)
     assert group.in_flight() == {0: 0, 1: 0}
 
 
@@ -195,3 +205,14 @@ async def test_a_batch_whose_arrays_live_on_two_engines_is_still_refused_whole()
         await group.enqueue_batch(placed((1, 1), count=7))
     assert not members[0].asked and not members[1].asked
     assert group.in_flight() == {0: 0, 1: 0}
+
+
+def test_a_large_column_is_read_in_spans_and_judged_by_every_value() -> None:
+    """A column of a batch the threads take (read in spans, as the split reads it): a
+    range where every value is on the line, None where one value of the last span is off."""
+    from gpuactors.group.passes import THREADED_TASKS, spacing_of
+
+    column = np.arange(THREADED_TASKS + 3, dtype=np.int64) * 8 + 5
+    assert spacing_of(column) == range(5, 5 + 8 * column.size, 8)
+    column[-2] += 1
+    assert spacing_of(column) is None

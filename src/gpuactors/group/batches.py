@@ -23,7 +23,6 @@ from gpuactors.engine.ops import ArrayParam, OpSpec
 from gpuactors.engine.spacing import (
     IntColumn,
     bounds,
-    evenly_spaced,
     normalised,
     shifted,
     taken,
@@ -242,8 +241,7 @@ def _offset_column(values: Any, what: str) -> IntColumn:
             raise InvalidArgument(f"{what} must hold int64 values")
         return spaced
     array = _int_column(values, what)
-    large = array.size >= passes.THREADED_TASKS  # (spans only pay where threads take them)
-    return evenly_spaced(array, passes.each if large else None) or array
+    return passes.spacing_of(array) or array
 
 
 def _check_not_negative(column: IntColumn, what: str) -> None:

@@ -45,6 +45,7 @@ from gpuactors.errors import (
     UnhandledMessage,
     WrongDevice,
 )
+from gpuactors.group import passes
 from gpuactors.group.batches import (
     BatchPart,
     join_replies,
@@ -76,6 +77,7 @@ from gpuactors.logs import get_logger
 from gpuactors.messages import Message
 from gpuactors.numeric import whole_number
 from gpuactors.worker import Download, Free, IsolationConfig, Job, JobResult, RemoteArray, Upload
+from gpuactors.worker.wire import offsets_as_ranges
 
 T = TypeVar("T")
 log = get_logger(component="group")
@@ -293,7 +295,8 @@ class EngineGroup:
         key = whole_batch_key(batch, self._locator) if devices is None else None
         if key is not None:  # placed by its caller: its engine takes it whole
             size = task_count(batch)
-            reply = await self._counted(key, size, self._members[key].ask(batch))
+            whole = offsets_as_ranges(batch, passes.spacing_of)  # (as the split reads them)
+            reply = await self._counted(key, size, self._members[key].ask(whole))
             return whole_reply(key, reply, batch.per_task)
         parts = split_batch(batch, op, self._locator, devices=devices, spread_over=self.serving())
         if len(parts) == 1:  # nothing was split: its engine's error, if any, is the batch's

@@ -16,6 +16,10 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+import numpy as np
+
+from gpuactors.engine.spacing import evenly_spaced
+
 Item = TypeVar("Item")
 Result = TypeVar("Result")
 
@@ -43,3 +47,9 @@ def _threads() -> ThreadPoolExecutor:
 
 # A forked child has none of its parent's threads: it makes its own pool when it needs one.
 os.register_at_fork(after_in_child=_threads.cache_clear)
+
+
+def spacing_of(column: np.ndarray) -> range | None:
+    """``column`` (1-D int64) as the range it is, or None (``evenly_spaced``); a large
+    column is read in spans on the threads."""
+    return evenly_spaced(column, each if column.size >= THREADED_TASKS else None)

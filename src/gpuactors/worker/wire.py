@@ -352,11 +352,14 @@ def _bare(cls: type[GpuActorsError], text: str) -> GpuActorsError:
     return error
 
 
-def offsets_as_ranges(batch: EnqueueBatch) -> EnqueueBatch:
+def offsets_as_ranges(
+    batch: EnqueueBatch, spacing: Callable[[np.ndarray], range | None] = evenly_spaced
+) -> EnqueueBatch:
     """``batch`` with each evenly spaced offset column (a 1-D integer array) as a range:
     three integers to send, not a column to copy through the socket. The worker's engine
     would find that range in the column itself (:mod:`~gpuactors.engine.spacing`), so it
     runs, and judges, the same values; a column that is not one stays as it is.
+    ``spacing``: how a column is read (a group reads a large one on threads).
 
     Its cost here: a look at each offset column, and one pass over an evenly spaced
     one (the pass the worker's engine no longer makes); a column of another shape is
@@ -365,7 +368,7 @@ def offsets_as_ranges(batch: EnqueueBatch) -> EnqueueBatch:
     for name, column in batch.offsets.items():
         if isinstance(column, np.ndarray) and column.ndim == 1 and column.dtype.kind in "iu":
             # (as the engine reads one: a uint64 past 2**63 turns negative, and is refused)
-            spaced = evenly_spaced(column.astype(np.int64, copy=False))
+            spaced = spacing(column.astype(np.int64, copy=False))
             if spaced is not None:
                 ranges[name] = spaced
     if not ranges:
