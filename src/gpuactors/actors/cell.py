@@ -8,11 +8,15 @@ mailbox, the ref, the context and the watchers.
 Stopping, in order: the current message finishes (if it fails, the actor is not
 restarted: a fresh instance would only be stopped); the mailbox closes (queued
 messages go to dead letters, their askers get ``ActorStopped``); children stop,
-youngest first; ``post_stop`` runs, the place to finish or fail work in flight;
+youngest first, within the system's ``shutdown_timeout``: past it the stragglers are
+cancelled (each logged) and the stop goes on, so a child whose stop hangs never holds
+its parent's for good; ``post_stop`` runs, the place to finish or fail work in flight;
 deferred replies still pending then fail with ``ActorStopped``; watchers get
 ``Terminated``. A killed cell (stop timeout) goes through the same steps, its
-current handler cancelled. A restart stops the children first too, within the
-system's ``shutdown_timeout``: past it they are cancelled, and the restart goes on.
+current handler cancelled. A restart stops the children first too, bounded the same
+way. One bound covers a whole subtree: where the actor's stop is bounded from above
+already (``ActorSystem.stop`` or ``shutdown`` and its timeout, or an ancestor waiting
+for its children), that bound alone applies, and its kill cancels the whole subtree.
 A dead-letter subscriber's KeyboardInterrupt or SystemExit cuts none of this short:
 the actor stops, then its task (or whoever ran ``_finalize``) re-raises it.
 
@@ -43,10 +47,11 @@ way, with an ActorFailed that names it; the coroutine is closed unrun.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import inspect
 import sys
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextvars import ContextVar
 from functools import partial
 from types import CoroutineType
@@ -224,6 +229,20 @@ def run_each(steps: Iterable[Callable[[], None]]) -> None:
         raise exit_request
 
 
+@contextlib.contextmanager
+def bounding_stops(roots: Iterable[ActorCell]) -> Iterator[None]:
+    """Mark ``roots`` as stopping under a timeout (``ActorSystem._stop_within``) while
+    it lasts: their descendants' stops wait for that timeout rather than add their own."""
+    marked = tuple(roots)
+    for root in marked:
+        root.stop_bounds += 1
+    try:
+        yield
+    finally:
+        for root in marked:
+            root.stop_bounds -= 1
+
+
 class ActorCell:
     """Runs one actor: processing loop, supervision of its failures, stop sequence."""
 
@@ -261,6 +280,9 @@ class ActorCell:
         self.handler_run = 0
         self.restarts = RestartBudget()
         self.terminated: asyncio.Future[None] = self.loop.create_future()
+        #: How many stops bounded by a timeout (``bounding_stops``) cover this cell's
+        #: subtree now: then that timeout, not this cell's own, bounds its children's stop.
+        self.stop_bounds = 0
         self.cause: BaseException | None = None
         self.stopping = False
         #: True while the task waits for mail with nothing queued: see ``answer_at_once``.
@@ -830,7 +852,9 @@ class ActorCell:
     async def _restart(self, exc: BaseException, message: Any) -> bool:
         """Replace the instance (mailbox kept); False if the new one failed to start."""
         self.log.info("restarting", error=repr(exc))
-        await self._stop_children_before_restart()  # children first, as when stopping
+        await self._stop_children(  # children first, as when stopping
+            late="children did not stop before the restart; restarting anyway"
+        )
         if self._exit is not None:  # the process is asked to end: stop (post_stop runs)
             return False
         self._started = False
@@ -879,7 +903,7 @@ class ActorCell:
     async def _wind_down(self) -> None:
         self.stopping = True
         self._keeping_exit(self._close_mailbox)
-        await self._stop_children()
+        await self._stop_children(late="children did not stop in time; stopping anyway")
         if self._started:
             self._started = False
             try:
@@ -891,27 +915,38 @@ class ActorCell:
                 self.log.error("post_stop raised", exc_info=exc)
             await _settled_replies_delivered()
 
-    async def _stop_children(self) -> None:
-        for child in reversed(list(self.children.values())):
-            child.request_stop()
-            await asyncio.wait((child.terminated,))  # never cancels the shared future
-
-    async def _stop_children_before_restart(self) -> None:
-        """Stop the children within the system's shutdown timeout, the bound of every
-        stop: past it the stragglers are cancelled (each logged by the system) and the
-        restart goes on, where a child whose stop hangs would hold it up for good."""
+    async def _stop_children(self, *, late: str) -> None:
+        """Stop the children, youngest first, within the system's shutdown timeout: past
+        it the stragglers are cancelled (each logged by the system), ``late`` is logged and
+        this actor's stop or restart goes on, where a child whose stop hangs would hold it
+        up for good. Under a stop bounded from above (``_under_bounded_stop``) they
+        wait as long as it takes: that stop's timeout (a caller's, shorter or longer)
+        bounds the whole subtree at once, and its kill cancels it all."""
         if not self.children:
             return
+        children = list(self.children.values())
+        if self._under_bounded_stop():
+            for child in reversed(children):
+                child.request_stop()
+                await asyncio.wait((child.terminated,))  # never cancels the shared future
+            return
         try:
-            await self.system._stop_within(list(self.children.values()), None)
+            await self.system._stop_within(children, None)
         except ShutdownTimeout as exc:
-            self.log.error(
-                "children did not stop before the restart; restarting anyway", error=str(exc)
-            )
+            self.log.error(late, error=str(exc))
         except (KeyboardInterrupt, SystemExit) as exit_request:
             # A dead-letter subscriber's, while a straggler's mailbox was refused: held
             # until this actor has stopped, like one raised in its own cleanup.
             self._keep_exit(exit_request)
+
+    def _under_bounded_stop(self) -> bool:
+        """Does a stop bounded by a timeout (``bounding_stops``) cover this cell?"""
+        cell: ActorCell | None = self
+        while cell is not None:
+            if cell.stop_bounds:
+                return True
+            cell = cell.parent
+        return False
 
     def _fail_owed_replies(self, ended: str) -> None:
         """The replies the instance owes that its last hook (``post_stop``, or

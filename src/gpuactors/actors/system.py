@@ -9,7 +9,7 @@ from types import TracebackType
 
 from gpuactors.actors.actor import Actor
 from gpuactors.actors.at_once import AtOnceStreak
-from gpuactors.actors.cell import CURRENT_CELL, ActorCell, run_each
+from gpuactors.actors.cell import CURRENT_CELL, ActorCell, bounding_stops, run_each
 from gpuactors.actors.checks import count, optional_seconds, seconds
 from gpuactors.actors.dead_letters import DeadLetters
 from gpuactors.actors.props import Props
@@ -36,8 +36,9 @@ class ActorSystem:
     guardian with ``guardian_strategy``; a failure escalated to the guardian stops the
     actor. Stopping is bounded: actors that outlive the timeout are cancelled and
     :class:`~gpuactors.errors.ShutdownTimeout` is raised, so shutdown never hangs.
-    A restart stops the actor's children within ``shutdown_timeout`` too (past it they
-    are cancelled and logged, and the restart goes on).
+    An actor's stop or restart waits for its children within ``shutdown_timeout`` too
+    (past it they are cancelled and logged, and the stop or restart goes on), unless a
+    :meth:`stop` or :meth:`shutdown` already bounds it with its own timeout.
     Every argument is checked when given (InvalidArgument): ``shutdown_timeout`` is a
     finite number of seconds above 0, ``dead_letter_capacity`` a whole number >= 0.
     """
@@ -217,7 +218,13 @@ class ActorSystem:
             del self._top[cell.name]
 
     async def _stop_within(self, roots: Sequence[ActorCell], timeout: float | None) -> None:
-        """Stop ``roots`` youngest first; past the timeout cancel their subtrees and raise."""
+        """Stop ``roots`` youngest first; past the timeout cancel their subtrees and raise.
+
+        Their subtrees are marked meanwhile: this timeout alone bounds every stop in them."""
+        with bounding_stops(roots):
+            await self._stop_or_kill(roots, timeout)
+
+    async def _stop_or_kill(self, roots: Sequence[ActorCell], timeout: float | None) -> None:
         limit = self.shutdown_timeout if timeout is None else timeout
         stopper = self.loop.create_task(_stop_in_order(roots))
         try:
