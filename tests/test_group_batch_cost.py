@@ -194,17 +194,32 @@ async def test_a_placed_batch_reaches_its_engine_as_the_caller_made_it() -> None
 
 
 @pytest.mark.usefixtures("cupy_like_arrays")
-async def test_a_batch_whose_arrays_live_on_two_engines_is_still_refused_whole() -> None:
+async def test_a_batch_on_two_engines_or_outside_the_group_reaches_no_engine() -> None:
+    """Refused before any engine is sent anything, in the split's words whichever way
+    the batch would have gone (``devices=1`` takes the split)."""
     members = [AnswersAtOnce(0), AnswersAtOnce(1)]
     group = EngineGroup(members)  # type: ignore[arg-type]
     with pytest.raises(WrongDevice, match="task 0"):
         await group.enqueue_batch(placed((0, 1)))
-    with pytest.raises(WrongDevice, match="device 2, which has no engine in this group"):
-        await group.enqueue_batch(placed((2, 2)))
+    for devices in (None, 1):
+        with pytest.raises(WrongDevice, match="argument 'out' lives on device 2, which has no"):
+            await group.enqueue_batch(placed((2, 2)), devices=devices)
+        short = placed((1, 1)).model_copy(update={"args": (CupyLikeArray("uint8", 6 * 1024),)})
+        with pytest.raises(InvalidArgument, match="takes 2 arguments, got 1"):
+            await group.enqueue_batch(short, devices=devices)
     with pytest.raises(InvalidArgument, match="disagree on the number of tasks"):
         await group.enqueue_batch(placed((1, 1), count=7))
     assert not members[0].asked and not members[1].asked
     assert group.in_flight() == {0: 0, 1: 0}
+
+
+@pytest.mark.usefixtures("cupy_like_arrays")
+async def test_a_placed_batch_raises_its_engines_error_as_it_is() -> None:
+    member = AnswersAtOnce(0, DeviceFault("the device faulted"))
+    group = EngineGroup([member])  # type: ignore[list-item]
+    with pytest.raises(DeviceFault, match="the device faulted"):
+        await group.enqueue_batch(placed((0, 0)))
+    assert len(member.asked) == 1 and group.in_flight() == {0: 0}
 
 
 def test_a_large_column_is_read_in_spans_and_judged_by_every_value() -> None:

@@ -9,6 +9,7 @@ how their offsets arrived.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import dataclasses
 import json
@@ -36,7 +37,7 @@ from gpuactors.worker.wire import (
     decode_frame,
     encode_frame,
     frame_buffers,
-    offsets_as_ranges,
+    sendable_batch,
 )
 
 WORKER = "test_worker_batch_cost"
@@ -220,7 +221,7 @@ def test_an_evenly_spaced_offset_column_crosses_as_a_range_the_engine_reads_alik
     column: np.ndarray,
 ) -> None:
     batch = batch_of(column, np.arange(len(column)) * 16)
-    sent = offsets_as_ranges(batch)
+    sent = sendable_batch(batch)
     assert all(isinstance(values, range) for values in sent.offsets.values())
     assert list(sent.offsets) == ["out", "data"]
     assert engine_reads(sent) == engine_reads(batch)
@@ -233,9 +234,9 @@ def test_an_evenly_spaced_offset_column_crosses_as_a_range_the_engine_reads_alik
 @pytest.mark.parametrize("column", LEFT, ids=range(len(LEFT)))
 def test_other_offset_columns_are_left_for_the_engine_to_judge(column: Any) -> None:
     batch = EnqueueBatch(op="scan", args=(OUT, DATA, 1.0), n=16, offsets={"out": column})
-    assert offsets_as_ranges(batch) is batch
+    assert sendable_batch(batch) is batch
     mixed = batch_of(column, range(0, 16 * 4, 16))
-    assert offsets_as_ranges(mixed) is mixed
+    assert sendable_batch(mixed) is mixed
 
 
 # ---------------------------------------- through an isolated engine (CPU worker)
@@ -268,6 +269,32 @@ async def test_an_isolated_engine_sends_evenly_spaced_offsets_as_ranges() -> Non
         await engine.shutdown()
 
 
+@pytest.mark.usefixtures("cupy_like_arrays")
+def test_a_column_the_frame_does_not_carry_crosses_as_the_array_it_holds() -> None:
+    """An ``array.array`` or a ``memoryview`` column (what NumPy reads, as an engine in
+    this process would) is sent as its NumPy array, and read alike; a column NumPy
+    cannot read stays for the engine to refuse."""
+    uneven = array.array("q", [0, 16, 48, 64])
+    batch = EnqueueBatch(
+        op="scan",
+        args=(OUT, DATA, 1.0),
+        n=memoryview(array.array("q", [4, 4, 4, 4])),
+        offsets={"out": array.array("q", [0, 4, 8, 12]), "data": uneven},
+        scalars={"scale": array.array("d", [1.0, 2.0, 3.0, 4.0])},
+    )
+    sent = sendable_batch(batch)
+    assert sent.offsets["out"] == range(0, 16, 4)
+    np.testing.assert_array_equal(sent.offsets["data"], uneven)
+    assert isinstance(sent.n, np.ndarray) and isinstance(sent.scalars["scale"], np.ndarray)
+    assert engine_reads(sent) == engine_reads(batch)
+    remote_args = {"args": (remote(2, 4 * 1000, "<f4"), remote(1, 16 * 1000, "|u1"), 1.0)}
+    frame_buffers(Request(rid=1, message=sent.model_copy(update=remote_args)))
+    with pytest.raises(InvalidArgument, match="array"):  # (the caller's own columns)
+        frame_buffers(Request(rid=1, message=batch.model_copy(update=remote_args)))
+    ragged = batch_of([[0], [4, 8]])
+    assert sendable_batch(ragged) is ragged
+
+
 def test_a_batch_of_evenly_spaced_offsets_is_one_small_buffer_to_write() -> None:
     """What the parent writes per batch: one buffer of a few hundred bytes."""
     batch = EnqueueBatch(
@@ -276,7 +303,7 @@ def test_a_batch_of_evenly_spaced_offsets_is_one_small_buffer_to_write() -> None
         n=1024,
         offsets={"out": np.arange(TASKS) * 256, "data": np.arange(TASKS) * 1024},
     )
-    buffers = frame_buffers(Request(rid=1, message=offsets_as_ranges(batch)))
+    buffers = frame_buffers(Request(rid=1, message=sendable_batch(batch)))
     assert len(buffers) == 1 and len(buffers[0]) < 700
 
 

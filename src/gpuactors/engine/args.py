@@ -221,8 +221,10 @@ def _offset_column(values: Any, what: str, find_spacing: bool = True) -> tuple[I
     if not len(column):
         return as_array(column), 0
     low, high = bounds(column)
-    if low < 0 or high >= MAX_ELEMENTS:
-        raise InvalidArgument(f"{what} must be in [0, 2**62)")
+    if low < 0:
+        raise InvalidArgument(f"{what} must not be negative, got {low}")
+    if high >= MAX_ELEMENTS:
+        raise InvalidArgument(f"{what} must be below 2**62, got {high}")
     return column, high
 
 

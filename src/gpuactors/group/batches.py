@@ -1,6 +1,8 @@
 """Split an EnqueueBatch by the engine each task's data lives on, and join the replies.
 
-Every task is assigned before anything is sent: its ShardedArray bases say which
+A batch whose arrays all live on one engine is not split: it goes to that engine whole
+(``whole_batch_key``), which checks it as it checks its own caller's. Else every task
+is assigned before anything is sent: its ShardedArray bases say which
 engine holds its element range, a plain base array ties every task to that array's
 engine, and an explicit device per task must agree with both. A task whose arrays
 are on two engines is a WrongDevice error for the whole batch, so no engine's ring
@@ -72,10 +74,7 @@ def split_batch(
 ) -> list[BatchPart]:
     """One part per engine that runs any of ``batch``'s tasks (``devices``: an engine
     for every task, or one for all; ``spread_over``: where tasks tied to no engine go)."""
-    if len(batch.args) != len(op.params):
-        raise InvalidArgument(
-            f"op {op.name!r} takes {len(op.params)} arguments, got {len(batch.args)}"
-        )
+    _check_argument_count(batch, op)
     count = task_count(batch, {} if devices is None or _is_count(devices) else {"devices": devices})
     n = _element_count(batch.n)
     offsets = _offset_columns(batch, op)
@@ -97,24 +96,25 @@ def split_batch(
     return passes.each(part, runs, count if per_task else 0)
 
 
-def whole_batch_key(batch: EnqueueBatch, locator: Locator) -> int | None:
+def whole_batch_key(batch: EnqueueBatch, op: OpSpec, locator: Locator) -> int | None:
     """The engine that takes ``batch`` whole, unsplit: the one every array argument lives
     on, where none is a ShardedArray or PerDevice; None where the batch must be split
-    (or where no argument ties it to an engine). That engine checks the batch as it
-    would from its own caller, so nothing else is read here: this is the way of a
-    placed batch, whose caller has already put its data where it runs."""
+    (or where no argument ties it to an engine). The way of a placed batch, whose caller
+    has already put its data where it runs: that engine checks the batch as it checks
+    its own caller's, so the group reads no more of it than where its arrays are."""
+    _check_argument_count(batch, op)
     key = None
-    for value in batch.args:
+    for param, value in zip(op.params, batch.args, strict=True):
         if isinstance(value, ShardedArray | PerDevice):
             return None
-        held = locator.key_of(value)
+        where = f"argument {param.name!r}"
+        held = locator.key_of(value, where)
         if held is None:
             continue
+        _check_known(held, locator, f"{where} lives on")
         if key is not None and held != key:
             return None  # two engines: the split names the task and both
         key = held
-    if key is not None:
-        _check_known(key, locator, "argument arrays live on")
     return key
 
 
@@ -126,6 +126,13 @@ def whole_reply(key: int, reply: BatchCompletion, per_task: bool) -> GroupBatchC
         statuses=reply.statuses if per_task else None,
         per_engine={key: reply},
     )
+
+
+def _check_argument_count(batch: EnqueueBatch, op: OpSpec) -> None:
+    if len(batch.args) != len(op.params):
+        raise InvalidArgument(
+            f"op {op.name!r} takes {len(op.params)} arguments, got {len(batch.args)}"
+        )
 
 
 def _element_count(n: Any) -> int | np.ndarray:

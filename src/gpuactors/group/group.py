@@ -77,7 +77,7 @@ from gpuactors.logs import get_logger
 from gpuactors.messages import Message
 from gpuactors.numeric import whole_number
 from gpuactors.worker import Download, Free, IsolationConfig, Job, JobResult, RemoteArray, Upload
-from gpuactors.worker.wire import offsets_as_ranges
+from gpuactors.worker.wire import sendable_batch
 
 T = TypeVar("T")
 log = get_logger(component="group")
@@ -90,7 +90,8 @@ class EngineGroup:
       engine of the device that holds the task's arrays; a task tied to no device goes
       where the placement policy says. Arrays on two devices are ``WrongDevice``.
     * ``EnqueueBatch`` is split by where each task's data lives (ShardedArray bases) or
-      by an explicit device per task, and answered with one reply.
+      by an explicit device per task, and answered with one reply; a batch whose arrays
+      all live on one engine goes to it whole.
     * ``InstallOp``, ``ReplaceOp``, ``AliasOp`` and ``Rollback`` reach every engine; the
       reply says when the version is live on all of them (see ``switch.py`` for the rule).
     """
@@ -292,10 +293,10 @@ class EngineGroup:
         whose arrays all live on one engine goes to it whole, and that engine checks it
         as it checks its own caller's."""
         op = self._ledger.spec(batch.op)
-        key = whole_batch_key(batch, self._locator) if devices is None else None
+        key = whole_batch_key(batch, op, self._locator) if devices is None else None
         if key is not None:  # placed by its caller: its engine takes it whole
             size = task_count(batch)
-            whole = offsets_as_ranges(batch, passes.spacing_of)  # (as the split reads them)
+            whole = sendable_batch(batch, passes.spacing_of)  # (as the split reads them)
             reply = await self._counted(key, size, self._members[key].ask(whole))
             return whole_reply(key, reply, batch.per_task)
         parts = split_batch(batch, op, self._locator, devices=devices, spread_over=self.serving())

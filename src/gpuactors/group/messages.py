@@ -14,7 +14,8 @@ from gpuactors.messages import Reply
 
 
 class GroupBatchCompletion(Reply):
-    """Every task of a batch split over the group's engines has finished (check ``failed``)."""
+    """Every task of a batch sent to the group's engines (split, or whole to one) has
+    finished (check ``failed``)."""
 
     count: int
     failed: int

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import ray
-from pydantic import BaseModel
 
 from gpuactors.actors import ActorSystem
 from gpuactors.engine import (
@@ -284,7 +283,7 @@ class EngineHost:
         if not any(isinstance(arg, RemoteArray) for arg in batch.args):
             return batch
         args = self._resolved(member, batch.args)
-        return BaseModel.model_copy(batch, update={"args": args})
+        return batch.same_values_copy(args=args)
 
     def _resolved(self, member: EngineMember, args: tuple[Any, ...]) -> tuple[Any, ...]:
         return tuple(self._array(member, a) if isinstance(a, RemoteArray) else a for a in args)

@@ -49,7 +49,7 @@ from gpuactors.messages import Message
 from gpuactors.ray.host import CHANGES, Outcome, uncarry
 from gpuactors.worker import Download, Downloaded, Free, Job, JobResult, RemoteArray, Upload
 from gpuactors.worker.link import Link, LinkAddress, NoLink, OpenLink
-from gpuactors.worker.wire import offsets_as_ranges
+from gpuactors.worker.wire import sendable_batch
 
 #: Ray's "retry forever": the actor's restart budget (max_restarts) still bounds it, as a
 #: call to an actor that Ray will not restart fails at once. A retry can come while the
@@ -199,7 +199,7 @@ class RayMember:
         if self._dead is not None:
             raise EngineStopped(f"actor {self._key} serves no more: {self._dead}")
         if isinstance(message, EnqueueBatch):  # evenly spaced offsets cross as 3 integers
-            message = offsets_as_ranges(message)
+            message = sendable_batch(message)
         if isinstance(message, Drain) and self._link is not None:
             await self._link.settled()  # the batches sent before it, on their way
         if self._use_link and isinstance(message, EnqueueBatch) and not idempotent:

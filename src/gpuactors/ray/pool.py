@@ -3,7 +3,8 @@
 The pool is an :class:`~gpuactors.group.EngineGroup` whose members are Ray actors,
 so it takes the same typed messages and keeps the same rules: a task goes to the
 actor that holds its RemoteArrays (host data goes by value, to the least-loaded
-actor), a batch is split by where its tasks' data lives, and op changes reach every
+actor), a batch is split by where its tasks' data lives (or goes whole to the actor
+that holds all of it), and op changes reach every
 actor in three phases. Keys are actor indices (0, 1, ...).
 """
 

@@ -91,7 +91,7 @@ from gpuactors.worker.wire import (
     Frame,
     FreeKernel,
     check_answer,
-    offsets_as_ranges,
+    sendable_batch,
 )
 
 #: Messages that change what the engine runs: replayed, in order, on every new worker.
@@ -229,14 +229,14 @@ class IsolatedEngineActor(Actor):
     @handles(EnqueueBatch)
     def enqueue_batch(self, msg: EnqueueBatch) -> None:
         """Batches run on RemoteArrays (their bases live in the worker); evenly spaced
-        offsets cross as ranges (:func:`~gpuactors.worker.wire.offsets_as_ranges`)."""
+        offsets cross as ranges (:func:`~gpuactors.worker.wire.sendable_batch`)."""
         bad = [a for a in msg.args if not (isinstance(a, RemoteArray) or np.isscalar(a))]
         if bad:
             raise InvalidArgument(
                 "an isolated engine's EnqueueBatch takes RemoteArray bases and scalars, "
                 f"not {type(bad[0]).__name__}"
             )
-        self._submit(offsets_as_ranges(msg))
+        self._submit(sendable_batch(msg))
 
     @handles(Compile)
     def compile(self, msg: Compile) -> None:

@@ -52,6 +52,7 @@ from gpuactors.engine.runtime import EngineConfig, PersistentThreadMode
 from gpuactors.engine.spacing import evenly_spaced
 from gpuactors.errors import GpuActorsError, InvalidArgument, WorkerError, WorkerProtocolError
 from gpuactors.messages import Ack, Message
+from gpuactors.numeric import whole_number
 from gpuactors.nvrtc.linker import LinkInput
 from gpuactors.nvrtc.messages import Compile, CompileAsync, KernelReleased, Launched
 from gpuactors.nvrtc.options import NvrtcOpts
@@ -352,28 +353,48 @@ def _bare(cls: type[GpuActorsError], text: str) -> GpuActorsError:
     return error
 
 
-def offsets_as_ranges(
+def sendable_batch(
     batch: EnqueueBatch, spacing: Callable[[np.ndarray], range | None] = evenly_spaced
 ) -> EnqueueBatch:
-    """``batch`` with each evenly spaced offset column (a 1-D integer array) as a range:
-    three integers to send, not a column to copy through the socket. The worker's engine
-    would find that range in the column itself (:mod:`~gpuactors.engine.spacing`), so it
-    runs, and judges, the same values; a column that is not one stays as it is.
+    """``batch`` as it crosses to another process, holding the values it held: each
+    evenly spaced offset column (a 1-D integer array) as a range, three integers to send,
+    not a column to copy through the socket; and each column the frame does not carry
+    (an ``array.array``, a CPU tensor: what NumPy reads) as the NumPy array it holds,
+    as an engine in this process would read it. The worker's engine would find that
+    range in the column itself (:mod:`~gpuactors.engine.spacing`), so it runs, and
+    judges, the same values; any other column stays as it is, for the engine to judge.
     ``spacing``: how a column is read (a group reads a large one on threads).
 
-    Its cost here: a look at each offset column, and one pass over an evenly spaced
-    one (the pass the worker's engine no longer makes); a column of another shape is
+    Its cost here: a look at each column, and one pass over an evenly spaced offset
+    column (the pass the worker's engine no longer makes); a column of another shape is
     given up after its first, second and last values, as a rule."""
-    ranges = {}
-    for name, column in batch.offsets.items():
+    changed: dict[str, Any] = {}
+    offsets = {name: _carried(column) for name, column in batch.offsets.items()}
+    for name, column in offsets.items():
         if isinstance(column, np.ndarray) and column.ndim == 1 and column.dtype.kind in "iu":
             # (as the engine reads one: a uint64 past 2**63 turns negative, and is refused)
-            spaced = spacing(column.astype(np.int64, copy=False))
-            if spaced is not None:
-                ranges[name] = spaced
-    if not ranges:
-        return batch
-    return batch.same_values_copy(offsets={**batch.offsets, **ranges})
+            offsets[name] = spacing(column.astype(np.int64, copy=False)) or column
+    if any(offsets[name] is not column for name, column in batch.offsets.items()):
+        changed["offsets"] = offsets
+    scalars = {name: _carried(column) for name, column in batch.scalars.items()}
+    if any(scalars[name] is not column for name, column in batch.scalars.items()):
+        changed["scalars"] = scalars
+    n = batch.n if whole_number(batch.n) is not None else _carried(batch.n)
+    if n is not batch.n:
+        changed["n"] = n
+    return batch.same_values_copy(**changed) if changed else batch
+
+
+def _carried(column: Any) -> Any:
+    """``column`` as a value the frame carries: as it is where it is one, else the NumPy
+    array it holds (as it is where NumPy cannot read it: the engine says what is wrong)."""
+    if isinstance(column, np.ndarray | range | list | tuple):
+        return column
+    try:
+        array = np.asarray(column)
+    except Exception:  # (a GPU tensor, a ragged sequence: refused where it is read)
+        return column
+    return column if array.dtype.kind == "O" else array
 
 
 def check_answer(message: Message, value: Any) -> None:
