@@ -67,6 +67,7 @@ def test_a_tiny_run_writes_every_figure(
     comparisons = {comparison.label: comparison for comparison in results.comparisons}
     batches = {f"1 client: EnqueueBatch of {size}": size for size in (1, 100)}
     groups = {f"group of {size}: EnqueueBatch of 10,000" for size in (1, 2)}
+    groups |= {f"group of {size}: placed EnqueueBatch of 10,000" for size in (1, 2)}
     assert set(comparisons) == {f"40 clients: {name}" for name in CALLS} | set(batches) | groups
     for label, comparison in comparisons.items():
         assert comparison.value > 0 and comparison.baseline_value > 0
@@ -115,6 +116,9 @@ def test_the_group_section_measures_the_groups_own_work(
         assert own == pytest.approx(comparison.value - comparison.baseline_value)
         ratio = comparison.value / comparison.baseline_value
         assert f"({ratio:.2f}x)  the group's own {own:7.1f} us" in printed
+        placed = comparisons[f"group of {size}: placed EnqueueBatch of 65"]
+        assert placed.baseline_label == "engine 0 alone: placed EnqueueBatch of 65"
+        assert placed.value > 0 and placed.baseline_value > 0 and not placed.higher_is_better
 
 
 @pytest.mark.parametrize("tasks", ["1", "x", str(2**31 + 1)])

@@ -23,7 +23,9 @@ Measured, in interleaved rounds so that each meets the same machine:
   engine, then two), ``EnqueueBatch``es of 10,000 byte histograms of 1 KiB each over
   ShardedArrays (``--group-tasks``), against the same tasks sent to the engines alone
   (two engines: each its half, at once): the group's own work per batch (its checks,
-  the split, each part's message, the joined reply), and their ratio, from one run.
+  the split, each part's message, the joined reply), and their ratio, from one run;
+  and a batch whose arrays all live on engine 0 (placed by its caller), which the
+  group sends whole, against the same batch sent to engine 0.
 
 The stand-in device finishes every task the moment it is kicked, so the engine's
 in-line path (publish, spin, answer) never misses its spin here: at many clients
@@ -293,7 +295,9 @@ class GroupPath:
 
     def calls(self, engines: int) -> dict[str, Call]:
         """``group`` (the batch through a group of ``engines``) and ``alone`` (its tasks
-        sent straight to those engines: each its share, at once)."""
+        sent straight to those engines: each its share, at once); ``placed`` (a batch
+        whose arrays all live on engine 0, through the group) and ``placed_alone`` (the
+        same batch sent to engine 0)."""
         devices = range(engines)
         group = EngineGroup([LocalMember(self.engines[d], d) for d in devices])
         rows = [len(share) for share in np.array_split(np.arange(self.tasks), engines)]
@@ -322,7 +326,24 @@ class GroupPath:
             replies = [await asks[0]] if engines == 1 else await asyncio.gather(*asks)
             self._check(sum(r.count for r in replies), sum(r.failed for r in replies))
 
-        return {"group": through_group, "alone": alone}
+        placed_hist = CupyLikeArray("uint32", self.tasks * HIST_ROW, ptr=1 << 46)
+        placed_data = CupyLikeArray("uint8", self.tasks * DATA_ROW, ptr=1 << 47)
+
+        async def placed() -> None:
+            reply = await group.enqueue_batch(share_batch(placed_hist, placed_data, self.tasks))
+            self._check(reply.count, reply.failed)
+
+        async def placed_alone() -> None:
+            batch = share_batch(placed_hist, placed_data, self.tasks)
+            reply = await self.engines[0].ref.ask(batch)
+            self._check(reply.count, reply.failed)
+
+        return {
+            "group": through_group,
+            "alone": alone,
+            "placed": placed,
+            "placed_alone": placed_alone,
+        }
 
     def _sharded(self, dtype: str, row: int, rows: list[int], base: int) -> ShardedArray:
         shards, start = [], 0
@@ -381,6 +402,8 @@ async def group_section(system: ActorSystem, args: argparse.Namespace) -> dict[s
             "alone_us": alone_us,
             "own_us": group_us - alone_us,
             "ratio": group_us / alone_us,
+            "placed_us": statistics.median(samples[size, "placed"]),
+            "placed_alone_us": statistics.median(samples[size, "placed_alone"]),
             "samples": len(samples[size, "group"]),
         }
     return {"tasks": args.group_tasks, "engines": by_size}
@@ -640,6 +663,11 @@ def report_group(group: dict[str, Any]) -> None:
             f"group {figures['group_us']:8.1f} us ({figures['ratio']:.2f}x)  "
             f"the group's own {figures['own_us']:7.1f} us"
         )
+        print(
+            f"             placed on engine 0: engine alone {figures['placed_alone_us']:8.1f} us  "
+            f"group {figures['placed_us']:8.1f} us "
+            f"({figures['placed_us'] / figures['placed_alone_us']:.2f}x)"
+        )
 
 
 # -------------------------------------------------------------------------- main
@@ -737,6 +765,14 @@ def record(result: dict[str, Any], results: ScriptResults) -> None:
             higher_is_better=False,
         )
         results.figure(f"group of {size}: the group's own", figures["own_us"], "us/batch")
+        results.compare(
+            f"group of {size}: placed EnqueueBatch of {group['tasks']:,}",
+            figures["placed_us"],
+            baseline_label=f"engine 0 alone: placed EnqueueBatch of {group['tasks']:,}",
+            baseline_value=figures["placed_alone_us"],
+            unit="us",
+            higher_is_better=False,
+        )
     gc_report = result["gc"]
     for generation, count in enumerate(gc_report["collections_per_1000_tasks"]):
         results.figure(f"gc: generation {generation} collections", count, "per 1,000 tasks")
