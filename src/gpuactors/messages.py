@@ -23,7 +23,8 @@ if TYPE_CHECKING:  # typing.Self is Python 3.11+; only an annotation needs it he
 class CheckedCopies(BaseModel):
     """A frozen model whose copies are checked as new objects are: pydantic's own
     ``model_copy(update=...)`` skips validation, which would let a bad value in after
-    all (a copy is how a frozen model is changed)."""
+    all (a copy is how a frozen model is changed). ``same_values_copy`` is the one
+    unchecked copy, for the library's own change of a value's form."""
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         del deep  # the fields are not changed in place: a shallow copy is as good
