@@ -56,6 +56,7 @@ def test_every_group_size_gets_a_row_with_its_ratio_to_one_gpu(
     }
     for count, placed in ((1, 4e6), (2, 7.8e6), (4, 14e6)):  # scans, each batch on one GPU
         figures[count]["placed_scan_jobs_per_s"] = placed
+        figures[count]["placed_cpu_us"] = 250.0 + count  # this process's CPU per batch
     results = ScriptResults.start("bench_scale")
     bench_scale.record_scaling("in-process engines", figures, results)
     rows = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
@@ -86,7 +87,13 @@ def test_every_group_size_gets_a_row_with_its_ratio_to_one_gpu(
     baselines = {(c.label, c.baseline_value) for c in results.comparisons}
     assert ("in-process engines, 4 GPUs: 2. scan jobs", 5e6) in baselines
     assert ("in-process engines, 2 GPUs: 2a. one batch at a time", 9.0) in baselines
-    assert len(results.comparisons) == 10 and len(results.figures) == 15
+    assert len(results.comparisons) == 10 and len(results.figures) == 18
+    assert "(this process's CPU 252 us a batch)" in rows[1]
+    cpu = {f.name: f.value for f in results.figures if f.unit == "us/batch"}
+    assert (
+        cpu["in-process engines, 4 GPUs: 2b. scan jobs, each batch on one GPU: this process's CPU"]
+        == 254.0
+    )
     # One batch at a time is reported beside, with no target.
     assert not any("one batch at a time" in t.name for t in results.targets)
 

@@ -16,7 +16,9 @@ Sections (every result is checked; ratios are to the same measurement on one GPU
      ``DEPTH`` batches in flight. Same targets. 2a (no target): one batch at a time, ms.
      2b: the same batches, each batch's data uploaded to one GPU (as a service
      places its host data), so each goes whole to one engine; a stream per GPU,
-     ``DEPTH`` in flight on each. Same targets.
+     ``DEPTH`` in flight on each. Same targets. Beside it, this process's CPU time per
+     batch (with isolated engines the caller's share, which every GPU's batches pass
+     through: the figure that caps their speed-up).
   Both for a group of engines in this process (one event loop for every GPU) and of
   isolated engines (a worker process, so an event loop, per GPU).
   3. Ray (if installed), one actor on a GPU of this host: the per-call cost of a tiny
@@ -108,7 +110,8 @@ async def group_figures(
         once = np.bincount((rows + data_host).ravel(), minlength=JOBS * 256)
         found = (await group.download(hist)).ravel()  # byte_hist adds: every run counted
         np.testing.assert_array_equal(found, once * (len(scans) + DEPTH + streamed_scans))
-        figures["placed_scan_jobs_per_s"] = await placed_scans(group, data_host, once, 40 * repeats)
+        placed = await placed_scans(group, data_host, once, 40 * repeats)
+        figures["placed_scan_jobs_per_s"], figures["placed_cpu_us"] = placed
         if not isolated:
             figures["clients_tasks_per_s"] = await many_clients(group, 1000, 20)
         await group.shutdown()
@@ -117,21 +120,26 @@ async def group_figures(
 
 async def placed_scans(
     group: EngineGroup, data_host: np.ndarray, once: np.ndarray, batches: int
-) -> float:
+) -> tuple[float, float]:
     """Section 2b: jobs/s of 10,000-job scan batches whose data each lives on one GPU
     (uploaded there, as a service places its host data), a stream of ``batches``
     batches per GPU with ``DEPTH`` in flight on each: each batch goes whole to the
     engine that holds its data, so the GPUs share batches instead of splitting each.
-    The rate is the sum of the GPUs' streams, which run at once."""
+    The rate is the sum of the GPUs' streams, which run at once. Also the CPU time this
+    process spent per batch while they ran: with isolated engines, the caller's share,
+    which every GPU's batches pass through (in-process, the engines' too)."""
     zeros = np.zeros((JOBS, 256), np.uint32)
     offsets = {"out": np.arange(JOBS) * 256, "data": np.arange(JOBS) * 1024}
 
-    async def stream_on(device: int) -> float:
+    async def slots_on(device: int) -> list[tuple[Any, Any]]:
+        """``DEPTH`` pairs of (histograms, data) on ``device``, one per batch in flight."""
         slots = []
         for _ in range(DEPTH):
             data = await group.upload(data_host, device=device)
             slots.append((await group.upload(zeros, device=device), data))
-        runs = [0] * DEPTH
+        return slots
+
+    async def stream(slots: list[tuple[Any, Any]], runs: list[int]) -> float:
         sent = 0
 
         def scan() -> Awaitable[GroupBatchCompletion]:
@@ -142,15 +150,20 @@ async def placed_scans(
                 EnqueueBatch(op="byte_hist", args=slots[slot], n=1024, offsets=offsets)
             )
 
-        rate = await streamed(scan, JOBS, batches)
-        for (hist, data), count in zip(slots, runs, strict=True):
+        return await streamed(scan, JOBS, batches)
+
+    placed = await asyncio.gather(*(slots_on(device) for device in group.devices))
+    runs = [[0] * DEPTH for _ in placed]
+    cpu = time.process_time()
+    rates = await asyncio.gather(*(stream(s, r) for s, r in zip(placed, runs, strict=True)))
+    cpu = time.process_time() - cpu
+    for slots, counts in zip(placed, runs, strict=True):
+        for (hist, data), count in zip(slots, counts, strict=True):
             found = (await group.download(hist)).ravel()
             np.testing.assert_array_equal(found, once * count)
             await group.free(hist)
             await group.free(data)
-        return rate
-
-    return sum(await asyncio.gather(*(stream_on(device) for device in group.devices)))
+    return sum(rates), cpu / sum(map(sum, runs)) * 1e6
 
 
 async def timed(reply: Awaitable[GroupBatchCompletion | BatchCompletion], count: int) -> float:
@@ -275,6 +288,9 @@ def record_scaling(kind: str, figures: dict[int, dict[str, float]], results: Scr
                     f"{label} >= {target}x 1 GPU", ratio >= target, f"{ratio:.2f}x"
                 )
                 line += f" (target >= {target}x: {met})"
+            if key == "placed_scan_jobs_per_s":
+                results.figure(f"{label}: this process's CPU", got["placed_cpu_us"], "us/batch")
+                line += f" (this process's CPU {got['placed_cpu_us']:.0f} us a batch)"
         print(line, flush=True)
 
 
