@@ -165,9 +165,10 @@ class WorkerHost:
         if isinstance(message, Download):
             return _device_call(_to_host, self._remote(message.array))
         if isinstance(message, EnqueueBatch):
+            # The engine's own arrays for the RemoteArrays that name them: not validated
+            # again (the frame's batch was, and the engine checks its arrays as any batch's).
             args = tuple(self._remote(a) if isinstance(a, RemoteArray) else a for a in message.args)
-            batch = message.model_copy(update={"args": args})
-            return await self.engine.ref.ask(batch, timeout=None)
+            return await self.engine.ref.ask(message.same_values_copy(args=args), timeout=None)
         if isinstance(message, Free):
             self._remote(message.array)
             del self._arrays[message.array.id]

@@ -1,0 +1,54 @@
+"""The worker's batch path (``WorkerHost``) without a process: the engine gets the
+batch with its own arrays for the RemoteArrays, and the batch is not validated a second
+time (the frame's batch was; the engine checks its arrays as any batch's)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gpuactors.engine import BatchCompletion, EnqueueBatch
+from gpuactors.errors import GpuRefStale
+from gpuactors.worker import RemoteArray
+from worker_host_cases import host_and_stream
+
+
+class EngineRef:
+    """An engine that answers a batch at once and keeps what it was asked."""
+
+    def __init__(self) -> None:
+        self.asked: list[EnqueueBatch] = []
+
+    async def ask(self, message: Any, timeout: float | None = None) -> BatchCompletion:
+        self.asked.append(message)
+        return BatchCompletion(first_seq=1, count=4, failed=0)
+
+
+async def test_the_engine_gets_the_workers_own_arrays_in_a_batch_validated_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ref = EngineRef()
+    host, _written = host_and_stream(engine=type("Engine", (), {"ref": ref})())
+    held = np.zeros(8, np.float32)  # (the array the worker holds for id 1)
+    host._arrays[1] = held
+    remote = RemoteArray(id=1, shape=(8,), dtype="<f4", generation=1, owner="")
+    batch = EnqueueBatch(op="fill", args=(remote, 1.0), n=2, offsets={"out": range(0, 8, 2)})
+    made = 0
+    validated = EnqueueBatch.__init__
+
+    def counted(self: EnqueueBatch, **fields: Any) -> None:
+        nonlocal made
+        made += 1
+        validated(self, **fields)
+
+    monkeypatch.setattr(EnqueueBatch, "__init__", counted)
+    done = await host._handle(batch)
+    assert isinstance(done, BatchCompletion) and made == 0
+    (sent,) = ref.asked
+    assert sent.args[0] is held and sent.args[1] == 1.0
+    assert dict(sent, args=None) == dict(batch, args=None)
+    unknown = remote.model_copy(update={"id": 7})
+    with pytest.raises(GpuRefStale):
+        await host._handle(batch.model_copy(update={"args": (unknown, 1.0)}))
