@@ -12,7 +12,7 @@ import pytest
 from gpuactors.engine import BatchCompletion, EnqueueBatch
 from gpuactors.errors import GpuRefStale
 from gpuactors.worker import RemoteArray
-from worker_host_cases import host_and_stream
+from worker_host_cases import batches_made, host_and_stream
 
 
 class EngineRef:
@@ -35,17 +35,9 @@ async def test_the_engine_gets_the_workers_own_arrays_in_a_batch_validated_once(
     host._arrays[1] = held
     remote = RemoteArray(id=1, shape=(8,), dtype="<f4", generation=1, owner="")
     batch = EnqueueBatch(op="fill", args=(remote, 1.0), n=2, offsets={"out": range(0, 8, 2)})
-    made = 0
-    validated = EnqueueBatch.__init__
-
-    def counted(self: EnqueueBatch, **fields: Any) -> None:
-        nonlocal made
-        made += 1
-        validated(self, **fields)
-
-    monkeypatch.setattr(EnqueueBatch, "__init__", counted)
+    made = batches_made(monkeypatch)
     done = await host._handle(batch)
-    assert isinstance(done, BatchCompletion) and made == 0
+    assert isinstance(done, BatchCompletion) and not made
     (sent,) = ref.asked
     assert sent.args[0] is held and sent.args[1] == 1.0
     assert dict(sent, args=None) == dict(batch, args=None)

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from gpuactors.engine import EnqueueBatch
 from gpuactors.errors import TaskFailed
 from gpuactors.worker.child import WorkerHost
 from gpuactors.worker.messages import RemoteKernel
@@ -45,3 +48,17 @@ def with_huge_code() -> TaskFailed:
     error = TaskFailed("fill", 1, 2)
     error.code = 10**5000
     return error
+
+
+def batches_made(monkeypatch: pytest.MonkeyPatch) -> list[EnqueueBatch]:
+    """Every EnqueueBatch validated from now on (a checked copy is one), in a list that
+    grows as they are made."""
+    made: list[EnqueueBatch] = []
+    validated = EnqueueBatch.__init__
+
+    def counted(self: EnqueueBatch, **fields: Any) -> None:
+        made.append(self)
+        validated(self, **fields)
+
+    monkeypatch.setattr(EnqueueBatch, "__init__", counted)
+    return made
