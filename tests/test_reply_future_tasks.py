@@ -86,6 +86,16 @@ class PreStartLeaver(Leaver):
         self.start_worker()
 
 
+class SpawnLeaver(Message):
+    """Its async handler spawns a PreStartLeaver child and answers its ref."""
+
+
+class Spawner(Actor):
+    @handles(SpawnLeaver)
+    async def spawn_leaver(self, _msg: SpawnLeaver) -> ActorRef:
+        return self.context.spawn(PreStartLeaver)
+
+
 def _reset_leaver() -> None:
     Leaver.go = asyncio.Event()
     Leaver.gate = asyncio.Event()
@@ -95,6 +105,9 @@ def _reset_leaver() -> None:
 async def _start_the_worker(system: ActorSystem, started_by: str) -> ActorRef:
     if started_by == "pre_start":
         return system.spawn(PreStartLeaver)
+    if started_by == "a child's pre_start":  # spawned in its parent's first async run
+        child: ActorRef = await system.spawn(Spawner).ask(SpawnLeaver(), timeout=2)
+        return child
     ref = system.spawn(Leaver)
     await asyncio.sleep(0.01)  # started and idle: a synchronous ask is answered at once
     if started_by == "tell":
@@ -107,7 +120,9 @@ async def _start_the_worker(system: ActorSystem, started_by: str) -> ActorRef:
 
 
 @pytest.mark.parametrize("take", [False, True], ids=["later-not-taken", "later-taken"])
-@pytest.mark.parametrize("started_by", ["ask-sync", "ask-async", "tell", "pre_start"])
+@pytest.mark.parametrize(
+    "started_by", ["ask-sync", "ask-async", "tell", "pre_start", "a child's pre_start"]
+)
 async def test_a_task_an_earlier_handler_left_running_may_not_take_a_later_reply(
     started_by: str, take: bool
 ) -> None:

@@ -17,6 +17,7 @@ current handler cancelled. A restart stops the children first too, bounded the s
 way. One bound covers a whole subtree: where the actor's stop is bounded from above
 already (``ActorSystem.stop`` or ``shutdown`` and its timeout, or an ancestor waiting
 for its children), that bound alone applies, and its kill cancels the whole subtree.
+A bound already running when a longer one arrives from above keeps running.
 A dead-letter subscriber's KeyboardInterrupt or SystemExit cuts none of this short:
 the actor stops, then its task (or whoever ran ``_finalize``) re-raises it.
 
@@ -397,6 +398,7 @@ class ActorCell:
     # ---------------------------------------------------------------- the task
     async def _run(self) -> None:
         CURRENT_CELL.set(self)
+        HANDLER_RUN.set(0)  # (not its spawner's run: this actor counts its own from 0)
         structlog.contextvars.bind_contextvars(system=self.system.name, actor=self.path)
         try:
             try:
