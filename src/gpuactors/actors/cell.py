@@ -52,7 +52,7 @@ import contextlib
 import contextvars
 import inspect
 import sys
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from contextvars import ContextVar
 from functools import partial
 from types import CoroutineType
@@ -228,6 +228,13 @@ def run_each(steps: Iterable[Callable[[], None]]) -> None:
                 exit_request = raised
     if exit_request is not None:
         raise exit_request
+
+
+async def stop_in_order(cells: Sequence[ActorCell]) -> None:
+    """Stop ``cells`` one after another, the last first, each waited for until it ends."""
+    for cell in reversed(cells):
+        cell.request_stop()
+        await asyncio.wait((cell.terminated,))  # never cancels the shared future
 
 
 @contextlib.contextmanager
@@ -928,9 +935,7 @@ class ActorCell:
             return
         children = list(self.children.values())
         if self._under_bounded_stop():
-            for child in reversed(children):
-                child.request_stop()
-                await asyncio.wait((child.terminated,))  # never cancels the shared future
+            await stop_in_order(children)
             return
         try:
             await self.system._stop_within(children, None)

@@ -9,7 +9,13 @@ from types import TracebackType
 
 from gpuactors.actors.actor import Actor
 from gpuactors.actors.at_once import AtOnceStreak
-from gpuactors.actors.cell import CURRENT_CELL, ActorCell, bounding_stops, run_each
+from gpuactors.actors.cell import (
+    CURRENT_CELL,
+    ActorCell,
+    bounding_stops,
+    run_each,
+    stop_in_order,
+)
 from gpuactors.actors.checks import count, optional_seconds, seconds
 from gpuactors.actors.dead_letters import DeadLetters
 from gpuactors.actors.props import Props
@@ -226,7 +232,7 @@ class ActorSystem:
 
     async def _stop_or_kill(self, roots: Sequence[ActorCell], timeout: float | None) -> None:
         limit = self.shutdown_timeout if timeout is None else timeout
-        stopper = self.loop.create_task(_stop_in_order(roots))
+        stopper = self.loop.create_task(stop_in_order(roots))
         try:
             done, _ = await asyncio.wait((stopper,), timeout=limit)
         except asyncio.CancelledError:
@@ -260,9 +266,3 @@ class ActorSystem:
         for cell in doomed:
             cell.kill()
         return doomed
-
-
-async def _stop_in_order(roots: Sequence[ActorCell]) -> None:
-    for cell in reversed(roots):
-        cell.request_stop()
-        await asyncio.wait((cell.terminated,))
