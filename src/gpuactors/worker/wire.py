@@ -368,21 +368,25 @@ def sendable_batch(
     Its cost here: a look at each column, and one pass over an evenly spaced offset
     column (the pass the worker's engine no longer makes); a column of another shape is
     given up after its first, second and last values, as a rule."""
-    changed: dict[str, Any] = {}
     offsets = {name: _carried(column) for name, column in batch.offsets.items()}
     for name, column in offsets.items():
         if isinstance(column, np.ndarray) and column.ndim == 1 and column.dtype.kind in "iu":
             # (as the engine reads one: a uint64 past 2**63 turns negative, and is refused)
             offsets[name] = spacing(column.astype(np.int64, copy=False)) or column
-    if any(offsets[name] is not column for name, column in batch.offsets.items()):
-        changed["offsets"] = offsets
-    scalars = {name: _carried(column) for name, column in batch.scalars.items()}
-    if any(scalars[name] is not column for name, column in batch.scalars.items()):
-        changed["scalars"] = scalars
-    n = batch.n if whole_number(batch.n) is not None else _carried(batch.n)
-    if n is not batch.n:
-        changed["n"] = n
+    sent = {
+        "offsets": offsets,
+        "scalars": {name: _carried(column) for name, column in batch.scalars.items()},
+        "n": batch.n if whole_number(batch.n) is not None else _carried(batch.n),
+    }
+    changed = {name: value for name, value in sent.items() if _changed(value, getattr(batch, name))}
     return batch.same_values_copy(**changed) if changed else batch
+
+
+def _changed(sent: Any, given: Any) -> bool:
+    """Is ``sent`` (a column, or a table of them) other than the caller's ``given``?"""
+    if isinstance(given, dict):
+        return any(sent[name] is not column for name, column in given.items())
+    return sent is not given
 
 
 def _carried(column: Any) -> Any:
