@@ -247,6 +247,10 @@ async def test_a_batch_waiting_for_its_inputs_past_its_deadline_times_out(
             {"offsets": {"out": np.arange(3) * 2**61}},
             rf"offsets\['out'\] must be below 2\*\*62, got {2**62}",
         ),
+        (  # (as an int64 it would read negative: the caller's value is named)
+            {"offsets": {"out": np.array([0, 2**63], np.uint64)}},
+            rf"offsets\['out'\] must be below 2\*\*62, got {2**63}",
+        ),
         # A range's stop past its last value, far out: its values, not a float's count.
         (
             {"n": np.array([8, 8]), "offsets": {"out": range(0, 2**60 + 1, 2**60)}},
@@ -260,6 +264,7 @@ async def test_a_batch_waiting_for_its_inputs_past_its_deadline_times_out(
         "range",
         "negative-range",
         "evenly-spaced-too-far",
+        "uint64-past-2**63",
         "range-stop-far-past",
         "range-too-long",
     ],

@@ -288,6 +288,7 @@ def test_an_answer_must_fit_its_request() -> None:
         (job, completion),
         (Upload(array=np.zeros(2)), True),  # a bool is not an array id
         (Download(array=remote), np.zeros(3, np.float32)),
+        (Download(array=remote), np.zeros(4, np.float64)),  # another dtype
     ]
     # A batch's answer covers its tasks, which a group joins by position.
     batch = EnqueueBatch(op="fill", args=(remote, 1.0), n=1, count=3, per_task=True)
@@ -298,6 +299,11 @@ def test_an_answer_must_fit_its_request() -> None:
         (batch, BatchCompletion(first_seq=1, count=3, failed=4, statuses=statuses)),
         (batch, BatchCompletion(first_seq=1, count=3, failed=0, statuses=statuses[:2])),
         (batch, BatchCompletion(first_seq=1, count=3, failed=0)),
+        # Statuses as an engine writes them: int32 (a group would read 0.5 as "ran"),
+        # each failed one counted in ``failed``.
+        (batch, BatchCompletion(first_seq=1, count=3, failed=0, statuses=np.zeros(3) + 0.5)),
+        (batch, BatchCompletion(first_seq=1, count=3, failed=0, statuses=statuses + 3)),
+        (batch, BatchCompletion(first_seq=1, count=3, failed=2, statuses=statuses)),
     ]
     for message, value in wrong:
         with pytest.raises(WorkerProtocolError):

@@ -202,7 +202,6 @@ SPACED = [
     np.arange(999, -1, -1) * 4,  # descending
     np.array([8, 4, 0, -4]),  # below 0: refused, as the column would be
     np.arange(1001) * 4,  # the last task past the array's end: refused, naming it
-    np.arange(2, dtype=np.uint64) * 2**62 + 2**63,  # past 2**63: negative as int64
 ]
 LEFT = [
     np.array([0, 4, 12, 16]),  # not evenly spaced
@@ -212,6 +211,9 @@ LEFT = [
     np.arange(4) * 4.0,
     np.array([0, 0, 0]),  # a step of 0 is no range
     [0, 4, 8],  # a list: the engine reads it
+    # From 2**63 on a uint64 reads negative as an int64 (and then evenly spaced):
+    # as it is, the engine refuses it with the values the caller gave.
+    np.arange(2, dtype=np.uint64) * 2**62 + 2**63,
 ]
 
 

@@ -216,7 +216,11 @@ def _offset_column(values: Any, what: str, find_spacing: bool = True) -> tuple[I
             raise InvalidArgument(
                 f"{what} must be a 1-D integer array, got {array.dtype} {array.shape}"
             )
-        array = array.astype(np.int64, copy=False)  # (a uint64 of 2**63 on: below 0)
+        if array.dtype.kind == "u" and array.dtype.itemsize == 8 and array.size:
+            largest = int(array.max())  # (as an int64, 2**63 and up would read negative)
+            if largest >= MAX_ELEMENTS:
+                raise InvalidArgument(f"{what} must be below 2**62, got {largest}")
+        array = array.astype(np.int64, copy=False)
         column = (evenly_spaced(array) if find_spacing else None) or array
     if not len(column):
         return as_array(column), 0

@@ -370,8 +370,7 @@ def sendable_batch(
     given up after its first, second and last values, as a rule."""
     offsets = {name: _carried(column) for name, column in batch.offsets.items()}
     for name, column in offsets.items():
-        if isinstance(column, np.ndarray) and column.ndim == 1 and column.dtype.kind in "iu":
-            # (as the engine reads one: a uint64 past 2**63 turns negative, and is refused)
+        if isinstance(column, np.ndarray) and column.ndim == 1 and _exact_as_int64(column):
             offsets[name] = spacing(column.astype(np.int64, copy=False)) or column
     sent = {
         "offsets": offsets,
@@ -380,6 +379,15 @@ def sendable_batch(
     }
     changed = {name: value for name, value in sent.items() if _changed(value, getattr(batch, name))}
     return batch.same_values_copy(**changed) if changed else batch
+
+
+def _exact_as_int64(column: np.ndarray) -> bool:
+    """Does every value of integer ``column`` keep its value as an int64? Not a uint64
+    from 2**63 on: such a column goes as it is, for the engine to refuse in its words."""
+    kind, size = column.dtype.kind, column.dtype.itemsize
+    if kind == "i" or (kind == "u" and size < 8):
+        return True
+    return kind == "u" and (not column.size or int(column.max()) < 2**63)
 
 
 def _changed(sent: Any, given: Any) -> bool:
@@ -408,7 +416,7 @@ def check_answer(message: Message, value: Any) -> None:
     if fits and isinstance(message, Job | LaunchJob):
         fits = _arrays_fit(message.args, message.returns, value.arrays)
     if fits and isinstance(message, Download):
-        fits = value.shape == message.array.shape
+        fits = value.shape == message.array.shape and value.dtype == np.dtype(message.array.dtype)
     if fits and isinstance(message, EnqueueBatch):
         fits = _batch_fits(message, value)
     if not fits:
@@ -420,11 +428,17 @@ def check_answer(message: Message, value: Any) -> None:
 
 def _batch_fits(batch: EnqueueBatch, done: BatchCompletion) -> bool:
     """A reply for every task of ``batch``: its count, at most that many failed, and a
-    status per task where the batch asked for them (a group joins them by position)."""
+    status per task where the batch asked for them (a group joins them by position):
+    int32, as an engine writes them, the failed ones counted in ``failed``."""
     count = task_count(batch)
     statuses = done.statuses
     if batch.per_task:
-        if not (isinstance(statuses, np.ndarray) and statuses.shape == (count,)):
+        if not (
+            isinstance(statuses, np.ndarray)
+            and statuses.dtype == np.int32
+            and statuses.shape == (count,)
+            and np.count_nonzero(statuses) == done.failed
+        ):
             return False
     elif statuses is not None:
         return False
