@@ -379,6 +379,8 @@ class PersistentEngineActor(Actor):
                 runtime.kick()
                 if runtime.launch_error is not None:
                     runtime.check_fault()
+                if intake.backlog:  # (whether or not others progress: it looks every 10 ms)
+                    intake.expire_backlog()
                 self._note_parks()
                 if progressed:
                     self._drains.settle(completions)
@@ -404,8 +406,6 @@ class PersistentEngineActor(Actor):
                         completions.check_hung(
                             self._service.device_now_ns(), self._config.hang_grace_ms, stopped_ns
                         )
-                    if intake.backlog:
-                        intake.expire_backlog()
                     await asyncio.sleep(SLEEP_MIN_SECONDS)
         except (DeviceFault, TaskTimeout) as exc:
             self._declare_faulted(str(exc))

@@ -209,7 +209,7 @@ class Intake:
             ready_event,
         )
         if ready_event is not None or (self.backlog and self.queue_behind()):
-            self.backlog.append(task)
+            self.queue_last(task)
             self._wake.set()
             return None
         # A busy engine: coalesce. Every task that arrives before the loop turns is
@@ -244,7 +244,7 @@ class Intake:
         if self.backlog or any(event is not None for event in events.values()):
             for task in tasks:
                 if task.ready_event is not None or (self.backlog and self.queue_behind()):
-                    self.backlog.append(task)
+                    self.queue_last(task)
                 else:
                     self.staged.append(task)
         else:  # none waits for its inputs, none can queue behind another: all are staged
@@ -426,8 +426,8 @@ class Intake:
             ready_event,
             expansion=expansion,
         )
-        self.backlog.append(batch)
-        if len(self.backlog) == 1 and not self.staged and ready_event is None:
+        self.queue_last(batch)
+        if len(self.backlog) == 1 and ready_event is None:
             self.flush_backlog()  # nothing ahead of it: publish now, not a loop turn later
             self._answer_in_line(batch)
         if batch.published < batch.count and expansion is None:
@@ -470,6 +470,15 @@ class Intake:
             return True
         head = self.backlog[0]  # a part-published batch is always the head
         return isinstance(head, Batch) and head.published > 0
+
+    def queue_last(self, item: Task | Batch) -> None:
+        """Put ``item`` at the end of the backlog, behind everything accepted before it:
+        tasks staged for this loop turn's publish go first (published now, or queued
+        ahead of it where they must wait), else a batch or a task waiting for its inputs
+        would take their place in the ring's order."""
+        if self.staged:
+            self.flush_staged()
+        self.backlog.append(item)
 
     def flush_staged(self) -> None:
         """Publish the tasks staged since the last loop turn: one vectorised store, one kick."""
@@ -579,7 +588,8 @@ class Intake:
         """Fail with TaskTimeout what waits in the backlog past its deadline. A task (or
         a batch not begun) that waits for its inputs or for room in the ring has not
         reached the device, whose deadline check would otherwise say so. Looks at most
-        every ``_BACKLOG_CHECK_SECONDS`` (the poller calls it while it idles)."""
+        every ``_BACKLOG_CHECK_SECONDS`` (the poller calls it each round while anything
+        waits there, busy or idle: steady traffic must not hold a deadline off)."""
         now = time.monotonic()
         if now - self._backlog_checked_at < _BACKLOG_CHECK_SECONDS:
             return
