@@ -173,3 +173,15 @@ def __getattr__(name: str) -> Any:
     if name == "CUPY_NDARRAY":
         return cupy_ndarray()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def view_of(array: Any, offset: int, shape: tuple[int, ...]) -> Any:
+    """``shape`` elements of device array ``array`` from element ``offset`` on (contiguous);
+    InvalidArgument for a view that is not all inside it (a hand-made RemoteArray's), which
+    slicing would silently cut short or, from a negative offset, take from its end."""
+    size = math.prod(shape)
+    if offset < 0 or offset + size > array.size:
+        raise InvalidArgument(
+            f"a view of {shape} at element {offset} is not inside an array of {array.size}"
+        )
+    return array.reshape(-1)[offset : offset + size].reshape(shape)

@@ -17,6 +17,7 @@ from typing import Any, Literal, Protocol, TypeVar
 import numpy as np
 
 from gpuactors.actors import ActorSystem
+from gpuactors.cuda.arrays import view_of
 from gpuactors.cuda.current import on_device
 from gpuactors.cuda.generation import GENERATIONS
 from gpuactors.engine import Completion, Engine, EngineConfig, Enqueue, OpSpec, ShutdownReport
@@ -168,8 +169,7 @@ class LocalMember:
         """Nothing to do: CuPy frees an array when its last reference goes."""
 
     def view(self, array: Any, offset: int, shape: tuple[int, ...]) -> Any:
-        size = math.prod(shape)
-        return array.reshape(-1)[offset : offset + size].reshape(shape)
+        return view_of(array, offset, shape)
 
     async def stop(self, *, force: bool = False) -> ShutdownReport:
         self._stopped = True

@@ -21,6 +21,7 @@ import numpy as np
 
 from gpuactors.actors import ActorRef, ActorSystem, Props
 from gpuactors.cuda import no_device_reason
+from gpuactors.cuda.arrays import view_of
 from gpuactors.engine import Drain, Engine, EnqueueBatch, Shutdown
 from gpuactors.errors import (
     ActorStopped,
@@ -253,7 +254,7 @@ class WorkerHost:
             raise GpuRefStale(f"remote array {ref.id} (freed or from another worker)", 0, 0)
         if ref.offset == 0 and tuple(array.shape) == ref.shape:
             return array
-        return array.reshape(-1)[ref.offset : ref.offset + ref.size].reshape(ref.shape)
+        return view_of(array, ref.offset, ref.shape)
 
     def _faulted(self, reason: str) -> None:
         if self.fault is None:

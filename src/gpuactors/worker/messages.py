@@ -42,8 +42,15 @@ class RemoteArray(Reply):
     shape: tuple[int, ...]
     dtype: str
     generation: int
-    offset: int = 0  # elements into the uploaded array, for a view made by slicing
+    offset: WholeNumber = Field(default=0, ge=0)  # elements into the upload, for a view
     owner: str = ""  # the engine instance that made it (a restarted actor is another)
+
+    @field_validator("shape")
+    @classmethod
+    def _sizes_not_negative(cls, shape: tuple[int, ...]) -> tuple[int, ...]:
+        if any(size < 0 for size in shape):
+            raise InvalidArgument(f"a RemoteArray's shape must not hold a negative size: {shape}")
+        return shape
 
     @property
     def size(self) -> int:
