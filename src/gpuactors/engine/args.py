@@ -232,7 +232,7 @@ def _offset_column(values: Any, what: str, find_spacing: bool = True) -> tuple[I
     return column, high
 
 
-def _scalar_column(param: ScalarParam, values: Any, where: str) -> np.ndarray:
+def scalar_column(param: ScalarParam, values: Any, where: str) -> np.ndarray:
     """Per-task scalar values as record words (uint64), range- and finiteness-checked."""
     array = _as_1d(values, f"{where} per-task values")
     target = np.dtype(param.dtype)
@@ -291,7 +291,7 @@ def encode_batch(
             info = _checked_array(param, value, 0, device_id, where)
             columns.append(_pointer_column(param, info, msg, n, count, where))
         elif param.name in msg.scalars:
-            columns.append(_scalar_column(param, msg.scalars[param.name], where))
+            columns.append(scalar_column(param, msg.scalars[param.name], where))
         else:
             columns.append(_scalar_bits(param, value, where))
     return RecordColumns(

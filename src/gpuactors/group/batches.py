@@ -6,7 +6,9 @@ is assigned before anything is sent: its ShardedArray bases say which
 engine holds its element range, a plain base array ties every task to that array's
 engine, and an explicit device per task must agree with both. A task whose arrays
 are on two engines is a WrongDevice error for the whole batch, so no engine's ring
-has received any of it. Tasks tied to no engine (PerDevice bases and scalars only)
+has received any of it. So is a value that one engine would refuse (a per-task scalar,
+an offset past the end of a PerDevice's array): checked here, by the engine's rule,
+before any part is sent. Tasks tied to no engine (PerDevice bases and scalars only)
 are spread over the serving engines in equal contiguous runs.
 """
 
@@ -19,11 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from gpuactors.engine.args import MAX_ELEMENTS, task_count
+from gpuactors.cuda.arrays import describe_array
+from gpuactors.engine.args import MAX_ELEMENTS, scalar_column, task_count
 from gpuactors.engine.messages import BatchCompletion, EnqueueBatch
-from gpuactors.engine.ops import ArrayParam, OpSpec
+from gpuactors.engine.ops import ArrayParam, OpSpec, ScalarParam
 from gpuactors.engine.spacing import (
     IntColumn,
+    as_array,
     bounds,
     normalised,
     shifted,
@@ -36,6 +40,7 @@ from gpuactors.group.routing import Locator
 from gpuactors.group.runs import Runs
 from gpuactors.group.sharded import PerDevice, ShardedArray
 from gpuactors.numeric import whole_number
+from gpuactors.worker.messages import RemoteArray
 
 Tasks = slice | np.ndarray  # a batch's tasks: a run of them, or their indices
 Keys = Runs | np.ndarray  # the engine of each task: as runs, or one int64 per task
@@ -54,8 +59,7 @@ class BatchPart:
 
     @property
     def size(self) -> int:
-        tasks = self.tasks
-        return tasks.stop - tasks.start if isinstance(tasks, slice) else len(tasks)
+        return _size(self.tasks)
 
     @property
     def task_indices(self) -> np.ndarray:
@@ -78,6 +82,7 @@ def split_batch(
     count = task_count(batch, {} if devices is None or _is_count(devices) else {"devices": devices})
     n = _element_count(batch.n)
     offsets = _offset_columns(batch, op)
+    _check_scalar_columns(batch, op)
     constraints: list[tuple[str, Keys]] = []
     if devices is not None:
         given = _given_keys(devices, count, locator)
@@ -94,6 +99,25 @@ def split_batch(
     columns = [n, *offsets.values(), *batch.scalars.values()]
     per_task = len(runs) > 1 and any(not isinstance(c, int | range) for c in columns)
     return passes.each(part, runs, count if per_task else 0)
+
+
+def say_which_part(error: InvalidArgument, part: BatchPart, noun: str) -> None:
+    """Add to ``error``, an engine's refusal of ``part``, which engine refused and which of
+    the batch's tasks the part held: the engine numbers the part's tasks from 0, so a
+    task its error names is not the batch's task of that number. (Its type is kept: it
+    is the caller's error still; its text is its one argument.)"""
+    note = f"(the part sent to {noun} {part.key}: the batch's {_described(part.tasks)})"
+    error.args = (f"{error} {note}",)
+
+
+def _described(tasks: Tasks, shown: int = 8) -> str:
+    """A part's tasks, for an error: a run as its ends, else the first few indices."""
+    if isinstance(tasks, slice):
+        last = tasks.stop - 1
+        return f"task {last}" if tasks.start == last else f"tasks {tasks.start} to {last}"
+    listed = ", ".join(str(task) for task in tasks[:shown].tolist())
+    more = f", ... ({len(tasks)} in all)" if len(tasks) > shown else ""
+    return f"task{'s' if len(tasks) > 1 else ''} {listed}{more}"
 
 
 def whole_batch_key(batch: EnqueueBatch, op: OpSpec, locator: Locator) -> int | None:
@@ -136,14 +160,15 @@ def _check_argument_count(batch: EnqueueBatch, op: OpSpec) -> None:
 
 
 def _element_count(n: Any) -> int | np.ndarray:
-    """The batch's ``n``: one count for every task, or one each; below 2**62, not negative."""
+    """The batch's ``n``: one count for every task, or one each; below 2**62, not negative
+    (refused in an engine's words, so a batch sent whole is refused in the same ones)."""
     count = whole_number(n)
     if count is None:
         column = _int_column(n, "n")
         _check_elements(column, "n", signed=True)
         return column
-    if not 0 <= count < MAX_ELEMENTS:  # (refused in the words a column of one would be)
-        _check_elements(range(count, count + 1), "n", signed=True)
+    if not 0 <= count < MAX_ELEMENTS:
+        raise InvalidArgument(f"n must be in [0, 2**62), got {n!r}")
     return count
 
 
@@ -159,6 +184,52 @@ def _offset_columns(batch: EnqueueBatch, op: OpSpec) -> dict[str, IntColumn]:
         offsets[name] = column = _offset_column(values, what)
         _check_elements(column, what, signed=name not in sharded)
     return offsets
+
+
+def _check_scalar_columns(batch: EnqueueBatch, op: OpSpec) -> None:
+    """Each per-task scalar column by the engine's own rule, once for the whole batch: a
+    value that one engine would refuse must stop every part, not its own only (the
+    others would have run theirs). Costs a pass over each column, as the engine's check."""
+    params = {param.name: param for param in op.params}
+    for name, values in batch.scalars.items():
+        param = params.get(name)
+        if not isinstance(param, ScalarParam):  # (the engine's words)
+            raise InvalidArgument(f"op {op.name!r} has no ScalarParam named {name!r}")
+        where = f"argument {name!r} of op {op.name!r}"
+        try:
+            scalar_column(param, values, where)
+        except InvalidArgument as refused:
+            raise _naming_the_task(refused, param, values, where) from None
+
+
+def _naming_the_task(
+    refused: InvalidArgument, param: ScalarParam, values: Any, where: str
+) -> InvalidArgument:
+    """``refused`` naming the first task whose value the engine refuses, found by halving
+    (each half read by the engine's rule: a pass over the column in all); as it is where
+    the column as a whole is refused (its shape, or its kind of numbers)."""
+    try:
+        column = np.asarray(values)
+    except Exception:  # (ragged lists, objects NumPy cannot hold: refused as a column)
+        return refused
+    if column.ndim != 1 or not _scalars_taken(param, column[:0], where):
+        return refused
+    first, last = 0, len(column)  # the first refused task lies in [first, last)
+    while last - first > 1:
+        middle = (first + last) // 2
+        if _scalars_taken(param, column[first:middle], where):
+            first = middle
+        else:
+            last = middle
+    return InvalidArgument(f"{refused}: task {first} has {column[first].item()!r}")
+
+
+def _scalars_taken(param: ScalarParam, column: np.ndarray, where: str) -> bool:
+    try:
+        scalar_column(param, column, where)
+    except InvalidArgument:
+        return False
+    return True
 
 
 def _argument_constraints(
@@ -234,8 +305,10 @@ def _int_column(values: Any, what: str) -> np.ndarray:
         raise InvalidArgument(
             f"{what} must be a 1-D integer array, got {array.dtype} {array.shape}"
         )
-    if array.dtype.kind == "u" and array.size and int(array.max()) >> 63:  # (any byte order)
-        raise InvalidArgument(f"{what} must be below 2**63")
+    if array.dtype.kind == "u" and array.dtype.itemsize == 8 and array.size:
+        largest = int(array.max())  # (as an int64, 2**63 and up would read negative)
+        if largest >= MAX_ELEMENTS:  # (an engine's words, so a batch sent whole says the same)
+            raise InvalidArgument(f"{what} must be below 2**62, got {largest}")
     return array.astype(np.int64, copy=False)
 
 
@@ -263,8 +336,8 @@ def _check_elements(column: IntColumn, what: str, *, signed: bool) -> None:
     if not len(column):
         return
     low, high = bounds(column)
-    if signed and low < 0:
-        raise InvalidArgument(f"{what} must not be negative")
+    if signed and low < 0:  # (an engine's words, so a batch sent whole says the same)
+        raise InvalidArgument(f"{what} must not be negative, got {low}")
     if high >= MAX_ELEMENTS:
         raise InvalidArgument(f"{what} must be below 2**62, got {high}")
 
@@ -355,9 +428,11 @@ def _part_message(
 ) -> EnqueueBatch:
     """Engine ``key``'s share of ``batch``: its own base arrays, its tasks' columns, and
     offsets into a ShardedArray made relative to its shard. WrongDevice where a
-    PerDevice's array for ``key`` lives on another engine."""
+    PerDevice's array for ``key`` lives on another engine; InvalidArgument where one of
+    its tasks reaches past that array's end."""
     args: list[Any] = []
     local_offsets = {name: taken(column, tasks) for name, column in offsets.items()}
+    local_n = n if isinstance(n, int) else n[tasks]
     for param, value in zip(op.params, batch.args, strict=True):
         if isinstance(value, ShardedArray):
             shard = value.shard_on(key)
@@ -377,6 +452,9 @@ def _part_message(
                     f"task {first} runs on {noun} {key}, but the array {where} gives for "
                     f"{noun} {key} lives on {noun} {held}"
                 )
+            # (An array the group cannot read, or given for a scalar: its engine says why.)
+            if held is not None and isinstance(param, ArrayParam):
+                _check_within(array, op, param, local_offsets.get(param.name), local_n, tasks)
             args.append(array)
         else:
             args.append(value)
@@ -390,9 +468,48 @@ def _part_message(
     return EnqueueBatch(
         op=batch.op,
         args=tuple(args),
-        n=n if isinstance(n, int) else n[tasks],
+        n=local_n,
         offsets=local_offsets,
-        # (always: where only ``devices`` counted the tasks, nothing else does)
-        count=tasks.stop - tasks.start if isinstance(tasks, slice) else len(tasks),
+        count=_size(tasks),  # (always: where only ``devices`` counted the tasks, nothing else does)
         **settings,
+    )
+
+
+def _size(tasks: Tasks) -> int:
+    return tasks.stop - tasks.start if isinstance(tasks, slice) else len(tasks)
+
+
+def _size_of(array: Any, where: str) -> int:
+    """How many elements a device array (or a RemoteArray) holds."""
+    if isinstance(array, RemoteArray):
+        return array.size
+    return describe_array(array, where).size
+
+
+def _check_within(
+    array: Any,
+    op: OpSpec,
+    param: ArrayParam,
+    starts: IntColumn | None,
+    n: int | np.ndarray,
+    tasks: Tasks,
+) -> None:
+    """InvalidArgument, in the engine's words but naming the batch's task, where one of
+    ``tasks`` (at ``starts``, else at element 0) reaches past the end of ``array``, its
+    base for ``param``. Read by the bounds alone where the length is one for all (the
+    usual batch, with offsets in a range: a few integers)."""
+    where = f"argument {param.name!r} of op {op.name!r}"
+    size = _size_of(array, where)
+    length = n if param.length == "n" else int(param.length)
+    highest = 0 if starts is None or not len(starts) else bounds(starts)[1]
+    if isinstance(length, int) and highest + length <= size:
+        return
+    ends = np.broadcast_to(length if starts is None else as_array(starts) + length, (_size(tasks),))
+    past = np.flatnonzero(ends > size)
+    if not past.size:
+        return
+    first = int(past[0])
+    task = tasks.start + first if isinstance(tasks, slice) else int(tasks[first])
+    raise InvalidArgument(
+        f"{where}: task {task} needs elements up to {int(ends[first])}, the array has {size}"
     )

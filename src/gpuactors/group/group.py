@@ -49,6 +49,7 @@ from gpuactors.group import passes
 from gpuactors.group.batches import (
     BatchPart,
     join_replies,
+    say_which_part,
     split_batch,
     whole_batch_key,
     whole_reply,
@@ -308,6 +309,10 @@ class EngineGroup:
         calls = [(p.key, functools.partial(self._part_answer, p)) for p in parts]
         done, errors = await each_outcome(calls)
         if errors:
+            for part in parts:  # (its engine numbered the part's tasks from 0)
+                error = errors.get(part.key)
+                if isinstance(error, InvalidArgument):
+                    say_which_part(error, part, self._locator.noun)
             tasks = {part.key: part.task_indices for part in parts}
             fail("a batch ran on some engines only", done, errors, tasks)
         count = sum(part.size for part in parts)

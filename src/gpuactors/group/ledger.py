@@ -4,7 +4,9 @@ Every engine of a group gets the same changes in the same order, so one record
 describes them all, until a change ends with the engines pointing a name at different
 versions (a split): its last phase reached some engines only (PartialFailure), or a
 Rollback took each engine back along a history of its own. The record then holds each
-engine's version, until a change brings every engine to one version again. The group
+engine's version, until a change brings every engine to one version again. While the
+engines switch (phase 3, until each has answered), the record holds a split too: each
+engine may point at the version before or after. The group
 needs it to refuse a bad change before any engine sees it, to give ReplaceOp's new
 version one number and one base on every engine, to know each op's parameters when
 it splits a batch, and to say which version each engine serves.
@@ -56,8 +58,8 @@ class OpLedger:
         if any(spec.params != specs[0].params for spec in specs):
             raise EngineError(
                 f"op {name!r} is split over the engines ({self._describe(name)}) into versions "
-                "with different parameters: a batch cannot be split by them. Point every "
-                "engine at one version first (alias)"
+                "with different parameters: a batch cannot be split by them until every "
+                "engine points at one version (once a change under way ends, or by alias)"
             )
         return specs[-1]
 
@@ -108,8 +110,9 @@ class OpLedger:
 
     def live(self, name: str, keys: Iterable[int]) -> dict[int, int | None]:
         """The version ``name`` points at on each engine of ``keys`` (None: the answer to
-        a change was lost, and it points at one of the versions that change could leave;
-        ``switch.py`` asks such an engine where it points)."""
+        a change was lost, or has not come yet, and it points at one of the versions that
+        change could leave; ``switch.py`` asks where it points an engine whose answer was
+        lost)."""
         self.check_known(name)
         return {key: _one(self.on(name, key)) for key in keys}
 

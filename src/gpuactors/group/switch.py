@@ -12,6 +12,10 @@ engine's rule, binding at acceptance (see docs/scaling.md): a task runs the vers
 its name pointed at on the engine that accepted it. A task sent after the group's
 reply runs the new version on every engine.
 
+While phase 3 runs, the group's ledger records that each engine may point at either
+version: a batch sent then is split only where both versions take the same parameters
+(else EngineError, before any engine sees it).
+
 A phase 3 that reached some engines only, or a Rollback that took each engine back
 along a history of its own to different versions, leaves the name split: the group's
 ledger records each engine's version, and the rule stays as it is in phase 3 (each
@@ -193,9 +197,13 @@ async def flip(
     """Send ``message`` to every target at once and record in ``ledger`` where each
     engine points now (PartialFailure, once recorded, where some did not answer it):
     the replies, the versions each engine may have pointed at before, and how long the
-    engines took (``switch_ms``)."""
+    engines took (``switch_ms``). While the engines switch, one by one, a task may run
+    either version: the ledger says so until they have answered (a batch is then split
+    by their parameters only where they agree)."""
     name = message.name
     before = {target.key: ledger.on(name, target.key) for target in targets}
+    switching = {key: _pointing_after(None, message, was, ledger) for key, was in before.items()}
+    ledger.pointed(name, switching)  # (until each engine answers, it may have switched or not)
     started = time.perf_counter()
     done, errors = await ask_all(targets, message)
     switch_ms = (time.perf_counter() - started) * 1e3
@@ -237,12 +245,13 @@ def _version_in(stats: EngineStats, name: str) -> int | None:
 
 
 def _pointing_after(
-    error: Exception, message: AliasOp | Rollback, before: Candidates, ledger: OpLedger
+    error: Exception | None, message: AliasOp | Rollback, before: Candidates, ledger: OpLedger
 ) -> Candidates:
-    """Where an engine that did not answer ``message`` with a reply points now: where it
-    did before, if it answered the error (it changed nothing); else, as it may have made
-    the change, there or where the change points (a Rollback: any version it holds)."""
-    if refused(error):
+    """Where an engine that did not answer ``message`` with a reply (``None``: not yet)
+    points now: where it did before, if it answered the error (it changed nothing);
+    else, as it may have made the change, there or where the change points (a
+    Rollback: any version it holds)."""
+    if error is not None and refused(error):
         return before
     if isinstance(message, AliasOp):
         return before | {message.version}
