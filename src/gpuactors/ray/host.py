@@ -136,14 +136,26 @@ class EngineHost:
         self._leaving = False
         self._link = LinkServer(self._linked)
         self._stopping = asyncio.Event()
+        self._watch_out: asyncio.Future[None] | None = None  # answers the one watch call out
 
     async def ping(self) -> None:
         """Nothing: a bare call, to measure what Ray itself costs per call."""
 
     async def watch(self) -> None:
         """Answer when this actor stops. A caller keeps this call out to hear from Ray
-        when the actor is lost: its link cannot tell a vanished node from a quiet one."""
-        await self._stopping.wait()
+        when the actor is lost: its link cannot tell a vanished node from a quiet one.
+        One is out at a time: a new one answers the one before, whose caller gave it up
+        for a new link (Ray does not end an actor's side of a call its caller left, and
+        each left waiting would hold one of the actor's concurrency slots for good)."""
+        self._release_watch()
+        if self._stopping.is_set():
+            return
+        answer = self._watch_out = asyncio.get_running_loop().create_future()
+        await answer
+
+    def _release_watch(self) -> None:
+        if self._watch_out is not None and not self._watch_out.done():
+            self._watch_out.set_result(None)
 
     async def call(self, message: Message, changes: int) -> Outcome:
         """Handle one message, unless this actor has applied fewer than ``changes`` op
@@ -202,6 +214,7 @@ class EngineHost:
         """Shut the engine down (drained first unless ``force``) and the actor system."""
         self._leaving = True
         self._stopping.set()
+        self._release_watch()
         try:
             member = await self._ready()
             report = await member.stop(force=force)

@@ -225,7 +225,7 @@ class RayMember:
                 raise self._unanswered(message, exc, idempotent) from exc
             if outcome.replay_from is None:
                 break
-            await self._replay(outcome.replay_from)
+            await self._replay(outcome.replay_from, idempotent)
         if outcome.error is not None:
             raise uncarry(outcome.error)
         return outcome.value
@@ -334,15 +334,21 @@ class RayMember:
 
         self._watching = asyncio.get_running_loop().create_task(watch())
 
-    async def _replay(self, first: int) -> None:
+    async def _replay(self, first: int, idempotent: bool) -> None:
         """Give an actor that Ray restarted the op changes from ``first`` on. A change it
         refuses (its new node cannot compile or load the op, say) it would refuse at every
         call, each call replaying and failing while the member looked as if it served: the
         member ends instead (logged), and its callers get EngineStopped at once. The
-        errors of ``_NOT_REFUSED`` go to the caller as they are."""
+        errors of ``_NOT_REFUSED`` go to the caller as they are. The catch-up of an
+        idempotent call is sent again after a loss as the call is (a replay skips the
+        changes the actor has; one that a newer instance lacks more of makes the next
+        call answer ``replay_from`` again)."""
         link_then = self._link
+        method = self.actor.replay
+        if idempotent:
+            method = method.options(max_task_retries=_UNTIL_DEAD)
         try:
-            outcome: Outcome = await self.actor.replay.remote(self._changes[first:], first)
+            outcome: Outcome = await method.remote(self._changes[first:], first)
         except RayTaskError as exc:  # (it could not take the changes at all)
             raise self._refused(first, exc) from exc
         except RayError as exc:
