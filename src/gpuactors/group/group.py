@@ -478,7 +478,8 @@ class EngineGroup:
         """The version op ``name`` points at on each serving engine, as the group's record
         has it: one version on all of them, or, after a change that left them split, each
         engine's (None: the answer to that change was lost, and so was the engine's
-        answer when asked where it points, so either may be)."""
+        answer when asked where it points, so either may be; or, while a change switches
+        the engines, that engine has not answered it yet)."""
         return self._ledger.live(name, self.serving())
 
     async def _exclusive(self, change: Callable[[], Coroutine[Any, Any, T]]) -> T:

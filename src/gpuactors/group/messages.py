@@ -57,8 +57,9 @@ class GroupAliasSet(Reply):
 class GroupStats(Reply):
     """Every engine's counters, and their sums over the engines that answered. ``ops``:
     each op's version on every engine, as the group's record holds it; ``split_ops``:
-    the ops whose engines point at different versions, and each engine's (None: the
-    answer to the change was lost, see ``EngineGroup.op_versions``)."""
+    the ops whose engines point at different versions, and each engine's (None: its
+    answer to the change was lost, or, while the change runs, has not come yet; see
+    ``EngineGroup.op_versions``)."""
 
     per_engine: dict[int, EngineStats]
     unavailable: dict[int, str]  # engines whose counters could not be read, and why
