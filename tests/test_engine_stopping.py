@@ -4,7 +4,8 @@ shutdown, a restart, a cancelled caller or a fault leaves behind."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import pytest
@@ -13,7 +14,7 @@ from gpuactors.actors import ActorRef, ActorSystem, Props, handles
 from gpuactors.engine import actor as actor_module
 from gpuactors.engine import live_ops as live_ops_module
 from gpuactors.engine.client import Engine
-from gpuactors.engine.host_runtime import HostEngine, HostRuntime
+from gpuactors.engine.host_runtime import HostEngine, HostRuntime, NoModules
 from gpuactors.engine.messages import (
     Completion,
     InstallOp,
@@ -23,6 +24,7 @@ from gpuactors.engine.messages import (
     Shutdown,
     Stats,
 )
+from gpuactors.engine.ops import OpSpec
 from gpuactors.errors import ActorStopped, DeviceFault, EngineStopped
 from gpuactors.messages import Message
 from test_engine_on_host import NEGATE, fill
@@ -287,3 +289,47 @@ async def test_an_install_waiting_for_a_park_when_the_engine_faults_fails_with_t
     with pytest.raises(DeviceFault):
         await install
     await asyncio.wait_for(system.stop(ref), 2)
+
+
+class SlowModules(NoModules):
+    """Live operators whose compile takes ``COMPILE_SECONDS``, as NVRTC's does on a GPU host."""
+
+    compiles = 0
+
+    async def engine_image(self, ops: Sequence[OpSpec], ids: dict[str, int]) -> bytes:
+        SlowModules.compiles += 1
+        await asyncio.sleep(COMPILE_SECONDS)
+        return b""
+
+
+class SlowCompileEngine(HostEngine):
+    _live_ops_class = SlowModules
+
+
+COMPILE_SECONDS = 0.4
+
+
+async def test_a_stop_compiles_none_of_the_installs_queued_behind_it(
+    system: ActorSystem,
+) -> None:
+    """The install compiling when the stop comes may end its compile (it is refused
+    after it); those queued behind it are refused without one, so the stop waits for
+    one compile at most."""
+    ref = system.spawn(Props(SlowCompileEngine, args=(HostRuntime(),)), "engine")
+    await turns()
+    SlowModules.compiles = 0
+    installs = [
+        asyncio.ensure_future(
+            ref.ask(InstallOp(op=OpSpec(name=f"op{index}", body="return 0;")), timeout=30)
+        )
+        for index in range(4)
+    ]
+    await asyncio.sleep(0.05)  # the first install compiles, three wait for their turn
+    started = time.monotonic()
+    await system.stop(ref, timeout=30)
+    stopped_after = time.monotonic() - started
+    for install in installs:
+        with pytest.raises(EngineStopped):
+            await install
+    assert SlowModules.compiles == 1
+    assert stopped_after < 1.5 * COMPILE_SECONDS

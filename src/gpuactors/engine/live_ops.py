@@ -158,12 +158,18 @@ class LiveOps:
         async with self._install_lock:
             pass
 
+    @staticmethod
+    def _stopped_before(op: OpSpec) -> EngineStopped:
+        return EngineStopped(f"the engine stopped before op {op.name!r} was installed")
+
     async def _install(self, op: OpSpec | Callable[[], OpSpec], activate: bool) -> OpInstalled:
         """Compile a module with ``op`` added (off the mailbox; the old one keeps serving),
         then hand the ring over: park at a task boundary, load, relaunch on demand."""
         async with self._install_lock:
             if not isinstance(op, OpSpec):
                 op = op()
+            if self._stopping:  # (queued behind the stop's turn: not worth a compile)
+                raise self._stopped_before(op)
             runtime = self._service.runtime
             assert runtime is not None
             ops, ids = self._ops.planned(op)  # raises before anything changes
@@ -172,7 +178,7 @@ class LiveOps:
             codecs = self._ops.codecs_for(op)  # its encoder and publisher, before the park
             compiled = time.perf_counter()
             if self._stopping:
-                raise EngineStopped(f"the engine stopped before op {op.name!r} was installed")
+                raise self._stopped_before(op)
             # Park without blocking the loop (tasks keep being accepted into the ring),
             # then load in a worker thread; the ring and every accepted task stay put.
             self.swapping = True
