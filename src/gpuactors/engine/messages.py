@@ -102,7 +102,8 @@ class InstallOp(Message):
 
     Compiles off the mailbox, then hands the ring to a new engine module that
     holds every installed version. ``activate`` points the op's name at this
-    version once it is live. A compile error leaves the running module serving.
+    version once it is live (a name installed for the first time points at it either
+    way: it has no other). A compile error leaves the running module serving.
     """
 
     op: OpSpec
