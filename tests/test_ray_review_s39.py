@@ -112,3 +112,14 @@ async def test_a_loss_while_catching_up_fails_only_a_job_that_is_not_idempotent(
     finally:
         for host in actor.hosts:
             await host.stop(force=True)
+
+
+@pytest.mark.parametrize("key", ["max_task_retries", "num_gpus", "max_restarts"])
+async def test_actor_options_may_not_undo_what_the_pool_sets(key: str) -> None:
+    """``max_task_retries`` would have sent every call again after a loss (only
+    idempotent ops' calls may be); the others would undo the pool's own arguments."""
+    from gpuactors.errors import InvalidArgument
+    from gpuactors.ray import start_ray_pool
+
+    with pytest.raises(InvalidArgument, match=f"actor_options may not set '{key}'"):
+        await start_ray_pool(actor_options={key: 1})

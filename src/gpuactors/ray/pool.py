@@ -57,15 +57,18 @@ async def start_ray_pool(
     once. ``isolation``: each actor runs its engine in a worker process of its own
     (device faults are recovered inside the actor); default: in the actor's process (a
     fault ends the actor, and Ray restarts it). ``actor_options`` go to Ray as they are
-    (``resources``, ``scheduling_strategy``). ``link``: batches go to each actor over a
-    TCP connection of their own (:mod:`gpuactors.worker.link`), which costs far less
-    per batch than a Ray call; False sends them through Ray calls. Default: a link
+    (``resources``, ``scheduling_strategy``), but for those the pool sets from its
+    own arguments (``num_gpus``, ``max_restarts``, ``max_task_retries``). ``link``:
+    batches go to each actor over a TCP connection of their own
+    (:mod:`gpuactors.worker.link`), which costs far less per batch than a Ray call;
+    False sends them through Ray calls. Default: a link
     unless Ray runs with TLS (``RAY_USE_TLS``), as the link's traffic is not encrypted.
     ``start_timeout``: seconds for every actor to be placed and its engine started
     (compiles included); then the actors are ended and NoCudaDevice (the cluster lacks
     the GPUs asked for) or EngineError is raised. None waits as long as Ray does (for
     an autoscaler, say). Call ``ray.init()`` first.
     """
+    options = _own_actor_options(actor_options)
     if not ray.is_initialized():
         raise InvalidArgument("call ray.init() (or ray.init(address=...)) before start_ray_pool")
     max_restarts = count(max_restarts, "max_restarts", -1)  # (-1: without limit, as Ray has it)
@@ -89,7 +92,7 @@ async def start_ray_pool(
         full_policy=full_policy,
         start_member=start_member,
     )
-    options = {"num_gpus": num_gpus, "max_restarts": max_restarts, **(actor_options or {})}
+    options |= {"num_gpus": num_gpus, "max_restarts": max_restarts}
     host = ray.remote(EngineHost).options(**options)
     if link is None:
         link = os.environ.get("RAY_USE_TLS", "0").lower() not in ("1", "true")
@@ -115,6 +118,25 @@ async def start_ray_pool(
             f"the pool's {actors} actors did not start within {start_timeout:g} s (Ray "
             "could not place them, or their engines were still starting)"
         ) from None
+
+
+#: Ray actor options the pool sets itself, each with the argument that says it.
+_POOL_OPTIONS = {
+    "num_gpus": "num_gpus=",
+    "max_restarts": "max_restarts=",
+    "max_task_retries": "idempotent_ops= (the ops whose calls Ray may send again)",
+}
+
+
+def _own_actor_options(actor_options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``actor_options`` for Ray, refused where they name an option the pool sets: it
+    would silently undo the pool's own (``max_task_retries`` would send every call
+    again after a loss, where only idempotent ops' calls may be)."""
+    options = dict(actor_options or {})
+    for key, argument in _POOL_OPTIONS.items():
+        if key in options:
+            raise InvalidArgument(f"actor_options may not set {key!r}: pass {argument}")
+    return options
 
 
 async def _started(members: Sequence[RayMember]) -> None:
