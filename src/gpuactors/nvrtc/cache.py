@@ -224,10 +224,10 @@ class DiskModuleCache:
     Reads use only a folder and entries this user owns and no one else can write, and
     regular files (a FIFO never blocks a read); anything else is a logged miss. Reads
     verify each entry; a corrupt, truncated or tampered one is deleted and counted as
-    ``corrupt`` (and a miss). A hit touches the entry's mtime, and after each write the
-    oldest entries are evicted until the folder is under ``max_bytes`` (``None``: no
-    cap). I/O errors never escape: a failed read is a miss, a failed write is logged
-    and skipped.
+    ``corrupt`` (and a miss). A hit touches the entry's mtime, and after each write (of
+    an entry or a manifest) the oldest entries and manifests are evicted until the folder
+    is under ``max_bytes`` (``None``: no cap). I/O errors never escape: a failed read is
+    a miss, a failed write is logged and skipped.
     """
 
     def __init__(
@@ -372,6 +372,7 @@ class DiskModuleCache:
         data = encode_entry(module)
         if self.max_bytes is not None and len(data) > self.max_bytes:
             _log().warning("nvrtc_cache_entry_too_big", size=len(data), max_bytes=self.max_bytes)
+            self._enforce_cap()  # the folder may be over the cap all the same (manifests)
             return False
         if not self._write(path, data, prefix=module.cache_key[:16]):
             return False
@@ -380,9 +381,17 @@ class DiskModuleCache:
         return True
 
     def put_manifest(self, request_key: str, manifest: Manifest) -> bool:
-        """Store the manifest of the request with ``request_key``; True if it was written."""
+        """Store the manifest of the request with ``request_key``; True if it was written.
+
+        Manifests count toward ``max_bytes`` as entries do: one is written per request,
+        cached module or not, so without eviction they would fill the folder for good.
+        """
         path = self.manifest_path_for(request_key)
-        return self._write(path, encode_manifest(request_key, manifest), prefix=request_key[:16])
+        data = encode_manifest(request_key, manifest)
+        if not self._write(path, data, prefix=request_key[:16]):
+            return False
+        self._enforce_cap(keep=path)
+        return True
 
     def _write(self, path: Path, data: bytes, *, prefix: str) -> bool:
         try:

@@ -26,7 +26,14 @@ from ..errors import CompileError, InvalidArgument, NvrtcUnavailable
 from ..logs import get_logger
 from .cache import ManifestStore
 from .discovery import Discovery
-from .headers import ABSENT, includes_only_given, scan_includes, unscanned_untracked_input
+from .headers import (
+    ABSENT,
+    IncludeScan,
+    includes_only_given,
+    presence,
+    scan_includes,
+    unscanned_untracked_input,
+)
 from .keys import full_key, path_states, request_key, untracked_key
 from .manifest import Manifest, make_manifest
 from .module import CompiledModule
@@ -455,17 +462,21 @@ def compile_traced(
     key, cacheable = untracked_key(request, image), False
     if deps is not None:
         manifest = make_manifest(
-            deps, probed=scan.probed, name=name, include_paths=opts.include_paths
+            file_deps(deps, headers=headers, scan=scan),
+            probed=scan.probed,
+            name=name,
+            include_paths=opts.include_paths,
         )
         states = path_states(manifest)
         earlier = {**scan.files, **before}
-        # A dependency that is no file is an in-memory header, or a name from a #line.
+        # "Absent" now is what it was before only for a name never seen as a file (a
+        # #line name): a header seen before and gone now may be what NVRTC read.
         cacheable = not (scan.unseen_probes or scan.time_macros) and all(
-            states[d] in (ABSENT, earlier.get(d)) for d in manifest.deps
+            states[d] == earlier.get(d, ABSENT) for d in manifest.deps
         )
         # The scan read the texts it could follow; what only NVRTC found (through an
         # #include MACRO) may use a time macro or probe for a name a macro gives too.
-        unscanned = [d for d in manifest.deps if d not in scan.files and d not in headers]
+        unscanned = [d for d in manifest.deps if d not in scan.files]
         cacheable = cacheable and not unscanned_untracked_input(unscanned)
         if cacheable:
             key = full_key(request, manifest, states)
@@ -495,6 +506,28 @@ def compile_traced(
         pid=os.getpid(),
     )
     return TracedCompile(module=module, manifest=manifest, cacheable=cacheable)
+
+
+def file_deps(
+    deps: Sequence[str], *, headers: Mapping[str, str], scan: IncludeScan
+) -> Sequence[str]:
+    """``deps`` less the in-memory headers, which are no files: the request key hashes them.
+
+    NVRTC names an in-memory header by its name and takes it before any file of that
+    name, so a file at that path (``./common.h``) was not read for it. The name is a path
+    another include could reach, though (``"a.h"`` from ``sub/b.h`` reads the file
+    ``sub/a.h`` despite an in-memory ``sub/a.h``): it stays a file when the scan read a
+    file there or when NVRTC may have followed includes the scan did not (an ``#include
+    MACRO``, or a file NVRTC read that the scan did not).
+    """
+    if not any(d in headers for d in deps):
+        return deps  # the usual case
+    followed_all = not scan.macro_includes and all(
+        d in headers or d in scan.files or presence(d) == ABSENT for d in deps
+    )
+    if not followed_all:
+        return deps
+    return [d for d in deps if d not in headers or d in scan.files]
 
 
 def _compile_program(

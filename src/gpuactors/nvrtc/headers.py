@@ -50,6 +50,12 @@ _HAS_INCLUDE = re.compile(rb"__has_include(?:_next)?[ \t\f\v]*\(" + _NAME)
 # A __has_include whose name is not spelled out (a macro names it): the scan cannot say
 # which paths it looks at, and NVRTC reports no read for a file that is absent.
 _UNSEEN_PROBE = re.compile(rb"__has_include(?:_next)?[ \t\f\v]*\((?![ \t\f\v]*[<\"])")
+# An include whose name a macro gives: the scan does not follow it, so NVRTC may read
+# files it never saw (``\b``: ``include_next`` is not ``include`` followed by ``_next``).
+_MACRO_INCLUDE = re.compile(
+    rb"^[ \t\f\v]*(?:#|%:|\?\?=)[ \t\f\v]*(?:include_next|include|import)\b(?![ \t\f\v]*[<\"])",
+    re.MULTILINE,
+)
 # The macros whose value is the moment of the compile: a module that uses one differs
 # from every earlier compile of the same text, so no key can name it (as ccache does).
 _TIME_MACROS = re.compile(rb"(?<![A-Za-z0-9_$])__(?:DATE|TIME|TIMESTAMP)__(?![A-Za-z0-9_$])")
@@ -150,6 +156,9 @@ class IncludeScan:
     #: True when a text uses ``__DATE__``, ``__TIME__`` or ``__TIMESTAMP__``: its module
     #: holds the moment it was compiled.
     time_macros: bool = False
+    #: True when a text includes a name a macro gives (``#include MACRO``): NVRTC may
+    #: then read files the scan did not follow.
+    macro_includes: bool = False
 
 
 def _unspliced(text: bytes) -> bytes:
@@ -239,11 +248,12 @@ def scan_includes(
     pending += [(text.encode("utf-8"), source_dir) for text in headers.values()]
     given = reads_no_file([text for text, _here in pending])
     budget = MAX_SCAN_BYTES
-    unseen = timed = False
+    unseen = timed = hidden = False
     while pending:
         text, here = pending.pop()
         probes_unseen, uses_time = holds_untracked_input(text)
         unseen, timed = unseen or probes_unseen, timed or uses_time
+        hidden = hidden or _in_code(_MACRO_INCLUDE, text, b"include", b"import")
         for quoted, include in _names(text):
             if include in headers:
                 continue
@@ -281,4 +291,5 @@ def scan_includes(
         reads_no_file=given,
         unseen_probes=unseen,
         time_macros=timed,
+        macro_includes=hidden,
     )
