@@ -182,8 +182,17 @@ class IsolatedEngineActor(Actor):
             lambda error: self._on_connection_lost(worker, error),
         )
 
-    def _on_standby_failed(self, exc: Exception) -> None:
-        self.log.warning("standby worker did not start", error=f"{type(exc).__name__}: {exc}")
+    def _on_standby_failed(self, exc: Exception, retry_in: float | None) -> None:
+        error = f"{type(exc).__name__}: {exc}"
+        if retry_in is not None:
+            self.log.warning("standby worker lost", error=error, retry_in_s=retry_in)
+            return
+        self.log.error(
+            "standby workers keep failing: no more are booted until the restart window clears",
+            error=error,
+            max_restarts=self._isolation.max_restarts,
+            restart_window_s=self._isolation.restart_window_s,
+        )
 
     # ----------------------------------------------------------------- requests
     @handles(Job)
@@ -451,6 +460,7 @@ class IsolatedEngineActor(Actor):
             reason,
             hang=self._hang_reported,
             generation=self._generation - 1,
+            owner=self._owner,
             max_attempts=self._isolation.max_attempts,
         )
         self._culprits += outcome.culprits
@@ -498,10 +508,14 @@ class IsolatedEngineActor(Actor):
     async def _drained(self) -> Drained:
         """Every request accepted so far answered, then the worker drained (its kernel
         launches and its engine): a request whose caller left may still run there
-        (Drain's promise: caller waiting or not), and only the worker knows when it ends."""
+        (Drain's promise: caller waiting or not), and only the worker knows when it ends.
+        However long that takes (the caller's ask bounds its own wait); a failure is the
+        caller's, never a made-up count."""
         await asyncio.gather(*self._requests.waiting(), return_exceptions=True)
         drained = await self._ask_worker(Drain())
-        return drained if isinstance(drained, Drained) else Drained(processed=0)
+        if not isinstance(drained, Drained):  # (check_answer lets no other answer in)
+            raise WorkerError(f"the worker answered Drain with {type(drained).__name__}")
+        return drained
 
     async def _shut_down(self, force: bool) -> ShutdownReport:
         if self._closing:
@@ -509,13 +523,14 @@ class IsolatedEngineActor(Actor):
         self._closing = True  # from here on, new requests get EngineStopped
         cancelled = 0
         if force:
-            queue = self._requests.queue
-            for request in queue:
-                cancelled += request.future is not None and not request.future.done()
-                settle(request, error=EngineStopped("the isolated engine was force-stopped"))
-            queue.clear()
-        await self._drained()
-        report = await self._ask_worker(Shutdown(force=force))
+            cancelled = self._cancel_queued()
+        else:
+            await self._settled_or_parked()
+        report: ShutdownReport | None = None
+        with contextlib.suppress(GpuActorsError):  # (the worker lost: nothing to report)
+            if not force and not self._watchdog.parked:
+                await self._ask_worker(Drain())  # what it runs for callers gone too
+            report = await self._ask_worker(Shutdown(force=force), at_once=force)
         if self._state != "failed":
             self._state = "stopped"
         self._pool.kill_standbys()  # idle: nothing to finish
@@ -532,14 +547,46 @@ class IsolatedEngineActor(Actor):
             )
         return ShutdownReport(completed=0, cancelled=cancelled)
 
-    async def _ask_worker(self, message: Message) -> Any:
-        """Send one request through the queue and wait for it (errors are returned)."""
-        if self._state in ("failed", "stopped"):
-            return None
+    def _cancel_queued(self) -> int:
+        """Fail the requests not sent yet (a forced shutdown); how many had a caller."""
+        cancelled = 0
+        for request in self._requests.queue:
+            cancelled += request.future is not None and not request.future.done()
+            settle(request, error=EngineStopped("the isolated engine was force-stopped"))
+        self._requests.queue.clear()
+        return cancelled
+
+    async def _settled_or_parked(self) -> None:
+        """Wait until every caller's request is answered, or a Park holds the worker.
+
+        A task a Park holds is answered only once the Park ends, and a Shutdown is
+        what ends it (the worker's engine drains: "Draining ends every Park"), so
+        from then on it is the worker's Shutdown that finishes what it holds. A Park
+        taking hold answers its own caller, which ends a wait here."""
+        while (waiting := self._requests.waiting()) and not self._watchdog.parked:
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+
+    async def _ask_worker(self, message: Message, *, at_once: bool = False) -> Any:
+        """Send a request of this actor's own and wait for the answer, however long (a
+        caller's ask bounds its own wait); its failure is raised. ``at_once``: ahead of
+        the queue, beside whatever runs alone (a forced Shutdown waits for nothing)."""
+        if self._state == "failed":
+            raise DeviceFailed(f"the isolated engine failed: {self._failure}")
+        if self._state == "stopped":
+            raise EngineStopped("the isolated engine is shut down")
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._requests.queue.append(self._requests.new(message, future))
-        self._pump()
-        try:
-            return await asyncio.wait_for(future, 60.0)
-        except (GpuActorsError, asyncio.TimeoutError) as exc:
-            return exc
+        request = self._requests.new(message, future)
+        if not (at_once and self._send_now(request)):
+            self._requests.queue.append(request)
+            self._pump()
+        return await future
+
+    def _send_now(self, request: PendingRequest) -> bool:
+        """Send ``request`` past the queue, if a worker serves now."""
+        worker = self._worker
+        if worker is None or self._state != "serving" or self._doomed:
+            return False
+        request.deadline = self._watchdog.deadline_of(request.message)
+        self._requests.sent(request)
+        worker.send(request.frame)
+        return True

@@ -8,7 +8,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from gpuactors.engine.messages import EnqueueBatch
+from gpuactors.engine.messages import EnqueueBatch, Park, Resume
 from gpuactors.errors import DeviceFault, GpuActorsError, GpuRefStale, InvalidArgument
 from gpuactors.messages import Message
 from gpuactors.worker.messages import (
@@ -74,12 +74,15 @@ class RequestBook:
 
     def next_to_send(self) -> PendingRequest | None:
         """The head of the queue if it may go now (a request that runs alone waits for
-        the worker to be empty, and nothing goes beside it)."""
-        if not self.queue or self.alone is not None:
+        the worker to be empty, and nothing goes beside it, but a Resume: the request
+        running alone may be a task that waits for it in a parked engine)."""
+        if not self.queue:
             return None
         head = self.queue[0]
-        if head.alone and self.in_flight:
-            return None
+        if self.alone is not None or (head.alone and self.in_flight):
+            if not isinstance(head.message, Resume):
+                return None
+            head.alone = False  # it goes beside the others: it takes no turn of its own
         return self.queue.popleft()
 
     def head_waits_alone(self) -> bool:
@@ -122,7 +125,9 @@ class RequestBook:
         self.queue.clear()
         self.fail_held(error)
 
-    def triage(self, reason: str, *, hang: bool, generation: int, max_attempts: int) -> Triage:
+    def triage(
+        self, reason: str, *, hang: bool, generation: int, owner: str, max_attempts: int
+    ) -> Triage:
         """Decide, for every request the dead worker (of ``generation``) held, whether
         to re-run or fail it.
 
@@ -139,17 +144,11 @@ class RequestBook:
         outcome = Triage()
         retry: list[PendingRequest] = []
         for request in held:
+            if self._not_re_run(request, hang=hang, generation=generation, owner=owner):
+                continue
             if len(held) == 1 and not hang:
                 outcome.culprits += 1  # alone in a worker that faulted: it did it
-                what = getattr(request.message, "op", None)
-                settle(
-                    request,
-                    error=DeviceFault(
-                        f"{type(request.message).__name__} {request.rid}"
-                        f"{f' (op {what!r})' if what else ''} faulted worker generation "
-                        f"{generation}: {reason}"
-                    ),
-                )
+                settle(request, error=_culprit_fault(request, generation, reason))
             elif request.attempts >= max_attempts:
                 settle(
                     request,
@@ -166,6 +165,35 @@ class RequestBook:
         outcome.retried_jobs = sum(isinstance(r.message, Job) for r in retry)
         self.queue.extendleft(reversed(retry))
         return outcome
+
+    @staticmethod
+    def _not_re_run(request: PendingRequest, *, hang: bool, generation: int, owner: str) -> bool:
+        """Fail, and say so, a held request that cannot run on the next worker.
+
+        One naming a remote array or kernel of the dead worker gets GpuRefStale (they
+        died with it). A Park held at a fault gets DeviceFault: the next worker starts
+        unparked, and a Park re-run alone would park it under the jobs re-run alone
+        after it, whose turn would never end (its Resume queued behind them). Either
+        still counts as held for the culprit rule: it may be what faulted the worker.
+        """
+        error: GpuActorsError | None = stale_remote(request.message, generation + 1, owner)
+        if error is None and isinstance(request.message, Park) and not hang:
+            error = DeviceFault(
+                f"Park {request.rid}: its worker (generation {generation}) was lost "
+                "before it answered, and the next one starts unparked"
+            )
+        if error is not None:
+            settle(request, error=error)
+        return error is not None
+
+
+def _culprit_fault(request: PendingRequest, generation: int, reason: str) -> DeviceFault:
+    what = getattr(request.message, "op", None)
+    return DeviceFault(
+        f"{type(request.message).__name__} {request.rid}"
+        f"{f' (op {what!r})' if what else ''} faulted worker generation "
+        f"{generation}: {reason}"
+    )
 
 
 def stale_remote(message: Message, generation: int, owner: str) -> GpuRefStale | None:
