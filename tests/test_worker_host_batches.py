@@ -4,12 +4,13 @@ time (the frame's batch was; the engine checks its arrays as any batch's)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import numpy as np
 import pytest
 
-from gpuactors.engine import BatchCompletion, EnqueueBatch
+from gpuactors.engine import BatchCompletion, EnqueueBatch, Shutdown, ShutdownReport
 from gpuactors.errors import GpuRefStale
 from gpuactors.worker import RemoteArray
 from worker_host_cases import batches_made, host_and_stream
@@ -44,3 +45,26 @@ async def test_the_engine_gets_the_workers_own_arrays_in_a_batch_validated_once(
     unknown = remote.model_copy(update={"id": 7})
     with pytest.raises(GpuRefStale):
         await host._handle(batch.model_copy(update={"args": (unknown, 1.0)}))
+
+
+@pytest.mark.parametrize("force", [False, True])
+async def test_a_shutdown_waits_for_the_launches_in_flight_unless_forced(force: bool) -> None:
+    """The worker exits once Shutdown is answered: a kernel launch it runs for a caller
+    (waiting or not) ends first, as a Drain waits for it; a forced one waits for none."""
+    asked: list[str] = []
+
+    class Ref:
+        async def ask(self, message: Any, timeout: float | None = None) -> ShutdownReport:
+            asked.append(type(message).__name__)
+            return ShutdownReport(completed=0, cancelled=0)
+
+    host, _written = host_and_stream(engine=type("Engine", (), {"ref": Ref()})())
+    launch_ends = asyncio.Event()
+    launching = asyncio.ensure_future(launch_ends.wait())
+    host._launching.add(launching)
+    shutdown = asyncio.ensure_future(host._handle(Shutdown(force=force)))
+    await asyncio.sleep(0.01)
+    assert asked == (["Shutdown"] if force else [])
+    launch_ends.set()
+    await asyncio.wait_for(shutdown, 1)
+    assert asked == ["Shutdown"]

@@ -177,8 +177,8 @@ class WorkerHost:
         if isinstance(message, FreeKernel | ReleaseRemoteKernel):
             released = await self._release(message.kernel.id)
             return Ack() if isinstance(message, FreeKernel) else released
-        if isinstance(message, Drain):
-            await self._launches_ended()
+        if isinstance(message, Drain) or (isinstance(message, Shutdown) and not message.force):
+            await self._launches_ended()  # (the worker exits once Shutdown is answered)
         return await self.engine.ref.ask(message, timeout=None)
 
     async def _release(self, kernel_id: int) -> KernelReleased:
@@ -193,8 +193,9 @@ class WorkerHost:
         return released
 
     async def _launches_ended(self) -> None:
-        """Wait for the kernel launches in flight now: a Drain promises every task
-        accepted so far, its caller waiting or not, and the engine knows only its own."""
+        """Wait for the kernel launches in flight now: a Drain (and a Shutdown, which
+        drains) promises every task accepted so far, its caller waiting or not, and the
+        engine knows only its own."""
         if self._launching:
             await asyncio.wait(set(self._launching))
 
