@@ -68,6 +68,27 @@ def _bits(value: Any) -> int:
     return P.f32_bits(_number(value))
 
 
+#: The largest finite value of each float dtype.
+_LARGEST = {D.F32: 3.4028234663852886e38, D.F16: 65504.0, D.BF16: 3.3895313892515355e38}
+
+
+def _checked(value: Any, dtype: int) -> float:
+    """A scalar that PyTorch's kernel converts to ``dtype`` with a check
+    (``Scalar::to``), which raises for a finite value beyond the dtype's range where a
+    cast would give an infinity: Decline for one, so that PyTorch raises."""
+    number = _number(value)
+    largest = _LARGEST.get(dtype)
+    if largest is not None and abs(number) > largest and not math.isinf(number):
+        raise Decline
+    return number
+
+
+def _param_bits(value: Any) -> int:
+    """An op's parameter (alpha, beta...) that PyTorch's kernel converts with a check to
+    float32, the type it computes in for every dtype here."""
+    return P.f32_bits(_checked(value, D.F32))
+
+
 def _dtype_of(t: Any) -> int:
     if not isinstance(t, Tensor):
         raise Decline
@@ -105,8 +126,8 @@ def softplus(mode: int) -> Handler:
             batch,
             _OP["softplus"],
             args[0],
-            p0=_bits(beta),
-            p1=_bits(threshold),
+            p0=_param_bits(beta),
+            p1=_param_bits(threshold),
             target=_target(args, kwargs, mode),
         )
 
@@ -117,14 +138,14 @@ def elu(mode: int) -> Handler:
     def handle(batch: Batch, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor:
         spec = (("alpha", 1), ("scale", 1), ("input_scale", 1))
         alpha, scale, input_scale = _params(args, kwargs, spec, 1)
-        negcoef = P.as_f32(P.as_f32(_number(alpha)) * P.as_f32(_number(scale)))
+        negcoef = P.as_f32(P.as_f32(_checked(alpha, D.F32)) * P.as_f32(_checked(scale, D.F32)))
         return pointwise(
             batch,
             _OP["elu"],
             args[0],
             p0=P.f32_bits(negcoef),
-            p1=_bits(scale),
-            p2=_bits(input_scale),
+            p1=_param_bits(scale),
+            p2=_param_bits(input_scale),
             target=_target(args, kwargs, mode),
         )
 
@@ -136,7 +157,7 @@ def celu(mode: int) -> Handler:
 
     def handle(batch: Batch, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor:
         (alpha,) = _params(args, kwargs, (("alpha", 1),), 1)
-        value = _number(alpha)
+        value = _checked(alpha, D.F32)
         if value == 0:
             raise Decline  # PyTorch raises
         return pointwise(
@@ -156,17 +177,22 @@ def leaky_relu(mode: int) -> Handler:
     def handle(batch: Batch, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor:
         (slope,) = _params(args, kwargs, (("negative_slope", 0.01),), 1)
         return pointwise(
-            batch, _OP["leaky_relu"], args[0], p0=_bits(slope), target=_target(args, kwargs, mode)
+            batch,
+            _OP["leaky_relu"],
+            args[0],
+            p0=_param_bits(slope),
+            target=_target(args, kwargs, mode),
         )
 
     return handle
 
 
 def _bound(value: Any, dtype: int, missing: float) -> int:
-    """A clamp bound as the tensor's dtype holds it (PyTorch casts it to that first)."""
+    """A clamp bound as the tensor's dtype holds it (PyTorch converts it to that first,
+    with a check)."""
     if value is None:
         return P.f32_bits(missing)
-    return P.f32_bits(D.scalar_as(_number(value), dtype))
+    return P.f32_bits(D.scalar_as(_checked(value, dtype), dtype))
 
 
 def clamp(kind: str, mode: int) -> Handler:
@@ -261,7 +287,8 @@ def add(sign: float, reverse: bool, mode: int) -> Handler:
         other, alpha = _params(args, kwargs, (("other", None), ("alpha", 1)), 1)
         if type(alpha) is bool or (sign < 0 and type(other) is bool):
             raise Decline  # PyTorch refuses a bool alpha for numbers, and a bool subtracted
-        alpha_bits = P.f32_bits(sign * _number(alpha))
+        # (CUDA's kernel converts alpha to float32 for float16 and bfloat16 too.)
+        alpha_bits = P.f32_bits(sign * _checked(alpha, D.F32))
         target = _target(args, kwargs, mode)
         if reverse:  # rsub: other - alpha * self
             return pointwise(batch, _OP["add"], other, args[0], p0=alpha_bits, target=target)

@@ -43,6 +43,8 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
+from torch.autograd.graph import increment_version
+from torch.nn import Parameter
 
 from gpuactors.torch import program as P
 from gpuactors.torch.batch import Batch, UnitSpread
@@ -105,14 +107,17 @@ def call_modes(device_type: str) -> tuple[bool, Any]:
 
 
 def signature(args: tuple[Any, ...], modes: tuple[bool, Any]) -> tuple[Any, ...] | None:
-    """The shape signature of a call (None if an argument cannot be part of a key), in
-    ``modes`` (:func:`call_modes`)."""
+    """The shape signature of a call (None if an argument cannot be part of a key, or is
+    a tensor a program cannot stand in for: :func:`_plain`), in ``modes``
+    (:func:`call_modes`)."""
     key: list[Any] = [modes]
     grad_on = modes[0]
     sizes: dict[int, int] = {}
     first: dict[int, int] = {}  # a tensor -> the first argument it is (f(x, x) is not f(a, b))
     for k, arg in enumerate(args):
         if isinstance(arg, Tensor):
+            if not _plain(arg):
+                return None
             classes = tuple(
                 -1 if size == 1 else sizes.setdefault(size, len(sizes)) for size in arg.shape
             )
@@ -204,6 +209,7 @@ class _Bound:
     numel: int
     units: int
     returns: list[int]
+    written: list[int]  # the tensors the program stores into (see _Plan.written)
     serial: int  # which binding of its traced function (its scratch's key)
 
 
@@ -256,7 +262,7 @@ class TracedFunction:
             if key is not None and key not in self._plans:
                 return self._record(key, args, per_shape, exact)
             bound = None if plan is None else self._bound_to(plan, exact, args)
-        if bound is not None and not _writes_overlapping_memory(bound.plan, args):
+        if bound is not None and not _writes_refused(bound.plan, args):
             return self._run(bound, args)
         with self.scheduler:
             return self.fn(*args)
@@ -372,6 +378,7 @@ class TracedFunction:
             numel=numel,
             units=units,
             returns=[tensor[role] for role in plan.returns[1]],
+            written=[tensor[role] for role in plan.written],
             serial=serial,
         )
 
@@ -392,6 +399,11 @@ class TracedFunction:
         ]
         self.replays += 1
         self.scheduler.run_program(words, bound.numel, bound.units, "replay", stream)
+        for i in bound.written:
+            # What an in-place op's dispatch does: autograd then refuses a saved copy of
+            # the tensor, as in eager code. (An inference tensor is written only in
+            # inference mode, where this leaves it be: it has no version.)
+            increment_version(tensors[i])
         out = [tensors[i] for i in bound.returns]
         kind = bound.plan.returns[0]
         if kind == "tensor":
@@ -436,11 +448,32 @@ MAX_PLANS = 64
 MAX_SCRATCH = 16
 
 
+_STRIDED = torch.strided
+
+
+def _plain(t: Tensor) -> bool:
+    """Whether a program can stand in for ``fn`` on ``t``: a ``Tensor`` (or a
+    ``Parameter``, whose ops are Tensor's) whose memory holds its values as its sizes and
+    strides say. A subclass has its own dispatch, and a sparse, nested or lazily negated
+    tensor is read otherwise; docs/torch.md leaves them to PyTorch. (A lazily conjugated
+    tensor is complex, a dtype no program reads.) Asked per tensor of every call: the
+    checks of :func:`.batch.strided`, inline."""
+    kind = type(t)
+    return (
+        (kind is Tensor or kind is Parameter)
+        and t.layout is _STRIDED
+        and not t.is_nested
+        and not t.is_neg()
+    )
+
+
 def _value_key(arg: Any) -> tuple[Any, ...]:
-    """A non-tensor argument as part of a key: a float by its bits, as 0.0 and -0.0 (and
-    two NaNs) compare otherwise than they compute."""
-    if type(arg) is float:
-        return ("value", float, arg.hex())
+    """A non-tensor argument as part of a key: a float (Python's or NumPy's) by its
+    bits, as 0.0 and -0.0 (and two NaNs) compare otherwise than they compute."""
+    if isinstance(arg, float):  # np.float64 too, a subclass
+        return ("value", type(arg), float(arg).hex())
+    if isinstance(arg, np.floating):  # np.float32, np.float16, np.longdouble
+        return ("value", type(arg), arg.tobytes())
     return ("value", type(arg), arg)
 
 
@@ -458,11 +491,13 @@ def _constants_changed(plan: _Plan) -> bool:
 def exact_shapes(args: tuple[Any, ...], modes: tuple[bool, Any]) -> tuple[Any, ...] | None:
     """What a bound plan is kept by: the signature's inputs, exactly (every size and
     stride), in ``modes`` (:func:`call_modes`), or None if an argument cannot be part of
-    a key."""
+    a key (as for :func:`signature`)."""
     key: list[Any] = [modes]
     first: dict[int, int] = {}  # a tensor -> the first argument it is
     for k, arg in enumerate(args):
         if isinstance(arg, Tensor):
+            if not _plain(arg):
+                return None
             same = first.setdefault(id(arg), k)
             key.append((arg.shape, arg.stride(), arg.dtype, arg.device, arg.requires_grad, same))
         else:
@@ -506,6 +541,27 @@ def _fits(plan: _Plan, inputs: list[Tensor], sizes: dict[tuple[int, int], int], 
     return all(
         math.prod(s if isinstance(s, int) else sizes[s] for s in shape) <= limit
         for shape in plan.fresh_shapes
+    )
+
+
+def _writes_refused(plan: _Plan, args: tuple[Any, ...]) -> bool:
+    """Whether a store of the program is one eager PyTorch would order otherwise or
+    refuse: ``fn`` then runs under the scheduler, as eager code would (and raises where
+    it does)."""
+    if not plan.written:
+        return False
+    return _writes_overlapping_memory(plan, args) or _writes_inference_tensor(plan, args)
+
+
+def _writes_inference_tensor(plan: _Plan, args: tuple[Any, ...]) -> bool:
+    """Whether the program stores into an inference tensor outside inference mode, an
+    in-place update eager PyTorch refuses."""
+    if torch.is_inference_mode_enabled():
+        return False
+    inputs = [args[k] for k in plan.arg_positions]
+    return any(
+        (inputs[index] if role == "in" else plan.constants[index]).is_inference()
+        for role, index in plan.written
     )
 
 
