@@ -112,6 +112,18 @@ async def test_stale_suspects_fail_in_triage_and_are_not_counted_as_re_run() -> 
     assert culprit.alone  # a stale job may have been the culprit: this one is not proven
 
 
+async def test_a_stale_request_alone_at_a_fault_is_its_culprit() -> None:
+    """A kernel launch on a RemoteArray that faults its worker: the error says what
+    faulted it (the request's remote array died with that worker, too)."""
+    book = RequestBook()
+    remote = RemoteArray(id=1, shape=(4,), dtype="float32", generation=1, owner=OWNER)
+    culprit = in_flight(book, job_on(remote))
+    outcome = book.triage("fault", hang=False, generation=1, owner=OWNER, max_attempts=3)
+    assert culprit.future is not None
+    assert isinstance(culprit.future.exception(), DeviceFault)
+    assert outcome.culprits == 1 and not book.queue
+
+
 # --------------------------------------------------------- shutdown and drain
 
 

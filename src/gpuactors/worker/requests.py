@@ -144,11 +144,12 @@ class RequestBook:
         outcome = Triage()
         retry: list[PendingRequest] = []
         for request in held:
-            if self._not_re_run(request, hang=hang, generation=generation, owner=owner):
-                continue
             if len(held) == 1 and not hang:
-                outcome.culprits += 1  # alone in a worker that faulted: it did it
+                # Alone in a worker that faulted: it did it (whatever it named died too).
+                outcome.culprits += 1
                 settle(request, error=_culprit_fault(request, generation, reason))
+            elif self._not_re_run(request, hang=hang, generation=generation, owner=owner):
+                continue
             elif request.attempts >= max_attempts:
                 settle(
                     request,
