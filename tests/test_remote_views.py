@@ -34,7 +34,9 @@ def test_a_view_inside_its_array_holds_those_elements() -> None:
     assert view_of(array, 12, (0,)).size == 0
 
 
-@pytest.mark.parametrize(("offset", "shape"), [(-4, (4,)), (10, (4,)), (0, (13,))])
+@pytest.mark.parametrize(
+    ("offset", "shape"), [(-4, (4,)), (10, (4,)), (0, (13,)), (0, (-1,)), (0, (2, -1))]
+)
 def test_a_view_not_inside_its_array_is_refused(offset: int, shape: tuple[int, ...]) -> None:
     with pytest.raises(InvalidArgument, match="not inside an array of 12"):
         view_of(np.arange(12.0), offset, shape)

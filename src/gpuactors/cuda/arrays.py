@@ -180,7 +180,7 @@ def view_of(array: Any, offset: int, shape: tuple[int, ...]) -> Any:
     InvalidArgument for a view that is not all inside it (a hand-made RemoteArray's), which
     slicing would silently cut short or, from a negative offset, take from its end."""
     size = math.prod(shape)
-    if offset < 0 or offset + size > array.size:
+    if offset < 0 or any(extent < 0 for extent in shape) or offset + size > array.size:
         raise InvalidArgument(
             f"a view of {shape} at element {offset} is not inside an array of {array.size}"
         )
