@@ -21,6 +21,7 @@ from gpuactors.actors import ActorSystem
 from gpuactors.actors.checks import optional_seconds
 from gpuactors.actors.deadlines import answered_within
 from gpuactors.cuda import cuda_device_count, no_device_reason
+from gpuactors.cuda.arrays import describe_array
 from gpuactors.engine import (
     AliasOp,
     Completion,
@@ -339,6 +340,7 @@ class EngineGroup:
         """A host copy of ``array`` (a ShardedArray is joined back into one array)."""
         pieces = self._pieces(array)
         if isinstance(array, ShardedArray):
+            self._check_shard_sizes(array)
             parts = await asyncio.gather(*(self._members[k].download(a) for k, a in pieces))
             return np.concatenate([part.reshape(-1) for part in parts]).reshape(array.shape)
         return await self._members[pieces[0][0]].download(array)
@@ -371,17 +373,21 @@ class EngineGroup:
         batch over several of them finds all its data on one device."""
         if not isinstance(host, np.ndarray) or host.ndim == 0:
             raise InvalidArgument("scatter takes a NumPy array with at least one axis")
-        keys = list(self.serving() if devices is None else devices)
-        if not keys:
-            raise InvalidArgument("scatter needs at least one device")
-        if len(set(keys)) != len(keys):  # before any upload, which would be left behind
-            raise InvalidArgument(f"one shard per engine, got devices {keys}")
+        keys = self._shard_keys(devices)
         parts = np.array_split(host, len(keys))
-        arrays = await asyncio.gather(
-            *(self.upload(part, device=k) for k, part in zip(keys, parts, strict=True)),
-            return_exceptions=True,
-        )
-        await self._unless_all_uploaded(keys, arrays)
+        uploading = [
+            asyncio.ensure_future(self.upload(part, device=key))
+            for key, part in zip(keys, parts, strict=True)
+        ]
+        try:
+            arrays = await asyncio.gather(*uploading, return_exceptions=True)
+        except asyncio.CancelledError:  # (the gather cancelled the uploads under way)
+            await asyncio.shield(self._free_uploaded(keys, uploading))
+            raise
+        failure = next((a for a in arrays if isinstance(a, BaseException)), None)
+        if failure is not None:
+            await asyncio.shield(self._free_uploaded(keys, uploading))
+            raise failure
         row = math.prod(host.shape[1:])
         shards, start = [], 0
         for key, part, array in zip(keys, parts, arrays, strict=True):
@@ -389,17 +395,40 @@ class EngineGroup:
             start += part.shape[0] * row
         return ShardedArray(tuple(shards), host.dtype.str, tuple(host.shape))
 
-    async def _unless_all_uploaded(self, keys: Sequence[int], arrays: Sequence[Any]) -> None:
-        """Where a shard could not be uploaded, free those that were (no one could free
-        them: the caller gets no ShardedArray), then raise the first failure."""
-        failure = next((a for a in arrays if isinstance(a, BaseException)), None)
-        if failure is None:
-            return
+    def _shard_keys(self, devices: Any) -> list[int]:
+        """The engines a scatter uploads to, checked before any upload (a refusal after
+        one would leave its shard behind): distinct engine numbers of this group."""
+        if devices is None:
+            keys = list(self.serving())
+        else:
+            try:
+                given = list(devices)
+            except TypeError:  # not a sequence at all
+                raise InvalidArgument(
+                    f"devices must be a sequence of {self._locator.noun} numbers, got {devices!r}"
+                ) from None
+            keys = [self.member(device).key for device in given]
+        if not keys:
+            raise InvalidArgument("scatter needs at least one device")
+        if len(set(keys)) != len(keys):
+            raise InvalidArgument(f"one shard per engine, got devices {keys}")
+        return keys
+
+    async def _free_uploaded(
+        self, keys: Sequence[int], uploading: Sequence[asyncio.Future[Any]]
+    ) -> None:
+        """Once every upload of a scatter that failed (or was cancelled) has ended, free
+        the shards that were uploaded: no one else could, as the caller gets no
+        ShardedArray, and their bytes would count on their engines for good."""
+        await asyncio.wait(uploading)
         uploaded = [
-            (k, a) for k, a in zip(keys, arrays, strict=True) if not isinstance(a, BaseException)
+            (key, task.result())
+            for key, task in zip(keys, uploading, strict=True)
+            if not task.cancelled() and task.exception() is None
         ]
-        await asyncio.gather(*(self._free_piece(k, a) for k, a in uploaded), return_exceptions=True)
-        raise failure
+        await asyncio.gather(
+            *(self._free_piece(key, array) for key, array in uploaded), return_exceptions=True
+        )
 
     async def zeros(
         self, shape: int | tuple[int, ...], dtype: Any, *, devices: Sequence[int] | None = None
@@ -424,6 +453,19 @@ class EngineGroup:
             self._locator.check_shard(shard, "the array")
             pieces.append((key, shard.array))
         return pieces
+
+    def _check_shard_sizes(self, array: ShardedArray) -> None:
+        """InvalidArgument unless each shard's array holds its ``[start, stop)`` elements:
+        a ShardedArray built by hand may not, and joined as they are its elements would
+        come back shifted (or NumPy would refuse the reshape)."""
+        for shard in array.shards:
+            where = f"the shard of the array for {self._locator.noun} {shard.device}"
+            held = _element_count(shard.array, where)
+            if held != shard.stop - shard.start:
+                raise InvalidArgument(
+                    f"{where} holds {held} elements, not the {shard.stop - shard.start} "
+                    f"of its range [{shard.start}, {shard.stop})"
+                )
 
     def _holder(self, array: Any) -> int:
         key = self._locator.key_of(array, "the array")
@@ -590,6 +632,13 @@ def _log_abandoned_failure(task: asyncio.Task[Any]) -> None:
     error = None if task.cancelled() else task.exception()
     if error is not None:
         log.warning("an op change whose caller was cancelled failed", error=repr(error))
+
+
+def _element_count(array: Any, what: str) -> int:
+    """How many elements ``array`` (a RemoteArray or a device array) holds."""
+    if isinstance(array, RemoteArray):
+        return array.size
+    return describe_array(array, what).size
 
 
 def _devices(devices: Sequence[int] | None) -> tuple[int, ...]:

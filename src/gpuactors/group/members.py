@@ -275,7 +275,11 @@ class IsolatedMember:
 
 def remote_view(array: RemoteArray, offset: int, shape: tuple[int, ...]) -> RemoteArray:
     """``shape`` elements of a RemoteArray from element ``offset`` on: the process that
-    holds the array resolves the view when it uses it."""
-    if offset + math.prod(shape) > array.size:
-        raise InvalidArgument(f"a view of {shape} at {offset} is past the end of {array.shape}")
+    holds the array resolves the view when it uses it. Checked here, as ``model_copy``
+    does not check (a negative offset or extent would make a RemoteArray its own model
+    refuses)."""
+    if offset < 0 or any(extent < 0 for extent in shape) or offset + math.prod(shape) > array.size:
+        raise InvalidArgument(
+            f"a view of {shape} at element {offset} is not inside an array of {array.shape}"
+        )
     return array.model_copy(update={"offset": array.offset + offset, "shape": shape})
