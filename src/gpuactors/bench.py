@@ -42,6 +42,7 @@ from gpuactors.nvrtc.options import arch_from_capability
 DEFAULT_TIMEOUT_S = 1200.0
 STDERR_TAIL_LINES = 40
 TICK_S = 0.5  # how often the progress bar's clock moves while a script runs
+INSTALL_CUPY = "pip install 'gpuactors[cu13]' (or [cu12]; `gpuactors doctor` says which)"
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class BenchScript:
     what: str
     quick_args: tuple[str, ...] = ()  # what --quick passes (the script's own options)
     takes_arch: bool = False  # pass --arch sm_XX of the device
+    needs_cupy: bool = False  # dies without CuPy (the others skip what needs it, or run)
 
     @property
     def module(self) -> str:
@@ -74,6 +76,7 @@ SCRIPTS: tuple[BenchScript, ...] = (
         "bench_engine.py",
         "persistent engine latency and throughput vs CuPy baselines",
         quick_args=("--quick",),
+        needs_cupy=True,
     ),
     BenchScript(
         "bench_host_path.py",
@@ -84,16 +87,19 @@ SCRIPTS: tuple[BenchScript, ...] = (
         "bench_recovery.py",
         "isolated engine: time to recover from a fault and a hang, its cost, a faulty soak",
         quick_args=("--jobs", "100", "--repeats", "300", "--soak-jobs", "20000"),
+        needs_cupy=True,
     ),
     BenchScript(
         "bench_scale.py",
         "engine groups on 1, 2 and 4 GPUs, and engines on Ray actors, against one GPU",
         quick_args=("--quick",),
+        needs_cupy=True,
     ),
     BenchScript(
         "bench_torch.py",
         "the PyTorch tiny-op scheduler vs eager, CUDA graphs and torch.compile (needs torch)",
         quick_args=("--quick",),
+        needs_cupy=True,
     ),
 )
 
@@ -185,6 +191,14 @@ def script_command(script: BenchScript, folder: Path | None) -> list[str]:
     if folder is None:
         return [sys.executable, "-m", script.module]
     return [sys.executable, str(folder / script.name)]
+
+
+def scripts_without_cupy(scripts: Sequence[BenchScript], folder: Path | None) -> list[str]:
+    """The installed scripts that need CuPy, when it is not installed: each would only
+    die with a traceback. Scripts of ``--benchmarks-dir`` are the user's own: not judged."""
+    if folder is not None or importlib.util.find_spec("cupy") is not None:
+        return []
+    return [s.name for s in scripts if s.needs_cupy]
 
 
 def missing_scripts(scripts: Sequence[BenchScript], folder: Path | None) -> list[str]:
@@ -491,6 +505,16 @@ def run_bench(argv: Sequence[str], *, err: TextIO | None = None) -> int:
     if missing:
         where = folder if folder is not None else "this installation"
         err.write(f"gpuactors bench: {', '.join(missing)} not found in {where}\n")
+        return 2
+    need_cupy = scripts_without_cupy(scripts, folder)
+    if need_cupy:
+        runnable = ",".join(s.name for s in scripts if not s.needs_cupy)
+        err.write(
+            f"gpuactors bench: {', '.join(need_cupy)} need CuPy, which is not installed; "
+            f"install CuPy: {INSTALL_CUPY}"
+            + (f"; or run the others alone: --only {runnable}" if runnable else "")
+            + "\n"
+        )
         return 2
     machine = probe_machine()
     env = script_env(os.environ)

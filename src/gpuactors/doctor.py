@@ -32,6 +32,8 @@ from gpuactors import compiled
 CACHE_DIR_ENV = "GPUACTORS_CACHE_DIR"
 MODULE_LOADING_ENV = "CUDA_MODULE_LOADING"
 MIN_PYTHON = (3, 10)
+#: The oldest CUDA major any extra runs on (cuda-bindings, NVRTC and CuPy 12 or 13).
+MIN_DRIVER_CUDA = 12
 NO_DRIVER_LIBRARY = "libcuda not found: no NVIDIA driver is installed"
 _MIB = 1024 * 1024
 _T = TypeVar("_T")
@@ -83,6 +85,7 @@ class Facts:
     gpuactors_location: str
     cupy_version: str | None = None
     cupy_error: str | None = None  # set when CuPy is installed but failed to import
+    cupy_cuda_version: int | None = None  # the CUDA runtime CuPy was built for, encoded
     nvrtc_version: tuple[int, int] | None = None
     nvrtc_error: str | None = None
     nvrtc_test: str | None = None  # what the test compile did, when it worked
@@ -98,6 +101,7 @@ class Facts:
     cache_files: int = 0
     cache_bytes: int = 0
     cache_error: str | None = None
+    cache_distrust: str | None = None  # why the kernel cache refuses the folder
     cuda_module_loading: str | None = None
     compiled_modules: tuple[str, ...] = ()  # the hot modules compiled here (.compiled)
 
@@ -183,6 +187,29 @@ def probe_cupy(importer: Callable[[], Any] = _import_cupy) -> tuple[str | None, 
     except Exception as exc:  # a broken CuPy install can raise anything
         return None, _describe(exc)
     return str(getattr(cupy, "__version__", "unknown")), None
+
+
+def probe_cupy_cuda(cupy_available: bool) -> int | None:
+    """The CUDA version CuPy was built for (CUDA's encoding), or None when CuPy cannot
+    say. It needs no driver, so a wheel for the wrong CUDA major is still found."""
+    if not cupy_available:
+        return None
+    try:
+        version = int(_import_cupy().cuda.runtime.runtimeGetVersion())
+    except Exception:
+        return None
+    return version if version > 0 else None
+
+
+def probe_cache_distrust(folder: Path) -> str | None:
+    """Why the kernel cache would refuse ``folder`` (another user's, or writable by group
+    or others), or None. The cache's own rule, so the doctor never disagrees with it."""
+    from gpuactors.nvrtc.cache import distrust  # imported here: the CLI starts fast
+
+    try:
+        return distrust(os.stat(folder))
+    except OSError:
+        return None
 
 
 def probe_nvrtc() -> tuple[tuple[int, int] | None, str | None]:
@@ -390,6 +417,7 @@ def gather_facts(environ: Mapping[str, str] | None = None) -> Facts:
     env = os.environ if environ is None else environ
     cupy_version, cupy_error = probe_cupy()
     cupy_ok = cupy_version is not None
+    cupy_cuda_version = probe_cupy_cuda(cupy_ok)
     nvrtc_version, nvrtc_error = probe_nvrtc()
     driver_version, driver_source, driver_error = probe_driver(cupy_ok)
     devices, devices_error = probe_devices(cupy_ok)
@@ -398,13 +426,15 @@ def gather_facts(environ: Mapping[str, str] | None = None) -> Facts:
         nvrtc_test, nvrtc_test_error = probe_nvrtc_compile(devices)
     # As given, where kernel_cache_dir cannot expand it ("~name/..." of no such user).
     cache_dir, from_env = Path(env.get(CACHE_DIR_ENV, "").strip(), "kernels"), True
-    cache_error = None
+    cache_error = cache_distrust = None
     try:
         cache_dir, from_env = kernel_cache_dir(env)
         exists = cache_dir.is_dir()
         files, size = directory_usage(cache_dir)
         if cache_dir.exists() and not exists:
             cache_error = "exists but is not a directory"
+        elif exists:
+            cache_distrust = probe_cache_distrust(cache_dir)
     except (OSError, RuntimeError) as exc:
         exists, files, size, cache_error = False, 0, 0, _describe(exc)
     v = sys.version_info
@@ -415,6 +445,7 @@ def gather_facts(environ: Mapping[str, str] | None = None) -> Facts:
         gpuactors_location=str(Path(gpuactors.__file__).resolve().parent),
         cupy_version=cupy_version,
         cupy_error=cupy_error,
+        cupy_cuda_version=cupy_cuda_version,
         nvrtc_version=nvrtc_version,
         nvrtc_error=nvrtc_error,
         nvrtc_test=nvrtc_test,
@@ -430,6 +461,7 @@ def gather_facts(environ: Mapping[str, str] | None = None) -> Facts:
         cache_files=files,
         cache_bytes=size,
         cache_error=cache_error,
+        cache_distrust=cache_distrust,
         cuda_module_loading=env.get(MODULE_LOADING_ENV),
         compiled_modules=compiled.compiled_modules(),
     )
@@ -448,23 +480,78 @@ def check_gpuactors(f: Facts) -> Check:
     return Check("gpuactors", Verdict.OK, f"{f.gpuactors_version} ({f.gpuactors_location})")
 
 
-def _cuda_extra(f: Facts) -> str:
-    """The extra of the driver's CUDA major version (cu13 when no driver says otherwise)."""
-    if f.driver_version is not None and cuda_version_tuple(f.driver_version)[0] == 12:
-        return "cu12"
-    return "cu13"
+def _driver_major(f: Facts) -> int | None:
+    return None if f.driver_version is None else cuda_version_tuple(f.driver_version)[0]
+
+
+def _cuda_extra(f: Facts) -> str | None:
+    """The extra of the driver's CUDA major version (cu13 when no driver says otherwise),
+    or None for a driver too old for every extra."""
+    major = _driver_major(f)
+    if major is None:
+        return "cu13"
+    if major < MIN_DRIVER_CUDA:
+        return None
+    return "cu12" if major == 12 else "cu13"
+
+
+def _upgrade_driver(f: Facts) -> str:
+    """The advice for a driver older than every extra (``f.driver_version`` is set)."""
+    version = "{}.{}".format(*cuda_version_tuple(f.driver_version or 0))
+    return (
+        f"upgrade the NVIDIA driver: it supports CUDA {version}, and gpuactors needs CUDA "
+        f"{MIN_DRIVER_CUDA} or newer (R525 or newer; CUDA 13 needs R580 or newer)"
+    )
+
+
+def _install(f: Facts, why: str = "") -> str:
+    """What to install for this driver: ``why`` and its extra, or a newer driver (alone)
+    when no extra fits."""
+    extra = _cuda_extra(f)
+    return _upgrade_driver(f) if extra is None else f"{why}pip install 'gpuactors[{extra}]'"
+
+
+def _cupy_too_new(f: Facts) -> Check | None:
+    """A FAIL when CuPy was built for a newer CUDA major than the driver's: it can run
+    nothing there (e.g. cupy-cuda13x left in place beside the cu12 extra)."""
+    driver = _driver_major(f)
+    if f.cupy_cuda_version is None or driver is None:
+        return None
+    built_for = cuda_version_tuple(f.cupy_cuda_version)
+    if built_for[0] <= driver:
+        return None
+    extra = _cuda_extra(f)
+    hint = _upgrade_driver(f)
+    if extra is not None:
+        hint = (
+            f"install the driver's CuPy: pip uninstall cupy-cuda{built_for[0]}x, then "
+            f"pip install 'gpuactors[{extra}]'"
+        )
+    return Check(
+        "cupy",
+        Verdict.FAIL,
+        f"{f.cupy_version}, built for CUDA {built_for[0]}.{built_for[1]}, newer than the "
+        f"driver's CUDA {driver}: it cannot run on this driver",
+        hint,
+    )
 
 
 def check_cupy(f: Facts) -> Check:
     if f.cupy_version is not None:
-        return Check("cupy", Verdict.OK, f.cupy_version)
-    install = f"pip install 'gpuactors[{_cuda_extra(f)}]'"
+        too_new = _cupy_too_new(f)
+        if too_new is not None:
+            return too_new
+        if f.cupy_cuda_version is None:
+            return Check("cupy", Verdict.OK, f.cupy_version)
+        built_for = "{}.{}".format(*cuda_version_tuple(f.cupy_cuda_version))
+        return Check("cupy", Verdict.OK, f"{f.cupy_version} (built for CUDA {built_for})")
+    install = _install(f)
     if f.cupy_error is not None:
         return Check(
             "cupy",
             Verdict.FAIL,
             f"installed but failed to import: {f.cupy_error}",
-            f"reinstall it: {install}",
+            _install(f, "reinstall it: "),
         )
     return Check(
         "cupy",
@@ -480,7 +567,7 @@ def check_nvrtc(f: Facts) -> Check:
             "nvrtc",
             Verdict.FAIL,
             f"cannot load NVRTC: {f.nvrtc_error}",
-            f"the driver's extra brings it: pip install 'gpuactors[{_cuda_extra(f)}]'",
+            _install(f, "the driver's extra brings it: "),
         )
     version = "{}.{}".format(*f.nvrtc_version)
     if f.nvrtc_test_error is not None:
@@ -497,12 +584,13 @@ def check_driver(f: Facts) -> Check:
             "expected on a machine without an NVIDIA GPU; GPU actors need one",
         )
     version = "{}.{}".format(*cuda_version_tuple(f.driver_version))
-    return Check(
-        "cuda driver",
-        Verdict.OK,
-        f"supports CUDA {version} ({f.driver_version}, via {f.driver_source}); "
-        f"its extra: gpuactors[{_cuda_extra(f)}]",
-    )
+    supports = f"supports CUDA {version} ({f.driver_version}, via {f.driver_source})"
+    extra = _cuda_extra(f)
+    if extra is None:
+        return Check(
+            "cuda driver", Verdict.FAIL, f"{supports}: too old for gpuactors", _upgrade_driver(f)
+        )
+    return Check("cuda driver", Verdict.OK, f"{supports}; its extra: gpuactors[{extra}]")
 
 
 def check_compat(f: Facts) -> Check:
@@ -520,14 +608,18 @@ def check_compat(f: Facts) -> Check:
             f"driver CUDA {drv_s} >= NVRTC {nv_s}: the driver loads both PTX and CUBIN",
         )
     if nv[0] > drv[0]:
+        fix = _upgrade_driver(f)
+        if _cuda_extra(f) is not None:
+            fix = (
+                f"install the driver's extra ({_install(f)}) or upgrade the NVIDIA driver "
+                "(CUDA 13 needs R580 or newer)"
+            )
         return Check(
             name,
             Verdict.FAIL,
             f"NVRTC {nv_s} is a newer major version than the driver (CUDA {drv_s})",
             f"code compiled by NVRTC {nv[0]}.x needs a CUDA {nv[0]} driver; minor-version "
-            "compatibility only spans one major version. Install the driver's extra "
-            f"(pip install 'gpuactors[{_cuda_extra(f)}]') or upgrade the NVIDIA driver "
-            "(CUDA 13 needs R580 or newer)",
+            f"compatibility only spans one major version: {fix}",
         )
     return Check(
         name,
@@ -574,6 +666,15 @@ def check_cache(f: Facts) -> Check:
     )
     if f.cache_error is not None:
         return Check("kernel cache", Verdict.WARN, f"{f.cache_dir} ({source}): {f.cache_error}")
+    if f.cache_distrust is not None:
+        return Check(
+            "kernel cache",
+            Verdict.WARN,
+            f"{f.cache_dir} ({source}): not used, {f.cache_distrust}",
+            "the cache refuses a folder others could plant entries in, and compiles every "
+            f"kernel instead (log event nvrtc_cache_dir_distrusted): set {CACHE_DIR_ENV} to a "
+            "folder only you can write, or make this one yours and `chmod go-w` it",
+        )
     if not f.cache_exists:
         return Check(
             "kernel cache",

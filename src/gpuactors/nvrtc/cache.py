@@ -183,8 +183,9 @@ def _current_user() -> int | None:
     return geteuid() if geteuid is not None else None
 
 
-def _distrust(info: os.stat_result) -> str | None:
-    """Why a folder or entry with this ``stat`` is not to be trusted, or None."""
+def distrust(info: os.stat_result) -> str | None:
+    """Why a folder or entry with this ``stat`` is not to be trusted, or None (the
+    cache's rule, which ``gpuactors doctor`` reports as well)."""
     user = _current_user()
     if user is not None and info.st_uid != user:
         return f"owned by uid {info.st_uid}, not by this user (uid {user})"
@@ -306,7 +307,7 @@ class DiskModuleCache:
             info = os.stat(self.directory)
         except OSError:
             return None
-        reason = _distrust(info)
+        reason = distrust(info)
         if reason is not None:
             self._warn_once(
                 "nvrtc_cache_dir_distrusted",
@@ -339,7 +340,7 @@ class DiskModuleCache:
                 elif info.st_size > limit:
                     reason = f"{info.st_size} bytes, over the {limit}-byte limit"
                 else:
-                    reason = _distrust(info)
+                    reason = distrust(info)
                 if reason is not None:
                     _log().warning("nvrtc_cache_entry_distrusted", path=str(path), reason=reason)
                     return None

@@ -9,7 +9,7 @@ signature) is checked by the actor and comes back as the ask's error.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -20,6 +20,9 @@ from gpuactors.nvrtc.handle import KernelHandle
 from gpuactors.nvrtc.linker import LinkInput, LinkOpts
 from gpuactors.nvrtc.options import NvrtcOpts
 from gpuactors.nvrtc.text import check_headers, check_name, check_no_nul, check_size
+
+if TYPE_CHECKING:  # typing.Self is Python 3.11+; only an annotation needs it here
+    from typing import Self
 
 #: A launch shape, always three positive ints after validation.
 Dims = tuple[int, int, int]
