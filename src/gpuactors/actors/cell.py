@@ -72,7 +72,7 @@ from gpuactors.actors.context import ActorContext
 from gpuactors.actors.dead_letters import DeadLetter, DeadLetterReason
 from gpuactors.actors.deadlines import AskDeadlines
 from gpuactors.actors.deferred import Deferred, OwedReplies
-from gpuactors.actors.mailbox import Mailbox
+from gpuactors.actors.mailbox import Envelope, Mailbox
 from gpuactors.actors.props import Props
 from gpuactors.actors.ref import ActorRef
 from gpuactors.actors.supervision import Directive, RestartBudget, SupervisorStrategy
@@ -183,15 +183,6 @@ def _forward(
             reply.set_result(future.result())
         else:
             reply.set_exception(error)
-
-
-def _drop(future: asyncio.Future[Any]) -> None:
-    """Nobody will wait on ``future``: cancel it (so settling it later is skipped), or
-    mark an exception already set on it as retrieved."""
-    if not future.done():
-        future.cancel()
-    elif not future.cancelled():
-        future.exception()
 
 
 def _task_is_cancelled() -> bool:
@@ -367,10 +358,16 @@ class ActorCell:
         self.system.dead_letters.publish(DeadLetter(message, self.path, reason))
 
     def add_watcher(self, watcher: ActorCell) -> None:
+        """Send ``watcher`` one Terminated when this actor stops (at once if it has).
+
+        Idempotent until that notice is taken, stopped or not: a notice already waiting
+        in the watcher's mailbox answers a second watch too (a scan of that mailbox,
+        only when watching an actor that has stopped)."""
         if watcher is self:
             return
         if self.terminated.done():
-            watcher.mailbox.force((self._notice(), None, None))
+            if not any(map(self._is_my_notice, watcher.mailbox.user)):
+                watcher.mailbox.force((self._notice(), None, None))
             return
         self.watchers.add(watcher)
         watcher.watching.add(self)
@@ -379,14 +376,12 @@ class ActorCell:
         self.watchers.discard(watcher)
         watcher.watching.discard(self)
         if self.terminated.done():  # its notice may wait in the watcher's mailbox already
-            ref = self.ref
-            watcher.mailbox.drop(
-                lambda envelope: (
-                    envelope[1] is None
-                    and isinstance(envelope[0], Terminated)
-                    and envelope[0].ref == ref
-                )
-            )
+            watcher.mailbox.drop(self._is_my_notice)
+
+    def _is_my_notice(self, envelope: Envelope) -> bool:
+        """Is ``envelope`` the runtime's Terminated notice of this actor?"""
+        notice = envelope[0]
+        return envelope[1] is None and isinstance(notice, Terminated) and notice.ref == self.ref
 
     def watch_future(self) -> asyncio.Future[Terminated]:
         waiter: asyncio.Future[Terminated] = self.loop.create_future()
@@ -470,8 +465,8 @@ class ActorCell:
                 continue
             burst += 1
             message, reply, cid = user.popleft()
-            if putters:
-                mailbox.grant()
+            if putters:  # (one more comparison, only while senders wait for room)
+                mailbox.pass_on_room()
             if reply is not None and reply.done():
                 continue  # the asker is gone (cancelled or timed out): skip the message
             message_type = type(message)
@@ -534,15 +529,21 @@ class ActorCell:
             result = method(message)
         except BaseException as exc:  # all of it is the handler's here: it raised it
             taken = self._end_handler()
-            if taken is not None:  # made here, never seen by the asker: the raise wins
-                _drop(taken)
+            if taken is not None and not taken.done():  # unsettled: the raise wins
+                taken.cancel()  # made here, never seen by the asker
+                taken = None
+            # A future settled before the raise is the asker's answer, as on the mailbox
+            # path; the raise is still the actor's failure (or logged, if the asker's).
             if isinstance(exc, GpuActorsError):  # the asker's error, not the actor's failure
-                return AtOnceFailure(exc)
+                if taken is None:
+                    return AtOnceFailure(exc)
+                self._fail_ask(exc, taken, message)
+                return OwnReply(taken)
             failure = self._as_failure(exc, f"handler of {type(message).__name__}")
             # First in the system lane: ahead of a stop the handler may have asked for,
             # as on the mailbox path, where the supervisor hears of a failure at once.
             self.mailbox.signal(_HandledAtOnceFailed(failure, message, cid), first=True)
-            return AtOnceFailure(failure)
+            return AtOnceFailure(failure) if taken is None else OwnReply(taken)
         taken = self._end_handler()
         if taken is None:
             if type(result) is not CoroutineType:  # (one check: this is the latency path)
@@ -669,15 +670,17 @@ class ActorCell:
     def _fail_ask(
         self, error: GpuActorsError, reply: asyncio.Future[Any] | None, message: Any
     ) -> None:
-        """A handler raised ``error`` for its asker: the asker gets it; for a tell,
-        nobody can, so it is logged."""
-        if reply is None:
+        """A handler raised ``error`` for its asker: the asker gets it; for a tell, or
+        an ask whose reply is settled already (by the handler before it raised, or by
+        an asker that gave up), nobody can, so it is logged."""
+        if reply is None or reply.done():
             self.log.warning(
-                "a told handler raised an error meant for its asker",
+                "a handler raised an error meant for its asker, who cannot get it "
+                "(a tell, or a reply settled already)",
                 message_type=type(message).__name__,
                 exc_info=error,
             )
-        elif not reply.done():
+        else:
             reply.set_exception(error)
 
     def _ends_the_task(self, exc: BaseException) -> bool:

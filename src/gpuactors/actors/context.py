@@ -91,7 +91,8 @@ class ActorContext:
         target.request_stop()
 
     def watch(self, ref: ActorRef) -> ActorRef:
-        """Receive ``Terminated`` when ``ref`` stops (at once if it already has)."""
+        """Receive ``Terminated`` when ``ref`` stops (at once if it already has): one
+        notice per watch, however often it is asked before that notice is taken."""
         cell_of(ref, "watch").add_watcher(self._cell)
         return ref
 

@@ -12,9 +12,12 @@ A handler that replies later has two ways to do it:
   never the actor's failure; cancelling it fails the ask with ActorStopped (the
   asker was not cancelled), as a cancelled Deferred does. A handler that takes the
   future and also returns anything but None has a bug: that is a ``TypeError``
-  failure of the actor (its asker gets the TypeError). For a tell, the future is a
-  fresh one that nobody awaits: settling it does nothing, an exception set on it is
-  logged as a warning.
+  failure of the actor (its asker gets the TypeError). One that settles the future
+  and then raises gives its asker what the future was settled with, on either path
+  (at once or through the mailbox); the raise is still the actor's failure, for its
+  supervisor, or, a GpuActorsError nobody can get now, logged as a warning. For a
+  tell, the future is a fresh one that nobody awaits: settling it does nothing, an
+  exception set on it is logged as a warning.
 - **return a** :class:`Deferred` of a future of its own; the runtime links that
   future to the asker's (a second future and two callbacks per ask: fine off the hot
   path, and the only way when the future comes from elsewhere).

@@ -115,7 +115,10 @@ class Mailbox:
         return True
 
     def force(self, envelope: Envelope) -> bool:
-        """Queue ``envelope`` past the capacity (runtime notices such as Terminated)."""
+        """Queue ``envelope`` past the capacity (runtime notices such as Terminated).
+
+        Until taken it counts as queued, as any envelope does (``offer``), so taking
+        it out of a lane filled past the capacity frees no slot for a waiting sender."""
         if self.closed:
             return False
         self.user.append(envelope)
@@ -160,11 +163,7 @@ class Mailbox:
         if len(kept) < len(self.user):
             self.user.clear()  # in place: the consumer holds this deque
             self.user.extend(kept)
-            capacity = self.capacity
-            while (
-                self.putters and capacity is not None and len(self.user) + self.reserved < capacity
-            ):
-                self.grant()
+            self.pass_on_room()
 
     def signal(self, signal: object, *, first: bool = False) -> None:
         """Queue a runtime signal ahead of every user message (``first``: ahead of the
@@ -189,6 +188,15 @@ class Mailbox:
             self._getter = None
             if not getter.done():
                 getter.set_result(None)
+
+    def pass_on_room(self) -> None:
+        """Envelopes left the user lane: grant the room there is now to the senders
+        waiting for it, counted as ``offer`` counts it (queued envelopes, forced ones
+        too, plus the slots granted already), so a lane ``force`` filled past the
+        capacity grants nothing until it is back under it."""
+        capacity = self.capacity
+        while self.putters and (capacity is None or len(self.user) + self.reserved < capacity):
+            self.grant()
 
     def grant(self) -> None:
         """Reserve the slot just freed for the first sender still waiting."""
