@@ -239,10 +239,26 @@ def _second_boot(boot: Boot) -> bool:
     """Whether this is the second boot of an engine with the op ``second_boot_dies``,
     whose body names a file that counts the boots."""
     counter = next(op.body for op in boot.spec.ops if op.name == "second_boot_dies")
-    path = Path(counter)
+    return count_boot(Path(counter)) == 2
+
+
+def count_boot(path: Path) -> int:
+    """Count this boot in the file at ``path``: which boot it is, from 1."""
     boots = int(path.read_text() or 0) + 1 if path.exists() else 1
     path.write_text(str(boots))
-    return boots == 2
+    return boots
+
+
+async def serve_requests(stream: FrameStream, worker: FakeWorker) -> None:
+    """Serve the parent's requests until its stream ends (then exit)."""
+
+    def arrived(request: Frame) -> None:  # as the real worker does: in the socket's callback
+        assert isinstance(request, Request)
+        task = asyncio.get_running_loop().create_task(worker.serve(request.rid, request.message))
+        worker.in_flight[request.rid] = task
+
+    stream.deliver(arrived, lambda _why: os._exit(0))
+    await asyncio.Event().wait()
 
 
 async def main(fd: int) -> None:
@@ -261,14 +277,7 @@ async def main(fd: int) -> None:
     if "second_boot_dies" in ops and _second_boot(boot):
         await stream.drain()
         os._exit(71)  # Ready, then the end of the stream, before any request
-
-    def arrived(request: Frame) -> None:  # as the real worker does: in the socket's callback
-        assert isinstance(request, Request)
-        task = asyncio.get_running_loop().create_task(worker.serve(request.rid, request.message))
-        worker.in_flight[request.rid] = task
-
-    stream.deliver(arrived, lambda _why: os._exit(0))
-    await asyncio.Event().wait()
+    await serve_requests(stream, worker)
 
 
 if __name__ == "__main__":

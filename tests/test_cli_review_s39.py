@@ -5,7 +5,6 @@ facts, and its probes on stand-ins for CuPy."""
 from __future__ import annotations
 
 import ast
-import dataclasses
 import io
 import os
 import sys
@@ -16,8 +15,10 @@ from typing import Any
 import pytest
 
 from gpuactors import bench, cli, doctor
-from gpuactors.doctor import Check, Facts, Verdict
+from gpuactors.doctor import Facts, Verdict
 from gpuactors.nvrtc.cache import DiskModuleCache
+from test_cli import base_facts as cli_facts
+from test_cli import by_name
 from test_packaging import pyproject
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "gpuactors"
@@ -33,21 +34,8 @@ pytestmark = pytest.mark.usefixtures("cli_logging_restored")
 
 
 def base_facts(**changes: Any) -> Facts:
-    facts = Facts(
-        python_version=(3, 11, 7),
-        python_executable="/usr/bin/python3",
-        gpuactors_version="0.1.0",
-        gpuactors_location="/src/gpuactors",
-        nvrtc_version=(12, 9),
-        nvrtc_test="compiled a test kernel to CUBIN for sm_90 (2984 bytes, 20 ms)",
-        cache_dir="/cache/kernels",
-        cuda_module_loading="EAGER",
-    )
-    return dataclasses.replace(facts, **changes)
-
-
-def by_name(checks: list[Check], name: str) -> Check:
-    return next(c for c in checks if c.name == name)
+    """test_cli's facts of a machine, with NVRTC 12.9 unless ``changes`` say otherwise."""
+    return cli_facts(**{"nvrtc_version": (12, 9), **changes})
 
 
 # ------------------------------------------------------------------ packaging

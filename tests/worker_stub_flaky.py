@@ -16,13 +16,7 @@ from pathlib import Path
 import cpu_worker
 from gpuactors.errors import WorkerError
 from gpuactors.worker.frames import FrameStream
-from gpuactors.worker.wire import Boot, BootFailed, encode_frame
-
-
-def _count(path: Path) -> int:
-    boots = int(path.read_text() or 0) + 1 if path.exists() else 1
-    path.write_text(str(boots))
-    return boots
+from gpuactors.worker.wire import Boot, BootFailed, Ready, encode_frame
 
 
 async def main(fd: int) -> None:
@@ -31,7 +25,7 @@ async def main(fd: int) -> None:
     boot = await stream.read()
     assert isinstance(boot, Boot)
     mode, counter = next(op.body for op in boot.spec.ops if op.name == "flaky_boots").split(":", 1)
-    boots = _count(Path(counter))
+    boots = cpu_worker.count_boot(Path(counter))
     if mode == "fail_second" and boots == 2:
         stream.write(encode_frame(BootFailed(error=WorkerError("a transient boot failure"))))
         await stream.drain()
@@ -43,18 +37,9 @@ async def main(fd: int) -> None:
 
 async def serve_booted(stream: FrameStream, boot: Boot) -> None:
     """cpu_worker.main after the boot frame was read."""
-    from gpuactors.worker.wire import Ready, Request
-
     worker = cpu_worker.FakeWorker(stream, ["fill", "axpy", *[op.name for op in boot.spec.ops]])
     worker.send(Ready(pid=os.getpid(), startup_s=0.0))
-
-    def arrived(request: object) -> None:
-        assert isinstance(request, Request)
-        task = asyncio.get_running_loop().create_task(worker.serve(request.rid, request.message))
-        worker.in_flight[request.rid] = task
-
-    stream.deliver(arrived, lambda _why: os._exit(0))
-    await asyncio.Event().wait()
+    await cpu_worker.serve_requests(stream, worker)
 
 
 if __name__ == "__main__":

@@ -177,11 +177,19 @@ def __getattr__(name: str) -> Any:
 
 def view_of(array: Any, offset: int, shape: tuple[int, ...]) -> Any:
     """``shape`` elements of device array ``array`` from element ``offset`` on (contiguous);
-    InvalidArgument for a view that is not all inside it (a hand-made RemoteArray's), which
-    slicing would silently cut short or, from a negative offset, take from its end."""
-    size = math.prod(shape)
-    if offset < 0 or any(extent < 0 for extent in shape) or offset + size > array.size:
-        raise InvalidArgument(
-            f"a view of {shape} at element {offset} is not inside an array of {array.size}"
-        )
+    InvalidArgument for a view that is not all inside it (:func:`check_view`)."""
+    size = check_view(offset, shape, array.size)
     return array.reshape(-1)[offset : offset + size].reshape(shape)
+
+
+def check_view(offset: int, shape: tuple[int, ...], size: int) -> int:
+    """How many elements a view of ``shape`` at element ``offset`` holds; InvalidArgument
+    unless it lies inside an array of ``size`` elements (a hand-made RemoteArray's view
+    may not: slicing would silently cut it short or, from a negative offset, take it
+    from the array's end, and reshape would read a -1 extent as "the rest")."""
+    elements = math.prod(shape)
+    if offset < 0 or any(extent < 0 for extent in shape) or offset + elements > size:
+        raise InvalidArgument(
+            f"a view of {shape} at element {offset} is not inside an array of {size}"
+        )
+    return elements

@@ -216,11 +216,7 @@ def _offset_column(values: Any, what: str, find_spacing: bool = True) -> tuple[I
             raise InvalidArgument(
                 f"{what} must be a 1-D integer array, got {array.dtype} {array.shape}"
             )
-        if array.dtype.kind == "u" and array.dtype.itemsize == 8 and array.size:
-            largest = int(array.max())  # (as an int64, 2**63 and up would read negative)
-            if largest >= MAX_ELEMENTS:
-                raise InvalidArgument(f"{what} must be below 2**62, got {largest}")
-        array = array.astype(np.int64, copy=False)
+        array = as_int64(array, what)
         column = (evenly_spaced(array) if find_spacing else None) or array
     if not len(column):
         return as_array(column), 0
@@ -230,6 +226,17 @@ def _offset_column(values: Any, what: str, find_spacing: bool = True) -> tuple[I
     if high >= MAX_ELEMENTS:
         raise InvalidArgument(f"{what} must be below 2**62, got {high}")
     return column, high
+
+
+def as_int64(array: np.ndarray, what: str) -> np.ndarray:
+    """An integer column of counts or offsets as int64; InvalidArgument, naming the
+    caller's value, for a uint64 of 2**62 or more (as an int64, 2**63 and up would read
+    negative, and the refusal would name a value the caller never gave)."""
+    if array.dtype.kind == "u" and array.dtype.itemsize == 8 and array.size:
+        largest = int(array.max())
+        if largest >= MAX_ELEMENTS:
+            raise InvalidArgument(f"{what} must be below 2**62, got {largest}")
+    return array.astype(np.int64, copy=False)
 
 
 def scalar_column(param: ScalarParam, values: Any, where: str) -> np.ndarray:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from gpuactors.cuda.arrays import describe_array
-from gpuactors.engine.args import MAX_ELEMENTS, scalar_column, task_count
+from gpuactors.engine.args import MAX_ELEMENTS, as_int64, scalar_column, task_count
 from gpuactors.engine.messages import BatchCompletion, EnqueueBatch
 from gpuactors.engine.ops import ArrayParam, OpSpec, ScalarParam
 from gpuactors.engine.spacing import (
@@ -305,11 +305,7 @@ def _int_column(values: Any, what: str) -> np.ndarray:
         raise InvalidArgument(
             f"{what} must be a 1-D integer array, got {array.dtype} {array.shape}"
         )
-    if array.dtype.kind == "u" and array.dtype.itemsize == 8 and array.size:
-        largest = int(array.max())  # (as an int64, 2**63 and up would read negative)
-        if largest >= MAX_ELEMENTS:  # (an engine's words, so a batch sent whole says the same)
-            raise InvalidArgument(f"{what} must be below 2**62, got {largest}")
-    return array.astype(np.int64, copy=False)
+    return as_int64(array, what)  # (an engine's words, so a batch sent whole says the same)
 
 
 def _offset_column(values: Any, what: str) -> IntColumn:
@@ -479,7 +475,7 @@ def _size(tasks: Tasks) -> int:
     return tasks.stop - tasks.start if isinstance(tasks, slice) else len(tasks)
 
 
-def _size_of(array: Any, where: str) -> int:
+def elements_held(array: Any, where: str) -> int:
     """How many elements a device array (or a RemoteArray) holds."""
     if isinstance(array, RemoteArray):
         return array.size
@@ -499,7 +495,7 @@ def _check_within(
     base for ``param``. Read by the bounds alone where the length is one for all (the
     usual batch, with offsets in a range: a few integers)."""
     where = f"argument {param.name!r} of op {op.name!r}"
-    size = _size_of(array, where)
+    size = elements_held(array, where)
     length = n if param.length == "n" else int(param.length)
     highest = 0 if starts is None or not len(starts) else bounds(starts)[1]
     if isinstance(length, int) and highest + length <= size:

@@ -21,7 +21,6 @@ from gpuactors.actors import ActorSystem
 from gpuactors.actors.checks import optional_seconds
 from gpuactors.actors.deadlines import answered_within
 from gpuactors.cuda import cuda_device_count, no_device_reason
-from gpuactors.cuda.arrays import describe_array
 from gpuactors.engine import (
     AliasOp,
     Completion,
@@ -49,6 +48,7 @@ from gpuactors.errors import (
 from gpuactors.group import passes
 from gpuactors.group.batches import (
     BatchPart,
+    elements_held,
     join_replies,
     say_which_part,
     split_batch,
@@ -460,7 +460,7 @@ class EngineGroup:
         come back shifted (or NumPy would refuse the reshape)."""
         for shard in array.shards:
             where = f"the shard of the array for {self._locator.noun} {shard.device}"
-            held = _element_count(shard.array, where)
+            held = elements_held(shard.array, where)
             if held != shard.stop - shard.start:
                 raise InvalidArgument(
                     f"{where} holds {held} elements, not the {shard.stop - shard.start} "
@@ -632,13 +632,6 @@ def _log_abandoned_failure(task: asyncio.Task[Any]) -> None:
     error = None if task.cancelled() else task.exception()
     if error is not None:
         log.warning("an op change whose caller was cancelled failed", error=repr(error))
-
-
-def _element_count(array: Any, what: str) -> int:
-    """How many elements ``array`` (a RemoteArray or a device array) holds."""
-    if isinstance(array, RemoteArray):
-        return array.size
-    return describe_array(array, what).size
 
 
 def _devices(devices: Sequence[int] | None) -> tuple[int, ...]:

@@ -10,14 +10,13 @@ recovered without touching this process).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Awaitable, Sequence
 from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
 
 from gpuactors.actors import ActorSystem
-from gpuactors.cuda.arrays import view_of
+from gpuactors.cuda.arrays import check_view, view_of
 from gpuactors.cuda.current import on_device
 from gpuactors.cuda.generation import GENERATIONS
 from gpuactors.engine import Completion, Engine, EngineConfig, Enqueue, OpSpec, ShutdownReport
@@ -278,8 +277,5 @@ def remote_view(array: RemoteArray, offset: int, shape: tuple[int, ...]) -> Remo
     holds the array resolves the view when it uses it. Checked here, as ``model_copy``
     does not check (a negative offset or extent would make a RemoteArray its own model
     refuses)."""
-    if offset < 0 or any(extent < 0 for extent in shape) or offset + math.prod(shape) > array.size:
-        raise InvalidArgument(
-            f"a view of {shape} at element {offset} is not inside an array of {array.shape}"
-        )
+    check_view(offset, shape, array.size)
     return array.model_copy(update={"offset": array.offset + offset, "shape": shape})

@@ -69,7 +69,7 @@ def _bits(value: Any) -> int:
 
 
 #: The largest finite value of each float dtype.
-_LARGEST = {D.F32: 3.4028234663852886e38, D.F16: 65504.0, D.BF16: 3.3895313892515355e38}
+_LARGEST = {code: torch.finfo(getattr(torch, D.NAMES[code])).max for code in D.FLOATS}
 
 
 def _checked(value: Any, dtype: int) -> float:
