@@ -50,6 +50,10 @@ def run_scenario(name: str) -> dict[str, str]:
             ],
         ),
         ("hang", ["hang_detected", "refuses_after_hang", "stopped_cleanly"]),
+        (
+            "group_copies",
+            ["group_fault_detected", "upload_refused", "download_refused", "group_stopped"],
+        ),
     ],
 )
 def test_fault_scenarios(scenario: str, checks: list[str]) -> None:

@@ -50,6 +50,36 @@ async def fault() -> None:
         result("stopped_cleanly", True)
 
 
+async def group_copies() -> None:
+    """A group's uploads and downloads on a faulted device (in this process) are refused
+    with DeviceFault, as its tasks are, not answered with CUDA's sticky error."""
+    import numpy as np
+
+    from gpuactors.group import EngineGroup
+
+    async with ActorSystem("group-copies") as system:
+        group = await EngineGroup.start(system, devices=(0,), ops=(BAD,))
+        victim = await group.upload(np.zeros(4, np.float32), device=0)
+        try:
+            await asyncio.wait_for(group.enqueue("bad_write", victim, n=4), 10)
+            result("group_fault_detected", False, "the faulting task completed")
+        except DeviceFault:
+            result("group_fault_detected", True)
+        for name, copy in (
+            ("upload_refused", lambda: group.upload(np.ones(4, np.float32), device=0)),
+            ("download_refused", lambda: group.download(victim)),
+        ):
+            try:
+                await asyncio.wait_for(copy(), 10)
+                result(name, False, "the copy was served after the fault")
+            except DeviceFault as exc:
+                result(name, True, str(exc)[:120])
+            except Exception as exc:
+                result(name, False, f"{type(exc).__name__}: {exc}"[:200])
+        await asyncio.wait_for(group.shutdown(force=True), 15)
+        result("group_stopped", True)
+
+
 async def hang() -> None:
     import cupy as cp
 
@@ -74,7 +104,7 @@ async def hang() -> None:
 
 
 if __name__ == "__main__":
-    scenario = {"fault": fault, "hang": hang}[sys.argv[1]]
+    scenario = {"fault": fault, "hang": hang, "group_copies": group_copies}[sys.argv[1]]
     try:
         asyncio.run(scenario())
     except BaseException as exc:  # report, never hang

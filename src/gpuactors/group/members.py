@@ -10,17 +10,19 @@ recovered without touching this process).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
 
 from gpuactors.actors import ActorSystem
+from gpuactors.cuda import status as cuda_status
 from gpuactors.cuda.arrays import check_view, view_of
 from gpuactors.cuda.current import on_device
 from gpuactors.cuda.generation import GENERATIONS
 from gpuactors.engine import Completion, Engine, EngineConfig, Enqueue, OpSpec, ShutdownReport
-from gpuactors.errors import DeviceFailed, EngineStopped, InvalidArgument
+from gpuactors.errors import DeviceFailed, DeviceFault, EngineStopped, InvalidArgument
 from gpuactors.messages import Message
 from gpuactors.worker import IsolatedEngine, IsolationConfig, Job, JobResult, RemoteArray
 
@@ -177,19 +179,41 @@ class LocalMember:
     def _to_device(self, host: np.ndarray) -> Any:
         """A copy of ``host`` on this device, complete when this returns (the engine may
         read it at once: its tasks are sent with ``after="none"``)."""
-        import cupy
+        with self._copying("an upload"):
+            import cupy
 
-        with on_device(self.device_id):
             array = cupy.asarray(np.ascontiguousarray(host))
             cupy.cuda.get_current_stream().synchronize()
         return array
 
     def _to_host(self, array: Any) -> np.ndarray:
-        import cupy
+        with self._copying("a download"):
+            import cupy
 
-        with on_device(self.device_id):
             host: np.ndarray = cupy.asnumpy(array)
         return host
+
+    @contextmanager
+    def _copying(self, what: str) -> Iterator[None]:
+        """A copy to or from this device, refused with DeviceFault as the engine refuses
+        its tasks once the device faulted: the context is poisoned for this process, so
+        CUDA would answer the copy with the fault's own error (a sticky one, or a fault
+        the engine has not seen yet: a kernel of the caller's)."""
+        if GENERATIONS.current(self.device_id) != self._generation:
+            raise DeviceFault(
+                f"{what} to device {self.device_id} is refused: the device faulted, and "
+                "this process cannot use it again (an isolated group recovers)"
+            )
+        try:
+            with on_device(self.device_id):
+                yield
+        except Exception as exc:
+            if getattr(exc, "status", None) in cuda_status.STICKY:
+                raise DeviceFault(
+                    f"{what} on device {self.device_id} failed: {exc} (the device's "
+                    "context is poisoned: this process cannot use it again)"
+                ) from exc
+            raise
 
 
 class IsolatedMember:
