@@ -123,6 +123,7 @@ class LiveOps:
             return msg.applied_to(current, self._ops.next_version(msg.name))
 
         try:
+            self._service.check_serving()  # (first: a stopped engine says so, whatever it is sent)
             replacement()  # refused at once if it is invalid now
         except GpuActorsError as exc:
             return failed_reply(exc)
@@ -137,14 +138,19 @@ class LiveOps:
         return self._errands.reply_when(self._install(op, activate))
 
     def alias(self, msg: AliasOp) -> OpAliasSet | Deferred[OpAliasSet]:
+        """Point ``msg.name`` at an installed version; refused, the table unchanged,
+        where the engine does not serve (as an install is: its tasks would never run)."""
         try:
+            self._service.check_serving()
             previous = self._ops.alias(msg.name, msg.version)
         except GpuActorsError as exc:
             return failed_reply(exc)
         return OpAliasSet(name=msg.name, version=msg.version, previous=previous)
 
     def rollback(self, msg: Rollback) -> OpAliasSet | Deferred[OpAliasSet]:
+        """Point ``msg.name`` back at its previous version; refused as :meth:`alias` is."""
         try:
+            self._service.check_serving()
             now, was = self._ops.rollback(msg.name)
         except GpuActorsError as exc:
             return failed_reply(exc)
@@ -170,6 +176,7 @@ class LiveOps:
                 op = op()
             if self._stopping:  # (queued behind the stop's turn: not worth a compile)
                 raise self._stopped_before(op)
+            self._service.check_in_service()  # (faulted while queued: not worth one either)
             runtime = self._service.runtime
             assert runtime is not None
             ops, ids = self._ops.planned(op)  # raises before anything changes
@@ -194,6 +201,9 @@ class LiveOps:
                 self.swapping = False
                 self._hold_changed()
             swapped = time.perf_counter()
+            # A fault declared during the load: the op never serves (the engine is out
+            # of service for good), so its asker gets the fault, not OpInstalled.
+            self._service.check_in_service()
             self._ops.add(op, activate=activate, codecs=codecs)
             self.modules_built += 1
             self._wake.set()
