@@ -16,9 +16,11 @@ Sections (every result is checked; ratios are to the same measurement on one GPU
      ``DEPTH`` batches in flight. Same targets. 2a (no target): one batch at a time, ms.
      2b: the same batches, each batch's data uploaded to one GPU (as a service
      places its host data), so each goes whole to one engine; a stream per GPU,
-     ``DEPTH`` in flight on each. Same targets. Beside it, this process's CPU time per
-     batch (with isolated engines the caller's share, which every GPU's batches pass
-     through: the figure that caps their speed-up).
+     ``DEPTH`` in flight on each. Same targets. Measured on one group of all the GPUs
+     asked for, in alternating rounds of streams on 1, 2 (and 4) of them, medians of
+     ``PLACED_ROUNDS``. Beside it, this process's CPU time per batch (with isolated
+     engines the caller's share, which every GPU's batches pass through: the figure
+     that caps their speed-up).
   Both for a group of engines in this process (one event loop for every GPU) and of
   isolated engines (a worker process, so an event loop, per GPU).
   3. Ray (if installed), one actor on a GPU of this host: the per-call cost of a tiny
@@ -110,60 +112,88 @@ async def group_figures(
         once = np.bincount((rows + data_host).ravel(), minlength=JOBS * 256)
         found = (await group.download(hist)).ravel()  # byte_hist adds: every run counted
         np.testing.assert_array_equal(found, once * (len(scans) + DEPTH + streamed_scans))
-        placed = await placed_scans(group, data_host, once, 40 * repeats)
-        figures["placed_scan_jobs_per_s"], figures["placed_cpu_us"] = placed
         if not isolated:
             figures["clients_tasks_per_s"] = await many_clients(group, 1000, 20)
         await group.shutdown()
     return figures
 
 
-async def placed_scans(
-    group: EngineGroup, data_host: np.ndarray, once: np.ndarray, batches: int
-) -> tuple[float, float]:
+#: Section 2b's rounds: in each, a stream on one GPU, then on two (and four), after one
+#: round not counted; each figure is the median of its rounds. A stream lasts tens of
+#: milliseconds, so streams measured apart said more about the host's spell than
+#: about the GPUs (as for Ray, section 3).
+PLACED_ROUNDS = 3
+
+
+async def placed_figures(
+    counts: Sequence[int], isolated: bool, batches: int
+) -> dict[int, dict[str, Any]]:
     """Section 2b: jobs/s of 10,000-job scan batches whose data each lives on one GPU
-    (uploaded there, as a service places its host data), a stream of ``batches``
-    batches per GPU with ``DEPTH`` in flight on each: each batch goes whole to the
-    engine that holds its data, so the GPUs share batches instead of splitting each.
-    The rate is the sum of the GPUs' streams, which run at once. Also the CPU time this
-    process spent per batch while they ran: with isolated engines, the caller's share,
-    which every GPU's batches pass through (in-process, the engines' too)."""
+    (uploaded there, as a service places its host data), on one group of the most GPUs
+    asked for: in alternating rounds, a stream on the first ``count`` GPUs for each
+    count, ``batches`` batches per GPU with ``DEPTH`` in flight on each. Each batch goes
+    whole to the engine that holds its data, so the GPUs share batches instead of
+    splitting each; a stream's rate is the sum of its GPUs', which run at once. Also
+    the CPU time this process spent per batch: with isolated engines, the caller's
+    share, which every GPU's batches pass through (in-process, the engines' too).
+    Per count: the medians (``jobs_per_s``, ``cpu_us``) and each round's rate."""
+    data_host = np.random.default_rng(24).integers(0, 256, (JOBS, 1024), dtype=np.uint8)
+    once = np.bincount((np.arange(JOBS)[:, None] * 256 + data_host).ravel(), minlength=JOBS * 256)
     zeros = np.zeros((JOBS, 256), np.uint32)
     offsets = {"out": np.arange(JOBS) * 256, "data": np.arange(JOBS) * 1024}
+    isolation = IsolationConfig(standbys=0) if isolated else None
+    devices = tuple(range(max(counts)))
+    async with ActorSystem("bench-scale-placed") as system:
+        group = await EngineGroup.start(system, devices=devices, config=CONFIG, isolation=isolation)
 
-    async def slots_on(device: int) -> list[tuple[Any, Any]]:
-        """``DEPTH`` pairs of (histograms, data) on ``device``, one per batch in flight."""
-        slots = []
-        for _ in range(DEPTH):
-            data = await group.upload(data_host, device=device)
-            slots.append((await group.upload(zeros, device=device), data))
-        return slots
+        async def slots_on(device: int) -> list[tuple[Any, Any]]:
+            """``DEPTH`` pairs of (histograms, data) on ``device``, one per batch in flight."""
+            slots = []
+            for _ in range(DEPTH):
+                data = await group.upload(data_host, device=device)
+                slots.append((await group.upload(zeros, device=device), data))
+            return slots
 
-    async def stream(slots: list[tuple[Any, Any]], runs: list[int]) -> float:
-        sent = 0
+        placed = await asyncio.gather(*(slots_on(device) for device in devices))
+        runs = [[0] * DEPTH for _ in placed]
 
-        def scan() -> Awaitable[GroupBatchCompletion]:
-            nonlocal sent
-            slot, sent = sent % DEPTH, sent + 1
-            runs[slot] += 1
-            return group.enqueue_batch(
-                EnqueueBatch(op="byte_hist", args=slots[slot], n=1024, offsets=offsets)
-            )
+        async def stream(device: int) -> float:
+            sent = 0
 
-        return await streamed(scan, JOBS, batches)
+            def scan() -> Awaitable[GroupBatchCompletion]:
+                nonlocal sent
+                slot, sent = sent % DEPTH, sent + 1
+                runs[device][slot] += 1
+                return group.enqueue_batch(
+                    EnqueueBatch(op="byte_hist", args=placed[device][slot], n=1024, offsets=offsets)
+                )
 
-    placed = await asyncio.gather(*(slots_on(device) for device in group.devices))
-    runs = [[0] * DEPTH for _ in placed]
-    cpu = time.process_time()
-    rates = await asyncio.gather(*(stream(s, r) for s, r in zip(placed, runs, strict=True)))
-    cpu = time.process_time() - cpu
-    for slots, counts in zip(placed, runs, strict=True):
-        for (hist, data), count in zip(slots, counts, strict=True):
-            found = (await group.download(hist)).ravel()
-            np.testing.assert_array_equal(found, once * count)
-            await group.free(hist)
-            await group.free(data)
-    return sum(rates), cpu / sum(map(sum, runs)) * 1e6
+            return await streamed(scan, JOBS, batches)
+
+        rates: dict[int, list[float]] = {count: [] for count in counts}
+        cpus: dict[int, list[float]] = {count: [] for count in counts}
+        for round_ in range(1 + PLACED_ROUNDS):  # (the first is not counted)
+            for count in counts:
+                await asyncio.sleep(_PARKED_S)  # every engine idle, as at a stream's start
+                cpu = time.process_time()
+                rate = sum(await asyncio.gather(*(stream(d) for d in range(count))))
+                cpu = time.process_time() - cpu
+                if round_:
+                    rates[count].append(rate)
+                    cpus[count].append(cpu / ((DEPTH + batches) * count) * 1e6)  # (all sent)
+        for device, (slots, counted) in enumerate(zip(placed, runs, strict=True)):
+            for (hist, _), count in zip(slots, counted, strict=True):
+                found = (await group.download(hist)).ravel()
+                np.testing.assert_array_equal(found, once * count, f"device {device}")
+        await group.shutdown()
+    return {
+        count: {
+            "jobs_per_s": statistics.median(rates[count]),
+            "cpu_us": statistics.median(cpus[count]),
+            "rounds": rates[count],
+        }
+        for count in counts
+    }
 
 
 async def timed(reply: Awaitable[GroupBatchCompletion | BatchCompletion], count: int) -> float:
@@ -459,7 +489,13 @@ def measure(args: argparse.Namespace, results: ScriptResults) -> None:
             count: asyncio.run(group_figures(tuple(range(count)), isolated, tiny, repeats))
             for count in counts
         }
+        placed = asyncio.run(placed_figures(counts, isolated, 40 * repeats))
+        for count, got in placed.items():
+            figures[count]["placed_scan_jobs_per_s"] = got["jobs_per_s"]
+            figures[count]["placed_cpu_us"] = got["cpu_us"]
         record_scaling(kind, figures, results)
+        rounds = "; ".join(f"{c} GPU: {_millions(got['rounds'])}" for c, got in placed.items())
+        print(f"  (2b: medians of {PLACED_ROUNDS} alternating rounds, M jobs/s: {rounds})")
     if args.no_ray:
         return
     try:
