@@ -528,6 +528,8 @@ class IsolatedEngineActor(Actor):
             await self._settled_or_parked()
         report: ShutdownReport | None = None
         with contextlib.suppress(GpuActorsError):  # (the worker lost: nothing to report)
+            # Parked, the worker's Drain would wait for a Resume that may never come;
+            # its non-forced Shutdown drains instead (it ends the Parks first).
             if not force and not self._watchdog.parked:
                 await self._ask_worker(Drain())  # what it runs for callers gone too
             report = await self._ask_worker(Shutdown(force=force), at_once=force)
@@ -561,8 +563,10 @@ class IsolatedEngineActor(Actor):
 
         A task a Park holds is answered only once the Park ends, and a Shutdown is
         what ends it (the worker's engine drains: "Draining ends every Park"), so
-        from then on it is the worker's Shutdown that finishes what it holds. A Park
-        taking hold answers its own caller, which ends a wait here."""
+        from then on it is the worker's Shutdown that finishes what it holds: the
+        Park's tasks, then every other request it accepted (a compile, an upload),
+        each answered before the Shutdown is. A Park taking hold answers its own
+        caller, which ends a wait here."""
         while (waiting := self._requests.waiting()) and not self._watchdog.parked:
             await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
 

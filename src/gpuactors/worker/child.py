@@ -177,8 +177,10 @@ class WorkerHost:
         if isinstance(message, FreeKernel | ReleaseRemoteKernel):
             released = await self._release(message.kernel.id)
             return Ack() if isinstance(message, FreeKernel) else released
-        if isinstance(message, Drain) or (isinstance(message, Shutdown) and not message.force):
-            await self._launches_ended()  # (the worker exits once Shutdown is answered)
+        if isinstance(message, Shutdown) and not message.force:
+            return await self._drain_and_shut_down(message)
+        if isinstance(message, Drain):
+            await self._launches_ended()
         return await self.engine.ref.ask(message, timeout=None)
 
     async def _release(self, kernel_id: int) -> KernelReleased:
@@ -191,6 +193,22 @@ class WorkerHost:
             return KernelReleased(holds_left=0, unloaded=True)
         released: KernelReleased = await self._nvrtc.ask(ReleaseKernel(kernel=handle), timeout=None)
         return released
+
+    async def _drain_and_shut_down(self, shutdown: Shutdown) -> Any:
+        """Shut the engine down, then finish every request accepted before ``shutdown``,
+        its caller waiting or not: the worker exits once Shutdown is answered, and a
+        compile or release still running would be cut (its caller got EngineStopped).
+
+        Nothing here waits for a Resume: the engine's own Shutdown ends every Park and
+        drains the tasks they held, and what is left runs beside the engine (NVRTC,
+        copies). The parent sends no Drain while a Park holds the engine (it would wait
+        for that Park), so this is the drain then."""
+        accepted = {task for task in self._serving if task is not asyncio.current_task()}
+        await self._launches_ended()
+        report = await self.engine.ref.ask(shutdown, timeout=None)
+        if accepted:
+            await asyncio.wait(accepted)
+        return report
 
     async def _launches_ended(self) -> None:
         """Wait for the kernel launches in flight now: a Drain (and a Shutdown, which
