@@ -149,6 +149,11 @@ __device__ __forceinline__ void dispatcher_block_barrier() {
 
 // Every thread of block 0 runs the lone task's op: a worker's one-block unit without
 // the hand-off through device memory (the unit queue, the device copy of the record).
+// Its inputs may be read through block 0's L1, which no other SM's writes update: it
+// holds no stale line because each lone task ends with the fence.acq_rel.sys of its
+// completion, which empties L1, and block 0 reads nothing else of device memory
+// between tasks (tests/test_engine_inline_reads_gpu.py guards this). An acquire fence
+// here as well would lengthen every lone task (docs/architecture.md, the probes).
 // Not inlined: warp 0 and the other warps call it from different places, and the op's
 // barriers must be the same instructions for every thread of the block.
 // It takes everything it needs from `t` (a reference to the params would put them on
@@ -643,6 +648,7 @@ gpa_engine(const gpa::EngineParams* params) {
         __threadfence();
         const gpa::u32 prev = atomicAdd(&S->exited, 1u);
         if (prev == gridDim.x - 1) {  // last block out resets the instance state
+            __threadfence();  // (an acquire of what the others wrote before their exit)
             S->unit_claim = S->unit_head;
             S->stop = 0;
             S->exited = 0;
