@@ -8,7 +8,7 @@ anything is queued) and strict about unknown fields.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Generic, TypeVar, overload
 
 import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, ValidationInfo
@@ -121,6 +121,46 @@ WholeNumber = Annotated[int, BeforeValidator(_whole_number)]
 Seconds = Annotated[float | None, BeforeValidator(_seconds)]
 #: A bool field of a message: True or False, never a string or a number.
 Flag = Annotated[bool, BeforeValidator(_flag)]
+
+StoredT = TypeVar("StoredT")
+GivenT = TypeVar("GivenT")
+
+if TYPE_CHECKING:
+
+    class Accepts(Generic[StoredT, GivenT]):
+        """A field read as ``StoredT`` that a caller may also give as ``GivenT``, which its
+        validator turns into a ``StoredT`` (``grid=256`` for the grid ``(256, 1, 1)``).
+
+        A type checker takes a model's ``__init__`` from its field annotations, so a
+        plain ``StoredT`` field would refuse, in a user's ``mypy --strict`` code, forms
+        the docs show and the validator takes. A field typed by a descriptor is given as
+        what its ``__set__`` takes and read as what its ``__get__`` returns (PEP 681), so
+        our own code still reads the checked form. The default of such a field is written
+        ``Accepts(default)``: a type checker takes a descriptor field's default to be the
+        descriptor. At run time ``Accepts[StoredT, GivenT]`` is ``StoredT`` and
+        ``Accepts(default)`` is ``default``: pydantic sees what it saw before.
+        """
+
+        def __init__(self, default: StoredT, /) -> None: ...
+
+        @overload
+        def __get__(self, instance: None, owner: type[Any], /) -> Self: ...
+        @overload
+        def __get__(self, instance: object, owner: type[Any], /) -> StoredT: ...
+        def __get__(self, instance: object, owner: type[Any], /) -> StoredT | Self: ...
+
+        def __set__(self, instance: object, value: StoredT | GivenT, /) -> None: ...
+
+else:
+
+    class Accepts:
+        """See the type checker's ``Accepts`` above: at run time only its stored type."""
+
+        def __class_getitem__(cls, types: tuple[object, object]) -> object:
+            return types[0]
+
+        def __new__(cls, default: object) -> object:
+            return default
 
 
 class Reply(BaseModel):

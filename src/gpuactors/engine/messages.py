@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, SupportsFloat, SupportsIndex
 
 from pydantic import Field, model_validator
 
 from gpuactors.engine.ops import OpSpec, Param, check_body
 from gpuactors.errors import InvalidArgument
-from gpuactors.messages import Arguments, Flag, Message, Reply, Seconds, WholeNumber
+from gpuactors.messages import Accepts, Arguments, Flag, Message, Reply, Seconds, WholeNumber
 
 MAX_TIMEOUT_S = 1e6  # about 11.6 days: beyond that a deadline means "never"; say None
 MAX_BATCH_TASKS = 1 << 31
@@ -29,10 +29,12 @@ class Enqueue(Message):
     """
 
     op: str
-    args: Arguments = ()
-    n: WholeNumber = Field(ge=0, lt=2**62)
-    blocks: WholeNumber = Field(default=1, ge=1)
-    timeout: Seconds = Field(default=None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
+    args: Accepts[Arguments, list[Any]] = Accepts(())
+    n: Accepts[WholeNumber, SupportsIndex] = Field(ge=0, lt=2**62)
+    blocks: Accepts[WholeNumber, SupportsIndex] = Field(default=Accepts(1), ge=1)
+    timeout: Accepts[Seconds, SupportsFloat | None] = Field(
+        default=Accepts(None), gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False
+    )
     after: Literal["current_stream", "none"] = "current_stream"
 
 
@@ -74,14 +76,18 @@ class EnqueueBatch(Message):
     """
 
     op: str
-    args: Arguments = ()
+    args: Accepts[Arguments, list[Any]] = Accepts(())
     n: Any = 0  # int, or a 1-D integer NumPy array (one per task)
     offsets: dict[str, Any] = Field(default_factory=dict)  # name -> 1-D int array or range
     scalars: dict[str, Any] = Field(default_factory=dict)  # name -> 1-D array
-    count: WholeNumber | None = Field(default=None, ge=1, le=MAX_BATCH_TASKS)
-    blocks: WholeNumber = Field(default=1, ge=1)
+    count: Accepts[WholeNumber | None, SupportsIndex | None] = Field(
+        default=Accepts(None), ge=1, le=MAX_BATCH_TASKS
+    )
+    blocks: Accepts[WholeNumber, SupportsIndex] = Field(default=Accepts(1), ge=1)
     # one device-side deadline for all
-    timeout: Seconds = Field(default=None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
+    timeout: Accepts[Seconds, SupportsFloat | None] = Field(
+        default=Accepts(None), gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False
+    )
     per_task: Flag = False
     after: Literal["current_stream", "none"] = "current_stream"
 
@@ -175,7 +181,7 @@ class AliasOp(Message):
     """
 
     name: str
-    version: WholeNumber = Field(ge=1)
+    version: Accepts[WholeNumber, SupportsIndex] = Field(ge=1)
 
 
 class Rollback(Message):
@@ -256,7 +262,7 @@ class Park(Message):
     while it waits can always send it (``Engine.parked()`` does). A Park whose asker
     leaves (cancelled, timed out) before it answers holds nothing."""
 
-    hold: WholeNumber | None = None
+    hold: Accepts[WholeNumber | None, SupportsIndex | None] = Accepts(None)
 
 
 class Parked(Reply):
@@ -268,4 +274,4 @@ class Resume(Message):
     without a name, one unnamed Park that has answered. Once none is left, the kernel
     relaunches on the next task."""
 
-    hold: WholeNumber | None = None
+    hold: Accepts[WholeNumber | None, SupportsIndex | None] = Accepts(None)

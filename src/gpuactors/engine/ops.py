@@ -9,7 +9,7 @@ generated device wrapper (codegen.py) and the host-side validation of every
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Literal, SupportsIndex
 
 import numpy as np
 from pydantic import Field, field_validator, model_validator
@@ -17,7 +17,8 @@ from pydantic import Field, field_validator, model_validator
 from gpuactors.checked import CheckedModel
 from gpuactors.engine.abi import MAX_ARGS
 from gpuactors.errors import InvalidArgument
-from gpuactors.messages import Flag, WholeNumber
+from gpuactors.messages import Accepts, Flag, WholeNumber
+from gpuactors.nvrtc.handle import KernelHandle
 from gpuactors.nvrtc.linker import LinkInput
 from gpuactors.nvrtc.module import CompiledModule
 from gpuactors.nvrtc.text import check_no_nul
@@ -163,6 +164,11 @@ def check_code(code: str, where: str) -> str:
     return code
 
 
+#: A constant minimum length of an array parameter: below 2**62, as a task's ``n`` (a
+#: batch adds it to offsets in int64).
+_Length = Annotated[WholeNumber, Field(ge=0, lt=2**62)]
+
+
 class ArrayParam(CheckedModel):
     """A device array argument. ``length`` is the minimum element count: "n" or a constant."""
 
@@ -170,8 +176,7 @@ class ArrayParam(CheckedModel):
     name: str
     dtype: Dtype
     direction: Literal["in", "out", "inout"] = "in"
-    #: Below 2**62, as a task's ``n``: a batch adds it to offsets in int64.
-    length: Literal["n"] | Annotated[WholeNumber, Field(ge=0, lt=2**62)] = "n"
+    length: Accepts[Literal["n"] | _Length, SupportsIndex] = Accepts("n")
 
     _check_name = field_validator("name")(classmethod(lambda cls, v: _check_param_name(v)))
 
@@ -224,7 +229,7 @@ class DeviceLibrary(CheckedModel):
     each library's declarations are pasted once).
     """
 
-    image: LinkInput
+    image: Accepts[LinkInput, CompiledModule | KernelHandle]
     declarations: str = Field(default="", max_length=1 << 20)
 
     @field_validator("image", mode="before")
@@ -262,7 +267,7 @@ class OpSpec(CheckedModel):
     params: tuple[Param, ...] = ()
     body: str = Field(max_length=1 << 20)
     multi_block: Flag = True
-    version: WholeNumber = Field(default=1, ge=1)
+    version: Accepts[WholeNumber, SupportsIndex] = Field(default=Accepts(1), ge=1)
     #: Device code this op's body calls, linked into the engine module (see docs/linking.md).
     device_libraries: tuple[DeviceLibrary, ...] = ()
 

@@ -9,12 +9,12 @@ signature) is checked by the actor and comes back as the ask's error.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, SupportsIndex
 
 from pydantic import Field, field_validator, model_validator
 
 from gpuactors.errors import InvalidArgument
-from gpuactors.messages import Arguments, Flag, Message, Reply, WholeNumber
+from gpuactors.messages import Accepts, Arguments, Flag, Message, Reply, WholeNumber
 from gpuactors.numeric import whole_number
 from gpuactors.nvrtc.handle import KernelHandle
 from gpuactors.nvrtc.linker import LinkInput, LinkOpts
@@ -26,6 +26,11 @@ if TYPE_CHECKING:  # typing.Self is Python 3.11+; only an annotation needs it he
 
 #: A launch shape, always three positive ints after validation.
 Dims = tuple[int, int, int]
+#: A launch shape as a caller gives it: a whole number, or 1 to 3 of them in a tuple or a
+#: list (missing dimensions are 1).
+Shape = SupportsIndex | Sequence[SupportsIndex]
+#: Kernel names as a caller gives them: one name, or a tuple or list of names.
+KernelNames = str | Sequence[str]
 
 _MAX_GRID = (2**31 - 1, 65535, 65535)
 _MAX_BLOCK = (1024, 1024, 64)
@@ -53,7 +58,7 @@ class CompileRequest(_Checked):
     """
 
     source: str
-    kernel_names: tuple[str, ...]
+    kernel_names: Accepts[tuple[str, ...], KernelNames]
     opts: NvrtcOpts = Field(default_factory=NvrtcOpts)
     name: str = "kernel.cu"
     headers: dict[str, str] = Field(default_factory=dict)
@@ -131,7 +136,7 @@ class LinkRequest(_Checked):
     """
 
     inputs: tuple[LinkInput | KernelHandle, ...]
-    kernel_names: tuple[str, ...]
+    kernel_names: Accepts[tuple[str, ...], KernelNames]
     opts: LinkOpts = Field(default_factory=LinkOpts)
     name: str = "linked"
 
@@ -271,8 +276,8 @@ class LaunchShape(_Checked):
     """A launch's ``grid`` and ``block``: an int or 1 to 3 ints each (missing
     dimensions are 1), checked against CUDA's limits."""
 
-    grid: Dims
-    block: Dims
+    grid: Accepts[Dims, Shape]
+    block: Accepts[Dims, Shape]
 
     @field_validator("grid", mode="before")
     @classmethod
@@ -317,8 +322,8 @@ class Launch(LaunchShape):
 
     kernel: KernelHandle
     name: str | None = None
-    args: Arguments = ()
-    shared_mem: WholeNumber = Field(default=0, ge=0)
+    args: Accepts[Arguments, list[Any]] = Accepts(())
+    shared_mem: Accepts[WholeNumber, SupportsIndex] = Field(default=Accepts(0), ge=0)
     stream: Any = None
     after: Literal["current_stream", "none"] = "current_stream"
     timed: Flag = False
