@@ -4,9 +4,15 @@ The baseline is the least a mailbox round trip can cost: a consumer task that ta
 ``(message, future)`` from an ``asyncio.Queue`` and sets the result. Both are measured
 in the same run, on the same loop, so the ratios are what matter.
 
-An ask to an idle actor with a synchronous handler is handled at once in the asker's
-task (no mailbox round trip), so it beats the baseline; an async handler always goes
-through the mailbox, and is measured and checked too.
+Every ask and tell sends a new message, as callers build one per call (the baseline
+reuses its message: it is the floor). An ask to an idle actor with a synchronous
+handler is handled at once in the asker's task (no mailbox round trip), so it beats
+the baseline; an async handler always goes through the mailbox, and is measured and
+checked too. The tell target is ``await ref.tell_wait(...)`` to an actor with the
+default mailbox (1,024 messages, WAIT): what a caller streaming tells runs, since
+``tell()`` raises MailboxFull once 1,024 wait. ``tell()`` into a mailbox as large as
+the run (``MailboxConfig(capacity=N)``, a tuned actor) is printed beside it, with no
+target.
 
 A reply that comes later costs event-loop CPU per task: 1,000 concurrent askers to a
 handler that settles its replies on the next loop turn, once through a ``Deferred``
@@ -26,7 +32,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from gpuactors.actors import Actor, ActorSystem, Deferred, MailboxConfig, Props, handles
+from gpuactors.actors import Actor, ActorRef, ActorSystem, Deferred, MailboxConfig, Props, handles
 from gpuactors.benchmarks.results import ScriptResults, add_result_options, run_measurement
 from gpuactors.messages import Message
 
@@ -162,30 +168,33 @@ async def bare_baseline(asks: int, tells: int) -> tuple[tuple[float, float], flo
     return latency, rate
 
 
+async def tells_rate(
+    ref: ActorRef, send: Callable[[Ping], Awaitable[None] | None], tells: int
+) -> float:
+    """Messages/s of ``tells`` calls of ``send`` (a new message each), until the actor
+    has handled them all (an ask queued behind them has answered)."""
+    await ref.ask(Ping(n=0))
+    start = time.perf_counter()
+    for n in range(tells):
+        sent = send(Ping(n=n))
+        if sent is not None:
+            await sent
+    await ref.ask(Ping(n=0))
+    return tells / (time.perf_counter() - start)
+
+
 async def actor_numbers(asks: int, tells: int) -> dict[str, Any]:
-    msg = Ping(n=1)
     async with ActorSystem("bench") as system:
         echo = system.spawn(Echo, name="echo")
-        plain = await round_trips(lambda: echo.ask(msg), asks)
-        timed = await round_trips(lambda: echo.ask(msg, timeout=5.0), asks)
-        via_mailbox = AsyncPing(n=1)
-        mailbox = await round_trips(lambda: echo.ask(via_mailbox), asks)
+        plain = await round_trips(lambda: echo.ask(Ping(n=1)), asks)
+        timed = await round_trips(lambda: echo.ask(Ping(n=1), timeout=5.0), asks)
+        mailbox = await round_trips(lambda: echo.ask(AsyncPing(n=1)), asks)
 
+        # Tuned: a mailbox as large as the run, so that tell() never finds it full.
         sink = system.spawn(Props(Echo, mailbox=MailboxConfig(capacity=tells)), name="sink")
-        await sink.ask(msg)
-        start = time.perf_counter()
-        for _ in range(tells):
-            sink.tell(msg)
-        await sink.ask(msg)  # queued behind every tell: all handled once it answers
-        tell_rate = tells / (time.perf_counter() - start)
-
-        bounded = system.spawn(Echo, name="bounded")  # default mailbox: 1024, WAIT
-        await bounded.ask(msg)
-        start = time.perf_counter()
-        for _ in range(tells):
-            await bounded.tell_wait(msg)
-        await bounded.ask(msg)
-        wait_rate = tells / (time.perf_counter() - start)
+        tell_rate = await tells_rate(sink, sink.tell, tells)
+        streamed = system.spawn(Echo, name="streamed")  # the default mailbox: 1,024, WAIT
+        wait_rate = await tells_rate(streamed, streamed.tell_wait, tells)
 
         # Interleaved, best of three each: this is CPU time, but a busy machine adds noise.
         later: dict[bool, list[float]] = {False: [], True: []}
@@ -211,7 +220,7 @@ async def measure(asks: int, tells: int, results: ScriptResults) -> None:
     mp50, mp99 = ours["ask_mailbox"]
 
     print(f"gpuactors actor benchmark: Python {platform.python_version()}, {platform.machine()}")
-    print(f"asks: {asks} sequential round trips; tells: {tells} messages\n")
+    print(f"asks: {asks} sequential round trips; tells: {tells} messages; a new message per call\n")
     print(f"{'':34}{'p50 us':>10}{'p99 us':>10}{'p50 ratio':>12}")
     rows = [
         ("bare asyncio.Queue + Future", base_p50, base_p99, True),
@@ -228,7 +237,7 @@ async def measure(asks: int, tells: int, results: ScriptResults) -> None:
     print(f"{base_label:34}{base_rate:>12,.0f}{1.0:>10.2f}")
     for label, rate in (
         ("actor tell() (capacity=N)", ours["tell"]),
-        ("actor tell_wait() (1024, WAIT)", ours["tell_wait"]),
+        ("actor tell_wait() (1024, WAIT)", ours["tell_wait"]),  # the default: the target's
     ):
         print(f"{label:34}{rate:>12,.0f}{rate / base_rate:>10.2f}")
         results.compare(
@@ -239,6 +248,7 @@ async def measure(asks: int, tells: int, results: ScriptResults) -> None:
             unit="messages/s",
             higher_is_better=True,
         )
+    print("(capacity=N: a tuned mailbox as large as the run, no target; 1024, WAIT: the default)")
     print()
     print(f"{'1,000 askers, reply later':34}{'cpu us/task':>12}{'ratio':>10}")
     deferred_label = "reply later: Deferred"
@@ -271,9 +281,10 @@ async def measure(asks: int, tells: int, results: ScriptResults) -> None:
     for name, ratio, value in checks:
         met = results.target(name, ratio <= ASK_P50_MAX_RATIO, value)
         print(f"target {name:38} {met:8} ({value})")
+    # (The name is the one reports and their tests know; the value says which call.)
     name = f"tell >= {TELL_MIN_PER_S:,} msgs/s"
-    value = f"{ours['tell']:,.0f}/s"
-    met = results.target(name, ours["tell"] >= TELL_MIN_PER_S, value)
+    value = f"{ours['tell_wait']:,.0f}/s by await tell_wait() to the default mailbox"
+    met = results.target(name, ours["tell_wait"] >= TELL_MIN_PER_S, value)
     print(f"target {name:38} {met:8} ({value})")
 
 

@@ -2,8 +2,10 @@
 
 Run on a GPU machine:  python -m gpuactors.benchmarks.bench_engine [--quick] [--json PATH]
 
-Python's collector is tuned with ``tune_gc`` once each engine has started, as a
-serving process would. Sections (each prints medians, p99 and the ratio to its
+Every engine runs with ``EngineConfig()``'s defaults, as users get it (the header line
+says so). Python's collector is tuned with ``tune_gc()`` in sections 1 to 3, once
+their engine has started, as a serving process would (issue #21); sections 4 to 6
+leave it as Python sets it. Sections (each prints medians, p99 and the ratio to its
 baseline):
   1. ring round trip without asyncio: publish a record, spin on its marker
      vs. CuPy RawKernel launch + stream.synchronize() of the same op.
@@ -11,12 +13,13 @@ baseline):
      task), with the default ``after`` and with ``after="none"``, vs. the same CuPy
      baseline. Sections 1, 2 and their baseline are measured in interleaved blocks.
   3. many concurrent clients, each awaiting ``engine.enqueue(...)``: tasks/s vs. CuPy
-     back-to-back launches/s, in alternating rounds (medians); again under uvloop
-     where it is installed.
+     back-to-back launches/s, in alternating rounds (medians), CuPy's with the
+     engine's kernel parked; again under uvloop where it is installed.
   4. EnqueueBatch of 1,000,000 tiny tasks: tasks/s (target >= 10M/s).
   5. 10,000 x 1 KiB byte-histogram jobs: one EnqueueBatch vs. one CuPy launch per job.
      Sections 4 and 5 send a new EnqueueBatch per call, with the default arguments.
-  6. hot swap under load: the longest any task waited while ReplaceOp swapped modules.
+  6. hot swap under load: the longest any task waited while ReplaceOp swapped modules
+     (50 clients, each awaiting ``engine.enqueue(...)`` with the default arguments).
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ import statistics
 import sys
 import time
 from array import array
-from collections.abc import Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from contextlib import AbstractAsyncContextManager
 from datetime import datetime, timezone
 from typing import Any, Literal, NamedTuple, TypeVar
 
@@ -119,6 +123,8 @@ class CupyBaseline:
         return samples
 
     def back_to_back_rate(self, count: int = 20_000) -> float:
+        """Launches/s of ``count`` launches; returns once the last has run (nothing of
+        CuPy's is left on the GPU to slow the engine's next round)."""
         kernel, args, stream = self.kernel, self.args, self.stream
         stream.synchronize()
         start = time.perf_counter()
@@ -140,7 +146,7 @@ class BareRing:
 
         cc = cp.cuda.Device(0).compute_capability
         module, engine = build_engine_module(BUILTIN_OPS, arch=f"sm_{cc}")
-        self.runtime = EngineRuntime(module.image, EngineConfig(idle_park_ms=50.0))
+        self.runtime = EngineRuntime(module.image, EngineConfig())
         self.axpy = engine.op_ids["axpy@1"]
         self.x = cp.random.random(N, dtype=cp.float32)
         self.y = cp.zeros(N, dtype=cp.float32)
@@ -178,7 +184,7 @@ async def latencies(
     import cupy as cp
 
     from gpuactors.actors import ActorSystem
-    from gpuactors.engine import Engine, EngineConfig, tune_gc
+    from gpuactors.engine import Engine, tune_gc
 
     base = CupyBaseline()
     bare = BareRing()
@@ -191,7 +197,7 @@ async def latencies(
     per_block = -(-repeats // rounds) + warm_up
     try:
         async with ActorSystem("bench") as system:
-            engine = await Engine.start(system, config=EngineConfig(idle_park_ms=50.0))
+            engine = await Engine.start(system)
             tuning = tune_gc()
             x = cp.random.random(N, dtype=cp.float32)
             y = cp.zeros(N, dtype=cp.float32)
@@ -239,20 +245,44 @@ class ClientRounds(NamedTuple):
     stats: Any  # the engine's EngineStats at the end
 
 
+async def alternating_rounds(
+    engine_round: Callable[[], Awaitable[float]],
+    baseline_round: Callable[[], float],
+    parked: Callable[[], AbstractAsyncContextManager[object]],
+    rounds: int,
+) -> ClientRounds:
+    """``rounds`` counted rounds of the engine's, each followed by one of its baseline's
+    (after one of each not counted). The baseline runs inside ``parked()``: the engine's
+    kernel (a block per SM, spinning until its idle park) has exited before CuPy
+    launches, else it would slow CuPy's launches and flatter the ratio. The baseline
+    round returns once its launches have run, so none is queued when the engine's next
+    round starts."""
+    measured = ClientRounds([], [], None)
+    for counted in [False] + [True] * rounds:
+        rate = await engine_round()
+        async with parked():
+            base_rate = baseline_round()
+        if counted:
+            measured.engine.append(rate)
+            measured.baseline.append(base_rate)
+    return measured
+
+
 async def engine_clients(
     clients: int, per_client: int, baseline: CupyBaseline, rounds: int = CLIENT_ROUNDS
 ) -> ClientRounds:
     """Section 3: many concurrent clients, each awaiting one task at a time; each round
-    of them followed by a round of ``baseline``'s back-to-back launches. The first
-    round of each is not counted: it is the first run of the path and of 1,000 new
-    clients, which a serving process pays once."""
+    of them followed by a round of ``baseline``'s back-to-back launches with the
+    engine's kernel parked (:func:`alternating_rounds`). The first round of each is not
+    counted: it is the first run of the path and of 1,000 new clients, which a serving
+    process pays once."""
     import cupy as cp
 
     from gpuactors.actors import ActorSystem
-    from gpuactors.engine import Engine, EngineConfig, tune_gc
+    from gpuactors.engine import Engine, tune_gc
 
     async with ActorSystem("bench") as system:
-        engine = await Engine.start(system, config=EngineConfig(idle_park_ms=50.0))
+        engine = await Engine.start(system)
         acc = cp.zeros(clients, dtype=cp.float32)
         one = cp.ones(1, dtype=cp.float32)
         cp.cuda.runtime.deviceSynchronize()
@@ -268,13 +298,9 @@ async def engine_clients(
             await asyncio.gather(*(client(k) for k in range(clients)))
             return clients * per_client / (time.perf_counter() - start)
 
-        measured = ClientRounds([], [], None)
-        for counted in [False] + [True] * rounds:
-            rate = await clients_round()
-            base_rate = baseline.back_to_back_rate()
-            if counted:
-                measured.engine.append(rate)
-                measured.baseline.append(base_rate)
+        measured = await alternating_rounds(
+            clients_round, baseline.back_to_back_rate, engine.parked, rounds
+        )
         tuning.restore()
         total = per_client * (rounds + 1)
         assert bool((acc == total).all()), "lost or duplicated increments"
@@ -351,10 +377,12 @@ async def engine_batches(tiny_tasks: int, jobs: int) -> tuple[float, float, floa
     import cupy as cp
 
     from gpuactors.actors import ActorSystem
-    from gpuactors.engine import Engine, EngineConfig, EnqueueBatch
+    from gpuactors.engine import Engine, EnqueueBatch
 
     async with ActorSystem("bench-batch") as system:
-        engine = await Engine.start(system, config=EngineConfig(capacity=65536, idle_park_ms=50.0))
+        # The default ring is enough: a batch of one block per task is expanded by the
+        # device, a ring record per 65,536 tasks.
+        engine = await Engine.start(system)
         out = cp.zeros(tiny_tasks, dtype=cp.float32)
         index = np.arange(tiny_tasks)
 
@@ -417,7 +445,7 @@ async def hot_swap_pause(clients: int = 50) -> tuple[float, float, float, int]:
     import cupy as cp
 
     from gpuactors.actors import ActorSystem
-    from gpuactors.engine import ArrayParam, Engine, EngineConfig, Enqueue, OpSpec, ReplaceOp
+    from gpuactors.engine import ArrayParam, Engine, OpSpec, ReplaceOp
 
     stamp = OpSpec(
         name="stamp",
@@ -425,7 +453,7 @@ async def hot_swap_pause(clients: int = 50) -> tuple[float, float, float, int]:
         body="if (threadIdx.x == 0) out[0] = 1;\nreturn 0;",
     )
     async with ActorSystem("bench-swap") as system:
-        engine = await Engine.start(system, ops=[stamp], config=EngineConfig(idle_park_ms=50.0))
+        engine = await Engine.start(system, ops=[stamp])
         out = cp.zeros(clients, dtype=cp.int32)
         cp.cuda.runtime.deviceSynchronize()
         # Send and reply times in flat arrays: no Python object per task, so the
@@ -434,10 +462,10 @@ async def hot_swap_pause(clients: int = 50) -> tuple[float, float, float, int]:
         stop = asyncio.Event()
 
         async def client(k: int) -> None:
-            message = Enqueue(op="stamp", args=(out[k : k + 1],), n=1, after="none")
-            while not stop.is_set():
+            mine = out[k : k + 1]
+            while not stop.is_set():  # what users call: the default arguments
                 sent = time.perf_counter()
-                await engine.ref.ask(message)
+                await engine.enqueue("stamp", mine, n=1)
                 done_at.append(time.perf_counter())
                 sent_at.append(sent)
 
@@ -464,6 +492,29 @@ async def hot_swap_pause(clients: int = 50) -> tuple[float, float, float, int]:
     )
 
 
+def report_uvloop(results: ScriptResults, clients: str, on_uvloop: ClientRounds | None) -> None:
+    """Section 3 under uvloop, beside the CuPy rounds that alternated with it (its ratio's
+    baseline, recorded with it); no target: the loop is the user's choice."""
+    if on_uvloop is None:
+        print("   under uvloop: not measured (pip install 'gpuactors[uvloop]')")
+        return
+    uv_rate = statistics.median(on_uvloop.engine)
+    uv_base = statistics.median(on_uvloop.baseline)
+    results.compare(
+        f"{clients}, uvloop",
+        uv_rate,
+        baseline_label="CuPy back-to-back, the uvloop run's rounds",
+        baseline_value=uv_base,
+        unit="tasks or launches per second",
+        higher_is_better=True,
+    )
+    print(
+        f"   under uvloop: {uv_rate:,.0f} tasks/s = {uv_rate / uv_base:.2f}x CuPy "
+        f"back-to-back ({uv_base:,.0f}, its rounds; the loop is the user's choice, the "
+        "target is asyncio's)"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
@@ -477,6 +528,8 @@ def measure(args: argparse.Namespace, results: ScriptResults) -> None:
     """Run the six sections in order, printing each and recording it in ``results``."""
     import cupy as cp
 
+    from gpuactors.engine import EngineConfig
+
     repeats = 1000 if args.quick else 5000
     per_client = 50 if args.quick else 200
     props = cp.cuda.runtime.getDeviceProperties(0)
@@ -484,7 +537,9 @@ def measure(args: argparse.Namespace, results: ScriptResults) -> None:
     results.device = props["name"].decode()
     print(
         f"bench_engine on {results.device} ({when:%Y-%m-%d %H:%M} UTC), "
-        f"CuPy {cp.__version__}, Python {sys.version.split()[0]}, op axpy n={N}"
+        f"CuPy {cp.__version__}, Python {sys.version.split()[0]}, op axpy n={N}; every engine "
+        f"with EngineConfig() defaults (idle park {EngineConfig().idle_park_ms} ms); tune_gc() "
+        "in sections 1 to 3"
     )
 
     blocks, baseline = asyncio.run(latencies(repeats))
@@ -536,17 +591,7 @@ def measure(args: argparse.Namespace, results: ScriptResults) -> None:
         f"   engine stats: mode={stats.mode} launches={stats.launches} parks={stats.park_reasons}"
     )
     on_uvloop = run_on_uvloop(engine_clients(args.clients, per_client, baseline))
-    if on_uvloop is None:
-        print("   under uvloop: not measured (pip install 'gpuactors[uvloop]')")
-    else:
-        uv_rate = statistics.median(on_uvloop.engine)
-        uv_base = statistics.median(on_uvloop.baseline)
-        results.figure(f"{clients}, uvloop", uv_rate, "tasks/s")
-        print(
-            f"   under uvloop: {uv_rate:,.0f} tasks/s = {uv_rate / uv_base:.2f}x CuPy "
-            f"back-to-back ({uv_base:,.0f}, its rounds; the loop is the user's choice, the "
-            "target is asyncio's)"
-        )
+    report_uvloop(results, clients, on_uvloop)
     ceiling = asyncio.run(asyncio_ceiling(args.clients, per_client))
     results.figure(f"event loop alone, {clients} awaiting bare futures", ceiling, "awaits/s")
     print(

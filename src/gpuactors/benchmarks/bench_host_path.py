@@ -246,15 +246,14 @@ def batch_call(engine: Engine, size: int) -> Call:
     return enqueue_batch
 
 
-async def host_times(
-    call: Call,
-    device_seconds: Callable[[], float],
-    count: int,
-    clock: Callable[[], float] = time.perf_counter,
-) -> list[float]:
-    """``count`` sequential calls' times in microseconds by ``clock``, each less the time
-    the stand-in devices spent in it (``device_seconds``: their total so far; a GPU
-    does that work off the host)."""
+async def host_times(call: Call, device_seconds: Callable[[], float], count: int) -> list[float]:
+    """``count`` sequential calls' times in microseconds, each less the time the
+    stand-in devices spent in it (``device_seconds``: their total so far; a GPU does
+    that work off the host). Both by ``time.perf_counter``, the clock ``HostRuntime``
+    sums ``device_seconds`` with: a wall time taken from another clock's reading (the
+    thread's CPU time, which misses the time the machine took from the thread) could
+    take away more than that reading holds."""
+    clock = time.perf_counter
     samples = []
     for _ in range(count):
         device_before, start = device_seconds(), clock()
@@ -383,14 +382,9 @@ async def group_section(system: ActorSystem, args: argparse.Namespace) -> dict[s
     for round_index in range(args.rounds):
         shift = round_index % len(keys)
         for key in [*keys[shift:], *keys[:shift]]:
-            samples[key] += await host_times(
-                # In the loop thread's CPU time: a shared machine's stolen time, which can
-                # be as large as the group's own work, is not in it.
-                calls[key],
-                lambda: path.device_seconds,
-                per_round,
-                time.thread_time,
-            )
+            # Wall time (a shared machine's slow spells are in it: the rounds interleave
+            # the calls, so each meets them alike, and the medians are the figures).
+            samples[key] += await host_times(calls[key], lambda: path.device_seconds, per_round)
     for engine in path.engines:
         await engine.shutdown(timeout=60)
     by_size = {}
@@ -654,7 +648,7 @@ def report(result: dict[str, Any]) -> None:
 def report_group(group: dict[str, Any]) -> None:
     print(
         f"group: EnqueueBatch of {group['tasks']:,} byte histograms over ShardedArrays, host "
-        "CPU us per batch (the stand-in devices' time taken out):"
+        "us per batch, wall clock (the stand-in devices' time taken out):"
     )
     for size, figures in group["engines"].items():
         alone = "engine alone " if size == 1 else "engines alone"

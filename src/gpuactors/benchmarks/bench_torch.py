@@ -23,7 +23,8 @@ goes (cProfile, n = 4,096).
 
 Targets (issue 23): the scheduler context >= 1.5x faster than eager for n <= 4,096;
 traced mode <= 1.0x torch.compile's steady time; 20 new shapes >= 10x faster than
-torch.compile's total and no slower than eager. Needs PyTorch with CUDA (the torch extra).
+torch.compile's total and no slower than eager, judged for the scheduler context and
+for traced mode apart (each target names its mode). Needs PyTorch with CUDA (the torch extra).
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ SIZES = (256, 4096, 65536)
 OPS = 57
 SCHEDULER_TARGET = 1.5  # times faster than eager, n <= 4,096
 SHAPES = 20
+#: The modes the new-shape targets are judged on, each apart: the context of
+#: ``with scheduler:`` (what docs/torch.md tells users to write) and traced mode.
+SHAPE_MODES = (("scheduler context", "scheduler_s"), ("traced mode", "traced_s"))
 
 
 try:  # the module imports without PyTorch: measure() says why it cannot run then
@@ -375,27 +379,34 @@ def record(rows: list[dict[str, float]], shapes: dict[str, float], results: Scri
     small = [row for row in rows if row["n"] <= 4096]
     worst = min(row["eager_us"] / row["scheduler_us"] for row in small)
     traced = max(row["traced_us"] / row["compile_us"] for row in rows)
-    best = min(shapes["scheduler_s"], shapes["traced_s"])
-    checks: tuple[tuple[str, bool, str], ...] = (
+    checks = [
         (
-            f"scheduler >= {SCHEDULER_TARGET}x faster than eager (n <= 4096)",
+            f"scheduler context >= {SCHEDULER_TARGET}x faster than eager (n <= 4096)",
             worst >= SCHEDULER_TARGET,
             f"{worst:.2f}x",
         ),
-        ("traced <= 1.0x torch.compile steady", traced <= 1.0, f"{traced:.2f}x"),
-        (
-            f"{SHAPES} new shapes >= 10x faster than torch.compile",
-            shapes["compile_s"] / best >= 10,
-            f"{shapes['compile_s'] / best:.1f}x",
-        ),
-        (
-            f"{SHAPES} new shapes no slower than eager",
-            best <= shapes["eager_s"],
-            f"{best / shapes['eager_s']:.2f}x",
-        ),
-    )
+        ("traced mode <= 1.0x torch.compile steady", traced <= 1.0, f"{traced:.2f}x"),
+    ]
+    for mode, key in SHAPE_MODES:
+        checks += new_shape_checks(mode, shapes[key], shapes)
     for name, met, shown in checks:
         print(f"target {name}: {results.target(name, met, shown)} ({shown})")
+
+
+def new_shape_checks(
+    mode: str, mode_s: float, shapes: dict[str, float]
+) -> list[tuple[str, bool, str]]:
+    """The new-shape targets of one mode (``mode_s``: its total for the shapes)."""
+    faster = shapes["compile_s"] / mode_s
+    of_eager = mode_s / shapes["eager_s"]
+    return [
+        (
+            f"{SHAPES} new shapes, {mode}: >= 10x faster than torch.compile",
+            faster >= 10,
+            f"{faster:.1f}x",
+        ),
+        (f"{SHAPES} new shapes, {mode}: no slower than eager", of_eager <= 1.0, f"{of_eager:.2f}x"),
+    ]
 
 
 def measure(args: argparse.Namespace, results: ScriptResults) -> None:
