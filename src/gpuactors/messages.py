@@ -99,11 +99,12 @@ def _title(info: ValidationInfo) -> str:
     return str(info.config.get("title", "message")) if info.config else "message"
 
 
-def _arguments(value: object, info: ValidationInfo) -> tuple[Any, ...]:
-    """A task's arguments, in the order the caller wrote them: a tuple or a list. A set
-    has no such order (the kernel would get its arguments shuffled), and an iterator
-    is used up by whoever reads it first."""
-    if isinstance(value, tuple):
+def _in_order(value: object, info: ValidationInfo) -> object:
+    """Items in the order the caller wrote them: a tuple or a list (None where the field
+    allows it). A set has no such order (a kernel would get its arguments shuffled, a
+    link its inputs), and an iterator is used up by whoever reads it first; pydantic's
+    own tuple takes both."""
+    if isinstance(value, tuple) or value is None:
         return value
     if isinstance(value, list):
         return tuple(value)
@@ -113,8 +114,10 @@ def _arguments(value: object, info: ValidationInfo) -> tuple[Any, ...]:
     )
 
 
+#: Put on a tuple field whose order matters: a tuple or a list, kept as a tuple.
+InOrder = BeforeValidator(_in_order)
 #: A task's arguments in order (a tuple or a list, kept as a tuple).
-Arguments = Annotated[tuple[Any, ...], BeforeValidator(_arguments)]
+Arguments = Annotated[tuple[Any, ...], InOrder]
 #: An int field of a message: bounds still come from ``Field(ge=..., lt=...)``.
 WholeNumber = Annotated[int, BeforeValidator(_whole_number)]
 #: A timeout of a message, in seconds, or None.

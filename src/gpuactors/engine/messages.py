@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, NamedTuple, SupportsFloat, SupportsIndex
+from typing import Annotated, Any, Literal, NamedTuple, SupportsFloat, SupportsIndex
 
 from pydantic import Field, model_validator
 
 from gpuactors.engine.ops import OpSpec, Param, check_body
 from gpuactors.errors import InvalidArgument
-from gpuactors.messages import Accepts, Arguments, Flag, Message, Reply, Seconds, WholeNumber
+from gpuactors.messages import (
+    Accepts,
+    Arguments,
+    Flag,
+    InOrder,
+    Message,
+    Reply,
+    Seconds,
+    WholeNumber,
+)
 
 MAX_TIMEOUT_S = 1e6  # about 11.6 days: beyond that a deadline means "never"; say None
 MAX_BATCH_TASKS = 1 << 31
@@ -139,7 +148,7 @@ class ReplaceOp(Message):
 
     name: str
     body: str
-    params: tuple[Param, ...] | None = None
+    params: Annotated[tuple[Param, ...] | None, InOrder] = None
     multi_block: Flag | None = None
 
     @model_validator(mode="after")

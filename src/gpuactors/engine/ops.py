@@ -17,7 +17,7 @@ from pydantic import Field, field_validator, model_validator
 from gpuactors.checked import CheckedModel
 from gpuactors.engine.abi import MAX_ARGS
 from gpuactors.errors import InvalidArgument
-from gpuactors.messages import Accepts, Flag, WholeNumber
+from gpuactors.messages import Accepts, Flag, InOrder, WholeNumber
 from gpuactors.nvrtc.handle import KernelHandle
 from gpuactors.nvrtc.linker import LinkInput
 from gpuactors.nvrtc.module import CompiledModule
@@ -264,12 +264,12 @@ class OpSpec(CheckedModel):
     """
 
     name: str
-    params: tuple[Param, ...] = ()
+    params: Annotated[tuple[Param, ...], InOrder] = ()
     body: str = Field(max_length=1 << 20)
     multi_block: Flag = True
     version: Accepts[WholeNumber, SupportsIndex] = Field(default=Accepts(1), ge=1)
     #: Device code this op's body calls, linked into the engine module (see docs/linking.md).
-    device_libraries: tuple[DeviceLibrary, ...] = ()
+    device_libraries: Annotated[tuple[DeviceLibrary, ...], InOrder] = ()
 
     _check_op_name = field_validator("name")(classmethod(lambda cls, v: _check_identifier(v)))
 

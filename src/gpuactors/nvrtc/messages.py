@@ -9,12 +9,12 @@ signature) is checked by the actor and comes back as the ask's error.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal, SupportsIndex
+from typing import TYPE_CHECKING, Annotated, Any, Literal, SupportsIndex
 
 from pydantic import Field, field_validator, model_validator
 
 from gpuactors.errors import InvalidArgument
-from gpuactors.messages import Accepts, Arguments, Flag, Message, Reply, WholeNumber
+from gpuactors.messages import Accepts, Arguments, Flag, InOrder, Message, Reply, WholeNumber
 from gpuactors.numeric import whole_number
 from gpuactors.nvrtc.handle import KernelHandle
 from gpuactors.nvrtc.linker import LinkInput, LinkOpts
@@ -135,7 +135,7 @@ class LinkRequest(_Checked):
     ``opts.arch=None`` links for the actor's device (required where there is no GPU).
     """
 
-    inputs: tuple[LinkInput | KernelHandle, ...]
+    inputs: Annotated[tuple[LinkInput | KernelHandle, ...], InOrder]
     kernel_names: Accepts[tuple[str, ...], KernelNames]
     opts: LinkOpts = Field(default_factory=LinkOpts)
     name: str = "linked"
