@@ -37,6 +37,8 @@ NOT_EXPORTED = {
 # plan that cannot be replayed, a program the reference interpreter refuses): caught
 # inside gpuactors.torch, never a user's error. Seen only where PyTorch is installed.
 NOT_EXPORTED |= {"Decline", "ProgramFull", "ProgramError", "Unreplayable"}
+# The include scan's own control flow: caught there and raised as InvalidArgument.
+NOT_EXPORTED |= {"Unresolved"}
 
 # Top-level modules whose import would make `import gpuactors` heavy or need a GPU.
 HEAVY = ("cupy", "torch", "ray", "cuda", "numpy", "pydantic", "anyio")

@@ -422,7 +422,13 @@ def compile_traced(
     target = opts.resolve_arch(arch)
     options = opts.render(target)
     _check_supported(target)
-    scan = scan_includes(source, headers=headers, include_paths=opts.include_paths, name=name)
+    scan = scan_includes(
+        source,
+        headers=headers,
+        include_paths=opts.include_paths,
+        name=name,
+        defines=opts.defines,
+    )
     # No child to ask when nothing in the texts can make NVRTC open a file: it reads none.
     # An NVRTC that cannot name its reads gets none either: its reads are known only
     # when it can read nothing but in-memory headers, and stay unknown otherwise.

@@ -2,7 +2,8 @@
 
 NVRTC opens whatever an ``#include`` names: ``/dev/zero`` it refuses, but a FIFO
 blocks it (and its thread) for good, ``__has_include`` included. So before NVRTC runs,
-:func:`scan_includes` follows every include it can spot and refuses, with
+:func:`scan_includes` follows every include it can spot, through the macros that give
+names too (``include_macros.py``), and refuses, with
 :class:`~gpuactors.errors.InvalidArgument`, a name that leads to something other than
 a regular file or a folder, or to a file over :data:`MAX_HEADER_BYTES`. The scan is a
 guard and a first reading of the headers, never the cache key's authority: what NVRTC
@@ -23,6 +24,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..errors import InvalidArgument
+from .include_macros import Macros, Operand, Unresolved, include_names, operands, strip_comments
 
 #: The largest header a compile may read (NVRTC would take more; nothing sane needs it).
 MAX_HEADER_BYTES = 64 * 1024 * 1024
@@ -33,10 +35,9 @@ ABSENT = b"absent"
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
 # Translation phases 1 to 3 before matching directives: line splices go (a ``??/``
-# trigraph is a backslash too), comments become blanks (a comment inside a string
-# literal fools this; the scan is a guard).
+# trigraph is a backslash too), comments become blanks (``include_macros.strip_comments``
+# keeps string literals and <names> whole).
 _SPLICE = re.compile(rb"(?:\\|\?\?/)[ \t]*\r?\n")
-_COMMENT = re.compile(rb"/\*.*?\*/|//[^\n]*", re.DOTALL)
 _NAME = rb'[ \t\f\v]*([<"])([^>"\r\n]+)[>"]'
 _DIRECTIVE = re.compile(
     rb"^[ \t\f\v]*(?:#|%:|\?\?=)[ \t\f\v]*(?:include_next|include|import)" + _NAME,
@@ -189,30 +190,40 @@ def includes_only_given(texts: Sequence[str], given: Collection[str]) -> bool:
     return True
 
 
-def _names(text: bytes) -> list[tuple[bool, str]]:
-    """``(quoted, name)`` of every include and ``__has_include`` spotted in ``text``."""
-    text = _unspliced(text)
-    if b"include" not in text and b"import" not in text:  # the usual case, cheaply
+# Words in every match of the patterns the scan looks for: a text without them is
+# passed over without removing its comments.
+_SCANNED_WORDS = (b"include", b"import", b"__DATE__", b"__TIME")
+
+
+def _cleaned(text: bytes) -> bytes:
+    """``text`` as the directives are matched in: splices joined, comments blanked."""
+    return strip_comments(_unspliced(text))
+
+
+def _names(clean: bytes) -> list[tuple[bool, str]]:
+    """``(quoted, name)`` of every include and ``__has_include`` spotted in a cleaned text."""
+    if b"include" not in clean and b"import" not in clean:  # the usual case, cheaply
         return []
-    text = _COMMENT.sub(b" ", text)
-    found = [*_DIRECTIVE.finditer(text), *_HAS_INCLUDE.finditer(text)]
+    found = [*_DIRECTIVE.finditer(clean), *_HAS_INCLUDE.finditer(clean)]
     return [(m.group(1) == b'"', m.group(2).decode("utf-8", "replace").strip()) for m in found]
 
 
-def _in_code(pattern: re.Pattern[bytes], text: bytes, *words: bytes) -> bool:
-    """Whether ``pattern`` matches ``text`` outside its comments (line splices joined);
-    ``words``: one of them is in any match (so most texts are passed over cheaply)."""
-    if not any(word in text for word in words):
-        return False
-    return pattern.search(_COMMENT.sub(b" ", _unspliced(text))) is not None
+def _in_code(pattern: re.Pattern[bytes], clean: bytes, *words: bytes) -> bool:
+    """Whether ``pattern`` matches a cleaned text; ``words``: one of them is in any match
+    (so most texts are passed over cheaply)."""
+    return any(word in clean for word in words) and pattern.search(clean) is not None
+
+
+def _untracked_in(clean: bytes) -> tuple[bool, bool]:
+    return (
+        _in_code(_UNSEEN_PROBE, clean, b"__has_include"),
+        _in_code(_TIME_MACROS, clean, b"__DATE__", b"__TIME"),
+    )
 
 
 def holds_untracked_input(text: bytes) -> tuple[bool, bool]:
     """``(unseen_probes, time_macros)`` of one text NVRTC reads (see :class:`IncludeScan`)."""
-    return (
-        _in_code(_UNSEEN_PROBE, text, b"__has_include"),
-        _in_code(_TIME_MACROS, text, b"__DATE__", b"__TIME"),
-    )
+    return _untracked_in(_cleaned(text))
 
 
 def unscanned_untracked_input(paths: Sequence[str]) -> bool:
@@ -226,12 +237,112 @@ def unscanned_untracked_input(paths: Sequence[str]) -> bool:
     return False
 
 
+class _Scanner:
+    """One run of :func:`scan_includes`: the texts still to read, what was found so far."""
+
+    def __init__(
+        self,
+        headers: Mapping[str, str],
+        include_paths: Sequence[str],
+        defines: Mapping[str, str | None],
+        name: str,
+    ) -> None:
+        self.headers = headers
+        self.include_paths = list(include_paths)
+        self.name = name
+        self.files: dict[str, bytes] = {}
+        self.probed: list[str] = []
+        self.pending: list[tuple[bytes, str]] = []
+        self.budget = MAX_SCAN_BYTES
+        self.unseen = self.timed = self.hidden = False
+        self.macros = Macros(defines)
+        #: Texts read (splices joined), their folders and whether their comments are
+        #: blanked already: their #define and #if lines, not taken by the macros yet, are
+        #: needed only once a macro may give an include its name.
+        self.untaken: list[tuple[bytes, str, bool]] = []
+        #: Each include whose name a macro gives.
+        self.operands: list[Operand] = []
+        self.followed: set[tuple[bool, str, str]] = set()
+
+    def read_all(self) -> None:
+        """Read every text pending and every text their includes lead to."""
+        while self.pending:
+            raw, here = self.pending.pop()
+            text = _unspliced(raw)
+            cleaned = any(word in text for word in _SCANNED_WORDS)
+            clean = strip_comments(text) if cleaned else text
+            self.untaken.append((clean, here, cleaned))
+            probes_unseen, uses_time = _untracked_in(clean)
+            self.unseen, self.timed = self.unseen or probes_unseen, self.timed or uses_time
+            macro_include = _in_code(_MACRO_INCLUDE, clean, b"include", b"import")
+            self.hidden = self.hidden or macro_include
+            if macro_include or probes_unseen:
+                self.operands += operands(clean, here)
+            for quoted, include in _names(clean):
+                self.follow(quoted, include, here)
+
+    def follow_macro_includes(self) -> bool:
+        """Follow every name the macro-built includes (and ``__has_include``) may give;
+        True when that found a text not read yet. Raises InvalidArgument where the names
+        cannot be bounded."""
+        for text, here, cleaned in self.untaken:
+            self.macros.add_text(text if cleaned else strip_comments(text), here)
+        self.untaken.clear()
+        for operand in [*self.operands, *self.macros.probe_calls()]:
+            try:
+                names = include_names(operand, self.macros)
+            except Unresolved as exc:
+                raise InvalidArgument(
+                    f"{operand.spelled!r}: the scan cannot tell which file this names: {exc}."
+                    " NVRTC could hang on a FIFO there; spell the name out, or pass the"
+                    " header in headers"
+                ) from None
+            for quoted, include in names:
+                self.follow(quoted, include, operand.here, spelled=operand.spelled)
+        return bool(self.pending)
+
+    def follow(self, quoted: bool, include: str, here: str, *, spelled: str = "") -> None:
+        """Find ``include`` as NVRTC would, refuse what it must not open, queue its text.
+        ``spelled``: the macro operand that gave the name, for the message."""
+        if include in self.headers or (quoted, include, here) in self.followed:
+            return
+        self.followed.add((quoted, include, here))
+        roots = ([here] if quoted else []) + self.include_paths
+        candidates = (
+            [include] if os.path.isabs(include) else [os.path.join(root, include) for root in roots]
+        )
+        for candidate in candidates:
+            if candidate in self.files:
+                return
+            self.probed.append(candidate)
+            content = read_regular(candidate)
+            if content is None:
+                continue
+            if isinstance(content, Unreadable):
+                if not content.hazard:
+                    continue  # NVRTC says "cannot open source file"; nothing hangs
+                given_as = f" (as {spelled})" if spelled else ""
+                raise InvalidArgument(
+                    f"#include {include!r}{given_as}: {candidate!r} {content.reason}; an "
+                    "include must name a regular file"
+                )
+            self.budget -= len(content)
+            if self.budget < 0:
+                raise InvalidArgument(
+                    f"the includes of {self.name!r} add up to more than {MAX_SCAN_BYTES} bytes"
+                )
+            self.files[candidate] = b"sha256:" + hashlib.sha256(content).digest()
+            self.pending.append((content, os.path.dirname(candidate)))
+            return
+
+
 def scan_includes(
     source: str,
     *,
     headers: Mapping[str, str],
     include_paths: Sequence[str],
     name: str,
+    defines: Mapping[str, str | None] | None = None,
 ) -> IncludeScan:
     """Follow the includes of ``source`` the way NVRTC resolves them; raise
     InvalidArgument for one that leads to a FIFO, a device, a socket or an oversized file.
@@ -239,57 +350,27 @@ def scan_includes(
     Resolution: a name listed in ``headers`` is that header; otherwise a quoted include
     is looked for next to the including file (for the source and in-memory headers: the
     directory of the program ``name``, the working directory for a bare name), then on
-    each include path in order; an angle include on the include paths only.
+    each include path in order; an angle include on the include paths only. An include
+    whose name a macro gives (``#include HEADER``, ``__has_include(HEADER)``, a macro
+    wrapping ``__has_include`` used in an ``#if``) is followed to every name the macros
+    of the texts read and ``defines`` (the ``-D`` options) may give it
+    (``include_macros.py``); one whose names cannot be bounded is refused.
     """
     source_dir = os.path.dirname(name)
-    files: dict[str, bytes] = {}
-    probed: list[str] = []
-    pending: list[tuple[bytes, str]] = [(source.encode("utf-8"), source_dir)]
-    pending += [(text.encode("utf-8"), source_dir) for text in headers.values()]
-    given = reads_no_file([text for text, _here in pending])
-    budget = MAX_SCAN_BYTES
-    unseen = timed = hidden = False
-    while pending:
-        text, here = pending.pop()
-        probes_unseen, uses_time = holds_untracked_input(text)
-        unseen, timed = unseen or probes_unseen, timed or uses_time
-        hidden = hidden or _in_code(_MACRO_INCLUDE, text, b"include", b"import")
-        for quoted, include in _names(text):
-            if include in headers:
-                continue
-            roots = ([here] if quoted else []) + list(include_paths)
-            candidates = (
-                [include]
-                if os.path.isabs(include)
-                else [os.path.join(root, include) for root in roots]
-            )
-            for candidate in candidates:
-                if candidate in files:
-                    break
-                probed.append(candidate)
-                content = read_regular(candidate)
-                if content is None:
-                    continue
-                if isinstance(content, Unreadable):
-                    if not content.hazard:
-                        continue  # NVRTC says "cannot open source file"; nothing hangs
-                    raise InvalidArgument(
-                        f"#include {include!r}: {candidate!r} {content.reason}; an include "
-                        "must name a regular file"
-                    )
-                budget -= len(content)
-                if budget < 0:
-                    raise InvalidArgument(
-                        f"the includes of {name!r} add up to more than {MAX_SCAN_BYTES} bytes"
-                    )
-                files[candidate] = b"sha256:" + hashlib.sha256(content).digest()
-                pending.append((content, os.path.dirname(candidate)))
-                break
+    scanner = _Scanner(headers, include_paths, defines or {}, name)
+    scanner.pending = [(source.encode("utf-8"), source_dir)]
+    scanner.pending += [(text.encode("utf-8"), source_dir) for text in headers.values()]
+    given = reads_no_file([text for text, _here in scanner.pending])
+    scanner.read_all()
+    # A __has_include whose operand is not spelled out (in a #define too) may be named
+    # by a macro: only then are the texts' macros worth taking.
+    while (scanner.operands or scanner.unseen) and scanner.follow_macro_includes():
+        scanner.read_all()
     return IncludeScan(
-        files=files,
-        probed=tuple(dict.fromkeys(probed)),
+        files=scanner.files,
+        probed=tuple(dict.fromkeys(scanner.probed)),
         reads_no_file=given,
-        unseen_probes=unseen,
-        time_macros=timed,
-        macro_includes=hidden,
+        unseen_probes=scanner.unseen,
+        time_macros=scanner.timed,
+        macro_includes=scanner.hidden,
     )
