@@ -8,8 +8,7 @@ import os
 import stat
 import subprocess
 import sys
-import threading
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gpuactors
+from blocking_calls import in_thread
 from gpuactors.engine.codegen import build_engine_module
 from gpuactors.engine.ops import BUILTIN_OPS, OpSpec
 from gpuactors.errors import InvalidArgument
@@ -37,24 +37,6 @@ SM90 = NvrtcOpts(arch="sm_90")
 BODY = 'extern "C" __global__ void k(int* o) { *o = VAL; }\n'
 
 
-def _in_thread(call: Callable[[], object], seconds: float = 30.0) -> object:
-    """``call()``'s result or exception, failing the test if it has not returned in time
-    (the bugs here made it hang for good; a daemon thread cannot keep pytest alive)."""
-    outcome: list[object] = []
-
-    def run() -> None:
-        try:
-            outcome.append(call())
-        except BaseException as exc:  # handed back to the test
-            outcome.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert outcome, f"still blocked after {seconds} s"
-    return outcome[0]
-
-
 @pytest.fixture
 def fifo(tmp_path: Path) -> Iterator[Path]:
     path = tmp_path / "fifo.h"
@@ -67,9 +49,9 @@ def fifo(tmp_path: Path) -> Iterator[Path]:
 def test_an_include_of_a_device_is_refused_at_once(device: str) -> None:
     """include_scan_reads_devices.py: the key's scan read /dev/zero until memory ran out."""
     source = f'#include "{device}"\n{BODY}'
-    outcome = _in_thread(lambda: compile_source(source, opts=SM90))
+    outcome = in_thread(lambda: compile_source(source, opts=SM90))
     assert isinstance(outcome, InvalidArgument) and "character device" in str(outcome)
-    outcome = _in_thread(lambda: KernelCompiler(disk=False).get_or_compile(source, opts=SM90))
+    outcome = in_thread(lambda: KernelCompiler(disk=False).get_or_compile(source, opts=SM90))
     assert isinstance(outcome, InvalidArgument)
 
 
@@ -81,7 +63,7 @@ def test_an_include_of_a_fifo_is_refused_instead_of_blocking(fifo: Path, spellin
     name = f'"{fifo}"'
     directive = spelling.format(fifo) if "has_include" not in spelling else spelling.format(name)
     source = directive + ("\n#endif\n" if "#if" in directive else "\n") + BODY
-    outcome = _in_thread(lambda: compile_source(source, opts=SM90))
+    outcome = in_thread(lambda: compile_source(source, opts=SM90))
     assert isinstance(outcome, InvalidArgument) and "FIFO" in str(outcome)
 
 
@@ -172,7 +154,7 @@ def test_an_oversized_header_is_refused(tmp_path: Path, monkeypatch: pytest.Monk
 
 
 def test_file_states_never_block(fifo: Path, tmp_path: Path) -> None:
-    assert _in_thread(lambda: file_state(str(fifo)), 10) == b"unreadable: is a FIFO"
+    assert in_thread(lambda: file_state(str(fifo)), 10) == b"unreadable: is a FIFO"
     assert file_state(str(tmp_path / "missing.h")) == b"absent"
     assert file_state(str(tmp_path)) == b"unreadable: is a folder"
 
@@ -407,8 +389,8 @@ def test_a_fifo_at_an_entry_path_is_a_miss_not_a_hang(
     for path in (disk.path_for(key), manifest):
         path.unlink()
         os.mkfifo(path, 0o600)
-    assert _in_thread(lambda: disk.get(key)) is None
-    assert _in_thread(lambda: _recompiled(disk)) == "compiled"
+    assert in_thread(lambda: disk.get(key)) is None
+    assert in_thread(lambda: _recompiled(disk)) == "compiled"
     assert "nvrtc_cache_entry_distrusted" in _warnings(captured_logs)
     assert stat.S_ISREG(disk.path_for(key).stat().st_mode)  # replaced by a real entry
 
@@ -458,7 +440,7 @@ def test_the_scan_refuses_a_fifo_in_any_spelling(
 ) -> None:
     name = f'"{fifo.name}"' if quoted else f"<{fifo.name}>"
     source = f"{gap1}{hash_}{gap2}{word}{gap3}{name}\n{BODY}"
-    outcome = _in_thread(
+    outcome = in_thread(
         lambda: scan_includes(source, headers={}, include_paths=[str(fifo.parent)], name="k"), 10
     )
     assert isinstance(outcome, InvalidArgument), source

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from blocking_calls import in_thread
 from gpuactors.errors import InvalidArgument
 from gpuactors.nvrtc import KernelCompiler, NvrtcOpts, compile_source
 from gpuactors.nvrtc.headers import scan_includes
@@ -26,24 +26,6 @@ from gpuactors.nvrtc.include_macros import Macros, Operand, Unresolved, include_
 SM90 = NvrtcOpts(arch="sm_90")
 KERNEL = 'extern "C" __global__ void k(int* o) { *o = 1; }\n'
 PLAIN = 'extern "C" __global__ void ok(float* x) { x[0] = 1.0f; }\n'
-
-
-def _in_thread(call: Callable[[], object], seconds: float = 30.0) -> object:
-    """``call()``'s result or exception; fails the test when it is still blocked (a
-    daemon thread cannot keep pytest from exiting)."""
-    outcome: list[object] = []
-
-    def run() -> None:
-        try:
-            outcome.append(call())
-        except BaseException as exc:  # handed back to the test
-            outcome.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert outcome, f"still blocked after {seconds} s"
-    return outcome[0]
 
 
 @pytest.fixture
@@ -60,7 +42,7 @@ def fifo(tmp_path: Path) -> Iterator[Path]:
 
 
 def _compile(source: str, opts: NvrtcOpts = SM90) -> object:
-    return _in_thread(lambda: compile_source(source, opts=opts))
+    return in_thread(lambda: compile_source(source, opts=opts))
 
 
 # ------------------------------------------------------------ the review's cases
