@@ -65,7 +65,7 @@ from gpuactors.engine.runtime import EngineConfig, EngineRuntime, check_start_op
 from gpuactors.engine.service import Service
 from gpuactors.engine.submissions import Submit
 from gpuactors.engine.tasks import Batch, Task
-from gpuactors.errors import DeviceFault, EngineStopped, GpuActorsError, TaskTimeout
+from gpuactors.errors import DeviceFault, EngineError, EngineStopped, GpuActorsError, TaskTimeout
 from gpuactors.messages import Ack
 from gpuactors.nvrtc import KernelCompiler
 
@@ -164,22 +164,34 @@ class PersistentEngineActor(Actor):
         service = self._service
         runtime, service.runtime = service.runtime, None
         if runtime is not None and service.faulted is None:
-            # Park first: only then may the callers' buffers go (nothing runs on them).
-            try:
-                await asyncio.to_thread(runtime.close)
-            except Exception as exc:  # the device failed while we stopped: do not wait on it
-                self.log.error("engine close failed; abandoning its kernel", error=str(exc))
-                runtime.abandon(keepalive=self._outstanding())
-            else:
-                self._harvest_parked(runtime)
+            await self._close(runtime)
         elif runtime is not None:
             runtime.abandon(keepalive=self._outstanding())
         self._fail_all(EngineStopped("the engine actor stopped"))
 
+    async def _close(self, runtime: EngineRuntime) -> None:
+        """Park the kernel for good: only then may the callers' buffers go (nothing runs
+        on them). A fault the park finds, or a kernel that does not park (a block that
+        never returns), is declared as the poller declares one (the generation moves,
+        the runtime and those buffers are kept); what the kernel finished is settled
+        first either way."""
+        try:
+            await asyncio.to_thread(runtime.close)
+        except EngineError as exc:  # the kernel did not park (close's only EngineError)
+            self._harvest_parked(runtime)
+            hung = self._completions.fail_hung(f"was still running as the engine stopped ({exc})")
+            self._declare_faulted(str(hung or exc), runtime)
+        except Exception as exc:  # DeviceFault, or a CUDA error of the last synchronize
+            self._harvest_parked(runtime)
+            reason = str(exc) if isinstance(exc, DeviceFault) else f"{type(exc).__name__}: {exc}"
+            self._declare_faulted(reason, runtime)
+        else:
+            self._harvest_parked(runtime)
+
     def _harvest_parked(self, runtime: EngineRuntime) -> None:
-        """Settle what the kernel finished before it parked for good: a park waits for
-        the tasks it took, so they ran, and their callers get their replies, not the
-        EngineStopped of the tasks left unrun."""
+        """Settle what the kernel finished before it parked for good (or faulted, or
+        hung): a park waits for the tasks it took, so they ran, and their callers get
+        their replies, not the EngineStopped of the tasks left unrun."""
         completions = self._completions
         try:
             completions.harvest(runtime.ring)
@@ -431,23 +443,32 @@ class PersistentEngineActor(Actor):
             self._intake.expire_backlog()
 
     # ------------------------------------------------------- faults, the end
-    def _declare_faulted(self, reason: str) -> None:
+    def _declare_faulted(self, reason: str, runtime: EngineRuntime | None = None) -> None:
         """Fail everything accepted, take the engine out of service, start a new generation.
 
         The CUDA context is poisoned (fault) or occupied forever (hang): handles and
-        buffers made before now must not be used again (GpuRefStale).
+        buffers made before now must not be used again (GpuRefStale). ``runtime``: the
+        one to abandon where the service no longer holds it (a stop's close found it).
         """
-        pending = self._completions.pending
-        running = sorted({task.op.name for task in pending.values()})
-        seqs = sorted(pending)[:8]
         service = self._service
-        service.faulted = f"{reason} (ops in flight: {', '.join(running) or 'none'}; tasks {seqs})"
+        service.faulted = f"{reason} ({self._in_flight()})"
         new_generation = GENERATIONS.bump(service.device_id)
         self.log.error("engine faulted", reason=service.faulted, generation=new_generation)
         outstanding = self._outstanding()  # (before failing them forgets them)
         self._fail_all(DeviceFault(service.faulted))
-        if service.runtime is not None:  # what the kernel may still touch stays alive
-            service.runtime.abandon(keepalive=outstanding)
+        if runtime is None:
+            runtime = service.runtime
+        if runtime is not None:  # what the kernel may still touch stays alive
+            runtime.abandon(keepalive=outstanding)
+
+    def _in_flight(self) -> str:
+        """What a fault's reason names: the ops in flight, the first tasks and batches."""
+        pending, batches = self._completions.pending, self._completions.batches
+        ops = sorted({task.op.name for task in pending.values()} | {b.op.name for b in batches})
+        named = f"ops in flight: {', '.join(ops) or 'none'}; tasks {sorted(pending)[:8]}"
+        if batches:
+            named += f"; batches [{', '.join(map(_named_batch, batches[:8]))}]"
+        return named
 
     def _outstanding(self) -> list[Task | Batch]:
         """Every task or batch accepted and not finished (their buffers must outlive them)."""
@@ -504,12 +525,15 @@ class PersistentEngineActor(Actor):
         cancelled = 0
         try:
             if force:
+                faulted_before = self._service.faulted is not None
                 self._forced = True
                 self._update_hold()
                 runtime.request_park()
                 await wait_until(
                     lambda: self._service.parked_or_faulted(runtime), "the engine to park"
                 )
+                if not faulted_before:  # a fault ended the wait (a faulted kernel never parks)
+                    self._service.check_in_service()
                 completions.harvest(runtime.ring)
                 stopped = EngineStopped(
                     "the engine was shut down with force=True before this task ran"
@@ -522,11 +546,17 @@ class PersistentEngineActor(Actor):
                 cancelled += completions.cancel_batches(stopped)
             await self._drained()
             report = ShutdownReport(completed=completions.processed, cancelled=cancelled)
-        except Exception as exc:  # pragma: no cover - a fault while stopping
+        except Exception as exc:  # a fault while stopping
             future.set_exception(exc)
         else:
             future.set_result(report)
         self.context.stop(self.context.self_ref)
+
+
+def _named_batch(batch: Batch) -> str:
+    """A batch as a fault's reason names it: its tasks (not its ring records), from where."""
+    tasks = batch.count if batch.expansion is None else batch.expansion.count
+    return f"{tasks} tasks from seq {batch.first_seq}"
 
 
 def _no_reply_future() -> asyncio.Future[Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from typing import NamedTuple
 
 import numpy as np
 
@@ -21,6 +22,15 @@ from gpuactors.engine.ops import OpSpec
 from gpuactors.engine.ring import HostRing
 from gpuactors.engine.tasks import BATCH_STEP, FEW_RECORDS, Batch, Task
 from gpuactors.errors import GpuActorsError, TaskFailed, TaskHung, TaskTimeout, UnknownOp
+
+
+class _Unfinished(NamedTuple):
+    """The oldest task (or batch) not finished: what a hang names and fails."""
+
+    seq: int
+    deadline_ns: int
+    op_name: str
+    future: asyncio.Future[Completion] | asyncio.Future[BatchCompletion]
 
 
 class Completions:
@@ -176,34 +186,41 @@ class Completions:
         (Call only while the kernel runs: parked tasks wait.)
         The grace counts from ``running_since_ns`` where that is later: a task whose
         deadline passed before the kernel last (re)launched has not had it yet."""
-        # Units are claimed in ring order, so only the oldest unfinished task can be the
-        # one that never returns; later ones past their deadline are skipped by the device.
-        oldest_seq = -1
-        deadline = 0
-        name = ""
-        oldest_future: asyncio.Future[Completion] | asyncio.Future[BatchCompletion] | None = None
+        oldest = self._oldest_unfinished()
+        if oldest is None or not oldest.deadline_ns:
+            return
+        if device_now_ns <= max(oldest.deadline_ns, running_since_ns) + int(grace_ms * 1e6):
+            return
+        raise self._fail_hung(oldest, f"is still running {grace_ms:g} ms after its deadline")
+
+    def fail_hung(self, how: str) -> TaskHung | None:
+        """Fail the oldest unfinished task (or batch) with TaskHung, saying ``how`` it
+        hung, and count it failed; the error (None: nothing is in flight). The fault that
+        follows fails the rest."""
+        oldest = self._oldest_unfinished()
+        return None if oldest is None else self._fail_hung(oldest, how)
+
+    def _fail_hung(self, oldest: _Unfinished, how: str) -> TaskHung:
+        error = TaskHung(f"task {oldest.seq} of op {oldest.op_name!r} {how}: the engine is hung")
+        self.failed += 1  # (the task that hung: the fault fails the rest)
+        if not oldest.future.done():
+            oldest.future.set_exception(error)
+        return error
+
+    def _oldest_unfinished(self) -> _Unfinished | None:
+        """The oldest task (or batch's task) not finished. Units are claimed in ring
+        order, so only it can be the one whose block never returns; later ones past
+        their deadline are skipped by the device."""
+        oldest: _Unfinished | None = None
         if self.pending:
-            oldest_seq = min(self.pending)
-            task = self.pending[oldest_seq]
-            deadline, name, oldest_future = task.deadline_ns, task.op.name, task.future
+            seq = min(self.pending)
+            task = self.pending[seq]
+            oldest = _Unfinished(seq, task.deadline_ns, task.op.name, task.future)
         for batch in self.batches:
             seq = batch.first_seq + batch.low
-            if batch.low < batch.published and (oldest_seq < 0 or seq < oldest_seq):
-                oldest_seq = seq
-                deadline, name = batch.records.deadline_ns, batch.op.name
-                oldest_future = batch.future
-        if oldest_future is None or not deadline:
-            return
-        if device_now_ns <= max(deadline, running_since_ns) + int(grace_ms * 1e6):
-            return
-        error = TaskHung(
-            f"task {oldest_seq} of op {name!r} is still running "
-            f"{grace_ms:g} ms after its deadline: the engine is hung"
-        )
-        self.failed += 1  # (the task that hung: the fault fails the rest, uncounted)
-        if not oldest_future.done():
-            oldest_future.set_exception(error)
-        raise error
+            if batch.low < batch.published and (oldest is None or seq < oldest.seq):
+                oldest = _Unfinished(seq, batch.records.deadline_ns, batch.op.name, batch.future)
+        return oldest
 
     # ------------------------------------------------------ stop and failure
     def outstanding(self) -> list[Task | Batch]:
@@ -211,12 +228,27 @@ class Completions:
         return [*self.pending.values(), *self.batches]
 
     def fail_all(self, error: GpuActorsError) -> None:
-        """Fail every task and batch in flight with ``error``; forget them."""
+        """Fail every task and batch in flight with ``error``; forget them. The tasks a
+        batch did run count as processed (or failed), as a forced shutdown counts them."""
         for item in self.outstanding():
             if not item.future.done():
                 item.future.set_exception(error)
+        for batch in self.batches:
+            self._count_finished(batch)
         self.pending.clear()
         self.batches.clear()
+
+    def _count_finished(self, batch: Batch) -> None:
+        """Count the tasks ``batch`` ran before it was cut short."""
+        try:
+            succeeded, failed = batch.finished_tasks()
+        except Exception:
+            # An expanded batch whose tasks failed keeps their statuses in device memory,
+            # and after a fault reading them fails too (DeviceFault). Its tasks then count
+            # nothing (any figure would be a guess), and the rest are still forgotten.
+            return
+        self.processed += succeeded
+        self.failed += failed
 
     def cancel_not_started(self, consumed: int, error: GpuActorsError) -> int:
         """Fail with ``error`` (a forced shutdown's) the pending tasks the device has

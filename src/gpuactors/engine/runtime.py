@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import platform
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -242,6 +243,8 @@ class EngineRuntime:
             self._clock_kernel: Any = None
             self.launches = 0
             self.hold = False  # while True, kick() never relaunches (parked on demand)
+            #: Held by kick from its look at the gate until its launch is counted.
+            self._launching = threading.Lock()
             self.launch_error: Exception | None = None
             self.mode_persistent = True
             self._install(image)
@@ -330,16 +333,25 @@ class EngineRuntime:
         return self.ring.published > self.consumed
 
     def kick(self) -> bool:
-        """Launch a kernel instance if work waits and none runs. True if it launched."""
-        if self.hold or self.running or self._gate.loading or not self.pending_unconsumed():
+        """Launch a kernel instance if work waits and none runs. True if it launched.
+
+        The look at the gate and the launch are one step to a module load: it parks
+        the engines (:meth:`park_blocking`, in its thread) only once a launch under way
+        is counted in ``running``. Else a load that began between them saw no kernel
+        running, did not park it, and waited behind it (for good under steady traffic
+        with ``max_residency_ms=0``)."""
+        if self.hold or self.running or not self.pending_unconsumed():
             return False
-        self.measure_clock_if_old()  # (no kernel runs now: the clock kernel can)
-        try:
-            self._launch()
-        except Exception as exc:  # a poisoned context: report through check_fault
-            self.launch_error = exc
-            self.hold = True
-            return False
+        with self._launching:  # (uncontended but for a load's park: one per launch)
+            if self._gate.loading:
+                return False
+            self.measure_clock_if_old()  # (no kernel runs now: the clock kernel can)
+            try:
+                self._launch()
+            except Exception as exc:  # a poisoned context: report through check_fault
+                self.launch_error = exc
+                self.hold = True
+                return False
         return True
 
     def _launch(self) -> None:
@@ -374,8 +386,9 @@ class EngineRuntime:
 
     def park_blocking(self, timeout: float = 10.0) -> None:
         """Ask the kernel to stop at a task boundary and wait until it has exited."""
-        if not self.running:
-            return
+        with self._launching:  # a kick's launch under way is counted first (see kick)
+            if not self.running:
+                return
         self.control[_PARK_REQUEST] = 1
         deadline = time.monotonic() + timeout
         try:
