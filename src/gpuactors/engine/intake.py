@@ -104,13 +104,12 @@ class Intake:
             # The version is bound here, at acceptance.
             resolved = self._ops.resolutions.get(msg.op) or self._ops.resolve(msg.op)
             timeout = msg.timeout
-            now = time.time_ns()
             if (  # (deadline_ns, in line: the default timeout, a fresh clock offset)
                 timeout is None
                 and service.default_timeout_ns
-                and now < service.offset_fresh_until_ns
+                and time.monotonic_ns() < service.offset_fresh_until_ns
             ):
-                deadline = now + service.default_in_ns
+                deadline = time.time_ns() + service.default_in_ns
             else:
                 deadline = service.deadline_ns(timeout)
             ready_event = (

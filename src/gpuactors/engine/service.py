@@ -29,7 +29,9 @@ class Service:
         # Deadlines are in the device's time (its %globaltimer is not the host's clock):
         # host time plus the runtime's measured offset. (default_in_ns: the default
         # deadline's distance from host time, offset included; offset_fresh_until_ns:
-        # host time from which the offset is old, and measured again where it can be.)
+        # when the offset is old, and measured again where it can be. That is told by
+        # time.monotonic_ns, which no one steps: a wall clock stepped back would keep an
+        # offset that no longer holds "fresh" for as long as the step.)
         self.clock_offset_ns = 0
         self.default_in_ns = self.default_timeout_ns
         self.offset_fresh_until_ns = 0
@@ -66,13 +68,12 @@ class Service:
     def device_now_ns(self) -> int:
         """Now, in the device's time (what deadlines are compared with), the offset
         measured again first where it is old (:meth:`EngineRuntime.measure_clock_if_old`)."""
-        now = time.time_ns()
-        if now >= self.offset_fresh_until_ns and self.runtime is not None:
+        if time.monotonic_ns() >= self.offset_fresh_until_ns and self.runtime is not None:
             self.runtime.measure_clock_if_old()
-        return now + self.clock_offset_ns
+        return time.time_ns() + self.clock_offset_ns
 
     def adopt_clock_offset(self, offset_ns: int) -> None:
         """Deadlines from now on are in the device's time as the runtime measured it."""
         self.clock_offset_ns = offset_ns
         self.default_in_ns = self.default_timeout_ns + offset_ns
-        self.offset_fresh_until_ns = time.time_ns() + int(CLOCK_RECALIBRATE_SECONDS * 1e9)
+        self.offset_fresh_until_ns = time.monotonic_ns() + int(CLOCK_RECALIBRATE_SECONDS * 1e9)
