@@ -78,10 +78,10 @@ def test_readme_opens_with_install_and_test_commands() -> None:
 def test_each_cuda_extra_is_one_major_version_and_core_pins_none() -> None:
     core = pyproject()["project"]["dependencies"]
     assert not {n for n in names(core) if n.startswith(("nvidia-", "cupy"))}
-    assert "cuda-bindings>=12.9,<14" in core  # both majors: an extra narrows it
+    assert "cuda-bindings>=12.9.1,<14" in core  # both majors: an extra narrows it
     cu13, cu12 = requirements("cu13"), requirements("cu12")
     assert {"cuda-bindings>=13,<14", "nvidia-cuda-nvrtc>=13,<14", "cupy-cuda13x>=14"} <= set(cu13)
-    assert {"cuda-bindings>=12.9,<13", "nvidia-cuda-nvrtc-cu12>=12.9,<13"} <= set(cu12)
+    assert {"cuda-bindings>=12.9.1,<13", "nvidia-cuda-nvrtc-cu12>=12.9,<13"} <= set(cu12)
     assert "cupy-cuda12x>=13" in cu12
     assert not names(cu12) & {"nvidia-cuda-nvrtc", "cupy-cuda13x"}
     assert sorted(requirements("cuda13")) == sorted(cu13)  # the older names

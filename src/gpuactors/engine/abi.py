@@ -201,8 +201,9 @@ def kernel_headers() -> dict[str, str]:
 def layout_check_source() -> str:
     """C++ that fails to compile if ``abi.cuh`` and these dtypes disagree."""
     lines = [
-        # NVRTC 12 has no __builtin_offsetof; its front end's __INTADDR__ is a constant.
-        "#if __CUDACC_VER_MAJOR__ < 13",
+        # NVRTC before 13.4 has no __builtin_offsetof; its front end's __INTADDR__ is a
+        # constant.
+        "#if __CUDACC_VER_MAJOR__ * 100 + __CUDACC_VER_MINOR__ < 1304",
         "#define GPA_OFFSETOF(type, field) __INTADDR__(&((type*)0)->field)",
         "#else",
         "#define GPA_OFFSETOF(type, field) __builtin_offsetof(type, field)",
