@@ -46,8 +46,10 @@ class Message(CheckedCopies):
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
     def __init__(self, **data: Any) -> None:
+        # The model's validator, as BaseModel.__init__ calls it, without that extra call
+        # (a message is built per ask; its __init__ is most of a small message's cost).
         try:
-            super().__init__(**data)
+            self.__pydantic_validator__.validate_python(data, self_instance=self)
         except ValidationError as exc:
             raise invalid_argument(type(self).__name__, exc) from None
 
