@@ -24,7 +24,18 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..errors import InvalidArgument
-from .include_macros import Macros, Operand, Unresolved, include_names, operands, strip_comments
+from .include_macros import (
+    Macros,
+    Name,
+    Operand,
+    Unresolved,
+    comment_free_readings,
+    name_forms,
+    names_of,
+    operands,
+    spelled_probes,
+    unspelled_probes,
+)
 
 #: The largest header a compile may read (NVRTC would take more; nothing sane needs it).
 MAX_HEADER_BYTES = 64 * 1024 * 1024
@@ -34,23 +45,22 @@ MAX_SCAN_BYTES = 512 * 1024 * 1024
 ABSENT = b"absent"
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
-# Translation phases 1 to 3 before matching directives: line splices go (a ``??/``
-# trigraph is a backslash too), comments become blanks (``include_macros.strip_comments``
-# keeps string literals and <names> whole).
-_SPLICE = re.compile(rb"(?:\\|\?\?/)[ \t]*\r?\n")
-_NAME = rb'[ \t\f\v]*([<"])([^>"\r\n]+)[>"]'
-_DIRECTIVE = re.compile(
-    rb"^[ \t\f\v]*(?:#|%:|\?\?=)[ \t\f\v]*(?:include_next|include|import)" + _NAME,
-    re.MULTILINE,
-)
+# Translation phases 1 to 3 before matching directives: line splices go, comments become
+# blanks (``include_macros.comment_free_readings`` keeps literals and <names> whole).
+# NVRTC (C++17) joins a line only at a backslash right before its end; a ``??/`` trigraph
+# (C++11 and 14 may read trigraphs) or a blank after the backslash is read both ways.
+_SPLICE = re.compile(rb"\\\r?\n")
+_LOOSE_SPLICE = re.compile(rb"(?:\\|\?\?/)[ \t]*\r?\n")
+_LOOSE_ONLY = re.compile(rb"\?\?/[ \t]*\r?\n|\\[ \t]+\r?\n")
+# Directives are matched in "\n" + text, each from the "\n" before it: a literal first
+# lets the search skip from line to line.
+_DIRECTIVE_HEAD = rb"\n[ \t\f\v]*(?:#|%:|\?\?=)[ \t\f\v]*(include_next|include|import)[ \t\f\v]*"
+# A quoted name may hold a '>', an angle name a '"'.
+_DIRECTIVE = re.compile(_DIRECTIVE_HEAD + rb'(?:"([^"\r\n]+)"|<([^>\r\n]+)>)')
 # The preprocessor opens a file only for a directive or operator spelled with one of
 # these words (a macro cannot expand to a directive); a universal character name could
 # spell them otherwise. A text without any reads no file.
 _FILE_WORDS = (b"include", b"import", b"embed", b"\\u", b"\\U")
-_HAS_INCLUDE = re.compile(rb"__has_include(?:_next)?[ \t\f\v]*\(" + _NAME)
-# A __has_include whose name is not spelled out (a macro names it): the scan cannot say
-# which paths it looks at, and NVRTC reports no read for a file that is absent.
-_UNSEEN_PROBE = re.compile(rb"__has_include(?:_next)?[ \t\f\v]*\((?![ \t\f\v]*[<\"])")
 # An include whose name a macro gives: the scan does not follow it, so NVRTC may read
 # files it never saw (``\b``: ``include_next`` is not ``include`` followed by ``_next``).
 _MACRO_INCLUDE = re.compile(
@@ -152,7 +162,8 @@ class IncludeScan:
     #: True when the source and the in-memory headers cannot make NVRTC open any file.
     reads_no_file: bool
     #: True when a text probes for a file whose name the scan cannot read (a
-    #: ``__has_include`` of a macro): no key can cover whether that file exists.
+    #: ``__has_include`` of a macro, or one not followed by ``(`` and a spelled name):
+    #: NVRTC reports no read of an absent file, so no key can cover whether it appears.
     unseen_probes: bool = False
     #: True when a text uses ``__DATE__``, ``__TIME__`` or ``__TIMESTAMP__``: its module
     #: holds the moment it was compiled.
@@ -162,13 +173,35 @@ class IncludeScan:
     macro_includes: bool = False
 
 
-def _unspliced(text: bytes) -> bytes:
-    return _SPLICE.sub(b"", text) if b"\\" in text or b"??/" in text else text
+def _splice_readings(text: bytes) -> list[bytes]:
+    """``text`` with its line splices joined: as NVRTC (C++17) joins them, and, where a
+    ``??/`` or a blank after a backslash ends a line, as a lenient reader would too."""
+    if b"\\" not in text and b"??/" not in text:
+        return [text]
+    strict = _SPLICE.sub(b"", text)
+    maybe_loose = any(start in text for start in (b"??/", b"\\ ", b"\\\t"))
+    if not maybe_loose or _LOOSE_ONLY.search(text) is None:
+        return [strict]
+    return [strict, _LOOSE_SPLICE.sub(b"", text)]
+
+
+def _clean_readings(spliced: Sequence[bytes]) -> list[bytes]:
+    """Every reading of a text its directives are matched in, from its ``spliced``
+    readings (:func:`_splice_readings`): comments blanked (each way)."""
+    found: dict[bytes, None] = {}
+    for reading in spliced:
+        found.update(dict.fromkeys(comment_free_readings(reading)))
+    return list(found)
 
 
 def reads_no_file(texts: Sequence[bytes]) -> bool:
     """Whether these texts, compiled together, can make NVRTC open no file at all."""
-    return not any(word in _unspliced(text) for text in texts for word in _FILE_WORDS)
+    return not any(
+        word in reading
+        for text in texts
+        for reading in _splice_readings(text)
+        for word in _FILE_WORDS
+    )
 
 
 _PLAIN_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*"([^"\r\n]+)"[ \t]*$', re.MULTILINE)
@@ -181,12 +214,13 @@ def includes_only_given(texts: Sequence[str], given: Collection[str]) -> bool:
     sources built from in-memory headers alone (the engine's) keep a cacheable key.
     Conservative: any other word that could open a file, in a comment too, says no."""
     for text in texts:
-        rest = _PLAIN_INCLUDE.sub(
-            lambda m: b"" if m.group(1).decode("utf-8", "replace") in given else m.group(0),
-            _unspliced(text.encode("utf-8")),
-        )
-        if not reads_no_file([rest]):
-            return False
+        for reading in _splice_readings(text.encode("utf-8")):
+            rest = _PLAIN_INCLUDE.sub(
+                lambda m: b"" if m.group(1).decode("utf-8", "replace") in given else m.group(0),
+                reading,
+            )
+            if not reads_no_file([rest]):
+                return False
     return True
 
 
@@ -195,17 +229,17 @@ def includes_only_given(texts: Sequence[str], given: Collection[str]) -> bool:
 _SCANNED_WORDS = (b"include", b"import", b"__DATE__", b"__TIME")
 
 
-def _cleaned(text: bytes) -> bytes:
-    """``text`` as the directives are matched in: splices joined, comments blanked."""
-    return strip_comments(_unspliced(text))
-
-
-def _names(clean: bytes) -> list[tuple[bool, str]]:
-    """``(quoted, name)`` of every include and ``__has_include`` spotted in a cleaned text."""
-    if b"include" not in clean and b"import" not in clean:  # the usual case, cheaply
+def _spelled_names(text: bytes) -> list[Name]:
+    """Every name an include or ``__has_include`` spells out in ``text``."""
+    if b"include" not in text and b"import" not in text:  # the usual case, cheaply
         return []
-    found = [*_DIRECTIVE.finditer(clean), *_HAS_INCLUDE.finditer(clean)]
-    return [(m.group(1) == b'"', m.group(2).decode("utf-8", "replace").strip()) for m in found]
+    found = []
+    for match in _DIRECTIVE.finditer(b"\n" + text):
+        quoted = match.group(2) is not None
+        name = (match.group(2) if quoted else match.group(3)).decode("utf-8", "replace")
+        resumes = match.group(1) == b"include_next"
+        found += [Name(quoted, form, resumes) for form in name_forms(name)]
+    return found + [name for _start, name in spelled_probes(text)]
 
 
 def _in_code(pattern: re.Pattern[bytes], clean: bytes, *words: bytes) -> bool:
@@ -216,14 +250,15 @@ def _in_code(pattern: re.Pattern[bytes], clean: bytes, *words: bytes) -> bool:
 
 def _untracked_in(clean: bytes) -> tuple[bool, bool]:
     return (
-        _in_code(_UNSEEN_PROBE, clean, b"__has_include"),
+        next(unspelled_probes(clean), None) is not None,
         _in_code(_TIME_MACROS, clean, b"__DATE__", b"__TIME"),
     )
 
 
 def holds_untracked_input(text: bytes) -> tuple[bool, bool]:
     """``(unseen_probes, time_macros)`` of one text NVRTC reads (see :class:`IncludeScan`)."""
-    return _untracked_in(_cleaned(text))
+    found = [_untracked_in(clean) for clean in _clean_readings(_splice_readings(text))]
+    return any(unseen for unseen, _ in found), any(timed for _, timed in found)
 
 
 def unscanned_untracked_input(paths: Sequence[str]) -> bool:
@@ -235,6 +270,13 @@ def unscanned_untracked_input(paths: Sequence[str]) -> bool:
         if isinstance(content, bytes) and any(holds_untracked_input(content)):
             return True
     return False
+
+
+def _refusal(what: str, why: Unresolved) -> InvalidArgument:
+    return InvalidArgument(
+        f"{what}: the scan cannot tell which file this names: {why}. NVRTC could hang on"
+        " a FIFO there; spell the name out, or pass the header in headers"
+    )
 
 
 class _Scanner:
@@ -256,84 +298,109 @@ class _Scanner:
         self.budget = MAX_SCAN_BYTES
         self.unseen = self.timed = self.hidden = False
         self.macros = Macros(defines)
-        #: Texts read (splices joined), their folders and whether their comments are
-        #: blanked already: their #define and #if lines, not taken by the macros yet, are
-        #: needed only once a macro may give an include its name.
+        #: Readings of the texts read (splices joined), their folders and whether their
+        #: comments are blanked already: their #define and #if lines, not taken by the
+        #: macros yet, are needed only once a macro may give an include its name.
         self.untaken: list[tuple[bytes, str, bool]] = []
-        #: Each include whose name a macro gives.
-        self.operands: list[Operand] = []
-        self.followed: set[tuple[bool, str, str]] = set()
+        #: Each include whose name a macro gives (once: a text may repeat one).
+        self.operands: dict[Operand, None] = {}
+        self.followed: set[tuple[Name, str]] = set()
 
     def read_all(self) -> None:
         """Read every text pending and every text their includes lead to."""
         while self.pending:
             raw, here = self.pending.pop()
-            text = _unspliced(raw)
-            cleaned = any(word in text for word in _SCANNED_WORDS)
-            clean = strip_comments(text) if cleaned else text
-            self.untaken.append((clean, here, cleaned))
-            probes_unseen, uses_time = _untracked_in(clean)
-            self.unseen, self.timed = self.unseen or probes_unseen, self.timed or uses_time
-            macro_include = _in_code(_MACRO_INCLUDE, clean, b"include", b"import")
-            self.hidden = self.hidden or macro_include
-            if macro_include or probes_unseen:
-                self.operands += operands(clean, here)
-            for quoted, include in _names(clean):
-                self.follow(quoted, include, here)
+            readings = _splice_readings(raw)
+            if not any(word in readings[-1] for word in _SCANNED_WORDS):
+                self.untaken += [(reading, here, False) for reading in readings]
+                continue
+            # The spelled names of the text with its comments left in too: a safety net
+            # should the comment removal take code for a comment (the scan may follow
+            # more than NVRTC does: it only hashes files and checks their types).
+            names = [name for reading in readings for name in _spelled_names(reading)]
+            for clean in _clean_readings(readings):
+                self.untaken.append((clean, here, True))
+                self._note_untracked(clean, here)
+                names += _spelled_names(clean)
+            for named in dict.fromkeys(names):
+                self.follow(named, here)
+
+    def _note_untracked(self, clean: bytes, here: str) -> None:
+        """Note what in a cleaned text no key can cover, and the includes a macro names."""
+        probes_unseen, uses_time = _untracked_in(clean)
+        self.unseen, self.timed = self.unseen or probes_unseen, self.timed or uses_time
+        macro_include = _in_code(_MACRO_INCLUDE, clean, b"include", b"import")
+        self.hidden = self.hidden or macro_include
+        if macro_include or probes_unseen:
+            try:
+                self.operands.update(dict.fromkeys(operands(clean, here, self.macros.budget)))
+            except Unresolved as exc:
+                raise _refusal(f"a text in {here or '.'!r}", exc) from None
 
     def follow_macro_includes(self) -> bool:
         """Follow every name the macro-built includes (and ``__has_include``) may give;
         True when that found a text not read yet. Raises InvalidArgument where the names
         cannot be bounded."""
         for text, here, cleaned in self.untaken:
-            self.macros.add_text(text if cleaned else strip_comments(text), here)
+            for clean in [text] if cleaned else comment_free_readings(text):
+                self.macros.add_text(clean, here)
         self.untaken.clear()
-        for operand in [*self.operands, *self.macros.probe_calls()]:
+        try:
+            probe_calls = self.macros.probe_calls()
+        except Unresolved as exc:
+            raise _refusal("an #if", exc) from None
+        for operand in dict.fromkeys([*self.operands, *probe_calls]):
             try:
-                names = include_names(operand, self.macros)
+                names = names_of(operand, self.macros)
             except Unresolved as exc:
-                raise InvalidArgument(
-                    f"{operand.spelled!r}: the scan cannot tell which file this names: {exc}."
-                    " NVRTC could hang on a FIFO there; spell the name out, or pass the"
-                    " header in headers"
-                ) from None
-            for quoted, include in names:
-                self.follow(quoted, include, operand.here, spelled=operand.spelled)
+                raise _refusal(repr(operand.spelled[:200]), exc) from None
+            for named in names:
+                self.follow(named, operand.here, spelled=operand.spelled)
         return bool(self.pending)
 
-    def follow(self, quoted: bool, include: str, here: str, *, spelled: str = "") -> None:
-        """Find ``include`` as NVRTC would, refuse what it must not open, queue its text.
-        ``spelled``: the macro operand that gave the name, for the message."""
-        if include in self.headers or (quoted, include, here) in self.followed:
+    def follow(self, named: Name, here: str, *, spelled: str = "") -> None:
+        """Find ``named`` as NVRTC would, refuse what it must not open, queue its text.
+        ``spelled``: the macro operand that gave the name, for the message. An
+        ``#include_next`` is followed into every folder: where its search resumes
+        depends on where its includer was found, which the scan does not track."""
+        if named.name in self.headers or (named, here) in self.followed:
             return
-        self.followed.add((quoted, include, here))
-        roots = ([here] if quoted else []) + self.include_paths
-        candidates = (
-            [include] if os.path.isabs(include) else [os.path.join(root, include) for root in roots]
-        )
+        self.followed.add((named, here))
+        roots = ([here] if named.quoted else []) + self.include_paths
+        include = named.name
+        if os.path.isabs(include):
+            candidates = [include]
+        else:
+            candidates = [os.path.join(root, include) for root in roots]
         for candidate in candidates:
-            if candidate in self.files:
+            if self._is_file(candidate, include, spelled) and not named.resumes:
                 return
-            self.probed.append(candidate)
-            content = read_regular(candidate)
-            if content is None:
-                continue
-            if isinstance(content, Unreadable):
-                if not content.hazard:
-                    continue  # NVRTC says "cannot open source file"; nothing hangs
-                given_as = f" (as {spelled})" if spelled else ""
-                raise InvalidArgument(
-                    f"#include {include!r}{given_as}: {candidate!r} {content.reason}; an "
-                    "include must name a regular file"
-                )
-            self.budget -= len(content)
-            if self.budget < 0:
-                raise InvalidArgument(
-                    f"the includes of {self.name!r} add up to more than {MAX_SCAN_BYTES} bytes"
-                )
-            self.files[candidate] = b"sha256:" + hashlib.sha256(content).digest()
-            self.pending.append((content, os.path.dirname(candidate)))
-            return
+
+    def _is_file(self, candidate: str, include: str, spelled: str) -> bool:
+        """Whether a file is at ``candidate`` (read, hashed and queued when new); raises
+        InvalidArgument when NVRTC would hang on what is there or read it without end."""
+        if candidate in self.files:
+            return True
+        self.probed.append(candidate)
+        content = read_regular(candidate)
+        if content is None:
+            return False
+        if isinstance(content, Unreadable):
+            if not content.hazard:
+                return False  # NVRTC says "cannot open source file"; nothing hangs
+            given_as = f" (as {spelled[:200]})" if spelled else ""
+            raise InvalidArgument(
+                f"#include {include!r}{given_as}: {candidate!r} {content.reason}; an "
+                "include must name a regular file"
+            )
+        self.budget -= len(content)
+        if self.budget < 0:
+            raise InvalidArgument(
+                f"the includes of {self.name!r} add up to more than {MAX_SCAN_BYTES} bytes"
+            )
+        self.files[candidate] = b"sha256:" + hashlib.sha256(content).digest()
+        self.pending.append((content, os.path.dirname(candidate)))
+        return True
 
 
 def scan_includes(
@@ -348,18 +415,20 @@ def scan_includes(
     InvalidArgument for one that leads to a FIFO, a device, a socket or an oversized file.
 
     Resolution: a name listed in ``headers`` is that header; otherwise a quoted include
-    is looked for next to the including file (for the source and in-memory headers: the
-    directory of the program ``name``, the working directory for a bare name), then on
-    each include path in order; an angle include on the include paths only. An include
-    whose name a macro gives (``#include HEADER``, ``__has_include(HEADER)``, a macro
-    wrapping ``__has_include`` used in an ``#if``) is followed to every name the macros
-    of the texts read and ``defines`` (the ``-D`` options) may give it
-    (``include_macros.py``); one whose names cannot be bounded is refused.
+    is looked for next to the including file (for the source: the directory of the
+    program ``name``; for an in-memory header: the directory of its own name; the working
+    directory for a bare name), then on each include path in order; an angle include on
+    the include paths only. An include whose name a macro gives (``#include HEADER``,
+    ``__has_include(HEADER)``, a macro wrapping ``__has_include`` used in an ``#if``) is
+    followed to every name the macros of the texts read, ``defines`` (the ``-D``
+    options) and NVRTC's own may give it (``include_macros.py``); one whose names cannot
+    be bounded is refused.
     """
-    source_dir = os.path.dirname(name)
     scanner = _Scanner(headers, include_paths, defines or {}, name)
-    scanner.pending = [(source.encode("utf-8"), source_dir)]
-    scanner.pending += [(text.encode("utf-8"), source_dir) for text in headers.values()]
+    scanner.pending = [(source.encode("utf-8"), os.path.dirname(name))]
+    scanner.pending += [
+        (text.encode("utf-8"), os.path.dirname(header)) for header, text in headers.items()
+    ]
     given = reads_no_file([text for text, _here in scanner.pending])
     scanner.read_all()
     # A __has_include whose operand is not spelled out (in a #define too) may be named
