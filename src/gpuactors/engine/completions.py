@@ -263,12 +263,13 @@ class Completions:
 
     def cancel_batches(self, error: GpuActorsError) -> int:
         """Fail every unfinished batch with ``error``; how many of their tasks. The
-        tasks they did run count as processed (or failed)."""
+        tasks they did run count as processed (or failed), as :meth:`fail_all` counts
+        them: a batch whose statuses cannot be read counts nothing, and the batches
+        behind it are still failed and counted (it had raised part-way, leaving them
+        to the actor's stop)."""
         cancelled = 0
         for batch in self.batches:
-            succeeded, failed = batch.finished_tasks()
-            self.processed += succeeded
-            self.failed += failed
+            self._count_finished(batch)
             if not batch.future.done():
                 batch.future.set_exception(error)
                 cancelled += batch.tasks_left

@@ -532,6 +532,8 @@ class IsolatedEngineActor(Actor):
             # its non-forced Shutdown drains instead (it ends the Parks first).
             if not force and not self._watchdog.parked:
                 await self._ask_worker(Drain())  # what it runs for callers gone too
+            elif not force:  # (sent this turn: a parked worker has nothing queued to send)
+                self._watchdog.shutdown_sent()
             report = await self._ask_worker(Shutdown(force=force), at_once=force)
         if self._state != "failed":
             self._state = "stopped"

@@ -8,7 +8,7 @@ import contextlib
 import time
 from collections.abc import Callable
 
-from gpuactors.engine.messages import Drain, InstallOp, PrepareOp, ReplaceOp
+from gpuactors.engine.messages import Drain, InstallOp, PrepareOp, ReplaceOp, Shutdown
 from gpuactors.engine.parks import ParkHolds
 from gpuactors.engine.runtime import EngineConfig
 from gpuactors.errors import InvalidArgument
@@ -37,6 +37,9 @@ class DeadlineWatchdog:
         # The Parks in force in the serving worker, kept as its engine keeps them: they
         # count and may be named, so one Resume need not end them all.
         self._holds = ParkHolds()
+        # A non-forced Shutdown was sent: the worker's engine ended every Park and takes
+        # no new one, so a Park answered after it holds nothing.
+        self._parks_over = False
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -46,6 +49,8 @@ class DeadlineWatchdog:
 
     def park_answered(self, hold: int | None) -> None:
         """The worker answered a Park: it holds until its Resume."""
+        if self._parks_over:
+            return
         with contextlib.suppress(InvalidArgument):  # (a name that holds: the worker refuses)
             self._holds.answered(self._holds.take(hold))
 
@@ -53,9 +58,18 @@ class DeadlineWatchdog:
         """The worker answered a Resume: it ended that Park (or, unnamed, one plain Park)."""
         self._holds.resume(hold)
 
+    def shutdown_sent(self) -> None:
+        """A non-forced Shutdown goes to the worker: its engine ends every Park as it
+        takes it ("Draining ends every Park") and drains what they held. Deadlines count
+        again from here, so a request that stalls in that drain is caught (they had
+        stayed paused until the worker exited)."""
+        self._holds.clear()
+        self._parks_over = True
+
     def new_worker(self) -> None:
         """A new worker serves: no Park holds it."""
         self._holds = ParkHolds()
+        self._parks_over = False
 
     def deadline_of(self, message: Message) -> float:
         """The monotonic time by which the worker must answer ``message`` (inf: never
@@ -63,8 +77,11 @@ class DeadlineWatchdog:
         return time.monotonic() + self._budget(message)
 
     def _budget(self, message: Message) -> float:
-        if isinstance(message, Drain):  # it lasts as long as the requests it waits for,
-            return float("inf")  # which the watchdog times by their own deadlines
+        if isinstance(message, Drain) or (isinstance(message, Shutdown) and not message.force):
+            # It lasts as long as the requests it waits for (a non-forced Shutdown drains
+            # too: sent to a parked worker, all a Park held), which the watchdog times by
+            # their own deadlines; some may be longer than its own would be.
+            return float("inf")
         timeout = getattr(message, "timeout", None) or self._engine_config.default_task_timeout_s
         budget = (timeout or 0.0) + self._engine_config.hang_grace_ms / 1e3
         if isinstance(message, InstallOp | ReplaceOp | PrepareOp | CompileRequest):
