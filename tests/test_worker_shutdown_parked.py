@@ -14,9 +14,6 @@ has answered Shutdown, cutting any request still running.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import socket
 import sys
 from types import SimpleNamespace
 from typing import Any
@@ -31,10 +28,8 @@ from gpuactors.messages import Ack, Message
 from gpuactors.nvrtc import NvrtcOpts
 from gpuactors.nvrtc.messages import CompileRequest
 from gpuactors.worker import IsolatedEngine, IsolationConfig, JobResult, RemoteArray
-from gpuactors.worker import child as child_module
-from gpuactors.worker.frames import FrameStream
 from gpuactors.worker.messages import RemoteKernel
-from gpuactors.worker.wire import Boot, Ready
+from worker_host_cases import serve_stand_in
 
 pytestmark = pytest.mark.usefixtures("cpu_worker_importable")
 
@@ -103,28 +98,6 @@ class SlowCompiler:
         return SimpleNamespace(kernels=kernels, cache_key="key", log="")
 
 
-def _host_copy(_function: Any, value: Any) -> Any:
-    """The worker's copies between host and device, as NumPy copies (no CuPy here)."""
-    return np.array(value, copy=True)
-
-
-async def main(fd: int) -> None:
-    """Serve as ``child.serve`` does after its boot, then leave as it does: at once,
-    whatever still runs."""
-    stream = await FrameStream.open(socket.socket(fileno=fd))
-    assert isinstance(await stream.read(), Boot)
-    child_module._device_call = _host_copy  # type: ignore[assignment]
-    async with ActorSystem("worker") as system:
-        host = child_module.WorkerHost(ParkingEngine(), stream, system, 0)  # type: ignore[arg-type]
-        host._nvrtc = SlowCompiler()  # type: ignore[assignment]
-        host.send(Ready(pid=os.getpid(), startup_s=0.0))
-        stream.deliver(host.request_arrived, host.parent_left)
-        await host.done.wait()
-        with contextlib.suppress(ConnectionError):
-            await stream.drain()
-    child_module._exit(0)
-
-
 # ------------------------------------------------------------------- the tests
 async def parked_engine(system: ActorSystem) -> IsolatedEngine:
     isolation = IsolationConfig(worker_module=WORKER, standbys=0, start_timeout_s=30.0)
@@ -182,4 +155,4 @@ async def test_a_forced_shutdown_of_a_parked_worker_ends_in_time() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(int(sys.argv[1])))
+    asyncio.run(serve_stand_in(int(sys.argv[1]), ParkingEngine(), SlowCompiler()))

@@ -12,10 +12,7 @@ with ``STALLS`` never ends, and any other takes ``RUN_S``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
-import os
-import socket
 import sys
 from typing import Any
 
@@ -28,10 +25,8 @@ from gpuactors.engine.runtime import EngineConfig
 from gpuactors.errors import EngineStopped
 from gpuactors.messages import Message
 from gpuactors.worker import IsolatedEngine, IsolationConfig, JobResult
-from gpuactors.worker import child as child_module
-from gpuactors.worker.frames import FrameStream
 from gpuactors.worker.watchdog import DeadlineWatchdog
-from gpuactors.worker.wire import Boot, Ready
+from worker_host_cases import serve_stand_in
 
 pytestmark = pytest.mark.usefixtures("cpu_worker_importable")
 
@@ -78,26 +73,6 @@ class ParkedThenSlowEngine:
         finally:
             ran.set_result(None)
             self.jobs.discard(ran)
-
-
-def _host_copy(_function: Any, value: Any) -> Any:
-    """The worker's copies between host and device, as NumPy copies (no CuPy here)."""
-    return np.array(value, copy=True)
-
-
-async def main(fd: int) -> None:
-    """Serve as ``child.serve`` does after its boot, then leave as it does."""
-    stream = await FrameStream.open(socket.socket(fileno=fd))
-    assert isinstance(await stream.read(), Boot)
-    child_module._device_call = _host_copy  # type: ignore[assignment]
-    async with ActorSystem("worker") as system:
-        host = child_module.WorkerHost(ParkedThenSlowEngine(), stream, system, 0)  # type: ignore[arg-type]
-        host.send(Ready(pid=os.getpid(), startup_s=0.0))
-        stream.deliver(host.request_arrived, host.parent_left)
-        await host.done.wait()
-        with contextlib.suppress(ConnectionError):
-            await stream.drain()
-    child_module._exit(0)
 
 
 # ------------------------------------------------------------------- the tests
@@ -173,4 +148,4 @@ def test_only_a_forced_shutdown_has_a_deadline_of_its_own() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(int(sys.argv[1])))
+    asyncio.run(serve_stand_in(int(sys.argv[1]), ParkedThenSlowEngine()))

@@ -3,15 +3,22 @@ keeps what the host writes, and the values the worker tests send it."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
 from typing import Any
 
+import numpy as np
 import pytest
 
+from gpuactors.actors import ActorSystem
 from gpuactors.engine import EnqueueBatch
 from gpuactors.errors import TaskFailed
+from gpuactors.worker import child as child_module
 from gpuactors.worker.child import WorkerHost
+from gpuactors.worker.frames import FrameStream
 from gpuactors.worker.messages import RemoteKernel
-from gpuactors.worker.wire import Answer, Failure, Frame, decode_frame
+from gpuactors.worker.wire import Answer, Boot, Failure, Frame, Ready, decode_frame
 
 
 class Written:
@@ -62,3 +69,28 @@ def batches_made(monkeypatch: pytest.MonkeyPatch) -> list[EnqueueBatch]:
 
     monkeypatch.setattr(EnqueueBatch, "__init__", counted)
     return made
+
+
+# ------------------------------------------- a worker process around a stand-in engine
+def _host_copy(_function: Any, value: Any) -> Any:
+    """The worker's copies between host and device, as NumPy copies (no CuPy here)."""
+    return np.array(value, copy=True)
+
+
+async def serve_stand_in(fd: int, engine: Any, nvrtc: Any = None) -> None:
+    """Run as a worker module's main: serve the real ``WorkerHost`` around ``engine`` (and
+    ``nvrtc``, if given, for its NvrtcActor) as ``child.serve`` does after its boot, then
+    leave as it does: at once, whatever still runs."""
+    stream = await FrameStream.open(socket.socket(fileno=fd))
+    assert isinstance(await stream.read(), Boot)
+    child_module._device_call = _host_copy  # type: ignore[assignment]
+    async with ActorSystem("worker") as system:
+        host = child_module.WorkerHost(engine, stream, system, 0)
+        if nvrtc is not None:
+            host._nvrtc = nvrtc
+        host.send(Ready(pid=os.getpid(), startup_s=0.0))
+        stream.deliver(host.request_arrived, host.parent_left)
+        await host.done.wait()
+        with contextlib.suppress(ConnectionError):
+            await stream.drain()
+    child_module._exit(0)
