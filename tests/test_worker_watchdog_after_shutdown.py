@@ -141,8 +141,13 @@ def test_a_park_answered_after_the_shutdown_was_sent_holds_nothing() -> None:
     assert watchdog.parked
 
 
-def test_only_a_forced_shutdown_has_a_deadline_of_its_own() -> None:
+def test_only_a_shutdown_that_drains_a_parked_worker_has_no_deadline_of_its_own() -> None:
+    """A Shutdown after a Drain only closes the worker: one that wedges there is stuck."""
     watchdog = DeadlineWatchdog(CONFIG, IsolationConfig(), list, lambda _reason: None)
+    assert watchdog.deadline_of(Shutdown()) < math.inf
+    assert watchdog.deadline_of(Shutdown(force=True)) < math.inf
+    watchdog.park_answered(None)
+    watchdog.shutdown_sent()  # sent to the parked worker: it drains what the Park held
     assert watchdog.deadline_of(Shutdown()) == math.inf
     assert watchdog.deadline_of(Shutdown(force=True)) < math.inf
 

@@ -22,6 +22,9 @@ from gpuactors.engine.ops import OpSpec
 from gpuactors.engine.ring import HostRing
 from gpuactors.engine.tasks import BATCH_STEP, FEW_RECORDS, Batch, Task
 from gpuactors.errors import GpuActorsError, TaskFailed, TaskHung, TaskTimeout, UnknownOp
+from gpuactors.logs import get_logger
+
+_log = get_logger(component="engine-completions")
 
 
 class _Unfinished(NamedTuple):
@@ -242,10 +245,11 @@ class Completions:
         """Count the tasks ``batch`` ran before it was cut short."""
         try:
             succeeded, failed = batch.finished_tasks()
-        except Exception:
+        except Exception as exc:
             # An expanded batch whose tasks failed keeps their statuses in device memory,
             # and after a fault reading them fails too (DeviceFault). Its tasks then count
             # nothing (any figure would be a guess), and the rest are still forgotten.
+            _log.warning("a cut-short batch's statuses could not be read", error=repr(exc))
             return
         self.processed += succeeded
         self.failed += failed

@@ -77,10 +77,13 @@ class DeadlineWatchdog:
         return time.monotonic() + self._budget(message)
 
     def _budget(self, message: Message) -> float:
-        if isinstance(message, Drain) or (isinstance(message, Shutdown) and not message.force):
-            # It lasts as long as the requests it waits for (a non-forced Shutdown drains
-            # too: sent to a parked worker, all a Park held), which the watchdog times by
-            # their own deadlines; some may be longer than its own would be.
+        if isinstance(message, Drain) or (
+            isinstance(message, Shutdown) and not message.force and self._parks_over
+        ):
+            # It lasts as long as the requests it waits for (a Shutdown sent to a parked
+            # worker drains all a Park held), which the watchdog times by their own
+            # deadlines; some may be longer than its own would be. Any other Shutdown
+            # follows a Drain: it only closes, and a worker that wedges there is stuck.
             return float("inf")
         timeout = getattr(message, "timeout", None) or self._engine_config.default_task_timeout_s
         budget = (timeout or 0.0) + self._engine_config.hang_grace_ms / 1e3
