@@ -85,32 +85,55 @@ async def test_a_fault_found_by_the_stops_park_is_declared(system: ActorSystem) 
 
 class HangsAsItParks(HostRuntime):
     """While the stop's park waits, the kernel finishes its first task; its second
-    never returns, so it does not park (``park_blocking``'s EngineError)."""
+    never returns, so it does not park (``park_blocking``'s EngineError) within the
+    park's 10 ms here."""
 
     def close(self) -> None:
         (seq, _record), _running = self.consumer.take(limit=2)
         self.consumer.complete(seq)
-        raise EngineError("engine did not park within 10.0 s")
+        time.sleep(0.01)
+        raise EngineError("engine did not park within 0.01 s")
 
 
 async def test_a_kernel_that_does_not_park_as_the_engine_stops_is_hung(
     system: ActorSystem,
 ) -> None:
-    """As a hang the poller finds: the task that never returns gets TaskHung, the rest
-    the DeviceFault, and the generation moves; the task the kernel finished meanwhile
-    gets its reply."""
+    """As a hang the poller finds (the task is past its deadline and grace): the task
+    that never returns gets TaskHung, the rest the DeviceFault, and the generation
+    moves; the task the kernel finished meanwhile gets its reply."""
     runtime = HangsAsItParks(auto=False)
-    ref, engine = await start(system, runtime)
+    ref, engine = await start(system, runtime, config=EngineConfig(hang_grace_ms=1.0))
     generation = GENERATIONS.current(engine._service.device_id)
-    finished, hung, never_taken = (asyncio.ensure_future(ref.ask(fill())) for _ in range(3))
+    finished, hung, never_taken = (
+        asyncio.ensure_future(ref.ask(fill(timeout=0.001))) for _ in range(3)
+    )
     await loop_turns_until(lambda: runtime.ring.published == 3)
     await asyncio.wait_for(system.stop(ref), 5)
     assert isinstance(await asyncio.wait_for(finished, 5), Completion)
-    with pytest.raises(TaskHung, match="task 2 of op 'fill' was still running"):
+    with pytest.raises(TaskHung, match="task 2 of op 'fill' is still running"):
         await asyncio.wait_for(hung, 5)
     with pytest.raises(DeviceFault, match="did not park"):
         await asyncio.wait_for(never_taken, 5)
     assert GENERATIONS.current(engine._service.device_id) == generation + 1
+
+
+async def test_a_kernel_still_running_a_task_within_its_time_is_slow_not_hung(
+    system: ActorSystem,
+) -> None:
+    """A long task (its deadline not passed) keeps the kernel from parking as the
+    engine stops: it is abandoned with its buffers, the callers get EngineStopped, and
+    the device stays trusted (no new generation: its handles stay good)."""
+    runtime = HangsAsItParks(auto=False)
+    ref, engine = await start(system, runtime)
+    generation = GENERATIONS.current(engine._service.device_id)
+    finished, slow = (asyncio.ensure_future(ref.ask(fill())) for _ in range(2))
+    await loop_turns_until(lambda: runtime.ring.published == 2)
+    await asyncio.wait_for(system.stop(ref), 5)
+    assert isinstance(await asyncio.wait_for(finished, 5), Completion)
+    with pytest.raises(EngineStopped):
+        await asyncio.wait_for(slow, 5)
+    assert GENERATIONS.current(engine._service.device_id) == generation
+    assert len(runtime.abandoned) == 1  # the slow task, and its buffers with it
 
 
 # ------------------------------------------------------ a forced shutdown's park wait

@@ -65,7 +65,14 @@ from gpuactors.engine.runtime import EngineConfig, EngineRuntime, check_start_op
 from gpuactors.engine.service import Service
 from gpuactors.engine.submissions import Submit
 from gpuactors.engine.tasks import Batch, Task
-from gpuactors.errors import DeviceFault, EngineError, EngineStopped, GpuActorsError, TaskTimeout
+from gpuactors.errors import (
+    DeviceFault,
+    EngineError,
+    EngineStopped,
+    GpuActorsError,
+    TaskHung,
+    TaskTimeout,
+)
 from gpuactors.messages import Ack
 from gpuactors.nvrtc import KernelCompiler
 
@@ -171,16 +178,25 @@ class PersistentEngineActor(Actor):
 
     async def _close(self, runtime: EngineRuntime) -> None:
         """Park the kernel for good: only then may the callers' buffers go (nothing runs
-        on them). A fault the park finds, or a kernel that does not park (a block that
-        never returns), is declared as the poller declares one (the generation moves,
-        the runtime and those buffers are kept); what the kernel finished is settled
-        first either way."""
+        on them). A fault the park finds, or a kernel that does not park because a task
+        is past its deadline and grace (a block that never returns), is declared as the
+        poller declares one (the generation moves, the runtime and those buffers are
+        kept). A kernel still running a task within its time is slow, not hung: it is
+        abandoned with its buffers, and the device stays trusted. What the kernel
+        finished is settled first either way."""
         try:
             await asyncio.to_thread(runtime.close)
         except EngineError as exc:  # the kernel did not park (close's only EngineError)
             self._harvest_parked(runtime)
-            hung = self._completions.fail_hung(f"was still running as the engine stopped ({exc})")
-            self._declare_faulted(str(hung or exc), runtime)
+            try:
+                self._completions.check_hung(
+                    self._service.device_now_ns(), self._config.hang_grace_ms
+                )
+            except TaskHung as hung:
+                self._declare_faulted(f"{hung} ({exc})", runtime)
+            else:
+                self.log.error("the engine's kernel did not park as it stopped", error=str(exc))
+                runtime.abandon(keepalive=self._outstanding())
         except Exception as exc:  # DeviceFault, or a CUDA error of the last synchronize
             self._harvest_parked(runtime)
             reason = str(exc) if isinstance(exc, DeviceFault) else f"{type(exc).__name__}: {exc}"
