@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from gpuactors.engine import ArrayParam, OpSpec, ScalarParam
-from gpuactors.engine.messages import ReplaceOp
+from gpuactors.engine.messages import Enqueue, ReplaceOp
 from gpuactors.errors import InvalidArgument
+from gpuactors.nvrtc import NvrtcOpts
 from gpuactors.nvrtc.linker import LinkInput
 from gpuactors.nvrtc.messages import Link
 
@@ -44,3 +45,17 @@ def test_libraries_and_link_inputs_in_no_order_are_refused() -> None:
     with pytest.raises(InvalidArgument, match="inputs must be a tuple or a list, not"):
         Link(inputs=iter(listed), kernel_names="apply")  # (inputs hold dicts: no set)
     assert Link(inputs=listed, kernel_names="apply").inputs == tuple(listed)
+
+
+def test_a_tasks_arguments_of_none_are_named_in_the_error() -> None:
+    with pytest.raises(InvalidArgument, match="args must be a tuple or a list, not NoneType"):
+        Enqueue(op="fill", n=1, args=None)
+
+
+@pytest.mark.parametrize("unordered", [{"/a", "/b"}, iter(["/a", "/b"])])
+def test_include_paths_in_no_order_are_refused(unordered: Any) -> None:
+    """The folders are searched in order; a set's order moves with the hash seed, and
+    the cache key with it."""
+    with pytest.raises(InvalidArgument, match="include_paths must be a path, or a tuple"):
+        NvrtcOpts(include_paths=unordered)
+    assert NvrtcOpts(include_paths=["/b", "/a"]).include_paths == ("/b", "/a")

@@ -102,11 +102,10 @@ def _title(info: ValidationInfo) -> str:
 
 
 def _in_order(value: object, info: ValidationInfo) -> object:
-    """Items in the order the caller wrote them: a tuple or a list (None where the field
-    allows it). A set has no such order (a kernel would get its arguments shuffled, a
-    link its inputs), and an iterator is used up by whoever reads it first; pydantic's
-    own tuple takes both."""
-    if isinstance(value, tuple) or value is None:
+    """Items in the order the caller wrote them: a tuple or a list. A set has no such
+    order (a kernel would get its arguments shuffled, a link its inputs), and an
+    iterator is used up by whoever reads it first; pydantic's own tuple takes both."""
+    if isinstance(value, tuple):
         return value
     if isinstance(value, list):
         return tuple(value)

@@ -148,7 +148,7 @@ class ReplaceOp(Message):
 
     name: str
     body: str
-    params: Annotated[tuple[Param, ...] | None, InOrder] = None
+    params: Annotated[tuple[Param, ...], InOrder] | None = None
     multi_block: Flag | None = None
 
     @model_validator(mode="after")

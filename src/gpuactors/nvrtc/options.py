@@ -107,7 +107,11 @@ class NvrtcOpts(BaseModel):
             value = (value,)
         if isinstance(value, list | tuple):
             return tuple(str(p) if isinstance(p, Path) else p for p in value)
-        return value
+        # A set or an iterator has no order to search the folders in (and a set's
+        # order moves with the hash seed: so would the cache key).
+        raise InvalidArgument(
+            f"include_paths must be a path, or a tuple or list of them, not {type(value).__name__}"
+        )
 
     @field_validator("include_paths")
     @classmethod
