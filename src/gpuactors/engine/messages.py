@@ -251,7 +251,9 @@ class Shutdown(Message):
     (a later Resume ends nothing).
 
     ``force=True`` parks the kernel at a task boundary and fails every task that
-    has not started with ``EngineStopped``; tasks already running finish.
+    has not started with ``EngineStopped``; tasks already running finish. A fault found
+    while it waits for that park ends the wait, and the Shutdown fails with that
+    ``DeviceFault``.
     """
 
     force: Flag = False

@@ -72,8 +72,8 @@ class _Request:
 class _DaemonThreads:
     """At most ``size`` daemon threads running submitted jobs, started as jobs come.
 
-    Daemon threads: NVRTC blocked on a file (a FIFO named by a macro include, which the
-    include scan cannot see) must not keep the process from exiting, as a thread of a
+    Daemon threads: NVRTC blocked on a file (a header swapped for a FIFO after the
+    include scan looked) must not keep the process from exiting, as a thread of a
     ``concurrent.futures`` pool would (those are joined at exit).
     """
 
