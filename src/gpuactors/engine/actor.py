@@ -186,23 +186,28 @@ class PersistentEngineActor(Actor):
         finished is settled first either way."""
         try:
             await asyncio.to_thread(runtime.close)
-        except EngineError as exc:  # the kernel did not park (close's only EngineError)
-            self._harvest_parked(runtime)
+        except Exception as exc:
+            failure: Exception | None = exc
+        else:
+            failure = None
+        self._harvest_parked(runtime)
+        if isinstance(failure, EngineError):  # the kernel did not park (close's only one)
             try:
                 self._completions.check_hung(
                     self._service.device_now_ns(), self._config.hang_grace_ms
                 )
             except TaskHung as hung:
-                self._declare_faulted(f"{hung} ({exc})", runtime)
+                self._declare_faulted(f"{hung} ({failure})", runtime)
             else:
-                self.log.error("the engine's kernel did not park as it stopped", error=str(exc))
+                self.log.error("the engine's kernel did not park as it stopped", error=str(failure))
                 runtime.abandon(keepalive=self._outstanding())
-        except Exception as exc:  # DeviceFault, or a CUDA error of the last synchronize
-            self._harvest_parked(runtime)
-            reason = str(exc) if isinstance(exc, DeviceFault) else f"{type(exc).__name__}: {exc}"
+        elif failure is not None:  # DeviceFault, or a CUDA error of the last synchronize
+            reason = (
+                str(failure)
+                if isinstance(failure, DeviceFault)
+                else f"{type(failure).__name__}: {failure}"
+            )
             self._declare_faulted(reason, runtime)
-        else:
-            self._harvest_parked(runtime)
 
     def _harvest_parked(self, runtime: EngineRuntime) -> None:
         """Settle what the kernel finished before it parked for good (or faulted, or

@@ -196,13 +196,6 @@ class Completions:
             return
         raise self._fail_hung(oldest, f"is still running {grace_ms:g} ms after its deadline")
 
-    def fail_hung(self, how: str) -> TaskHung | None:
-        """Fail the oldest unfinished task (or batch) with TaskHung, saying ``how`` it
-        hung, and count it failed; the error (None: nothing is in flight). The fault that
-        follows fails the rest."""
-        oldest = self._oldest_unfinished()
-        return None if oldest is None else self._fail_hung(oldest, how)
-
     def _fail_hung(self, oldest: _Unfinished, how: str) -> TaskHung:
         error = TaskHung(f"task {oldest.seq} of op {oldest.op_name!r} {how}: the engine is hung")
         self.failed += 1  # (the task that hung: the fault fails the rest)
@@ -269,8 +262,7 @@ class Completions:
         """Fail every unfinished batch with ``error``; how many of their tasks. The
         tasks they did run count as processed (or failed), as :meth:`fail_all` counts
         them: a batch whose statuses cannot be read counts nothing, and the batches
-        behind it are still failed and counted (it had raised part-way, leaving them
-        to the actor's stop)."""
+        behind it are still failed and counted."""
         cancelled = 0
         for batch in self.batches:
             self._count_finished(batch)

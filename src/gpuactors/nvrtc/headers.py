@@ -34,6 +34,7 @@ from .include_macros import (
     names_of,
     operands,
     spelled_probes,
+    unspelled_includes,
     unspelled_probes,
 )
 
@@ -61,12 +62,6 @@ _DIRECTIVE = re.compile(_DIRECTIVE_HEAD + rb'(?:"([^"\r\n]+)"|<([^>\r\n]+)>)')
 # these words (a macro cannot expand to a directive); a universal character name could
 # spell them otherwise. A text without any reads no file.
 _FILE_WORDS = (b"include", b"import", b"embed", b"\\u", b"\\U")
-# An include whose name a macro gives: the scan does not follow it, so NVRTC may read
-# files it never saw (``\b``: ``include_next`` is not ``include`` followed by ``_next``).
-_MACRO_INCLUDE = re.compile(
-    rb"^[ \t\f\v]*(?:#|%:|\?\?=)[ \t\f\v]*(?:include_next|include|import)\b(?![ \t\f\v]*[<\"])",
-    re.MULTILINE,
-)
 # The macros whose value is the moment of the compile: a module that uses one differs
 # from every earlier compile of the same text, so no key can name it (as ccache does).
 _TIME_MACROS = re.compile(rb"(?<![A-Za-z0-9_$])__(?:DATE|TIME|TIMESTAMP)__(?![A-Za-z0-9_$])")
@@ -329,7 +324,7 @@ class _Scanner:
         """Note what in a cleaned text no key can cover, and the includes a macro names."""
         probes_unseen, uses_time = _untracked_in(clean)
         self.unseen, self.timed = self.unseen or probes_unseen, self.timed or uses_time
-        macro_include = _in_code(_MACRO_INCLUDE, clean, b"include", b"import")
+        macro_include = unspelled_includes(clean)
         self.hidden = self.hidden or macro_include
         if macro_include or probes_unseen:
             try:

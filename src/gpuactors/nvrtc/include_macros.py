@@ -188,6 +188,14 @@ def name_forms(name: str) -> list[str]:
     return [n for n in dict.fromkeys((name, name.strip())) if n]
 
 
+def unspelled_includes(clean: bytes) -> bool:
+    """Whether a cleaned text has an include whose name is not spelled out ("..." or
+    <...>): a macro gives it, so NVRTC may read through it a file the scan did not."""
+    return (b"include" in clean or b"import" in clean) and (
+        _INCLUDE_OPERAND.search(clean) is not None
+    )
+
+
 def unspelled_probes(clean: bytes) -> Iterator[int]:
     """Where each ``__has_include`` stands whose name the scan cannot read (a macro gives
     it, an empty macro stands before its ``(``, it is passed to a macro): NVRTC reports

@@ -61,8 +61,7 @@ class DeadlineWatchdog:
     def shutdown_sent(self) -> None:
         """A non-forced Shutdown goes to the worker: its engine ends every Park as it
         takes it ("Draining ends every Park") and drains what they held. Deadlines count
-        again from here, so a request that stalls in that drain is caught (they had
-        stayed paused until the worker exited)."""
+        again from here, so a request that stalls in that drain is caught."""
         self._holds.clear()
         self._parks_over = True
 
