@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gpuactors
-from blocking_calls import in_thread
+from blocking_calls import fifo_at, in_thread
 from gpuactors.engine.codegen import build_engine_module
 from gpuactors.engine.ops import BUILTIN_OPS, OpSpec
 from gpuactors.errors import InvalidArgument
@@ -39,9 +39,8 @@ BODY = 'extern "C" __global__ void k(int* o) { *o = VAL; }\n'
 
 @pytest.fixture
 def fifo(tmp_path: Path) -> Iterator[Path]:
-    path = tmp_path / "fifo.h"
-    os.mkfifo(path)
-    yield path
+    with fifo_at(tmp_path / "fifo.h") as path:
+        yield path
 
 
 # ------------------------------------------------- include scan (items 2 and 4)

@@ -11,13 +11,12 @@ timeout, so a regression fails instead of hanging the suite.
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from blocking_calls import in_thread
+from blocking_calls import fifo_at, in_thread
 from gpuactors.errors import InvalidArgument
 from gpuactors.nvrtc import KernelCompiler, NvrtcOpts, compile_source
 from gpuactors.nvrtc.headers import scan_includes
@@ -30,15 +29,8 @@ PLAIN = 'extern "C" __global__ void ok(float* x) { x[0] = 1.0f; }\n'
 
 @pytest.fixture
 def fifo(tmp_path: Path) -> Iterator[Path]:
-    path = tmp_path / "pipe.h"
-    os.mkfifo(path)
-    yield path
-    # Should NVRTC wait in open() after all: a writer comes, writes nothing, leaves.
-    for _ in range(4):
-        try:
-            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
-        except OSError:  # no reader waits
-            break
+    with fifo_at(tmp_path / "pipe.h") as path:
+        yield path
 
 
 def _compile(source: str, opts: NvrtcOpts = SM90) -> object:

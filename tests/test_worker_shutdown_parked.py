@@ -5,7 +5,7 @@ Resume ever sent. A forced one may cut them, and ends in time too.
 
 Run as a module (``IsolationConfig(worker_module=WORKER)``), this file is a worker that
 serves with the real ``WorkerHost`` (``gpuactors.worker.child``) on the CPU: its engine
-is ``ParkingEngine`` below (a Park holds its jobs; its Shutdown ends every Park and
+is ``worker_host_cases.ParkingEngine`` (a Park holds its jobs; its Shutdown ends every Park and
 drains, as the real engine's does), its NvrtcActor a slow stand-in, and its copies
 between host and "device" are NumPy copies. It exits as the real worker does once it
 has answered Shutdown, cutting any request still running.
@@ -22,14 +22,14 @@ import numpy as np
 import pytest
 
 from gpuactors.actors import ActorSystem
-from gpuactors.engine import Completion, Park, Parked, Resume, Shutdown, ShutdownReport
+from gpuactors.engine import Park, ShutdownReport
 from gpuactors.errors import EngineStopped
-from gpuactors.messages import Ack, Message
+from gpuactors.messages import Message
 from gpuactors.nvrtc import NvrtcOpts
 from gpuactors.nvrtc.messages import CompileRequest
 from gpuactors.worker import IsolatedEngine, IsolationConfig, JobResult, RemoteArray
 from gpuactors.worker.messages import RemoteKernel
-from worker_host_cases import serve_stand_in
+from worker_host_cases import ParkingEngine, serve_stand_in
 
 pytestmark = pytest.mark.usefixtures("cpu_worker_importable")
 
@@ -39,53 +39,6 @@ SOURCE = 'extern "C" __global__ void k(float* x) {}'
 
 
 # --------------------------------------------------------------- the stand-in
-class ParkingEngine:
-    """The worker's engine: a Park holds every job until its Resume, and Shutdown ends
-    every Park ("the drain runs the tasks a Park holds"), then drains; a forced one
-    fails the jobs that have not run."""
-
-    def __init__(self) -> None:
-        self.ref = self  # (WorkerHost asks ``engine.ref``)
-        self.parks = 0
-        self.unparked = asyncio.Event()
-        self.unparked.set()
-        self.forced = False
-        self.completed = 0
-        self.jobs: set[asyncio.Future[None]] = set()
-
-    async def ask(self, message: Message, timeout: float | None = None) -> Any:
-        if isinstance(message, Park):
-            self.parks += 1
-            self.unparked.clear()
-            return Parked(launches=1)
-        if isinstance(message, Resume):
-            self.parks = max(0, self.parks - 1)
-            if not self.parks:
-                self.unparked.set()
-            return Ack()
-        if isinstance(message, Shutdown):
-            self.forced = message.force
-            cancelled = len(self.jobs) if message.force else 0
-            self.parks = 0
-            self.unparked.set()
-            await asyncio.gather(*self.jobs, return_exceptions=True)
-            return ShutdownReport(completed=self.completed, cancelled=cancelled)
-        raise TypeError(f"the stand-in engine does not handle {type(message).__name__}")
-
-    async def enqueue(self, op: str, *args: Any, **_options: Any) -> Completion:
-        """A fill of ``args[0]`` with ``args[1]``, once no Park holds the engine."""
-        ran: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.jobs.add(ran)
-        try:
-            await self.unparked.wait()
-            if self.forced:
-                raise EngineStopped("the engine was shut down with force=True before this ran")
-            args[0][...] = args[1]
-            self.completed += 1
-            return Completion(seq=self.completed, op=op, version=1, status=0, units=1, device_ns=1)
-        finally:
-            ran.set_result(None)
-            self.jobs.discard(ran)
 
 
 class SlowCompiler:

@@ -20,13 +20,12 @@ import numpy as np
 import pytest
 
 from gpuactors.actors import ActorSystem
-from gpuactors.engine import Completion, Park, Parked, Shutdown, ShutdownReport
+from gpuactors.engine import Park, Shutdown, ShutdownReport
 from gpuactors.engine.runtime import EngineConfig
 from gpuactors.errors import EngineStopped
-from gpuactors.messages import Message
 from gpuactors.worker import IsolatedEngine, IsolationConfig, JobResult
 from gpuactors.worker.watchdog import DeadlineWatchdog
-from worker_host_cases import serve_stand_in
+from worker_host_cases import ParkingEngine, serve_stand_in
 
 pytestmark = pytest.mark.usefixtures("cpu_worker_importable")
 
@@ -38,41 +37,15 @@ CONFIG = EngineConfig(default_task_timeout_s=0.2, hang_grace_ms=50.0)  # the par
 
 
 # --------------------------------------------------------------- the stand-in
-class ParkedThenSlowEngine:
+class ParkedThenSlowEngine(ParkingEngine):
     """The worker's engine: a Park holds every job until the Shutdown ends it (as the
-    real engine's drain does); the Shutdown answers once every job has ended."""
+    real engine's drain does); then a job runs ``RUN_S``, or never ends (``STALLS``)."""
 
-    def __init__(self) -> None:
-        self.ref = self  # (WorkerHost asks ``engine.ref``)
-        self.unparked = asyncio.Event()
-        self.unparked.set()
-        self.completed = 0
-        self.jobs: set[asyncio.Future[None]] = set()
-
-    async def ask(self, message: Message, timeout: float | None = None) -> Any:
-        if isinstance(message, Park):
-            self.unparked.clear()
-            return Parked(launches=1)
-        if isinstance(message, Shutdown):
-            self.unparked.set()
-            await asyncio.gather(*self.jobs, return_exceptions=True)
-            return ShutdownReport(completed=self.completed, cancelled=0)
-        raise TypeError(f"the stand-in engine does not handle {type(message).__name__}")
-
-    async def enqueue(self, op: str, *args: Any, **_options: Any) -> Completion:
-        ran: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.jobs.add(ran)
-        try:
-            await self.unparked.wait()
-            if args[1] == STALLS:
-                await asyncio.Event().wait()  # never set: the job stalls
-            await asyncio.sleep(RUN_S)
-            args[0][...] = args[1]
-            self.completed += 1
-            return Completion(seq=self.completed, op=op, version=1, status=0, units=1, device_ns=1)
-        finally:
-            ran.set_result(None)
-            self.jobs.discard(ran)
+    async def run_job(self, args: tuple[Any, ...]) -> None:
+        if args[1] == STALLS:
+            await asyncio.Event().wait()  # never set: the job stalls
+        await asyncio.sleep(RUN_S)
+        await super().run_job(args)
 
 
 # ------------------------------------------------------------------- the tests

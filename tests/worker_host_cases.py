@@ -3,6 +3,7 @@ keeps what the host writes, and the values the worker tests send it."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import socket
@@ -12,8 +13,17 @@ import numpy as np
 import pytest
 
 from gpuactors.actors import ActorSystem
-from gpuactors.engine import EnqueueBatch
-from gpuactors.errors import TaskFailed
+from gpuactors.engine import (
+    Completion,
+    EnqueueBatch,
+    Park,
+    Parked,
+    Resume,
+    Shutdown,
+    ShutdownReport,
+)
+from gpuactors.errors import EngineStopped, TaskFailed
+from gpuactors.messages import Ack, Message
 from gpuactors.worker import child as child_module
 from gpuactors.worker.child import WorkerHost
 from gpuactors.worker.frames import FrameStream
@@ -94,3 +104,56 @@ async def serve_stand_in(fd: int, engine: Any, nvrtc: Any = None) -> None:
         with contextlib.suppress(ConnectionError):
             await stream.drain()
     child_module._exit(0)
+
+
+class ParkingEngine:
+    """The worker's engine: a Park holds every job until its Resume, and Shutdown ends
+    every Park ("the drain runs the tasks a Park holds"), then drains; a forced one
+    fails the jobs that have not run."""
+
+    def __init__(self) -> None:
+        self.ref = self  # (WorkerHost asks ``engine.ref``)
+        self.parks = 0
+        self.unparked = asyncio.Event()
+        self.unparked.set()
+        self.forced = False
+        self.completed = 0
+        self.jobs: set[asyncio.Future[None]] = set()
+
+    async def ask(self, message: Message, timeout: float | None = None) -> Any:
+        if isinstance(message, Park):
+            self.parks += 1
+            self.unparked.clear()
+            return Parked(launches=1)
+        if isinstance(message, Resume):
+            self.parks = max(0, self.parks - 1)
+            if not self.parks:
+                self.unparked.set()
+            return Ack()
+        if isinstance(message, Shutdown):
+            self.forced = message.force
+            cancelled = len(self.jobs) if message.force else 0
+            self.parks = 0
+            self.unparked.set()
+            await asyncio.gather(*self.jobs, return_exceptions=True)
+            return ShutdownReport(completed=self.completed, cancelled=cancelled)
+        raise TypeError(f"the stand-in engine does not handle {type(message).__name__}")
+
+    async def enqueue(self, op: str, *args: Any, **_options: Any) -> Completion:
+        """A fill of ``args[0]`` with ``args[1]``, once no Park holds the engine."""
+        ran: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.jobs.add(ran)
+        try:
+            await self.unparked.wait()
+            if self.forced:
+                raise EngineStopped("the engine was shut down with force=True before this ran")
+            await self.run_job(args)
+            self.completed += 1
+            return Completion(seq=self.completed, op=op, version=1, status=0, units=1, device_ns=1)
+        finally:
+            ran.set_result(None)
+            self.jobs.discard(ran)
+
+    async def run_job(self, args: tuple[Any, ...]) -> None:
+        """What a job does once it may run: the fill."""
+        args[0][...] = args[1]
